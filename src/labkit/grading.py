@@ -1,0 +1,209 @@
+"""Grading: the pytest plugin behind ``pytest --grade`` and ``labkit.check``.
+
+A graded test carries ``@pytest.mark.exercise("5.1", points=2)``.  The plugin
+
+* classifies every graded test as passed, failed, **not attempted** (it reached a stub's
+  ``NotImplementedError("exercise 5.1: ...")``) or **needs CUDA** (skipped on a CPU machine);
+* with ``--grade`` prints a table per lab and exercise and writes it as JSON (``--grade-json``);
+* with ``--exercise 5.1`` runs only that exercise's tests (what ``labkit.check`` uses);
+* with ``--stubs-must-fail`` turns the run around for CI: it succeeds only when every graded
+  test failed, because a grader that passes on a stub grades nothing.
+
+It is loaded for every run of the test suite through ``addopts = "-p labkit.grading"``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+STUB_SIGNATURE = "NotImplementedError: exercise "
+OUTCOMES = ("passed", "failed", "not attempted", "needs CUDA")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("labkit grading")
+    group.addoption("--grade", action="store_true",
+                    help="print the score table of the graded tests and write it as JSON")
+    group.addoption("--grade-json", default="grades.json",
+                    help="where --grade writes the JSON table (default: grades.json)")
+    group.addoption("--exercise", action="append", default=[],
+                    help="run only the graded tests of this exercise id, e.g. 1.2 (repeatable)")
+    group.addoption("--stubs-must-fail", action="store_true",
+                    help="succeed only if every graded test fails (run against the stubs)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "exercise(id, points): a graded test of lab exercise `id`")
+    config._labkit_results = {}  # nodeid -> record
+
+
+def _exercise_of(item) -> tuple[str, int] | None:
+    mark = item.get_closest_marker("exercise")
+    if mark is None:
+        return None
+    ex_id = mark.args[0] if mark.args else mark.kwargs.get("id")
+    points = mark.kwargs.get("points", mark.args[1] if len(mark.args) > 1 else 1)
+    if not isinstance(ex_id, str) or "." not in ex_id:
+        raise pytest.UsageError(f"{item.nodeid}: exercise id must look like '1.2', got {ex_id!r}")
+    if not isinstance(points, int) or points < 1:
+        raise pytest.UsageError(f"{item.nodeid}: points must be a positive int, got {points!r}")
+    return ex_id, points
+
+
+def pytest_collection_modifyitems(config, items):
+    known = sorted({ex[0] for item in items if (ex := _exercise_of(item))},
+                   key=lambda s: tuple(int(p) for p in s.split(".")))
+    config._labkit_known = known
+    wanted = set(config.getoption("exercise"))
+    if not wanted:
+        return
+    keep, drop = [], []
+    for item in items:
+        ex = _exercise_of(item)
+        (keep if ex and ex[0] in wanted else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _message(report) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return crash.message.strip()
+    if isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
+        return str(report.longrepr[2])
+    return str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    ex = _exercise_of(item)
+    if ex is None:
+        return
+    results = item.config._labkit_results
+    record = results.get(item.nodeid)
+    if record is None:
+        record = results[item.nodeid] = {"exercise": ex[0], "points": ex[1],
+                                         "test": item.name, "outcome": "passed", "message": ""}
+    if report.when == "call" or report.failed or report.skipped:
+        if report.passed:
+            if record["outcome"] == "passed":
+                record["outcome"] = "passed"
+        elif report.skipped:
+            msg = _message(report)
+            record["outcome"] = "needs CUDA" if "needs CUDA" in msg else "failed"
+            record["message"] = msg
+        else:
+            text = str(report.longrepr)
+            record["outcome"] = "not attempted" if STUB_SIGNATURE in text else "failed"
+            record["message"] = _message(report)
+
+
+def _table(results: dict) -> dict:
+    exercises = defaultdict(lambda: {"earned": 0, "possible": 0, **dict.fromkeys(OUTCOMES, 0),
+                                     "tests": []})
+    for nodeid, r in sorted(results.items()):
+        e = exercises[r["exercise"]]
+        e["possible"] += r["points"]
+        e["earned"] += r["points"] if r["outcome"] == "passed" else 0
+        e[r["outcome"]] += 1
+        e["tests"].append({"nodeid": nodeid, **r})
+    labs = defaultdict(lambda: {"earned": 0, "possible": 0})
+    for ex_id, e in exercises.items():
+        lab = ex_id.split(".")[0]
+        labs[lab]["earned"] += e["earned"]
+        labs[lab]["possible"] += e["possible"]
+    order = lambda s: tuple(int(p) for p in s.split("."))  # noqa: E731
+    return {"exercises": {k: exercises[k] for k in sorted(exercises, key=order)},
+            "labs": {k: labs[k] for k in sorted(labs, key=int)},
+            "earned": sum(lab["earned"] for lab in labs.values()),
+            "possible": sum(lab["possible"] for lab in labs.values())}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    results = config._labkit_results
+    if config.getoption("grade"):
+        table = _table(results)
+        table["known_exercises"] = getattr(config, "_labkit_known", [])
+        tr = terminalreporter
+        tr.section("grade")
+        tr.write_line(f"{'exercise':<10}{'points':>10}  {'passed':>6} {'failed':>6} "
+                      f"{'not attempted':>13} {'needs CUDA':>10}")
+        for lab, lab_row in table["labs"].items():
+            for ex_id, e in table["exercises"].items():
+                if ex_id.split(".")[0] != lab:
+                    continue
+                tr.write_line(f"{ex_id:<10}{e['earned']:>4} / {e['possible']:<3}  {e['passed']:>6} "
+                              f"{e['failed']:>6} {e['not attempted']:>13} {e['needs CUDA']:>10}")
+            tr.write_line(f"{'lab ' + lab:<10}{lab_row['earned']:>4} / {lab_row['possible']:<3}")
+        tr.write_line(f"{'total':<10}{table['earned']:>4} / {table['possible']:<3}")
+        path = Path(config.getoption("grade_json"))
+        path.write_text(json.dumps(table, indent=1))
+        tr.write_line(f"score table written to {path}")
+    if config.getoption("stubs_must_fail"):
+        passed = [n for n, r in results.items() if r["outcome"] == "passed"]
+        tr = terminalreporter
+        tr.section("stubs must fail")
+        if not results:
+            tr.write_line("no graded test ran")
+        for nodeid in passed:
+            tr.write_line(f"PASSED ON A STUB (a grader that grades nothing): {nodeid}")
+        if results and not passed:
+            tr.write_line(f"all {len(results)} graded tests failed on the stubs, as they must")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if config.getoption("stubs_must_fail"):
+        results = config._labkit_results
+        ok = bool(results) and all(r["outcome"] != "passed" for r in results.values())
+        session.exitstatus = 0 if ok else 1
+
+
+# ---------------------------------------------------------------- labkit.check("1.2")
+
+def repository_root() -> Path:
+    """The course repository that holds this labkit (src/labkit → the root)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def check(exercise: str, *, verbose: bool = False, timeout: float = 900) -> bool:
+    """Run one exercise's graded tests in a fresh process and print a short report."""
+    root = repository_root()
+    if not (root / "tests").is_dir():
+        raise FileNotFoundError(f"no tests/ folder next to labkit at {root}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "grade.json"
+        cmd = [sys.executable, "-m", "pytest", "tests", "--exercise", str(exercise), "--grade",
+               "--grade-json", str(out), "-q", "--no-header", "-p", "no:cacheprovider",
+               "--tb=short" if verbose else "--tb=no"]
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        if verbose:
+            print(proc.stdout[-6000:], proc.stderr[-2000:])
+        if not out.exists():
+            raise RuntimeError(f"the grader did not run:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        table = json.loads(out.read_text())
+    if exercise not in table["exercises"]:
+        known = ", ".join(table.get("known_exercises", []))
+        raise ValueError(f"exercise={exercise!r} has no graded tests; known exercises: {known}")
+    e = table["exercises"][exercise]
+    marks = {"passed": "PASS", "failed": "FAIL", "not attempted": "TODO", "needs CUDA": "SKIP"}
+    print(f"exercise {exercise}: {e['earned']}/{e['possible']} points")
+    for t in e["tests"]:
+        line = f"  {marks[t['outcome']]}  {t['test']}"
+        if t["outcome"] == "not attempted":
+            line += "  (not attempted: the stub still raises NotImplementedError)"
+        elif t["outcome"] != "passed" and t["message"]:
+            line += f"\n        {t['message'][:400]}"
+        print(line)
+    return e["passed"] == len(e["tests"])

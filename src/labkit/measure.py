@@ -1,0 +1,220 @@
+"""Measure where the memory of a training step goes, and what it costs in FLOPs.
+
+Built on PyTorch's own ``MemTracker`` (``torch.distributed._tools.mem_tracker``), which sees
+every tensor storage that an operator creates, tags it by what it is for (parameter, gradient,
+optimizer state, activation, temporary) and frees it from the books when the storage dies.  It
+works the same on CPU and CUDA (on CUDA it rounds each storage up to the allocator's 512-byte
+blocks), so the labs measure on a laptop exactly what the chapters explain.
+
+    step = measure_step(model, optimizer, batch)     # one real step: forward, backward, update
+    step.peak, step.at_peak["activations"], step.timeline
+
+Consumers, in the book's vocabulary: ``CONSUMERS``.  MemTracker calls every tensor created in
+forward an "activation" (kept for backward or not) and every tensor created in backward a
+"temporary"; gradients are the ``.grad`` tensors.  On CUDA ``measure_step`` also reads
+``torch.cuda.max_memory_allocated`` and can write a snapshot for pytorch.org/memory_viz; on a CPU
+that counter silently reads 0, so it is never used there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.utils.flop_counter import FlopCounterMode
+
+CONSUMERS = ("parameters", "gradients", "optimizer states", "activations", "temporaries", "other")
+"""The consumers, in the order figures stack them."""
+
+_FROM_REFTYPE = {
+    _MemRefType.PARAM: "parameters",
+    _MemRefType.BUFFER: "other",
+    _MemRefType.GRAD: "gradients",
+    _MemRefType.OPT: "optimizer states",
+    _MemRefType.ACT: "activations",
+    _MemRefType.TEMP: "temporaries",
+    _MemRefType.OTH: "other",
+}
+
+
+def by_consumer(device_snapshot: dict) -> dict[str, int]:
+    """Turn one device's MemTracker snapshot into bytes per consumer (keys: ``CONSUMERS``)."""
+    out = dict.fromkeys(CONSUMERS, 0)
+    for reftype, nbytes in device_snapshot.items():
+        if reftype in _FROM_REFTYPE:
+            out[_FROM_REFTYPE[reftype]] += int(nbytes)
+    return out
+
+
+@dataclass
+class TimelinePoint:
+    """Bytes by consumer right after one operator ran."""
+
+    op: int
+    """Index of the operator in the step (0, 1, 2, ...)."""
+    phase: str
+    """"forward", "backward" or "optimizer"."""
+    bytes: dict[str, int]
+    """Bytes per consumer (keys: ``CONSUMERS``)."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+
+class _TimelineTracker(MemTracker):
+    """MemTracker that also records bytes by consumer after every operator."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+        self.timeline: list[TimelinePoint] = []
+        self.step_start = 0  # timeline index where the current step began
+
+    def current(self) -> dict[str, int]:
+        snap = self.get_tracker_snapshot("current")
+        return by_consumer(_device_entry(snap, self.device))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if getattr(func, "namespace", "") == "profiler":  # the optimizer's record_function markers
+            return out
+        if self._in_opt:
+            phase = "optimizer"
+        elif self._mod_tracker.is_bw:
+            phase = "backward"
+        elif self.timeline and self.timeline[-1].op >= self.step_start \
+                and self.timeline[-1].phase != "forward":
+            phase = self.timeline[-1].phase  # bookkeeping after backward (detach, .item())
+        else:
+            phase = "forward"
+        self.timeline.append(TimelinePoint(len(self.timeline), phase, self.current()))
+        return out
+
+
+def _device_entry(snapshot: dict, device: torch.device) -> dict:
+    for dev, entry in snapshot.items():
+        if dev.type == device.type:
+            return entry
+    return {}
+
+
+@dataclass
+class StepMemory:
+    """What one measured training step held, by consumer."""
+
+    peak: int
+    """Largest total bytes tracked at any moment of the step(s)."""
+    at_peak: dict[str, int]
+    """Bytes per consumer at that moment."""
+    timeline: list[TimelinePoint]
+    """Bytes per consumer after each operator, in order."""
+    before: dict[str, int]
+    """Bytes per consumer when measuring started (parameters and any existing state)."""
+    after: dict[str, int]
+    """Bytes per consumer when the step(s) finished."""
+    step_boundaries: list[int] = field(default_factory=list)
+    """Timeline index at which each step started."""
+    losses: list[float] = field(default_factory=list)
+    cuda_max_allocated: int | None = None
+    """``torch.cuda.max_memory_allocated`` over the step(s); None on a CPU."""
+
+    def peak_of(self, consumer: str, phase: str | None = None) -> int:
+        """Most bytes one consumer held at any point (optionally within one phase)."""
+        if consumer not in CONSUMERS:
+            raise ValueError(f"consumer must be one of {CONSUMERS}, got {consumer!r}")
+        points = [p for p in self.timeline if phase is None or p.phase == phase]
+        return max([p.bytes[consumer] for p in points] + [self.before[consumer]])
+
+
+def default_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """One plain training step: loss = model(x, y); backward; optimizer step; grads set to None."""
+    x, y = batch
+    loss = model(x, y)
+    loss.backward()
+    if optimizer is not None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def measure_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 batch, *, steps: int = 1,
+                 step_fn: Callable = default_step,
+                 snapshot_path: str | None = None) -> StepMemory:
+    """Run ``steps`` real training steps under MemTracker and return bytes by consumer.
+
+    Args:
+        model: the module to train; its parameters (and buffers) are tracked from the start.
+        optimizer: its states are tracked from the step that creates them (None: no update).
+        batch: what ``step_fn`` takes, by default an (inputs, targets) pair.
+        steps: how many steps to run; with Adam, step 1 creates the states, so the peak of
+            step 2 is higher ("fine at step 1, out of memory at step 2").
+        step_fn: ``step_fn(model, optimizer, batch)`` runs one step and returns the loss.
+        snapshot_path: on CUDA, write a memory snapshot there for pytorch.org/memory_viz.
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    device = next(model.parameters()).device
+    is_cuda = device.type == "cuda"
+    if is_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        if snapshot_path:
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+    tracker = _TimelineTracker(device)
+    tracker.track_external(model, *([optimizer] if optimizer is not None else []))
+    before = tracker.current()
+    boundaries, losses = [], []
+    with tracker:
+        for _ in range(steps):
+            boundaries.append(len(tracker.timeline))
+            tracker.step_start = len(tracker.timeline)
+            tracker.reset_mod_stats()  # MemTracker refuses a second forward otherwise
+            losses.append(float(step_fn(model, optimizer, batch)))
+    after = tracker.current()
+    peak_snap = _device_entry(tracker.get_tracker_snapshot("peak"), device)
+    at_peak = by_consumer(peak_snap)
+    cuda_max = None
+    if is_cuda:
+        torch.cuda.synchronize()
+        cuda_max = torch.cuda.max_memory_allocated(device)
+        if snapshot_path:
+            torch.cuda.memory._dump_snapshot(snapshot_path)
+            torch.cuda.memory._record_memory_history(enabled=None)
+    return StepMemory(peak=sum(at_peak.values()), at_peak=at_peak, timeline=tracker.timeline,
+                      before=before, after=after, step_boundaries=boundaries,
+                      losses=losses, cuda_max_allocated=cuda_max)
+
+
+def saved_activation_bytes(fn: Callable[[], torch.Tensor]) -> int:
+    """Bytes of the distinct tensors autograd saves for backward while ``fn()`` runs forward.
+
+    Counts each storage once (a saved view of a saved tensor costs nothing extra) and skips
+    parameters, which live anyway.  Uses ``torch.autograd.graph.saved_tensors_hooks``.
+    """
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        if not isinstance(t, torch.nn.Parameter):
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
+
+
+def count_flops(fn: Callable, *args, **kwargs) -> tuple[int, object]:
+    """Run ``fn(*args, **kwargs)`` under ``FlopCounterMode``; return (total FLOPs, fn's result).
+
+    FlopCounterMode counts matmul-like operators (2·m·n·k per matmul) in forward and backward;
+    elementwise operators count zero.
+    """
+    with FlopCounterMode(display=False) as counter:
+        result = fn(*args, **kwargs)
+    return counter.get_total_flops(), result

@@ -1,0 +1,229 @@
+"""The course's GPT and the synthetic data it learns from.
+
+A small nanoGPT-style decoder (token + position embeddings, pre-LayerNorm blocks of causal
+self-attention and a GELU MLP, a head tied to the token embedding) written so that every
+tensor it saves for backward is easy to name: the labs count those bytes by hand and compare
+with what ``labkit.measure`` sees.  ``lab_config()`` is the one place that decides sizes: tiny on
+a CPU, larger on a GPU.  ``SyntheticData`` is a fixed random Markov chain over the vocabulary, so
+there is nothing to download and the loss really falls (from ln V towards the chain's entropy).
+
+Parameters of one block: 12·n_embd² + 13·n_embd (Chapter 1, book/01_where_the_memory_goes.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ATTENTION_KINDS = ("naive", "sdpa")
+
+
+@dataclass
+class GPTConfig:
+    """Sizes of the course's GPT; names follow nanoGPT."""
+
+    vocab_size: int = 256
+    """Tokens in the vocabulary (V)."""
+    block_size: int = 64
+    """Longest sequence the position embedding covers (the largest seq_len)."""
+    n_layer: int = 4
+    """Transformer blocks (L)."""
+    n_head: int = 4
+    """Attention heads (a); must divide n_embd."""
+    n_embd: int = 128
+    """Hidden size (h)."""
+    dropout: float = 0.0
+    """Dropout probability; 0 keeps every step deterministic and saves no masks."""
+    bias: bool = True
+    """Biases in Linear and LayerNorm layers, as in GPT-2."""
+    attention: str = "naive"
+    """"naive" materialises the (T, T) attention matrix; "sdpa" calls F.scaled_dot_product_attention."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"GPTConfig.n_head={self.n_head} must divide n_embd={self.n_embd}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(
+                f"GPTConfig.attention must be one of {ATTENTION_KINDS}, got {self.attention!r}"
+            )
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: one fused qkv projection, softmax(QKᵀ/√d)V, output projection."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head, self.n_embd, self.attention = cfg.n_head, cfg.n_embd, cfg.attention
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.attn_dropout = nn.Dropout(cfg.dropout)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        hs = C // self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf"))
+            att = self.attn_dropout(F.softmax(att, dim=-1))
+            y = att @ v  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """The feed-forward sublayer: h → 4h, GELU, 4h → h."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """A pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """The course's GPT.  ``model(idx)`` returns logits (B, T, V); ``model(idx, targets)`` the mean loss."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: counted once
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(
+                f"seq_len={T} is longer than GPTConfig.block_size={self.config.block_size}"
+            )
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
+
+
+class SyntheticData:
+    """Deterministic token sequences from a fixed random Markov chain; nothing to download.
+
+    Each token has ``branching`` likely successors (drawn once from ``seed``), so a model that
+    learns the chain's transition table drives the loss from ln(V) down to about
+    ln(branching).  ``batch(i)`` always returns the same (inputs, targets) pair for the same i.
+    """
+
+    def __init__(self, vocab_size: int, seq_len: int, batch_size: int, *,
+                 branching: int = 4, seed: int = 0, device: str | torch.device = "cpu"):
+        for name, value in (("vocab_size", vocab_size), ("seq_len", seq_len),
+                            ("batch_size", batch_size), ("branching", branching)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"SyntheticData: {name} must be a positive int, got {value!r}")
+        if branching > vocab_size:
+            raise ValueError(f"SyntheticData: branching={branching} exceeds vocab_size={vocab_size}")
+        self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
+        self.seed, self.device = seed, torch.device(device)
+        g = torch.Generator().manual_seed(seed)
+        self.successors = torch.stack(
+            [torch.randperm(vocab_size, generator=g)[:branching] for _ in range(vocab_size)]
+        )  # (V, branching)
+
+    def batch(self, i: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The i-th batch: inputs and next-token targets, each (batch_size, seq_len) int64."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        B, T = self.batch_size, self.seq_len
+        tokens = torch.empty(B, T + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(self.vocab_size, (B,), generator=g)
+        choice = torch.randint(self.successors.shape[1], (B, T), generator=g)
+        for t in range(T):
+            tokens[:, t + 1] = self.successors[tokens[:, t], choice[:, t]]
+        tokens = tokens.to(self.device)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def entropy(self) -> float:
+        """The chain's entropy per token in nats: the loss a perfect model reaches."""
+        return math.log(self.successors.shape[1])
+
+
+def default_device() -> torch.device:
+    """CUDA when present (Colab), else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def lab_config(device: str | torch.device | None = None, **overrides) -> GPTConfig:
+    """The one place that sizes the labs' model: tiny on a CPU, larger on a GPU.
+
+    Keyword overrides replace single fields, e.g. ``lab_config(n_layer=8)``.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    if device.type == "cuda":
+        base = dict(vocab_size=512, block_size=256, n_layer=8, n_head=8, n_embd=512)
+    else:
+        base = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
+    base.update(overrides)
+    return GPTConfig(**base)
+
+
+def lab_batch_size(device: str | torch.device | None = None) -> int:
+    """The labs' batch size on this device (8 on a CPU, 16 on a GPU)."""
+    device = torch.device(device) if device is not None else default_device()
+    return 16 if device.type == "cuda" else 8

@@ -1,0 +1,95 @@
+"""labkit.measure against cases whose bytes are known by construction."""
+import pytest
+import torch
+
+from labkit.measure import CONSUMERS, count_flops, measure_step, saved_activation_bytes
+from labkit.models import GPT, SyntheticData, lab_config
+
+FP32 = 4
+
+
+def _linear_step(model, optimizer, x):
+    loss = model(x).square().sum()
+    loss.backward()
+    optimizer.step()
+    return loss.detach()  # gradients kept: we want to see them after the step
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (17, 5)])
+def test_linear_with_adam_holds_params_grads_and_two_moments_exactly(shape):
+    """A Linear layer with Adam: parameters P, gradients P, states 2P + one fp32 step per tensor."""
+    lin = torch.nn.Linear(*shape)
+    opt = torch.optim.Adam(lin.parameters(), foreach=False)
+    n = sum(p.numel() for p in lin.parameters())
+    step = measure_step(lin, opt, torch.randn(8, shape[0]), step_fn=_linear_step)
+    assert step.before["parameters"] == n * FP32
+    assert step.before["optimizer states"] == 0
+    assert step.after["parameters"] == n * FP32
+    assert step.after["gradients"] == n * FP32
+    # exp_avg and exp_avg_sq (2 × n fp32) plus Adam's scalar `step` tensor (fp32) per parameter tensor
+    assert step.after["optimizer states"] == 2 * n * FP32 + 2 * FP32
+
+
+def test_sgd_without_momentum_keeps_no_state():
+    lin = torch.nn.Linear(32, 32)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    step = measure_step(lin, opt, torch.randn(4, 32), step_fn=_linear_step)
+    assert step.after["optimizer states"] == 0
+    assert step.after["gradients"] == step.after["parameters"] == (32 * 32 + 32) * FP32
+
+
+def test_optimizer_states_appear_at_the_first_step_and_raise_the_second_peak():
+    """'Fine at step 1, out of memory at step 2': Adam's states exist only from the first update."""
+    cfg = lab_config("cpu", n_layer=2, n_embd=64, n_head=2, block_size=32)
+    model = GPT(cfg)
+    data = SyntheticData(cfg.vocab_size, 32, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    first = measure_step(model, opt, data.batch(0), steps=1)
+    second = measure_step(model, opt, data.batch(1), steps=1)
+    assert first.before["optimizer states"] == 0
+    assert second.before["optimizer states"] > 0
+    assert second.peak > first.peak - first.peak_of("optimizer states")
+    assert second.at_peak["optimizer states"] >= second.before["optimizer states"]
+    assert set(second.at_peak) == set(CONSUMERS)
+
+
+def test_timeline_phases_run_forward_then_backward_then_optimizer():
+    cfg = lab_config("cpu", n_layer=1, n_embd=32, n_head=2, block_size=16)
+    model = GPT(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = measure_step(model, opt, SyntheticData(cfg.vocab_size, 16, 2).batch(0))
+    phases = [p.phase for p in step.timeline]
+    collapsed = [ph for i, ph in enumerate(phases) if i == 0 or phases[i - 1] != ph]
+    assert collapsed == ["forward", "backward", "optimizer"]
+    assert max(p.total for p in step.timeline) <= step.peak
+
+
+def test_saved_activation_bytes_counts_what_autograd_keeps():
+    """y = (x @ W).relu(): autograd keeps x (for W's grad) and the relu output; W is a parameter."""
+    W = torch.nn.Parameter(torch.randn(16, 8))
+    x = torch.randn(4, 16)
+    kept = saved_activation_bytes(lambda: (x @ W).relu())
+    assert kept == x.nbytes + 4 * 8 * FP32
+
+
+def test_count_flops_counts_a_matmul_as_2mnk():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    flops, out = count_flops(torch.mm, a, b)
+    assert flops == 2 * 8 * 16 * 4
+    assert out.shape == (8, 4)
+
+
+def test_measure_step_rejects_bad_steps():
+    lin = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="steps"):
+        measure_step(lin, None, torch.randn(1, 2), steps=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_max_allocated_is_read_on_cuda(tmp_path):
+    lin = torch.nn.Linear(256, 256).cuda()
+    opt = torch.optim.Adam(lin.parameters())
+    step = measure_step(lin, opt, torch.randn(64, 256, device="cuda"), step_fn=_linear_step,
+                        snapshot_path=str(tmp_path / "snap.pickle"))
+    assert step.cuda_max_allocated >= step.after["parameters"]
+    assert (tmp_path / "snap.pickle").exists()

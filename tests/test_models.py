@@ -1,0 +1,70 @@
+"""The course's GPT and its synthetic data."""
+import math
+
+import pytest
+import torch
+
+from labkit.models import GPT, GPTConfig, SyntheticData, lab_config
+
+
+def test_loss_falls_when_trained():
+    """The synthetic chain is learnable: 60 AdamW steps take the loss well below ln(V)."""
+    cfg = lab_config("cpu", n_layer=2, n_embd=64, n_head=4, block_size=32)
+    model = GPT(cfg)
+    data = SyntheticData(cfg.vocab_size, 32, 8)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for i in range(60):
+        loss = model(*data.batch(i))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert abs(losses[0] - math.log(cfg.vocab_size)) < 0.3  # starts near uniform
+    assert losses[-1] < losses[0] - 1.0
+
+
+def test_synthetic_batches_are_deterministic_and_shifted():
+    data = SyntheticData(64, 16, 4, seed=3)
+    x1, y1 = data.batch(5)
+    x2, y2 = SyntheticData(64, 16, 4, seed=3).batch(5)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert torch.equal(x1[:, 1:], y1[:, :-1])
+    assert x1.shape == (4, 16) and x1.dtype == torch.long
+
+
+def test_head_is_tied_to_the_token_embedding():
+    model = GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2))
+    assert model.lm_head.weight is model.wte.weight
+
+
+def test_sdpa_and_naive_attention_agree():
+    torch.manual_seed(0)
+    naive = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=4, block_size=16))
+    sdpa = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=4, block_size=16, attention="sdpa"))
+    sdpa.load_state_dict(naive.state_dict())
+    idx = torch.randint(256, (2, 16))
+    torch.testing.assert_close(naive(idx), sdpa(idx), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(n_embd=30, n_head=4), "n_head"),
+    (dict(n_layer=0), "n_layer"),
+    (dict(attention="flash"), "attention"),
+    (dict(dropout=1.5), "dropout"),
+])
+def test_bad_config_names_the_argument(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        GPTConfig(**kwargs)
+
+
+def test_sequence_longer_than_block_size_is_refused():
+    model = GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=8))
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_lab_config_is_small_on_cpu_and_takes_overrides():
+    cfg = lab_config("cpu", n_layer=6)
+    assert cfg.n_layer == 6 and cfg.n_embd <= 256
+    assert lab_config("cuda").n_embd > cfg.n_embd

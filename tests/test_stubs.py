@@ -1,0 +1,98 @@
+"""The student edition is generated from the solutions and never drifts from them."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = ROOT / "solutions" / "labkit"
+needs_solutions = pytest.mark.skipif(not SOLUTIONS.is_dir(), reason="student edition: no solutions/")
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_solutions
+def test_committed_stubs_equal_the_generated_ones():
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "make_stubs.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_solutions
+def test_every_solution_module_has_a_stub_and_no_stub_holds_a_solution():
+    for solution in SOLUTIONS.glob("*.py"):
+        stub = ROOT / "src" / "labkit" / solution.name
+        assert stub.exists(), f"{solution.name} has no stub in src/labkit"
+    for stub in (ROOT / "src" / "labkit").glob("*.py"):
+        assert "# BEGIN SOLUTION" not in stub.read_text(), f"solution leaked into {stub}"
+
+
+def test_make_stub_replaces_each_marked_block_at_its_indentation(tmp_path):
+    make_stubs = _tool("make_stubs")
+    (tmp_path / "labs").mkdir()
+    (tmp_path / "labs" / "03_parameters.ipynb").write_text("{}")
+    source = (
+        "def f(x):\n"
+        '    """Doc stays."""\n'
+        "    # BEGIN SOLUTION 3.1: double x\n"
+        "    y = 2 * x\n"
+        "    return y\n"
+        "    # END SOLUTION\n"
+        "\n"
+        "HELPER = 1\n"
+    )
+    stub = make_stubs.make_stub(source, root=tmp_path)
+    assert stub == (
+        "def f(x):\n"
+        '    """Doc stays."""\n'
+        '    raise NotImplementedError("exercise 3.1: double x (labs/03_parameters.ipynb)")\n'
+        "\n"
+        "HELPER = 1\n"
+    )
+
+
+@pytest.mark.parametrize("source, problem", [
+    ("# BEGIN SOLUTION 1.1: a\nx = 1\n", "never closed"),
+    ("# END SOLUTION\n", "without BEGIN"),
+    ("# BEGIN SOLUTION 1.1\n# END SOLUTION\n", "hint"),
+    ("# BEGIN SOLUTION 1.1: a\n# BEGIN SOLUTION 1.2: b\n", "nested"),
+])
+def test_make_stub_rejects_malformed_markers(source, problem):
+    make_stubs = _tool("make_stubs")
+    with pytest.raises(ValueError, match=problem):
+        make_stubs.make_stub(source)
+
+
+def test_solutions_overlay_loads_the_solution_module(tmp_path):
+    """LABKIT_SOLUTIONS=<dir> puts <dir>/labkit in front of labkit's search path."""
+    (tmp_path / "labkit").mkdir()
+    (tmp_path / "labkit" / "overlay_probe.py").write_text("WHO = 'solution'\n")
+    code = "import labkit.overlay_probe as m, labkit.models; print(m.WHO, labkit.models.__name__)"
+    env = {"LABKIT_SOLUTIONS": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.split() == ["solution", "labkit.models"], out.stderr
+
+
+def test_solutions_overlay_with_a_wrong_path_says_so(tmp_path):
+    env = {"LABKIT_SOLUTIONS": str(tmp_path / "nowhere"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", "import labkit"], capture_output=True, text=True,
+                         env=env)
+    assert out.returncode != 0 and "LABKIT_SOLUTIONS" in out.stderr
+
+
+@needs_solutions
+def test_student_edition_has_no_solutions(tmp_path):
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout with commits")
+    copied = _tool("student_edition").write_student_edition(tmp_path / "edition")
+    assert copied and not any(p.startswith("solutions/") for p in copied)
+    assert (tmp_path / "edition" / "src" / "labkit" / "__init__.py").exists()
+    assert not (tmp_path / "edition" / "solutions").exists()
