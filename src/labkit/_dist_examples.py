@@ -1,0 +1,73 @@
+"""Tiny per-rank functions for :func:`labkit.dist.launch`: its tests, its notebook, its chapter.
+
+They live in an importable module because a *spawned* rank finds its function by importing it
+by name (a notebook cell or a test body cannot be imported). Each takes ``(rank, world_size)``
+first, like every function that ``launch`` runs.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import torch
+import torch.distributed as dist
+
+from labkit.comm_count import count_comm
+
+
+def all_reduce_ranks(rank: int, world_size: int, n: int = 4) -> dict:
+    """Sum the tensors ``full(n, rank + 1)`` over all ranks: every element is N(N+1)/2."""
+    x = torch.full((n,), float(rank + 1))  # (n,)
+    dist.all_reduce(x)
+    return {"rank": rank, "pid": os.getpid(), "sum": x}
+
+
+def fail_on_rank(rank: int, world_size: int, bad_rank: int = 1,
+                 message: str = "rank-specific failure") -> None:
+    """``bad_rank`` raises ``NotImplementedError(message)``; the others wait in an all-reduce
+    that can never complete, as they would if a real exercise failed on one rank."""
+    if rank == bad_rank:
+        raise NotImplementedError(message)
+    dist.all_reduce(torch.ones(1))
+
+
+def hang_on_rank(rank: int, world_size: int, stuck_rank: int = 1, pid_dir: str | None = None) -> None:
+    """``stuck_rank`` starts a helper process and sleeps forever; the others wait in a barrier.
+
+    Each rank writes its pid (and the stuck rank its helper's pid) to ``pid_dir`` so a test can
+    check that nothing survives the launch.
+    """
+    pids = [os.getpid()]
+    if rank == stuck_rank:
+        pids.append(subprocess.Popen(["sleep", "600"]).pid)  # a grandchild that must die too
+    if pid_dir:
+        with open(os.path.join(pid_dir, f"rank{rank}.pids"), "w") as f:
+            f.write(" ".join(map(str, pids)))
+    if rank == stuck_rank:
+        while True:
+            time.sleep(1)
+    dist.barrier()
+
+
+# torch 2.13 deprecates all_gather_into_tensor / reduce_scatter_tensor for these new names
+# (same c10d operators, so count_comm reports them under the old names).
+all_gather_into_tensor = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
+
+def count_basic_comm(rank: int, world_size: int, n: int = 1000) -> dict:
+    """Count one all-reduce, all-gather and reduce-scatter of ``n`` float32 each (the all-gather
+    output and the reduce-scatter input are N·n), and one send from rank 0 to rank 1."""
+    x = torch.ones(n)  # (n,) float32: 4n bytes
+    gathered = torch.empty(world_size * n)  # (N*n,)
+    with count_comm() as counts:
+        dist.all_reduce(x)
+        all_gather_into_tensor(gathered, x)
+        reduce_scatter_tensor(x, gathered)
+        if rank == 0:
+            dist.send(x, dst=1)
+        elif rank == 1:
+            dist.recv(x, src=0)
+    return {"calls": dict(counts.calls), "bytes_sent": dict(counts.bytes_sent),
+            "ring_bytes": dict(counts.ring_bytes)}

@@ -1,0 +1,333 @@
+"""Launch N real ``torch.distributed`` ranks from a notebook or a test, and get their results back.
+
+Every distributed lab (data parallel, ZeRO, FSDP, tensor and pipeline parallel) runs its code on
+real process groups: ``launch(fn, 4)`` starts 4 processes, each joins one gloo group over TCP on
+127.0.0.1 and calls ``fn(rank, world_size, ...)``; the parent gets back each rank's return value
+in rank order. gloo runs on CPU everywhere, including a single-GPU Colab where NCCL refuses two
+ranks on one GPU; the same ``fn`` runs under ``torchrun`` with NCCL on a real cluster.
+
+Mechanism, and the choices behind it:
+
+- **fork, not spawn, when it is safe.** A forked child starts as a copy of the parent, torch
+  already imported and ``fn`` already defined (even in a notebook cell), so a launch costs
+  ~0.1-0.6 s; a spawned child starts a fresh interpreter and imports torch again (4-11 s) and
+  can only run functions it can import by name. Fork is unsafe once CUDA is initialised in the
+  parent (the CUDA driver does not survive a fork), so then ``launch`` spawns.
+- **``torch.set_num_threads(1)`` first, in every child.** The parent's intra-op thread pool
+  does not exist in the forked child, and a child that enters a parallel region before resizing
+  the pool can hang; N ranks of many threads each would also oversubscribe the cores.
+- **The caller never hangs.** The process group gets a timeout a little under ``timeout`` (a
+  rank stuck in a collective gives up by itself), the parent waits with an outer deadline, and
+  on any exit (result, error, deadline, Ctrl-C) it kills each child's whole process group.
+  A failing rank's traceback is re-raised in the parent as :class:`RankError`; at the deadline
+  the parent prints where the unfinished ranks were stuck and raises :class:`RankTimeout`.
+- **Collectives never run in the parent.** A mismatched collective can abort the process that
+  runs it; here that is a child, never the notebook kernel or the pytest process.
+
+Count a rank's communication with :func:`count_comm` (from :mod:`labkit.comm_count`).
+Used in: every distributed chapter of ``book/`` and its lab in ``labs/``.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import faulthandler
+import io
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from labkit.comm_count import CommCounts, count_comm
+
+__all__ = ["launch", "RankError", "RankTimeout", "count_comm", "CommCounts"]
+
+
+class RankError(RuntimeError):
+    """A rank raised (or died); ``str()`` holds the child's full traceback.
+
+    ``rank``: the rank reported; ``ranks``: all failed ranks; ``exc_type``: the child's exception
+    class name (``"NotImplementedError"``; None if it died silently); ``child_traceback``: its
+    formatted traceback; ``pids``: the children's process ids, all dead by now.
+    """
+
+    def __init__(self, message, *, rank, ranks, exc_type, child_traceback, pids):
+        super().__init__(message)
+        self.rank, self.ranks, self.exc_type = rank, ranks, exc_type
+        self.child_traceback, self.pids = child_traceback, pids
+
+
+class RankTimeout(RankError, TimeoutError):
+    """Some ranks had not finished at the deadline; ``ranks`` names them, ``exc_type`` is None."""
+
+
+def _default_start_method() -> str:
+    fork_ok = "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized()
+    return "fork" if fork_ok else "spawn"
+
+
+def _check_spawnable(fn) -> None:
+    """A spawned child finds ``fn`` by importing its module: refuse what it cannot import."""
+    qualname, reason = getattr(fn, "__qualname__", repr(fn)), None
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        reason = "it is a lambda or a function defined inside another function"
+    elif getattr(fn, "__module__", None) == "__main__" and not hasattr(sys.modules["__main__"], "__file__"):
+        reason = "it is defined in a notebook cell or an interactive session"
+    else:
+        try:
+            pickle.dumps(fn)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
+            reason = f"it cannot be pickled ({exc})"
+    if reason:
+        raise ValueError(
+            f"launch(..., start_method='spawn') cannot send {qualname!r} to the children: {reason}. "
+            "Spawned ranks import the function by name, so define it at module level in an "
+            "importable module (e.g. labkit.<module>), or use start_method='fork' on Linux/macOS."
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _ResultPickler(pickle.Pickler):
+    """Plain pickle (not torch's shared-memory reductions, which die with the child);
+    tensors are detached and moved to CPU first."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and (obj.requires_grad or obj.device.type != "cpu"):
+            return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return NotImplemented
+
+
+def _format_child_exception(exc: BaseException) -> str:
+    tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # drop _run_rank's own frame
+    text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip("\n")
+    stub_line = f"{type(exc).__name__}: {exc}"
+    if str(exc).startswith("exercise ") and not text.endswith(stub_line):
+        text += "\n" + stub_line  # the grader finds "not attempted" by this exact last line
+    return text
+
+
+def _become_independent(parent_pid: int) -> None:
+    """Own process group (the parent kills us and our children at once); die with the parent."""
+    if hasattr(os, "setsid"):
+        os.setsid()
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid:  # the parent died before prctl
+            os._exit(1)
+
+
+def _run_rank(fn, rank, world_size, args, kwargs, port, backend, pg_timeout, conn, stack_path, parent_pid):
+    """Body of one child process: join the group, run ``fn``, report back, exit."""
+    torch.set_num_threads(1)  # first of all: see the module docstring
+    _become_independent(parent_pid)
+    code = 0
+    try:
+        if hasattr(signal, "SIGUSR1"):  # the parent asks for our stack at the deadline
+            stack_file = open(stack_path, "a")  # noqa: SIM115 - must stay open until exit
+            faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                          WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))  # as torchrun does
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                init_method=f"tcp://127.0.0.1:{port}",
+                                timeout=datetime.timedelta(seconds=pg_timeout))
+        result = fn(rank, world_size, *args, **kwargs)
+        buffer = io.BytesIO()
+        try:
+            _ResultPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(result)
+        except Exception as exc:
+            raise TypeError(f"rank {rank} returned a value that cannot be pickled back: {exc}") from exc
+        if dist.is_initialized():  # no rank leaves while a peer may still read from it
+            dist.barrier()
+            dist.destroy_process_group()
+        message = ("ok", buffer.getvalue())
+    except BaseException as exc:  # noqa: BLE001 - report everything, SystemExit included
+        code = 1
+        message = ("error", type(exc).__name__, str(exc), _format_child_exception(exc))
+    try:
+        conn.send(message)
+        conn.close()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)  # skip interpreter teardown: gloo threads may still be blocked
+
+
+_DIST_ERRORS = ("RuntimeError", "DistBackendError", "DistStoreError", "DistNetworkError")
+
+
+def _is_collective_timeout(exc_type, text: str) -> bool:
+    """A rank gave up waiting for a peer (gloo: "Timed out waiting 2000ms for recv ...")."""
+    return exc_type in _DIST_ERRORS and any(w in text.lower() for w in ("timed out", "timeout"))
+
+
+def _is_peer_failure(exc_type, text: str) -> bool:
+    """An echo of another rank's death (gloo: "Connection closed by peer")."""
+    words = ("connection closed by peer", "connection reset", "broken pipe")
+    return exc_type in _DIST_ERRORS and any(w in text.lower() for w in words)
+
+
+def _ranks_text(ranks) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks)))
+
+
+def _read_stacks(procs, ranks, stack_dir) -> dict:
+    """Ask each still-running rank for its Python stack (faulthandler, on SIGUSR1)."""
+    if not (ranks and hasattr(signal, "SIGUSR1")):
+        return {}
+    for r in ranks:
+        with contextlib.suppress(OSError):
+            os.kill(procs[r].pid, signal.SIGUSR1)
+    time.sleep(0.3)
+    paths = {r: os.path.join(stack_dir, f"rank{r}.stack") for r in ranks}
+    return {r: Path(p).read_text().strip() for r, p in paths.items() if os.path.getsize(p)}
+
+
+def _kill_all(procs) -> None:
+    """Kill each child's process group (the child and anything it started), then reap it."""
+    started = [p for p in procs if p.pid is not None]
+    for p in started:
+        with contextlib.suppress(OSError, AttributeError):  # no such group (yet, any more); Windows
+            os.killpg(p.pid, signal.SIGKILL)  # group id == child pid after its setsid()
+        if p.exitcode is None:
+            p.kill()
+    for p in started:
+        p.join(timeout=10)
+
+
+def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gloo",
+           start_method: str | None = None, **kwargs) -> list:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` new ranks; return their results.
+
+    Each child: ``torch.set_num_threads(1)``; ``init_process_group(backend, rank, world_size,
+    init_method="tcp://127.0.0.1:<free port>")`` with a timeout a little under ``timeout``;
+    ``fn``; ``destroy_process_group()``. Return values are pickled back (tensors detached and
+    moved to CPU).
+
+    Args:
+        fn: the per-rank function; with ``spawn`` it must be importable (module level).
+        world_size: number of ranks N.
+        timeout: seconds before the parent kills every rank and raises :class:`RankTimeout`.
+        backend: ``"gloo"`` (CPU, the default) or ``"nccl"`` (one GPU per rank).
+        start_method: ``"fork"`` or ``"spawn"``; default fork unless CUDA is initialised here.
+
+    Returns:
+        ``[result of rank 0, ..., result of rank N-1]``.
+
+    Raises:
+        RankError: a rank raised or died; names the rank, carries its traceback.
+        RankTimeout: some ranks had not finished after ``timeout`` seconds.
+    """
+    method = start_method or _default_start_method()
+    if method == "fork":  # a dispatch mode (count_comm, MemTracker) imports torch._dynamo on
+        import torch._dynamo  # noqa: F401  first use (1-3 s): once here, not in every rank
+    else:
+        _check_spawnable(fn)
+    context = mp.get_context(method)
+    started = time.monotonic()
+    pg_timeout = timeout - min(max(1.0, 0.1 * timeout), 0.5 * timeout)
+    port = _free_port()
+    stack_dir, procs, conns = tempfile.mkdtemp(prefix="labkit-dist-"), [], []
+    try:
+        for rank in range(world_size):
+            receiver, sender = context.Pipe(duplex=False)
+            stack_path = os.path.join(stack_dir, f"rank{rank}.stack")
+            Path(stack_path).touch()
+            procs.append(context.Process(target=_run_rank, name=f"labkit-rank{rank}", args=(
+                fn, rank, world_size, args, kwargs, port, backend, pg_timeout, sender,
+                stack_path, os.getpid())))
+            with warnings.catch_warnings():  # Python 3.12 warns on any fork from a threaded
+                warnings.simplefilter("ignore", DeprecationWarning)  # process (a kernel is)
+                procs[-1].start()
+            sender.close()
+            conns.append(receiver)
+        return _collect(procs, conns, fn, world_size, started + timeout, timeout, pg_timeout, stack_dir)
+    finally:
+        _kill_all(procs)
+        for c in conns:
+            c.close()
+        shutil.rmtree(stack_dir, ignore_errors=True)
+
+
+def _receive(conn, proc, rank, sentinel_ready: bool):
+    """The rank's report, a made-up one if it died without a word, or None if not there yet."""
+    with contextlib.suppress(EOFError, OSError):
+        if conn.poll(0.1):
+            return conn.recv()
+    if not sentinel_ready:
+        return None
+    proc.join(timeout=1)
+    return ("error", None, f"exit code {proc.exitcode}",
+            f"rank {rank} died (exit code {proc.exitcode}) without reporting (killed by a "
+            "signal if negative, e.g. -9 by the out-of-memory killer; or it called os._exit)")
+
+
+def _collect(procs, conns, fn, world_size, deadline, timeout, pg_timeout, stack_dir) -> list:
+    """Wait for every rank's report; raise on the first real error or at the deadline."""
+    results, errors, stuck = {}, {}, {}  # rank -> value | (exc_type, message, traceback)
+    pending, give_up_at = set(range(world_size)), deadline
+    while pending and time.monotonic() < give_up_at:
+        ready = set(wait([conns[r] for r in pending] + [procs[r].sentinel for r in pending],
+                         timeout=max(0.0, give_up_at - time.monotonic())))
+        for r in sorted(pending):
+            if conns[r] in ready or procs[r].sentinel in ready:
+                message = _receive(conns[r], procs[r], r, procs[r].sentinel in ready)
+                if message is None:
+                    continue
+                pending.discard(r)
+                if message[0] == "ok":
+                    results[r] = pickle.loads(message[1])
+                elif _is_collective_timeout(message[1], message[2]):
+                    stuck[r] = message[1:]  # gave up waiting for a peer: a hang, not a bug here
+                else:  # wait a moment for the other ranks' errors, longer if this one is an echo
+                    errors[r] = message[1:]
+                    grace = 1.0 if _is_peer_failure(message[1], message[2]) else 0.2
+                    give_up_at = min(give_up_at, time.monotonic() + grace)
+    fn_name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+    pids = [p.pid for p in procs]
+    if errors:
+        first = next((r for r in errors if not _is_peer_failure(*errors[r][:2])), next(iter(errors)))
+        exc_type, child_tb = errors[first][0], errors[first][2]
+        lines = [f"rank {first} of {world_size} "
+                 f"{'raised ' + exc_type if exc_type else 'died'} in {fn_name}"]
+        lines += [f"  rank {r} also failed: {e[0]}: {e[1].strip()[:300]}"
+                  for r, e in errors.items() if r != first]
+        lines += [f"  rank {r} gave up waiting in a collective" for r in stuck]
+        if pending:
+            lines.append(f"  {_ranks_text(pending)} were still running and have been stopped")
+        lines += ["", f"Traceback of rank {first}:", child_tb]
+        raise RankError("\n".join(lines), rank=first, ranks=sorted(errors), exc_type=exc_type,
+                        child_traceback=child_tb, pids=pids)
+    if pending or stuck:
+        stacks = _read_stacks(procs, sorted(pending), stack_dir)
+        unfinished = sorted(pending | set(stuck))
+        lines = [f"{_ranks_text(unfinished)} of {world_size} had not finished {fn_name} after "
+                 f"{timeout:g} s (launch timeout); every rank has been killed"]
+        lines += [f"  rank {r} gave up waiting in a collective after the {pg_timeout:g} s "
+                  f"process-group timeout (a peer never joined it):\n{stuck[r][2]}" for r in sorted(stuck)]
+        lines += [f"  rank {r} was still running; its stack, most recent call first:\n"
+                  f"{stacks.get(r, '(no stack: the rank did not answer)')}" for r in sorted(pending)]
+        first = min(pending) if pending else unfinished[0]
+        child_tb = stacks.get(first, "") if pending else stuck[first][2]
+        raise RankTimeout("\n".join(lines), rank=first, ranks=unfinished, exc_type=None,
+                          child_traceback=child_tb, pids=pids)
+    return [results[r] for r in range(world_size)]
