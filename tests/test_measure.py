@@ -72,6 +72,13 @@ def test_saved_activation_bytes_counts_what_autograd_keeps():
     assert kept == x.nbytes + 4 * 8 * FP32
 
 
+def test_saved_activation_bytes_skips_views_of_parameters():
+    """nn.Linear saves its input and a transposed view of its weight: only the input counts."""
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    assert saved_activation_bytes(lambda: lin(x)) == x.nbytes
+
+
 def test_count_flops_counts_a_matmul_as_2mnk():
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     flops, out = count_flops(torch.mm, a, b)

@@ -193,12 +193,14 @@ def saved_activation_bytes(fn: Callable[[], torch.Tensor]) -> int:
     """Bytes of the distinct tensors autograd saves for backward while ``fn()`` runs forward.
 
     Counts each storage once (a saved view of a saved tensor costs nothing extra) and skips
-    parameters, which live anyway.  Uses ``torch.autograd.graph.saved_tensors_hooks``.
+    parameters and views of them (``nn.Linear`` saves ``weight.t()``), which live anyway.
+    Uses ``torch.autograd.graph.saved_tensors_hooks``.
     """
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
-        if not isinstance(t, torch.nn.Parameter):
+        base = t._base if t._base is not None else t
+        if not isinstance(base, torch.nn.Parameter):
             st = t.untyped_storage()
             seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
         return t
