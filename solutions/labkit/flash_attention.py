@@ -1,0 +1,169 @@
+"""FlashAttention in plain PyTorch: tiles and an online softmax, O(S) memory instead of O(S²).
+
+Naive attention materialises the scores S = QKᵀ/√d and P = softmax(S), two (S × S) matrices
+per head, and keeps P for backward: memory O(S²). FlashAttention (Dao et al. 2022,
+https://arxiv.org/abs/2205.14135; FlashAttention-2, https://arxiv.org/abs/2307.08691) walks
+over blocks of keys for each block of queries, keeping for every query row only a running
+maximum m, a running sum ℓ of exp(s − m) and a running output; when a new block raises the
+maximum from m to m', the old sum and output are rescaled by exp(m − m') (the *online
+softmax*, Milakov & Gimelshein 2018, https://arxiv.org/abs/1805.02867). Forward saves only the
+output O and the log-sum-exp L = m + log ℓ per row; backward recomputes each tile's
+probabilities from L as P = exp(QKᵀ/√d − L), so no (S × S) matrix ever exists: memory is
+O(S·d) plus one (block_q × block_k) tile.
+
+Shapes: q, k, v are (batch, heads, seq_len, head_dim); ``causal`` masks key j > query i
+(as ``F.scaled_dot_product_attention(is_causal=True)`` does for equal lengths).
+
+Lab 5 (labs/05_activations.ipynb), exercise 5.6; Chapter 5 (book/05_activations.md).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+DEFAULT_BLOCK = 64
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int) -> None:
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError("q, k, v must share one shape (batch, heads, seq_len, head_dim); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    for name, value in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                    causal: bool = False) -> torch.Tensor:
+    """softmax(QKᵀ/√d)V with the whole (S × S) matrix in memory: the O(S²) baseline."""
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, S, S)
+    if causal:
+        S = q.shape[-2]
+        mask = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v  # (B, H, S, D)
+
+
+def _tile_scores(q_blk: torch.Tensor, k_blk: torch.Tensor, q0: int, k0: int, scale: float,
+                 causal: bool) -> torch.Tensor:
+    """Scores of one tile, (B, H, bq, bk), with causal positions masked to -inf."""
+    s = (q_blk @ k_blk.transpose(-2, -1)) * scale
+    if causal:
+        rows = torch.arange(q0, q0 + q_blk.shape[-2], device=s.device)[:, None]
+        cols = torch.arange(k0, k0 + k_blk.shape[-2], device=s.device)[None, :]
+        s = s.masked_fill(cols > rows, float("-inf"))
+    return s
+
+
+def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                            causal: bool = False, block_q: int = DEFAULT_BLOCK,
+                            block_k: int = DEFAULT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tiled attention forward with the online softmax.
+
+    For each block of ``block_q`` query rows: m = -inf, ℓ = 0, acc = 0; for each block of
+    ``block_k`` keys (stop at the diagonal when causal): s = q kᵀ/√d (masked), m' = max(m,
+    rowmax s), p = exp(s - m'), ℓ = ℓ·exp(m - m') + rowsum p, acc = acc·exp(m - m') + p v,
+    m = m'. Then O = acc / ℓ and L = m + log ℓ.
+
+    Args:
+        q, k, v: (B, H, S, D), one dtype and device.
+        causal: mask keys after each query.
+        block_q, block_k: tile sizes (any S works; the last tile may be shorter).
+    Returns:
+        (O, L): the output (B, H, S, D) and the log-sum-exp of each score row (B, H, S), fp32.
+    """
+    # BEGIN SOLUTION 5.6: loop over query tiles, then key tiles, with a running max m, sum l and accumulator; return (acc / l, m + log l)
+    _check(q, k, v, block_q, block_k)
+    B, H, S, D = q.shape
+    scale = 1.0 / math.sqrt(D)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, S, dtype=torch.float32, device=q.device)
+    for q0 in range(0, S, block_q):
+        q_blk = q[:, :, q0:q0 + block_q]  # (B, H, bq, D)
+        bq = q_blk.shape[-2]
+        m = torch.full((B, H, bq, 1), float("-inf"), dtype=torch.float32, device=q.device)
+        l = torch.zeros(B, H, bq, 1, dtype=torch.float32, device=q.device)
+        acc = torch.zeros(B, H, bq, D, dtype=torch.float32, device=q.device)
+        k_end = min(S, q0 + bq) if causal else S
+        for k0 in range(0, k_end, block_k):
+            k_blk, v_blk = k[:, :, k0:k0 + block_k], v[:, :, k0:k0 + block_k]
+            s = _tile_scores(q_blk, k_blk, q0, k0, scale, causal).float()  # (B, H, bq, bk)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - m_new)
+            correction = torch.exp(m - m_new)
+            l = l * correction + p.sum(dim=-1, keepdim=True)
+            acc = acc * correction + p.to(v.dtype) @ v_blk
+            m = m_new
+        out[:, :, q0:q0 + bq] = (acc / l).to(q.dtype)
+        lse[:, :, q0:q0 + bq] = (m + torch.log(l)).squeeze(-1)
+    return out, lse
+    # END SOLUTION
+
+
+def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor, *,
+                             causal: bool = False, block_q: int = DEFAULT_BLOCK,
+                             block_k: int = DEFAULT_BLOCK
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tiled attention backward that recomputes each tile's probabilities from L.
+
+    With Δ = rowsum(dO ∘ O) (B, H, S), for each tile: p = exp(q kᵀ/√d - L) (0 where masked),
+    dV += pᵀ dO, dP = dO vᵀ, dS = p ∘ (dP - Δ), dQ += dS k/√d, dK += dSᵀ q/√d.
+
+    Args:
+        q, k, v, out, lse: the forward's inputs and saved results.
+        grad_out: dL/dO, (B, H, S, D).
+    Returns:
+        (dq, dk, dv), each shaped like q.
+    """
+    # BEGIN SOLUTION 5.6: delta = (dO*O).sum(-1); per tile p = exp(s - lse), accumulate dv, dq, dk with ds = p*(dP - delta)
+    _check(q, k, v, block_q, block_k)
+    B, H, S, D = q.shape
+    scale = 1.0 / math.sqrt(D)
+    delta = (grad_out.float() * out.float()).sum(dim=-1, keepdim=True)  # (B, H, S, 1)
+    dq = torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
+    dk = torch.zeros_like(dq)
+    dv = torch.zeros_like(dq)
+    for q0 in range(0, S, block_q):
+        q1 = min(S, q0 + block_q)
+        q_blk, do_blk = q[:, :, q0:q1], grad_out[:, :, q0:q1]
+        lse_blk, delta_blk = lse[:, :, q0:q1, None], delta[:, :, q0:q1]
+        k_end = q1 if causal else S
+        for k0 in range(0, k_end, block_k):
+            k1 = min(S, k0 + block_k)
+            k_blk, v_blk = k[:, :, k0:k1], v[:, :, k0:k1]
+            p = torch.exp(_tile_scores(q_blk, k_blk, q0, k0, scale, causal).float() - lse_blk)
+            dv[:, :, k0:k1] += p.transpose(-2, -1) @ do_blk.float()
+            dp = do_blk.float() @ v_blk.float().transpose(-2, -1)  # (B, H, bq, bk)
+            ds = p * (dp - delta_blk)
+            dq[:, :, q0:q1] += (ds @ k_blk.float()) * scale
+            dk[:, :, k0:k1] += (ds.transpose(-2, -1) @ q_blk.float()) * scale
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    # END SOLUTION
+
+
+class FlashAttention(torch.autograd.Function):
+    """Autograd glue: forward saves q, k, v, O and L only; backward recomputes tile by tile."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, block_q: int, block_k: int):
+        out, lse = flash_attention_forward(q, k, v, causal=causal, block_q=block_q,
+                                           block_k=block_k)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, causal=ctx.causal,
+                                              block_q=ctx.block_q, block_k=ctx.block_k)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK) -> torch.Tensor:
+    """Attention with O(S) memory: ``FlashAttention.apply``; same result as
+    ``F.scaled_dot_product_attention(q, k, v, is_causal=causal)``."""
+    return FlashAttention.apply(q, k, v, causal, block_q, block_k)

@@ -1,0 +1,119 @@
+"""Ring attention (context parallelism): cut the sequence across ranks, pass keys and values around.
+
+With N ranks, rank r holds a contiguous 1/N of the sequence: queries, keys and values of
+positions [r·S/N, (r+1)·S/N). Attention needs every query against every key, so the key/value
+blocks travel a ring: at step t rank r computes its queries against the block that started on
+rank (r - t) mod N, while it sends the block it holds to rank r+1 and receives the next from
+rank r-1. After N steps each query has seen every key. The partial results of the steps are
+merged exactly with the online-softmax rule: with L the log-sum-exp of a partial result's
+score rows,
+
+    L = log(exp(L₁) + exp(L₂)),    O = exp(L₁ - L)·O₁ + exp(L₂ - L)·O₂.
+
+Causal masking skips the blocks that lie entirely after a rank's queries (src > r) and masks
+the diagonal block (src = r). No rank ever holds more than two key/value blocks and one
+(S/N × S/N) tile of scores: memory O(S/N) per rank for the activations, and the sequence length
+grows with the number of ranks (Liu et al. 2023, https://arxiv.org/abs/2310.01889). Each rank
+sends N - 1 key/value blocks a step: 2·(N-1)·B·H·(S/N)·D elements.
+
+Lab 5 (labs/05_activations.ipynb), exercise 5.7; Chapter 5 (book/05_activations.md).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from labkit.comm_count import count_comm
+
+
+def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                       causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q against one block of keys, and the log-sum-exp of each score row.
+
+    Args:
+        q: (B, H, Sq, D); k, v: (B, H, Sk, D).
+        causal: mask key j > query i (for a block on the diagonal, Sq = Sk).
+    Returns:
+        (O, L): O (B, H, Sq, D) = softmax(q kᵀ/√D) v and L (B, H, Sq) = logsumexp of the rows.
+    """
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Sq, Sk)
+    if causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (B, H, Sq)
+    return torch.exp(scores - lse[..., None]) @ v, lse
+
+
+def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                    lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attention results over disjoint sets of keys (the online-softmax rule).
+
+    Args:
+        out_a, out_b: (B, H, S, D) attention of the same queries over two sets of keys.
+        lse_a, lse_b: (B, H, S) log-sum-exp of the score rows of each part.
+    Returns:
+        (O, L): the attention over the union of the keys and its log-sum-exp,
+        L = logaddexp(L_a, L_b), O = exp(L_a - L)·O_a + exp(L_b - L)·O_b.
+    """
+    raise NotImplementedError("exercise 5.7: lse = logaddexp(lse_a, lse_b); weight each output by exp(its lse - lse) (labs/05_activations.ipynb)")
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                   group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """This rank's rows of attention over the whole sequence, keys and values passed round a ring.
+
+    Call it on every rank of ``group`` at once. Rank r holds positions
+    [r·S/N, (r+1)·S/N) of q, k and v. For step t = 0..N-1: if t < N-1, start sending the
+    key/value block held now to rank r+1 and receiving the next one from rank r-1
+    (``dist.isend`` / ``dist.irecv``, so the transfer overlaps the compute); unless the block
+    (from rank src = (r - t) mod N) lies after every query (causal and src > r), compute
+    ``attention_with_lse`` against it (causal only on the diagonal, src = r) and merge it into
+    the running result with ``merge_attention``; wait for the transfer.
+
+    Args:
+        q, k, v: this rank's chunk, (B, H, S/N, D) each.
+        causal: causal attention over the global positions.
+        group: the process group (None: the default group).
+    Returns:
+        (B, H, S/N, D): the attention output of this rank's queries.
+    """
+    raise NotImplementedError("exercise 5.7: N steps; isend/irecv the (k, v) block to rank+1 / from rank-1 while attending to the current one; merge with merge_attention (labs/05_activations.ipynb)")
+
+
+def ring_bytes_per_rank(batch: int, heads: int, seq_len: int, head_dim: int, world_size: int,
+                        element_size: int = 4) -> int:
+    """Bytes each rank sends in one ring pass: N-1 blocks of keys and values, 2·(N-1)·B·H·(S/N)·D elements."""
+    return 2 * (world_size - 1) * batch * heads * (seq_len // world_size) * head_dim * element_size
+
+
+def _peak_bytes(tracker: MemTracker) -> int:
+    """Total bytes at the tracker's peak, summed over devices."""
+    peak = tracker.get_tracker_snapshot("peak")
+    return int(sum(snap.get("Total", 0) for snap in peak.values()))
+
+
+def ring_worker(rank: int, world_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                causal: bool = False) -> dict:
+    """Run ``ring_attention`` on this rank's chunk of full q, k, v (B, H, S, D); measure it.
+
+    Runs inside :func:`labkit.dist.launch`. Returns ``{"out": (B, H, S/N, D), "peak_bytes": the
+    MemTracker peak during the call, "bytes_sent": {op: bytes}, "calls": {op: calls}}``.
+    """
+    chunk = q.shape[2] // world_size
+    rows = slice(rank * chunk, (rank + 1) * chunk)
+    q_loc, k_loc, v_loc = (t[:, :, rows].clone() for t in (q, k, v))
+    with count_comm() as counts, MemTracker() as tracker:
+        out = ring_attention(q_loc, k_loc, v_loc, causal=causal)
+    return {"out": out, "peak_bytes": _peak_bytes(tracker), "bytes_sent": dict(counts.bytes_sent),
+            "calls": dict(counts.calls)}
+
+
+def single_device_peak_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             causal: bool = False) -> int:
+    """MemTracker peak of plain attention over the whole sequence on one device (the baseline)."""
+    with MemTracker() as tracker:
+        attention_with_lse(q, k, v, causal=causal)
+    return _peak_bytes(tracker)

@@ -1,0 +1,698 @@
+"""Graders of Lab 5 (labs/05_activations.ipynb): activations — recompute, move out, cut.
+
+References nobody in this course wrote: ``torch.utils.checkpoint`` and the plain model (same
+weights) for gradients, ``FlopCounterMode`` for FLOPs, ``MemTracker`` (via ``labkit.measure``)
+for bytes, ``F.scaled_dot_product_attention`` for attention, brute-force search and a
+step-by-step simulation for the schedulers, and closed-form byte counts for the ring.
+
+Tolerances: the models here are fp32 on a CPU. Recomputation runs the same kernels on the same
+inputs, so checkpointed gradients agree to rounding (atol 1e-6, rtol 1e-5 leave room for
+kernels that reorder sums); tiled attention sums in a different order than SDPA, a few ulps
+per element of fp32 (atol 1e-5, rtol 1e-4). Byte and FLOP counts are exact integers.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, set_checkpoint_early_stop
+
+from labkit.measure import count_flops, measure_step, saved_activation_bytes
+from labkit.models import GPT, GPTConfig
+
+aten = torch.ops.aten
+GRAD_TOL = dict(atol=1e-6, rtol=1e-5)
+ATTN_TOL = dict(atol=1e-5, rtol=1e-4)
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These tensors are tiny: one intra-op thread is fastest and does not fight other jobs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# A small GPT whose blocks dominate its activations; batch (B, T), hidden C.
+B, T, C, V = 2, 32, 64, 64
+
+
+def small_gpt(n_layer: int, **overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=n_layer, n_head=2, n_embd=C,
+                         **overrides))
+
+
+# ------------------------------------------------------------------ the plain computations
+
+def simulate_schedule(n_layers, segments, act, inp, flops):
+    """Walk a checkpointed chain op by op: forward holding, then backward freeing/recomputing.
+
+    Returns (peak bytes of activations, recompute flops).
+    """
+    owner = {}
+    for start, stop in segments:
+        for i in range(start, stop):
+            owner[i] = (start, stop)
+    held, peak = 0, 0
+    for i in range(n_layers):  # forward
+        if i not in owner:
+            held += act[i]
+        elif owner[i][0] == i:
+            held += inp[i]
+        peak = max(peak, held)
+    i = n_layers - 1
+    while i >= 0:  # backward, last layer first
+        if i in owner:
+            start, stop = owner[i]
+            held += sum(act[start:stop]) - inp[start]  # recomputed; the kept input is reused
+            peak = max(peak, held)
+            held -= sum(act[start:stop])
+            i = start - 1
+        else:
+            held -= act[i]
+            i -= 1
+    return peak, sum(flops[i] for i in owner)
+
+
+def all_schedules(n_layers):
+    """Every schedule of an L-layer chain: each layer kept, starting a segment, or continuing one."""
+    for labels in itertools.product(("keep", "start", "continue"), repeat=n_layers):
+        segments, ok = [], True
+        for i, label in enumerate(labels):
+            if label == "continue" and (i == 0 or labels[i - 1] == "keep"):
+                ok = False
+                break
+            if label == "start":
+                segments.append([i, i + 1])
+            elif label == "continue":
+                segments[-1][1] = i + 1
+        if ok:
+            yield tuple(tuple(s) for s in segments)
+
+
+def block_saved_bytes(block) -> int:
+    """Bytes of the distinct storages one block saves for backward, parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    x = torch.randn(B, T, C, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    return sum(seen.values())
+
+
+class _MatmulOutputBytes(TorchDispatchMode):
+    """Sum the bytes of every mm/addmm/bmm output."""
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (aten.mm.default, aten.addmm.default, aten.bmm.default):
+            self.nbytes += out.numel() * out.element_size()
+        return out
+
+
+def blocks_step(model, optimizer, batch):
+    """Forward and backward through the blocks only: the tensors the schedule acts on."""
+    x_in, probe = batch
+    x = x_in * 1.0  # the stack's input, created (and so tracked) inside the step
+    for layer in model.h:
+        x = layer(x)
+    loss = (x * probe).sum()
+    loss.backward()
+    return loss.detach()
+
+
+def blocks_memory(model):
+    """(activation bytes held when forward ends, activation peak over the step), by MemTracker."""
+    torch.manual_seed(1)
+    batch = (torch.randn(B, T, C, requires_grad=True), torch.randn(B, T, C))
+    step = measure_step(model, None, batch, step_fn=blocks_step)
+    forward = [p for p in step.timeline if p.phase == "forward"]
+    return forward[-1].bytes["activations"], step.peak_of("activations")
+
+
+class _FullCheckpointBlock(torch.nn.Module):
+    """PyTorch's own per-block checkpointing, the reference for the selective policy."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
+def fully_checkpointed(model):
+    for i, block in enumerate(model.h):
+        model.h[i] = _FullCheckpointBlock(block)
+    return model
+
+
+def model_grads(model, idx, targets):
+    model.zero_grad(set_to_none=True)
+    model(idx, targets).backward()
+    return model
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(V, (B, T), generator=g), torch.randint(V, (B, T), generator=g)
+
+
+# ---------------------------------------------------------------- 5.1 sqrt_schedule, cost
+
+@pytest.mark.exercise("5.1", points=2)
+def test_schedule_cost_matches_a_step_by_step_simulation():
+    """Check schedule_cost against walking forward and backward through every schedule."""
+    from labkit.checkpointing import Schedule, schedule_cost
+
+    rng = random.Random(0)
+    for n_layers in range(1, 6):
+        for _ in range(4):
+            act = [rng.randint(1, 20) for _ in range(n_layers)]
+            inp = [rng.randint(0, a) for a in act]
+            flops = [rng.randint(1, 9) for _ in range(n_layers)]
+            for segments in all_schedules(n_layers):
+                cost = schedule_cost(Schedule(n_layers, segments), act, inp, flops)
+                expected = simulate_schedule(n_layers, segments, act, inp, flops)
+                assert (cost.peak, cost.recompute) == expected, (segments, act, inp, flops)
+
+
+@pytest.mark.exercise("5.1", points=2)
+def test_sqrt_schedule_cuts_ceil_sqrt_segments_covering_every_layer():
+    """Check ⌈√L⌉ contiguous segments, lengths within one of each other, longer ones first."""
+    from labkit.checkpointing import sqrt_schedule
+
+    for n_layers in range(1, 50):
+        schedule = sqrt_schedule(n_layers)
+        segments = schedule.segments
+        assert schedule.n_layers == n_layers
+        assert len(segments) == math.ceil(math.sqrt(n_layers) - 1e-12), (n_layers, segments)
+        assert segments[0][0] == 0 and segments[-1][1] == n_layers
+        assert all(a[1] == b[0] for a, b in zip(segments, segments[1:])), segments
+        lengths = [stop - start for start, stop in segments]
+        assert max(lengths) - min(lengths) <= 1 and lengths == sorted(lengths, reverse=True), lengths
+
+
+@pytest.mark.exercise("5.1", points=1)
+def test_sqrt_schedule_predicts_its_peak_and_one_extra_forward():
+    """Check the predicted peak (unit layers) against the simulation: ≤ 2⌈√L⌉; recompute = L."""
+    from labkit.checkpointing import sqrt_schedule
+
+    for n_layers in range(1, 50):
+        schedule = sqrt_schedule(n_layers)
+        ones = [1] * n_layers
+        peak, recompute = simulate_schedule(n_layers, schedule.segments, ones, ones, ones)
+        assert schedule.peak == peak and schedule.recompute == recompute == n_layers
+        assert peak <= 2 * math.ceil(math.sqrt(n_layers))
+
+
+@pytest.mark.exercise("5.1", points=1)
+def test_sqrt_schedule_and_schedule_cost_reject_bad_arguments():
+    """Check ValueError naming the argument for n_layers < 1 or not an int, and bad cost arrays."""
+    from labkit.checkpointing import Schedule, schedule_cost, sqrt_schedule
+
+    for bad in (0, -3, 2.5, "4"):
+        with pytest.raises(ValueError, match="n_layers"):
+            sqrt_schedule(bad)
+    with pytest.raises(ValueError, match="act_bytes"):
+        schedule_cost(Schedule(3, ()), [1, 2], [1, 1, 1], [1, 1, 1])
+    with pytest.raises(ValueError, match="flops"):
+        schedule_cost(Schedule(2, ()), [1, 2], [1, 1], [1, -1])
+
+
+# ------------------------------------------------------------------ 5.2 apply_checkpointing
+
+SCHEDULES_4 = {
+    "none": (),
+    "every layer": ((0, 1), (1, 2), (2, 3), (3, 4)),
+    "sqrt": ((0, 2), (2, 4)),
+    "mixed": ((1, 3),),
+}
+
+
+@pytest.mark.exercise("5.2", points=2)
+def test_checkpointed_gradients_equal_the_plain_model():
+    """Check loss and gradients equal the un-checkpointed model's (same weights) for 4 schedules."""
+    from labkit.checkpointing import Schedule, apply_checkpointing
+
+    idx, targets = data()
+    reference = model_grads(small_gpt(4), idx, targets)
+    expected = {n: p.grad for n, p in reference.named_parameters()}
+    for label, segments in SCHEDULES_4.items():
+        model = small_gpt(4)
+        names = {id(p): n for n, p in model.named_parameters()}
+        returned = apply_checkpointing(model, Schedule(4, segments))
+        assert returned is model, "apply_checkpointing must return the model it changed"
+        loss = model(idx, targets)
+        node, stack, seen = loss.grad_fn, [loss.grad_fn], set()
+        while stack:  # the reentrant variant shows up as CheckpointFunctionBackward nodes
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            assert "CheckpointFunction" not in type(node).__name__, "use use_reentrant=False"
+            stack.extend(fn for fn, _ in node.next_functions)
+        loss.backward()
+        params = list(model.parameters())
+        assert {id(p) for p in params} == set(names), \
+            f"{label}: apply_checkpointing must keep the model's own parameter objects"
+        for p in params:
+            torch.testing.assert_close(p.grad, expected[names[id(p)]], **GRAD_TOL,
+                                       msg=f"{label}: gradient of {names[id(p)]}")
+
+
+@pytest.mark.exercise("5.2", points=3)
+@pytest.mark.parametrize("n_layers", [4, 9])
+def test_activation_bytes_fall_as_the_schedule_predicts(n_layers):
+    """Check MemTracker's bytes for none / √L / every layer against the cost model.
+
+    Held after forward, exactly: Σ over kept layers of a block's saved bytes a, plus one input
+    x per segment (the harness adds its own constant, cancelled by differences with "none").
+    Peak: the model's prediction plus at most the harness's output and loss (2x + 64 bytes).
+    So none grows as L·a, √L as about 2√L·a, every layer as L·x + a: O(1) blocks.
+    """
+    from labkit.checkpointing import Schedule, apply_checkpointing
+
+    model = small_gpt(n_layers)
+    a, x = block_saved_bytes(model.h[0]), B * T * C * 4
+    root = math.isqrt(n_layers)  # 2 and 3: perfect squares, √L segments of √L layers
+    schedules = {"none": Schedule.none(n_layers), "every layer": Schedule.every_layer(n_layers),
+                 "sqrt": Schedule(n_layers, tuple((s, s + root) for s in range(0, n_layers, root)))}
+    measured = {}
+    for label, schedule in schedules.items():
+        measured[label] = blocks_memory(apply_checkpointing(small_gpt(n_layers), schedule))
+    held_none, _ = measured["none"]
+    assert 0 <= held_none - n_layers * a <= 2 * x + 64, "without checkpointing: L blocks held"
+    for label, schedule in schedules.items():
+        held, peak = measured[label]
+        kept = [i for i in range(n_layers) if i not in schedule.recomputed_layers]
+        assert held - held_none == len(kept) * a + len(schedule.segments) * x - n_layers * a, \
+            f"{label}: bytes held after forward"
+        predicted, _ = simulate_schedule(n_layers, schedule.segments, [a] * n_layers,
+                                         [x] * n_layers, [0] * n_layers)
+        assert predicted <= peak <= predicted + 2 * x + 64, \
+            f"{label}: peak {peak} against the predicted {predicted}"
+    assert measured["every layer"][1] < 2 * a + 2 * x * n_layers  # O(1) blocks
+    assert measured["sqrt"][1] < (root + 1) * a + 2 * x * n_layers  # O(√L) blocks
+
+
+@pytest.mark.exercise("5.2", points=2)
+def test_recompute_flops_equal_the_recomputed_blocks_forward():
+    """Check FlopCounterMode: extra FLOPs = Σ forward FLOPs of the recomputed blocks, exactly.
+
+    Early stopping is turned off: by default PyTorch stops a recomputation as soon as it has
+    every tensor backward needs, which skips each segment's last GEMM (whose output only
+    flows onward); the chapter measures that saving separately.
+    """
+    from labkit.checkpointing import Schedule, apply_checkpointing
+
+    idx, targets = data()
+    x = torch.randn(B, T, C)
+    block_flops, _ = count_flops(small_gpt(1).h[0], x)
+
+    def step_flops(model):
+        with set_checkpoint_early_stop(False):
+            flops, _ = count_flops(lambda: model(idx, targets).backward())
+        return flops
+
+    plain = step_flops(small_gpt(4))
+    for label, segments in SCHEDULES_4.items():
+        schedule = Schedule(4, segments)
+        flops = step_flops(apply_checkpointing(small_gpt(4), schedule))
+        assert flops - plain == len(schedule.recomputed_layers) * block_flops, label
+
+
+@pytest.mark.exercise("5.2", points=1)
+def test_apply_checkpointing_rejects_a_schedule_of_another_depth():
+    """Check ValueError naming n_layers when the schedule does not match the model's blocks."""
+    from labkit.checkpointing import Schedule, apply_checkpointing
+
+    with pytest.raises(ValueError, match="n_layers"):
+        apply_checkpointing(small_gpt(4), Schedule(3, ((0, 3),)))
+
+
+# ------------------------------------------------------------------ 5.3 optimal_schedule
+
+@pytest.mark.exercise("5.3", points=3)
+def test_optimal_schedule_has_the_least_recompute_a_brute_force_search_finds():
+    """Check against every schedule of random chains (L ≤ 6): fits, least recompute, cost right."""
+    from labkit.checkpointing import optimal_schedule
+
+    rng = random.Random(5)
+    cases = 0
+    while cases < 120:
+        n_layers = rng.randint(1, 6)
+        act = [rng.randint(1, 12) for _ in range(n_layers)]
+        inp = [rng.randint(0, a) for a in act]
+        flops = [rng.randint(1, 6) for _ in range(n_layers)]
+        costs = {s: simulate_schedule(n_layers, s, act, inp, flops) for s in all_schedules(n_layers)}
+        budget = rng.randint(min(p for p, _ in costs.values()), sum(act))
+        best = min(r for p, r in costs.values() if p <= budget)
+        schedule = optimal_schedule(act, inp, flops, budget)
+        peak, recompute = simulate_schedule(n_layers, schedule.segments, act, inp, flops)
+        assert peak <= budget and recompute == best, (act, inp, flops, budget, schedule)
+        assert (schedule.peak, schedule.recompute) == (peak, recompute)
+        cases += 1
+
+
+@pytest.mark.exercise("5.3", points=1)
+def test_optimal_schedule_says_when_no_schedule_fits():
+    """Check ValueError naming the budget below the smallest peak, and for a negative budget."""
+    from labkit.checkpointing import optimal_schedule
+
+    act, inp, flops = [5, 9, 4, 7], [1, 2, 1, 3], [1, 1, 1, 1]
+    smallest = min(simulate_schedule(4, s, act, inp, flops)[0] for s in all_schedules(4))
+    optimal_schedule(act, inp, flops, smallest)  # just fits
+    with pytest.raises(ValueError, match="budget"):
+        optimal_schedule(act, inp, flops, smallest - 1)
+    with pytest.raises(ValueError, match="budget"):
+        optimal_schedule(act, inp, flops, -1)
+    with pytest.raises(ValueError, match="input_bytes|act_bytes|flops"):
+        optimal_schedule(act, inp[:3], flops, 100)
+
+
+@pytest.mark.exercise("5.3", points=1)
+def test_optimal_schedule_beats_uniform_schedules_on_a_deep_gpt():
+    """Check on 32 GPT-like layers (a = 17x): never more recompute than √L or every layer."""
+    from labkit.checkpointing import Schedule, optimal_schedule
+
+    n_layers, a, x, f = 32, 17, 1, 10
+    act, inp, flops = [a] * n_layers, [x] * n_layers, [f] * n_layers
+    for uniform in (Schedule.every_layer(n_layers),
+                    Schedule(n_layers, tuple((s, min(s + 6, 32)) for s in range(0, 32, 6)))):
+        peak, recompute = simulate_schedule(n_layers, uniform.segments, act, inp, flops)
+        best = optimal_schedule(act, inp, flops, peak)
+        assert best.recompute <= recompute and best.peak <= peak
+    half = optimal_schedule(act, inp, flops, n_layers * a // 2)  # room for half the layers
+    peak, recompute = simulate_schedule(n_layers, half.segments, act, inp, flops)
+    assert peak <= n_layers * a // 2 and recompute < n_layers * f
+
+
+# ------------------------------------------------------------------ 5.4 selective
+
+@pytest.mark.exercise("5.4", points=1)
+def test_keep_matmuls_policy_saves_gemms_and_recomputes_cheap_ops():
+    """Check MUST_SAVE for mm/addmm/bmm and PREFER_RECOMPUTE for norm, GELU, softmax, add."""
+    from labkit.selective_checkpoint import keep_matmuls_policy
+
+    for op in (aten.mm.default, aten.addmm.default, aten.bmm.default):
+        assert keep_matmuls_policy(None, op) == CheckpointPolicy.MUST_SAVE, op
+    for op in (aten.native_layer_norm.default, aten.gelu.default, aten._softmax.default,
+               aten.add.Tensor, aten.masked_fill.Scalar):
+        assert keep_matmuls_policy(None, op) == CheckpointPolicy.PREFER_RECOMPUTE, op
+
+
+@pytest.mark.exercise("5.4", points=2)
+def test_selective_checkpointing_gradients_equal_the_plain_model():
+    """Check gradients equal the plain model's with every block selectively checkpointed."""
+    from labkit.selective_checkpoint import apply_selective_checkpointing
+
+    idx, targets = data()
+    reference = model_grads(small_gpt(3), idx, targets)
+    model = small_gpt(3)
+    names = {id(p): n for n, p in model.named_parameters()}
+    model_grads(apply_selective_checkpointing(model), idx, targets)
+    expected = {n: p.grad for n, p in reference.named_parameters()}
+    for p in model.parameters():
+        torch.testing.assert_close(p.grad, expected[names[id(p)]], **GRAD_TOL)
+
+
+@pytest.mark.exercise("5.4", points=2)
+def test_selective_checkpointing_recomputes_no_matmul():
+    """Check FlopCounterMode: selective = no checkpointing, exactly; full adds a forward."""
+    from labkit.selective_checkpoint import apply_selective_checkpointing
+
+    idx, targets = data()
+
+    def step_flops(model):
+        with set_checkpoint_early_stop(False):
+            return count_flops(lambda: model(idx, targets).backward())[0]
+
+    plain = step_flops(small_gpt(3))
+    block_flops, _ = count_flops(small_gpt(1).h[0], torch.randn(B, T, C))
+    assert step_flops(apply_selective_checkpointing(small_gpt(3))) == plain
+    assert step_flops(fully_checkpointed(small_gpt(3))) == plain + 3 * block_flops
+
+
+@pytest.mark.exercise("5.4", points=2)
+def test_selective_checkpointing_holds_the_input_and_matmul_outputs():
+    """Check MemTracker's bytes after forward: full + L × (matmul outputs of a block) exactly."""
+    from labkit.selective_checkpoint import apply_selective_checkpointing
+
+    n_layers = 3
+    with _MatmulOutputBytes() as counter:
+        small_gpt(1).h[0](torch.randn(B, T, C))
+    held_none, peak_none = blocks_memory(small_gpt(n_layers))
+    held_full, _ = blocks_memory(fully_checkpointed(small_gpt(n_layers)))
+    held_sel, peak_sel = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers)))
+    assert held_sel - held_full == n_layers * counter.nbytes
+    assert held_sel < held_none and peak_sel < peak_none
+
+
+# ------------------------------------------------------------------ 5.5 offload
+
+def _saved_tensor_ledger(fn):
+    """[(bytes, is parameter or a view of one)] of every tensor autograd saves in fn()."""
+    ledger = []
+
+    def pack(t):
+        is_param = isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
+        ledger.append((t.numel() * t.element_size(), is_param))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return ledger
+
+
+@pytest.mark.exercise("5.5", points=2)
+def test_offloaded_gradients_equal_the_plain_model():
+    """Check gradients through offloaded saved tensors equal the plain model's, exactly."""
+    from labkit.offload import ActivationOffloader
+
+    idx, targets = data()
+    reference = model_grads(small_gpt(2), idx, targets)
+    model = small_gpt(2)
+    with ActivationOffloader(min_bytes=1024):
+        loss = model(idx, targets)
+    loss.backward()
+    for (name, p), (_, q) in zip(reference.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=0, rtol=0, msg=name)
+
+
+@pytest.mark.exercise("5.5", points=2)
+def test_offloader_accounts_every_saved_tensor_by_where_it_lives():
+    """Check host bytes = saved non-parameter tensors ≥ min_bytes; device bytes = the rest."""
+    from labkit.offload import ActivationOffloader
+
+    idx, targets = data()
+    ledger = _saved_tensor_ledger(lambda: small_gpt(2)(idx, targets))
+    for min_bytes in (0, 1024, 10**9):
+        host = [n for n, is_param in ledger if not is_param and n >= min_bytes]
+        device = [n for n, is_param in ledger if is_param or n < min_bytes]
+        offloader = ActivationOffloader(min_bytes=min_bytes)
+        with offloader:
+            small_gpt(2)(idx, targets)
+        assert (offloader.host_bytes, offloader.host_count) == (sum(host), len(host)), min_bytes
+        assert (offloader.device_bytes, offloader.device_count) == (sum(device), len(device))
+
+
+@pytest.mark.exercise("5.5", points=2)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_offload_frees_device_memory_of_saved_activations():
+    """Check on CUDA: device bytes held after forward fall from ≈ the saved bytes to ≈ 0."""
+    from labkit.offload import ActivationOffloader
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=256, block_size=256, n_layer=4, n_head=4, n_embd=256)).cuda()
+    idx = torch.randint(256, (8, 256), device="cuda")
+    targets = torch.randint(256, (8, 256), device="cuda")
+
+    def held_after_forward(offload):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        offloader = ActivationOffloader(min_bytes=1024)
+        if offload:
+            with offloader:
+                loss = model(idx, targets)
+        else:
+            loss = model(idx, targets)
+        torch.cuda.synchronize()
+        torch.empty(1, device="cuda")  # lets the allocator retire blocks freed on the side stream
+        held = torch.cuda.memory_allocated() - before
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return held, offloader
+
+    plain, _ = held_after_forward(False)
+    offloaded, offloader = held_after_forward(True)
+    assert offloader.host_bytes > 0.9 * plain
+    assert offloaded < 0.05 * plain, (offloaded, plain)
+
+
+# ------------------------------------------------------------------ 5.6 FlashAttention
+
+ATTN_SHAPES = [(2, 3, 100, 16, 32, 16), (1, 2, 64, 8, 64, 64), (1, 1, 7, 4, 3, 5),
+               (2, 2, 130, 32, 64, 64)]  # (B, H, S, D, block_q, block_k); S need not divide
+
+
+@pytest.mark.exercise("5.6", points=2)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_forward_matches_sdpa(causal):
+    """Check O against F.scaled_dot_product_attention and L against logsumexp of the scores."""
+    from labkit.flash_attention import flash_attention_forward
+
+    for b, h, s, d, bq, bk in ATTN_SHAPES:
+        q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+        out, lse = flash_attention_forward(q, k, v, causal=causal, block_q=bq, block_k=bk)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                   **ATTN_TOL)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)
+        if causal:
+            scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), **ATTN_TOL)
+
+
+@pytest.mark.exercise("5.6", points=3)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_backward_matches_sdpa_gradients(causal):
+    """Check dq, dk, dv through flash_attention against autograd through SDPA."""
+    from labkit.flash_attention import flash_attention
+
+    for b, h, s, d, bq, bk in ATTN_SHAPES:
+        q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+        grad_out = torch.randn(b, h, s, d)
+        ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=bq,
+                                                   block_k=bk), (q, k, v), grad_out)
+        ref = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                  (q, k, v), grad_out)
+        for name, g, r in zip("qkv", ours, ref):
+            torch.testing.assert_close(g, r, **ATTN_TOL, msg=f"d{name}, shape {(b, h, s, d)}")
+
+
+@pytest.mark.exercise("5.6", points=1)
+def test_flash_saves_only_inputs_output_and_log_sum_exp():
+    """Check autograd keeps q, k, v, O and L: 4·B·H·S·D + B·H·S floats, no S × S matrix."""
+    from labkit.flash_attention import flash_attention
+
+    b, h, s, d = 1, 2, 256, 32
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    saved = saved_activation_bytes(lambda: flash_attention(q, k, v, causal=True))
+    assert saved == (4 * b * h * s * d + b * h * s) * 4
+
+
+def _attention_peak(fn, s, b=1, h=2, d=32):
+    """MemTracker's peak bytes over forward + backward of fn(q, k, v)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(b, h, s, d)
+    with MemTracker() as tracker:
+        fn(q, k, v).backward(grad_out)
+    return sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
+
+
+@pytest.mark.exercise("5.6", points=2)
+def test_flash_peak_memory_grows_linearly_naive_quadratically():
+    """Check the growth of MemTracker's peak at S, 2S, 4S: second step / first step.
+
+    Linear memory doubles its increment when S doubles (ratio 2); quadratic memory quadruples
+    it (ratio 4). Allowed: ≤ 2.5 for flash, ≥ 3 for naive (lower-order terms pull it down).
+    """
+    from labkit.flash_attention import flash_attention, naive_attention
+
+    sizes = (128, 256, 512)
+    flash = [_attention_peak(lambda q, k, v: flash_attention(q, k, v, causal=True), s)
+             for s in sizes]
+    naive = [_attention_peak(lambda q, k, v: naive_attention(q, k, v, causal=True), s)
+             for s in sizes]
+    growth = lambda p: (p[2] - p[1]) / (p[1] - p[0])  # noqa: E731
+    assert growth(flash) <= 2.5, flash
+    assert growth(naive) >= 3.0, naive
+    assert flash[2] < naive[2] / 4
+
+
+# ------------------------------------------------------------------ 5.7 ring attention
+
+@pytest.mark.exercise("5.7", points=1)
+def test_merge_attention_equals_attention_over_all_keys():
+    """Check merging attention over two halves of the keys equals SDPA over all of them."""
+    from labkit.ring_attention import attention_with_lse, merge_attention
+
+    q, k, v = (torch.randn(2, 3, 40, 8) for _ in range(3))
+    first = attention_with_lse(q, k[:, :, :15], v[:, :, :15])
+    second = attention_with_lse(q, k[:, :, 15:], v[:, :, 15:])
+    out, lse = merge_attention(*first, *second)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), **ATTN_TOL)
+    full_scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
+    torch.testing.assert_close(lse, torch.logsumexp(full_scores, dim=-1), **ATTN_TOL)
+
+
+RING_B, RING_H, RING_D = 1, 2, 16
+RING_RUNS = [(128, 2, False), (128, 4, False), (128, 2, True), (128, 4, True), (256, 8, False)]
+
+
+@pytest.fixture(scope="module")
+def ring_runs():
+    """One launch per (S, N, causal): the inputs and every rank's result."""
+    from labkit.dist import launch
+    from labkit.ring_attention import ring_worker
+
+    runs = {}
+    for s, n, causal in RING_RUNS:
+        torch.manual_seed(s + n)
+        q, k, v = (torch.randn(RING_B, RING_H, s, RING_D) for _ in range(3))
+        runs[s, n, causal] = (q, k, v, launch(ring_worker, n, q, k, v, causal, timeout=60))
+    return runs
+
+
+@pytest.mark.exercise("5.7", points=3)
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_attention_equals_full_attention(ring_runs, world_size, causal):
+    """Check the ranks' outputs, concatenated, equal SDPA over the whole sequence."""
+    q, k, v, results = ring_runs[128, world_size, causal]
+    out = torch.cat([r["out"] for r in results], dim=2)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                               **ATTN_TOL)
+
+
+@pytest.mark.exercise("5.7", points=1)
+def test_ring_bytes_sent_per_rank_match_the_formula(ring_runs):
+    """Check count_comm: each rank sends (and receives) 2(N-1) blocks of B·H·(S/N)·D floats."""
+    for (s, n, causal), (_, _, _, results) in ring_runs.items():
+        expected = 2 * (n - 1) * RING_B * RING_H * (s // n) * RING_D * 4
+        for rank, r in enumerate(results):
+            assert r["bytes_sent"].get("send", 0) == expected, (s, n, causal, rank, r["bytes_sent"])
+            assert r["bytes_sent"].get("recv", 0) == expected, (s, n, causal, rank)
+            assert set(r["bytes_sent"]) <= {"send", "recv", "barrier"}, r["bytes_sent"]
+
+
+@pytest.mark.exercise("5.7", points=2)
+def test_ring_per_rank_peak_memory_scales_with_s_over_n(ring_runs):
+    """Check MemTracker's per-rank peak: same S/N, same peak (±10%); half S/N, ≤ 0.55×.
+
+    Per rank the ring holds its chunk, two key/value blocks and one (S/N)² tile of scores:
+    linear and quadratic terms in S/N, so halving S/N at least halves the peak.
+    """
+    peak = {key: max(r["peak_bytes"] for r in run[3]) for key, run in ring_runs.items()}
+    assert abs(peak[256, 8, False] / peak[128, 4, False] - 1) <= 0.10, peak
+    assert peak[128, 4, False] <= 0.55 * peak[128, 2, False], peak
