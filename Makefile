@@ -29,11 +29,11 @@ book: setup
 	$(SOLUTIONS) $(VENV)/bin/jupyter-book build . -W -n --keep-going
 	@echo "$(CURDIR)/_build/html/index.html"
 
-# (a) every test with the solutions; (b) the graded tests on the stubs: each must fail;
+# (b) the graded tests on the stubs: each must fail; (a) every test with the solutions;
 # (c) every notebook under nbval; (d) the strict book build from scratch.
 test: setup
 	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory test-solutions test-stubs test-notebooks test-book && \
+	$(MAKE) --no-print-directory test-stubs test-solutions test-notebooks test-book && \
 	echo "make test: all four parts passed in $$(( $$(date +%s) - start )) s"
 
 test-solutions: setup
