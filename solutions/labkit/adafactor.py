@@ -1,0 +1,141 @@
+"""Adafactor: Adam's second moment stored as a row and a column, O(m+n) instead of O(mn).
+
+Adam keeps, for every weight, a running mean of its squared gradient: an m×n weight costs
+m·n floats of second moment. Adafactor (Shazeer & Stern 2018, arXiv 1804.04235) keeps only
+its row means R (m×1) and column means C (1×n) and rebuilds the whole matrix as their
+rank-one product, V̂ = R·C / mean(R). It keeps no first moment either, so an m×n weight
+costs 4·(m+n) bytes of state instead of Adam's 8·m·n (plus a 4-byte step counter); vectors
+(biases, LayerNorm weights) keep their full second moment, 4·n bytes.
+
+This module follows ``torch.optim.Adafactor`` (torch 2.13, ``torch/optim/_adafactor.py``) step
+for step, which differs from the paper in three places: ``lr`` caps the relative step
+ρ_t = min(lr, 1/√t) and scales the decoupled weight decay; ε₁ (default: the dtype's machine
+epsilon) clamps the denominators instead of being added to G²; the factors hold means, not sums.
+
+Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.1 (labs/02_optimizer_states.ipynb).
+"""
+from __future__ import annotations
+
+import torch
+
+
+class Adafactor(torch.optim.Optimizer):
+    """Adafactor with a factored second moment for ≥2-D weights and a full one for vectors.
+
+    State of a parameter (the same keys and shapes as ``torch.optim.Adafactor``):
+
+    * ``"step"``: a float32 scalar tensor, the number of steps taken;
+    * ``"row_var"`` of shape ``(..., m, 1)`` and ``"col_var"`` of shape ``(..., 1, n)`` for a
+      weight of shape ``(..., m, n)``: running means of G² over its last and its
+      second-to-last dimension;
+    * ``"variance"``, the shape of the parameter, for a 1-D parameter.
+
+    State bytes: 4·(m + n) + 4 for an m×n fp32 weight, 4·n + 4 for a vector of n.
+
+    Args:
+        params: the parameters (or parameter groups) to optimize.
+        lr: the largest relative step ρ_t; also the weight-decay coefficient's scale.
+        beta2_decay: τ ≤ 0; the second moment's decay is β̂₂,t = 1 − t^τ.
+        eps: (ε₁, ε₂): ε₁ clamps the variance estimate (None: the dtype's machine epsilon);
+            ε₂ is the smallest parameter RMS that scales the step.
+        d: update clipping threshold (≥ 1): the update is divided by max(1, RMS(U)/d).
+        weight_decay: decoupled weight decay λ: θ ← θ·(1 − lr·λ) before the update.
+    """
+
+    def __init__(self, params, lr: float = 1e-2, beta2_decay: float = -0.8,
+                 eps: tuple[float | None, float] = (None, 1e-3), d: float = 1.0,
+                 weight_decay: float = 0.0):
+        if not (isinstance(lr, (int, float)) and lr >= 0):
+            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
+        if not (isinstance(beta2_decay, (int, float)) and beta2_decay <= 0):
+            raise ValueError(f"beta2_decay must be a number <= 0, got {beta2_decay!r}")
+        if not (isinstance(eps, (tuple, list)) and len(eps) == 2
+                and (eps[0] is None or eps[0] >= 0) and eps[1] >= 0):
+            raise ValueError(f"eps must be a pair (eps1 >= 0 or None, eps2 >= 0), got {eps!r}")
+        if not (isinstance(d, (int, float)) and d >= 1):
+            raise ValueError(f"d (the clipping threshold) must be a number >= 1, got {d!r}")
+        if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+        defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=tuple(eps), d=d,
+                        weight_decay=weight_decay)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Take one Adafactor step for every parameter that has a gradient.
+
+        For each parameter θ with gradient G, at step t (counted per parameter from 1):
+
+        1. w = t^τ, the weight of the new G² (τ = ``beta2_decay``; the decay is β̂₂ = 1 − w,
+           and w = 1 at t = 1); ρ = min(lr, 1/√t); α = max(ε₂, RMS(θ))·ρ, with
+           RMS(θ) = ‖θ‖₂/√numel taken before weight decay.
+        2. Weight decay: θ ← θ·(1 − lr·λ) when λ ≠ 0.
+        3. Second moment. ≥2-D: R ← lerp(R, mean(G², last dim), w) and
+           C ← lerp(C, mean(G², second-to-last dim), w); V̂ = R @ C / max(mean of R over
+           its rows, ε₁). 1-D: V ← lerp(V, G², w); V̂ = V (never written through).
+        4. U = G / √max(V̂, ε₁²); θ ← θ − α/max(1, RMS(U)/d) · U.
+
+        Here lerp(a, b, w) = a + w·(b − a) is ``Tensor.lerp_``.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                self._update(p, p.grad, self.state[p], group)
+        return loss
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
+        """One Adafactor step of parameter ``p`` (see ``step``); creates its state on first use."""
+        # BEGIN SOLUTION 2.1: create the state (step, row_var/col_var or variance) on first use, then take one step as in step()'s docstring
+        lr, d, weight_decay = group["lr"], group["d"], group["weight_decay"]
+        eps1, eps2 = group["eps"]
+        if eps1 is None:
+            eps1 = torch.finfo(p.dtype).eps
+        if len(state) == 0:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            if grad.dim() > 1:
+                state["row_var"] = grad.new_zeros(grad.shape[:-1] + (1,))  # (..., m, 1)
+                state["col_var"] = grad.new_zeros(grad.shape[:-2] + (1, grad.shape[-1]))  # (..., 1, n)
+            else:
+                state["variance"] = torch.zeros_like(grad)  # (n,)
+        state["step"] += 1
+        t = state["step"].item()
+        new_weight = t ** group["beta2_decay"]  # w = 1 − β̂₂ = t^τ: 1 at t = 1
+        rho = min(lr, 1.0 / t ** 0.5)
+        alpha = max(eps2, p.norm(2).item() / p.numel() ** 0.5) * rho
+        if weight_decay != 0:
+            p.mul_(1 - lr * weight_decay)
+        if grad.dim() > 1:
+            row_var, col_var = state["row_var"], state["col_var"]
+            row_var.lerp_(grad.square().mean(dim=-1, keepdim=True), new_weight)  # (..., m, 1)
+            col_var.lerp_(grad.square().mean(dim=-2, keepdim=True), new_weight)  # (..., 1, n)
+            var_estimate = row_var @ col_var  # (..., m, n), a temporary
+            var_estimate.div_(row_var.mean(dim=-2, keepdim=True).clamp_(min=eps1))
+        else:
+            state["variance"].lerp_(grad.square(), new_weight)
+            var_estimate = state["variance"].clone()
+        update = var_estimate.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad)  # U = G / √V̂
+        denom = max(1.0, update.norm(2).item() / (update.numel() ** 0.5 * d))
+        p.add_(update, alpha=-alpha / denom)
+        # END SOLUTION
+
+
+def factored_state_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of Adafactor's state for one parameter of ``shape``, by the formula.
+
+    ≥2-D (..., m, n): (prod(...)·(m + n)) elements; 1-D (n,): n elements; plus a 4-byte float32
+    step counter. Compare Adam's 2·numel elements.
+    """
+    if len(shape) < 1 or any(not isinstance(s, int) or s < 1 for s in shape):
+        raise ValueError(f"shape must be a non-empty tuple of positive ints, got {shape!r}")
+    item = torch.empty((), dtype=dtype).element_size()
+    if len(shape) == 1:
+        return item * shape[0] + 4
+    lead = 1
+    for s in shape[:-2]:
+        lead *= s
+    return item * lead * (shape[-2] + shape[-1]) + 4

@@ -1,0 +1,112 @@
+"""8-bit Adam: both moments stored as block-wise 8-bit codes, about 2 bytes a parameter.
+
+fp32 Adam keeps 8 bytes of state per parameter (m and v, 4 bytes each). 8-bit Adam
+(Dettmers et al. 2021, arXiv 2110.02861) keeps each moment as one byte per element plus one
+fp32 scale per block of B elements (``labkit.quantize8bit``): 2·Ψ + 8·Σ ceil(n/B) bytes,
+a quarter of fp32 Adam's. Every step dequantizes the moments of one parameter to fp32,
+updates them and the parameter exactly as Adam does, and quantizes them back; the fp32 copies
+are temporaries that live only while that parameter is updated.
+
+Which code: the signed dynamic code for m (it has a sign), the unsigned dynamic code for v
+(never negative, so the sign bit buys one more bit of fraction) — as ``bitsandbytes.optim.Adam8bit``
+does, with its blocks of 256. (bitsandbytes also keeps fp32 states for tensors under 4096
+elements, ``min_8bit_size``; this one quantizes every tensor.)
+
+Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.3 (labs/02_optimizer_states.ipynb).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from labkit.quantize8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
+
+
+class Adam8bit(torch.optim.Optimizer):
+    """Adam whose two moments live as block-wise 8-bit codes with one fp32 absmax per block.
+
+    State of a parameter of n elements:
+
+    * ``"step"``: an int, steps taken;
+    * ``"exp_avg"``: uint8 codes of m (the parameter's shape), ``"exp_avg_absmax"``: float32
+      (ceil(n/B),), in the signed dynamic code ``self.code_m``;
+    * ``"exp_avg_sq"``, ``"exp_avg_sq_absmax"``: the same for v, in the unsigned dynamic code
+      ``self.code_v``.
+
+    State bytes: 2·n + 8·ceil(n/B) per parameter (the two 256-entry codes, 2 KiB, are shared).
+
+    Args:
+        params: the parameters (or parameter groups) to optimize.
+        lr, betas, eps: as ``torch.optim.Adam``.
+        block_size: elements per quantization block, B (bitsandbytes uses 256).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, block_size: int = 256):
+        if not (isinstance(lr, (int, float)) and lr >= 0):
+            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+                and all(0.0 <= b < 1.0 for b in betas)):
+            raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
+        if not (isinstance(eps, (int, float)) and eps >= 0):
+            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, block_size=block_size))
+        self.code_m = dynamic_code(signed=True)  # (256,) for m, which has a sign
+        self.code_v = dynamic_code(signed=False)  # (256,) for v >= 0
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One Adam step for every parameter with a gradient, moments kept in 8 bits.
+
+        For a parameter θ with gradient g, at step t (from 1):
+
+        1. m, v ← dequantize the stored codes (zeros before the first step);
+        2. m ← β₁·m + (1 − β₁)·g;  v ← β₂·v + (1 − β₂)·g²  (fp32 temporaries);
+        3. θ ← θ − lr/(1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε), exactly ``torch.optim.Adam``;
+        4. store quantize(m) with ``code_m`` and quantize(v) with ``code_v``, blocks of B.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, p.grad, self.state[p], group)
+        return loss
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
+        """One 8-bit Adam step of parameter ``p`` (see ``step``); creates its state on first use."""
+        # BEGIN SOLUTION 2.3: create the uint8 codes and absmax scales on first use; dequantize m and v, take one Adam step in fp32, quantize them back
+        beta1, beta2 = group["betas"]
+        lr, eps, block_size = group["lr"], group["eps"], group["block_size"]
+        if len(state) == 0:
+            blocks = math.ceil(p.numel() / block_size)
+            state["step"] = 0
+            for name in ("exp_avg", "exp_avg_sq"):
+                state[name] = torch.zeros_like(p, dtype=torch.uint8)  # codes, p's shape
+                state[name + "_absmax"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+        m = dequantize_blockwise(state["exp_avg"], state["exp_avg_absmax"], self.code_m, block_size)
+        v = dequantize_blockwise(state["exp_avg_sq"], state["exp_avg_sq_absmax"], self.code_v,
+                                 block_size)
+        g = grad.float()
+        state["step"] += 1
+        t = state["step"]
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(eps)
+        p.addcdiv_(m.to(p.dtype), denom.to(p.dtype), value=-lr / (1 - beta1 ** t))
+        state["exp_avg"], state["exp_avg_absmax"] = quantize_blockwise(m, self.code_m, block_size)
+        state["exp_avg_sq"], state["exp_avg_sq_absmax"] = quantize_blockwise(v, self.code_v,
+                                                                            block_size)
+        # END SOLUTION
+
+
+def adam8bit_state_bytes(numels, block_size: int = 256) -> int:
+    """State bytes of ``Adam8bit`` for parameters of these sizes: Σ 2·n + 8·ceil(n/B)."""
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    return sum(2 * n + 8 * math.ceil(n / block_size) for n in numels)

@@ -1,0 +1,72 @@
+"""LOMO: fuse the SGD update into backward, so no optimizer state and almost no gradients live.
+
+An ordinary step holds every gradient at once: backward writes all Ψ of them into ``.grad``,
+then ``optimizer.step()`` reads them, then they are freed, so the step peaks with Ψ gradients
+alive (4Ψ bytes in fp32). LOMO (LOw-Memory Optimization, Lv et al. 2023, arXiv 2306.09782)
+updates each parameter the moment its gradient is complete, inside backward, and drops that
+gradient at once: θ ← θ − lr·g, then ``g`` is freed. Plain SGD keeps no state, and at any moment
+at most about one parameter's gradient is alive: the peak of gradient bytes falls from the sum
+of all gradients to the largest single one.
+
+Mechanism: ``Tensor.register_post_accumulate_grad_hook(hook)`` calls ``hook(param)`` right
+after autograd has accumulated the parameter's complete gradient into ``param.grad`` (for a
+parameter used twice, such as a tied embedding, after both contributions). The result is SGD
+with the same parameters as ``torch.optim.SGD(lr=lr)`` after an ordinary backward. What it
+cannot do in one backward is anything that needs every gradient first, such as clipping by the
+global gradient norm (the paper computes the norm in a first backward, updates in a second).
+
+Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.4 (labs/02_optimizer_states.ipynb).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+
+class LOMO:
+    """Plain SGD fused into backward: each parameter is updated, and its gradient freed, in a hook.
+
+    After ``LOMO(model.parameters(), lr)``, every ``loss.backward()`` is also the update: no
+    ``step()``, no ``zero_grad()``, and every ``.grad`` is None when backward returns.
+
+    Args:
+        params: the parameters to train (each must require grad).
+        lr: the learning rate (> 0 makes it SGD; 0 only frees the gradients).
+    """
+
+    def __init__(self, params, lr: float):
+        if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr >= 0):
+            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
+        self.lr = float(lr)
+        self.params = list(params)
+        if not self.params or not all(isinstance(p, torch.Tensor) and p.requires_grad
+                                      for p in self.params):
+            raise ValueError("params must be a non-empty iterable of tensors that require grad")
+        self.handles = []
+        raise NotImplementedError("exercise 2.4: register self._update as a post-accumulate-grad hook on every parameter; keep the handles in self.handles (labs/02_optimizer_states.ipynb)")
+
+    def _update(self, param: torch.Tensor) -> None:
+        """The hook: θ ← θ − lr·θ.grad (not recorded by autograd), then free ``θ.grad``."""
+        raise NotImplementedError("exercise 2.4: update the parameter in place without autograd recording it, then set its .grad to None (labs/02_optimizer_states.ipynb)")
+
+    def remove(self) -> None:
+        """Remove the hooks: backward goes back to only computing gradients."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def lomo_step(model: torch.nn.Module, optimizer, batch) -> torch.Tensor:
+    """A training step for ``labkit.measure.measure_step`` when LOMO is attached: forward and
+    backward only (backward is the update). ``optimizer`` is ignored (pass None).
+
+    MemTracker's own post-accumulate-grad hook runs after LOMO's and finds ``.grad`` already
+    freed; its warning about that None is silenced here.
+    """
+    x, y = batch
+    loss = model(x, y)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper")
+        loss.backward()
+    return loss.detach()

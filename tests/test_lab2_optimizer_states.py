@@ -1,0 +1,557 @@
+"""Graders of Lab 2 (labs/02_optimizer_states.ipynb): optimizer states — don't store, store less,
+store apart.
+
+References nobody in this course wrote: ``torch.optim.Adafactor``, ``torch.optim.Adam`` and
+``torch.optim.SGD`` for the updates; ``bitsandbytes`` (``quantize_blockwise``,
+``dequantize_blockwise``, ``optim.Adam8bit``) for 8-bit quantization; a brute-force nearest-code
+search for the codes; ``MemTracker`` (via ``labkit.measure``) for gradient bytes; the tensors
+in each optimizer's ``state`` (``labkit.optimizer_states``) and the chapter's formulas for state
+bytes; ``labkit.comm_count`` for the collectives of ZeRO-1 over real gloo ranks
+(``labkit.dist``), with the unsharded reference computed here in the test process.
+
+Tolerances (fp32 on a CPU), each justified where it is used: the same update computed with
+sums in another order differs by a few ulps (atol 1e-6 for parameters of magnitude ≤ ~1,
+rtol 1e-5); byte counts and collective counts are exact integers.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from labkit.measure import measure_step
+from labkit.models import GPT, GPTConfig, SyntheticData
+from labkit.optimizer_states import state_bytes
+
+# fp32 rounding of the same formula with reductions in another order (mean of G² as
+# norm²/n or as mean(G·G); RMS(θ); the all-reduce's sum order): a few ulps of numbers ≤ ~1.
+UPDATE_TOL = dict(atol=1e-6, rtol=1e-5)
+
+
+def tiny_gpt(seed: int = 0, **overrides) -> GPT:
+    """A GPT small enough for a few steps in well under a second on a CPU."""
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    cfg.update(overrides)
+    return GPT(GPTConfig(**cfg))
+
+
+def train(model, optimizer, data, steps, *, start=0):
+    """Plain loop: forward, backward, ``optimizer.step()`` (skipped when None), zero_grad."""
+    losses = []
+    for i in range(start, start + steps):
+        x, y = data.batch(i)
+        loss = model(x, y)
+        loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def assert_params_close(model_a, model_b, **tol):
+    for (name, a), (_, b) in zip(model_a.named_parameters(), model_b.named_parameters()):
+        torch.testing.assert_close(a, b, **tol, msg=lambda m, name=name: f"{name}: {m}")
+
+
+# =================================================================== 2.1 Adafactor
+
+ADAFACTOR_SETTINGS = [
+    dict(),  # torch's defaults: lr=1e-2, beta2_decay=-0.8, eps=(None, 1e-3), d=1, no decay
+    dict(lr=0.05, beta2_decay=-0.5, eps=(1e-12, 1e-3), d=2.0, weight_decay=0.1),
+]
+
+
+@pytest.mark.exercise("2.1", points=1)
+@pytest.mark.parametrize("settings", ADAFACTOR_SETTINGS, ids=["defaults", "custom"])
+def test_adafactor_matches_torch_adafactor(settings):
+    """Check that 5 steps on a GPT give the parameters and states of torch.optim.Adafactor."""
+    from labkit.adafactor import Adafactor
+
+    # No biases: the key bias of attention gets a gradient of pure rounding noise (softmax
+    # ignores it), which Adafactor's normalization would blow up to full-size steps.
+    mine, ref = tiny_gpt(bias=False), tiny_gpt(bias=False)
+    data = SyntheticData(64, 32, 4, seed=1)
+    opt_mine = Adafactor(mine.parameters(), **settings)
+    opt_ref = torch.optim.Adafactor(ref.parameters(), **settings)
+    for i in range(5):
+        train(mine, opt_mine, data, 1, start=i)
+        train(ref, opt_ref, data, 1, start=i)
+        assert_params_close(mine, ref, **UPDATE_TOL)
+    for (name, p), q in zip(mine.named_parameters(), ref.parameters()):
+        s_mine, s_ref = opt_mine.state[p], opt_ref.state[q]
+        assert set(s_mine) == set(s_ref), f"{name}: state keys {set(s_mine)} != torch's {set(s_ref)}"
+        for key in s_ref:
+            assert s_mine[key].shape == s_ref[key].shape, f"{name}[{key!r}] shape"
+            # running means of G²: relative agreement to ulps of the gradients
+            torch.testing.assert_close(s_mine[key], s_ref[key], rtol=1e-4, atol=1e-20)
+
+
+@pytest.mark.exercise("2.1", points=1)
+def test_adafactor_factors_the_last_two_dims_of_a_3d_weight():
+    """Check a (3, 20, 30) weight and a vector against torch.optim.Adafactor (factored over the
+    last two dims, so row_var is (3, 20, 1) and col_var (3, 1, 30))."""
+    from labkit.adafactor import Adafactor
+
+    torch.manual_seed(0)
+    w0, b0 = torch.randn(3, 20, 30), torch.randn(30)
+    target = torch.randn(3, 20, 30)
+    results = []
+    for cls in (Adafactor, torch.optim.Adafactor):
+        w, b = w0.clone().requires_grad_(), b0.clone().requires_grad_()
+        opt = cls([w, b], lr=0.05)
+        for _ in range(4):
+            loss = ((w + b - target) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        results.append((w.detach(), b.detach(), opt.state[w]))
+    (w1, b1, s1), (w2, b2, s2) = results
+    torch.testing.assert_close(w1, w2, **UPDATE_TOL)
+    torch.testing.assert_close(b1, b2, **UPDATE_TOL)
+    assert s1["row_var"].shape == (3, 20, 1) and s1["col_var"].shape == (3, 1, 30)
+
+
+@pytest.mark.exercise("2.1", points=1)
+@pytest.mark.parametrize("m,n", [(64, 256), (300, 7), (1000, 1000)])
+def test_adafactor_state_bytes_are_m_plus_n(m, n):
+    """Check the measured state of an m×n weight + bias: 4(m+n) + 4n + two 4-byte step
+    counters — exactly torch.optim.Adafactor's — against Adam's 8mn + 8n."""
+    from labkit.adafactor import Adafactor
+
+    layer = torch.nn.Linear(n, m)  # weight (m, n), bias (m,)
+    opt = Adafactor(layer.parameters())
+    layer(torch.randn(2, n)).sum().backward()
+    opt.step()
+    expected = 4 * (m + n) + 4 * m + 2 * 4  # row + col factors, the bias' variance, 2 steps
+    assert state_bytes(opt) == expected
+    ref_layer = copy.deepcopy(layer)
+    ref = torch.optim.Adafactor(ref_layer.parameters())
+    ref_layer(torch.randn(2, n)).sum().backward()
+    ref.step()
+    assert state_bytes(opt) == state_bytes(ref)
+    assert state_bytes(opt) < 8 * (m * n + m)
+
+
+# =================================================================== 2.2 block-wise quantization
+
+def brute_force_quantize(x, code, block_size):
+    """The plain definition: per-block absmax, then the index of the nearest code entry."""
+    n = x.numel()
+    blocks = math.ceil(n / block_size)
+    flat = torch.zeros(blocks * block_size)
+    flat[:n] = x.reshape(-1).float()
+    flat = flat.view(blocks, block_size)
+    absmax = flat.abs().amax(dim=1)
+    normalized = flat / torch.where(absmax > 0, absmax, torch.ones_like(absmax))[:, None]
+    index = (normalized[..., None] - code).abs().argmin(dim=-1)  # first of equal distances
+    return index.reshape(-1)[:n].view(x.shape), absmax
+
+
+def heavy_tailed(*shape, seed=0):
+    """Values over many orders of magnitude, like Adam's moments."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g) * torch.rand(*shape, generator=g) ** 6
+
+
+@pytest.mark.exercise("2.2", points=1)
+@pytest.mark.parametrize("kind", ["linear", "dynamic"])
+def test_quantize_picks_the_nearest_code_per_block(kind):
+    """Check codes and scales against a brute-force nearest-code search for blocks of 64, 256
+    and 1000 (a size none of them divides), and that dequantize returns code[index] · absmax."""
+    from labkit.quantize8bit import dequantize_blockwise, dynamic_code, linear_code, quantize_blockwise
+
+    code = linear_code() if kind == "linear" else dynamic_code()
+    x = heavy_tailed(37, 29)  # 1073 elements: blocks never divide it
+    for block_size in (64, 256, 1000):
+        codes, absmax = quantize_blockwise(x, code, block_size)
+        ref_index, ref_absmax = brute_force_quantize(x, code, block_size)
+        assert codes.dtype == torch.uint8 and codes.shape == x.shape
+        assert absmax.dtype == torch.float32
+        assert absmax.shape == (math.ceil(x.numel() / block_size),)
+        torch.testing.assert_close(absmax, ref_absmax, rtol=0, atol=0)
+        # The chosen entry is a nearest one: as close as brute force's, up to float32 rounding
+        # of the distances (near a midpoint both neighbours are at the same rounded distance).
+        scales = ref_absmax.repeat_interleave(block_size)[: x.numel()].view(x.shape)
+        normalized = x / torch.where(scales > 0, scales, torch.ones_like(scales))
+        dist_mine = (normalized - code[codes.long()]).abs()
+        dist_ref = (normalized - code[ref_index]).abs()
+        assert (dist_mine <= dist_ref + 1e-7).all(), f"block_size={block_size}"
+        torch.testing.assert_close(dequantize_blockwise(codes, absmax, code, block_size),
+                                   code[codes.long()] * scales, rtol=0, atol=0)
+
+
+@pytest.mark.exercise("2.2", points=1)
+@pytest.mark.parametrize("block_size", [64, 256, 4096])
+def test_quantize_against_bitsandbytes(block_size):
+    """Check against bitsandbytes.functional.quantize_blockwise with its dynamic map: the same
+    absmax per block; dequantizing bitsandbytes' codes gives bitsandbytes' values; and the
+    round-trip error is no larger than bitsandbytes' (its CPU kernel's search is not always
+    the nearest entry, the exact nearest can only be closer)."""
+    F = pytest.importorskip("bitsandbytes.functional")
+    from labkit.quantize8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
+
+    code = dynamic_code()
+    x = heavy_tailed(50_001, seed=1)
+    q_bnb, st = F.quantize_blockwise(x, code=code, blocksize=block_size)
+    codes, absmax = quantize_blockwise(x, code, block_size)
+    torch.testing.assert_close(absmax, st.absmax, rtol=0, atol=0)
+    torch.testing.assert_close(dequantize_blockwise(q_bnb, st.absmax, code, block_size),
+                               F.dequantize_blockwise(q_bnb, st), rtol=0, atol=0)
+    err_mine = (dequantize_blockwise(codes, absmax, code, block_size) - x).abs()
+    err_bnb = (F.dequantize_blockwise(q_bnb, st) - x).abs()
+    assert err_mine.mean() <= err_bnb.mean() * (1 + 1e-6)
+    assert (err_mine <= err_bnb + 1e-7 * x.abs().max()).all()
+
+
+@pytest.mark.exercise("2.2", points=1)
+def test_round_trip_error_bounds_and_block_size():
+    """Check the stated bounds: |x − x̂| ≤ absmax/255 for the linear code (half its step of
+    2/255) and ≤ absmax · (largest half-gap of the code) for the dynamic code; all-zero
+    blocks come back as zeros; and the error grows with the block size on heavy-tailed data."""
+    from labkit.quantize8bit import dequantize_blockwise, dynamic_code, linear_code, quantize_blockwise
+
+    x = heavy_tailed(20_000, seed=2)
+    x[:512] = 0.0  # two all-zero blocks of 256
+    for code in (linear_code(), dynamic_code()):
+        half_gap = (code[1:] - code[:-1]).max() / 2
+        codes, absmax = quantize_blockwise(x, code, 256)
+        x_hat = dequantize_blockwise(codes, absmax, code, 256)
+        per_element_absmax = absmax.repeat_interleave(256)[: x.numel()]
+        assert ((x_hat - x).abs() <= per_element_absmax * half_gap * (1 + 1e-5) + 1e-12).all()
+        assert torch.equal(x_hat[:512], torch.zeros(512))
+    linear = linear_code()
+    assert torch.isclose((linear[1:] - linear[:-1]).max() / 2, torch.tensor(1 / 255))
+    errors = []
+    for block_size in (32, 256, 2048, 20_000):
+        codes, absmax = quantize_blockwise(x, dynamic_code(), block_size)
+        errors.append((dequantize_blockwise(codes, absmax, dynamic_code(), block_size) - x)
+                      .abs().mean().item())
+    assert errors == sorted(errors), f"mean error by block size {errors} should grow"
+    bf16 = x.to(torch.bfloat16)
+    codes, absmax = quantize_blockwise(bf16, dynamic_code(), 256)
+    assert codes.shape == bf16.shape and absmax.dtype == torch.float32
+
+
+# =================================================================== 2.3 8-bit Adam
+
+@pytest.mark.exercise("2.3", points=2)
+def test_adam8bit_first_step_is_adam_and_stores_quantized_moments():
+    """Check that step 1 (from zero moments, which 8 bits store exactly) moves the parameters
+    as torch.optim.Adam does, and that the stored moments are Adam's m and v quantized with
+    the dynamic codes (signed for m, unsigned for v) in blocks of 64 (brute force)."""
+    from labkit.adam8bit import Adam8bit
+    from labkit.quantize8bit import dequantize_blockwise, dynamic_code
+
+    mine, ref = tiny_gpt(), tiny_gpt()
+    data = SyntheticData(64, 32, 4, seed=1)
+    opt = Adam8bit(mine.parameters(), lr=1e-3, block_size=64)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-3)
+    train(mine, opt, data, 1)
+    train(ref, ref_opt, data, 1)
+    assert_params_close(mine, ref, **UPDATE_TOL)
+    for p, q in zip(mine.parameters(), ref.parameters()):
+        state, ref_state = opt.state[p], ref_opt.state[q]
+        assert state["exp_avg"].dtype == torch.uint8 and state["exp_avg"].shape == p.shape
+        assert state["exp_avg_sq"].dtype == torch.uint8
+        for key, code in (("exp_avg", dynamic_code(True)), ("exp_avg_sq", dynamic_code(False))):
+            index, absmax = brute_force_quantize(ref_state[key], code, 64)
+            stored = dequantize_blockwise(state[key], state[key + "_absmax"], code, 64)
+            scales = absmax.repeat_interleave(64)[: p.numel()].view(p.shape)
+            # m, v agree to ulps; a value on a boundary between two codes may round either way
+            mismatch = (stored - code[index] * scales).abs() > 1e-6 * scales
+            assert mismatch.float().mean() < 1e-3, f"{key}: {int(mismatch.sum())} elements differ"
+
+
+@pytest.mark.exercise("2.3", points=2)
+def test_adam8bit_state_is_two_bytes_per_parameter_plus_scales():
+    """Check the measured state: Σ 2n + 8·ceil(n/B) bytes (uint8 m and v, one fp32 absmax per
+    block for each), a quarter of fp32 Adam's 8 bytes a parameter plus the scales."""
+    from labkit.adam8bit import Adam8bit
+
+    model = tiny_gpt()
+    data = SyntheticData(64, 32, 4, seed=1)
+    for block_size in (256, 100):
+        opt = Adam8bit(model.parameters(), lr=1e-3, block_size=block_size)
+        train(model, opt, data, 2)
+        expected = sum(2 * p.numel() + 8 * math.ceil(p.numel() / block_size)
+                       for p in model.parameters())
+        assert state_bytes(opt) == expected
+    psi = sum(p.numel() for p in model.parameters())
+    assert 2 * psi < state_bytes(opt) < 2.1 * psi
+
+
+@pytest.mark.exercise("2.3", points=2)
+def test_adam8bit_trains_like_fp32_adam_and_bitsandbytes():
+    """Train the lab's task (same seed, same batches, 30 steps) with fp32 Adam, this Adam8bit
+    and bitsandbytes' Adam8bit (every tensor in 8 bits: min_8bit_size=0). Tolerance: the mean
+    loss of the last 10 steps within 2% of fp32 Adam's. Measured on this task: both 8-bit
+    optimizers land within 0.05% of fp32 Adam (the dynamic code's relative error, ~1% per
+    element, averages out over a block and over steps); the same optimizer with a linear code
+    diverges (small v round to 0, so m/√v explodes), and plain SGD at the same lr ends ~20%
+    higher. 2% separates them with room for other seeds and machines."""
+    from labkit.adam8bit import Adam8bit
+
+    data = SyntheticData(64, 32, 8, seed=3)
+    finals = {}
+    for name in ("adam", "mine", "bitsandbytes"):
+        model = tiny_gpt(seed=4)
+        if name == "adam":
+            opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        elif name == "mine":
+            opt = Adam8bit(model.parameters(), lr=3e-3)
+        else:
+            bnb = pytest.importorskip("bitsandbytes")
+            opt = bnb.optim.Adam8bit(model.parameters(), lr=3e-3, min_8bit_size=0)
+        losses = train(model, opt, data, 30)
+        finals[name] = sum(losses[-10:]) / 10
+    assert finals["adam"] < 0.9 * math.log(64), f"fp32 Adam did not learn: {finals}"
+    assert abs(finals["mine"] - finals["adam"]) <= 0.02 * finals["adam"], finals
+    assert abs(finals["bitsandbytes"] - finals["adam"]) <= 0.02 * finals["adam"], finals
+
+
+# =================================================================== 2.4 LOMO
+
+@pytest.mark.exercise("2.4", points=1)
+def test_lomo_params_match_sgd():
+    """Check that 3 LOMO steps (update inside backward) give torch.optim.SGD's parameters
+    after ordinary backward + step: the same θ − lr·g on the same g, to rounding."""
+    from labkit.lomo import LOMO
+
+    mine, ref = tiny_gpt(), tiny_gpt()
+    data = SyntheticData(64, 32, 4, seed=1)
+    lomo = LOMO(mine.parameters(), lr=0.1)
+    train(mine, None, data, 3)
+    train(ref, torch.optim.SGD(ref.parameters(), lr=0.1), data, 3)
+    assert_params_close(mine, ref, **UPDATE_TOL)
+    lomo.remove()
+    before = [p.detach().clone() for p in mine.parameters()]
+    train(mine, None, data, 1, start=3)
+    assert all(torch.equal(a, p) for a, p in zip(before, mine.parameters())), \
+        "remove() must stop the updates"
+
+
+@pytest.mark.exercise("2.4", points=1)
+def test_lomo_frees_every_gradient_inside_backward():
+    """Check that when backward returns every .grad is None and every parameter has moved."""
+    from labkit.lomo import LOMO
+
+    model = tiny_gpt()
+    before = [p.detach().clone() for p in model.parameters()]
+    LOMO(model.parameters(), lr=0.1)
+    x, y = SyntheticData(64, 32, 4, seed=1).batch(0)
+    model(x, y).backward()
+    assert all(p.grad is None for p in model.parameters())
+    moved = [not torch.equal(a, p) for a, p in zip(before, model.parameters())]
+    assert all(moved), f"{moved.count(False)} parameters did not move"
+
+
+@pytest.mark.exercise("2.4", points=2)
+def test_lomo_peak_gradient_bytes_is_the_largest_gradient():
+    """Measure gradient bytes with MemTracker (labkit.measure): with LOMO the peak is the
+    largest single gradient, exactly; with ordinary backward + SGD it is every gradient, 4Ψ."""
+    from labkit.lomo import LOMO, lomo_step
+
+    model = tiny_gpt()
+    batch = SyntheticData(64, 32, 4, seed=1).batch(0)
+    LOMO(model.parameters(), lr=0.1)
+    fused = measure_step(model, None, batch, steps=2, step_fn=lomo_step)
+    largest = max(4 * p.numel() for p in model.parameters())
+    assert fused.peak_of("gradients") == largest
+    plain_model = tiny_gpt()
+    plain = measure_step(plain_model, torch.optim.SGD(plain_model.parameters(), lr=0.1), batch)
+    assert plain.peak_of("gradients") == 4 * sum(p.numel() for p in plain_model.parameters())
+
+
+# =================================================================== 2.5 ZeRO-1
+
+# Ψ = 605 (vocab 38, n_embd 5, no biases): odd, so neither 2 nor 4 ranks divide it.
+ZERO_CFG = dict(vocab_size=38, block_size=8, n_layer=1, n_head=1, n_embd=5, bias=False)
+ZERO_STEPS, ZERO_LR = 3, 1e-2
+
+
+def zero_batches(world_size):
+    data = SyntheticData(38, 8, 2, seed=5)
+    return [[data.batch(s * world_size + r) for r in range(world_size)]
+            for s in range(ZERO_STEPS)]
+
+
+def unsharded_adam(model, batches, world_size, lr, dtype=None):
+    """The reference: torch.optim.Adam on the gradients averaged over the ranks' batches,
+    computed here (fp32 master copy + cast when the model is 16-bit)."""
+    model = copy.deepcopy(model)
+    if dtype is not None:
+        model = model.to(dtype)
+    master = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
+    opt = torch.optim.Adam(master, lr=lr)
+    for step_batches in batches:
+        grads = [torch.zeros_like(m) for m in master]
+        for x, y in step_batches:
+            model.zero_grad()
+            model(x, y).backward()
+            for g, p in zip(grads, model.parameters()):
+                g += p.grad.float()
+        for m, g in zip(master, grads):
+            m.grad = g / world_size
+        opt.step()
+        with torch.no_grad():
+            for p, m in zip(model.parameters(), master):
+                p.copy_(m)
+    return [p.detach() for p in model.parameters()]
+
+
+_zero_runs: dict = {}
+
+
+def run_zero1(world_size, dtype=None):
+    """Launch ZeRO-1 on real gloo ranks once per (N, dtype); later tests reuse the results."""
+    key = (world_size, dtype)
+    if key not in _zero_runs:
+        from labkit.dist import launch
+        from labkit.zero1 import train_data_parallel
+
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**ZERO_CFG))
+        batches = zero_batches(world_size)
+        try:
+            results = launch(train_data_parallel, world_size, model, batches, lr=ZERO_LR,
+                             dtype=dtype, timeout=60)
+        except Exception as exc:  # remembered, so each test reports it without relaunching
+            results = exc
+        _zero_runs[key] = (model, batches, results)
+    model, batches, results = _zero_runs[key]
+    if isinstance(results, Exception):
+        raise results
+    return model, batches, results
+
+
+@pytest.mark.exercise("2.5", points=1)
+def test_partition_pads_to_equal_shards():
+    """Check S = ceil(Ψ/N) and padding N·S − Ψ on sizes that divide and that do not."""
+    from labkit.zero1 import partition
+
+    cases = {(605, 2): (303, 1), (605, 4): (152, 3), (8, 4): (2, 0), (1, 4): (1, 3),
+             (10, 3): (4, 2), (834_304, 64): (13_036, 0), (7, 1): (7, 0)}
+    for (numel, world_size), expected in cases.items():
+        assert partition(numel, world_size) == expected, (numel, world_size)
+
+
+@pytest.mark.exercise("2.5", points=1)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero1_params_match_unsharded_adam(world_size):
+    """Check, on 2 and 4 gloo ranks and Ψ = 605 (not divisible), that after 3 steps every rank
+    holds the parameters of torch.optim.Adam on the averaged gradients. Tolerance: the
+    all-reduce sums in another order than the reference, ulps of the gradient, which Adam
+    turns into ulps of the update (UPDATE_TOL)."""
+    model, batches, results = run_zero1(world_size)
+    reference = unsharded_adam(model, batches, world_size, ZERO_LR)
+    for rank, result in enumerate(results):
+        for got, want in zip(result["params"], reference):
+            torch.testing.assert_close(got, want, **UPDATE_TOL, msg=lambda m: f"rank {rank}: {m}")
+
+
+@pytest.mark.exercise("2.5", points=1)
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_zero1_state_bytes_are_k_psi_over_n(world_size, dtype):
+    """Check each rank's measured state bytes: K·S with S = ceil(Ψ/N), K = 8 for fp32
+    parameters (m, v), 12 for bf16 ones (m, v, fp32 master); and the communication of a step:
+    one all-reduce of the padded fp32 gradient (4·N·S bytes) and one all-gather of the
+    padded parameters (N·S elements of the parameters' dtype)."""
+    model, batches, results = run_zero1(world_size, dtype)
+    psi = sum(p.numel() for p in model.parameters())
+    shard = math.ceil(psi / world_size)
+    k = 8 if dtype is None else 12
+    item = 4 if dtype is None else 2
+    assert [r["state_bytes"] for r in results] == [k * shard] * world_size
+    assert sum(r["numel_owned"] for r in results) == psi
+    for r in results:
+        assert r["comm"]["calls"].get("all_reduce") == ZERO_STEPS
+        assert r["comm"]["bytes_sent"]["all_reduce"] == ZERO_STEPS * 4 * world_size * shard
+        assert r["comm"]["calls"].get("all_gather_into_tensor") == ZERO_STEPS
+        assert (r["comm"]["bytes_sent"]["all_gather_into_tensor"]
+                == ZERO_STEPS * item * world_size * shard)
+
+
+@pytest.mark.exercise("2.5", points=1)
+def test_zero1_bf16_params_follow_the_fp32_master():
+    """Check bf16 parameters on 2 ranks against Adam on an fp32 master copy, rounded to bf16.
+    With lr = 1e-2 the updates are ~100 bf16 ulps of the weights; an update applied to the
+    bf16 weights without a master, or a master that is never written back, misses by many
+    ulps. Tolerance: one bf16 ulp (rtol 2⁻⁷) for master values that land near a rounding
+    boundary, since the ranks' bf16 gradients may round differently from this process's."""
+    model, batches, results = run_zero1(2, torch.bfloat16)
+    reference = unsharded_adam(model, batches, 2, ZERO_LR, dtype=torch.bfloat16)
+    for rank, result in enumerate(results):
+        for got, want in zip(result["params"], reference):
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-4,
+                                       msg=lambda m: f"rank {rank}: {m}")
+
+
+# =================================================================== infrastructure (not graded)
+
+def test_dynamic_code_is_bitsandbytes_dynamic_map():
+    F = pytest.importorskip("bitsandbytes.functional")
+    from labkit.quantize8bit import dynamic_code
+
+    for signed in (True, False):
+        assert torch.equal(dynamic_code(signed), F.create_dynamic_map(signed=signed))
+
+
+def test_state_bytes_counts_adam_and_shared_tables_once():
+    model = tiny_gpt()
+    opt = torch.optim.Adam(model.parameters())
+    train(model, opt, SyntheticData(64, 32, 4), 1)
+    params = list(model.parameters())
+    assert state_bytes(opt) == 8 * sum(p.numel() for p in params) + 4 * len(params)
+    shared = torch.zeros(256)
+    opt.state[params[0]]["table"] = shared
+    opt.state[params[1]]["table"] = shared
+    assert state_bytes(opt) == 8 * sum(p.numel() for p in params) + 4 * len(params) + 1024
+    with pytest.raises(ValueError, match="optimizer"):
+        state_bytes(object())
+
+
+def test_bad_arguments_raise_value_errors_naming_them():
+    from labkit.adafactor import Adafactor
+    from labkit.adam8bit import Adam8bit
+    from labkit.lomo import LOMO
+    from labkit.quantize8bit import dynamic_code, quantize_blockwise
+    from labkit.zero1 import partition
+
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    for call, word in [
+        (lambda: Adafactor(params, lr=-1), "lr"),
+        (lambda: Adafactor(params, beta2_decay=0.5), "beta2_decay"),
+        (lambda: Adafactor(params, d=0.5), "d "),
+        (lambda: Adafactor(params, eps=(None,)), "eps"),
+        (lambda: Adam8bit(params, block_size=0), "block_size"),
+        (lambda: Adam8bit(params, betas=(0.9, 1.5)), "betas"),
+        (lambda: quantize_blockwise(torch.zeros(4), dynamic_code(), block_size=0), "block_size"),
+        (lambda: quantize_blockwise(torch.zeros(4), torch.zeros(10), 4), "code"),
+        (lambda: quantize_blockwise(torch.zeros(4, dtype=torch.long), dynamic_code(), 4), "x"),
+        (lambda: LOMO(params, lr="fast"), "lr"),
+        (lambda: partition(10, 0), "world_size"),
+    ]:
+        with pytest.raises(ValueError, match=word):
+            call()
+
+
+def test_zero_redundancy_optimizer_splits_whole_tensors_unevenly():
+    """PyTorch's ZeroRedundancyOptimizer beside ZeRO-1: each rank owns whole tensors, so the
+    owned counts sum to Ψ but differ between ranks (and so do the state bytes)."""
+    pytest.importorskip("torch.distributed.optim")
+    from labkit.dist import launch
+    from labkit.zero1 import train_data_parallel
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**ZERO_CFG))
+    results = launch(train_data_parallel, 2, model, zero_batches(2)[:1],
+                     optimizer="zero_redundancy", lr=ZERO_LR, timeout=60)
+    owned = [r["numel_owned"] for r in results]
+    assert sum(owned) == sum(p.numel() for p in model.parameters())
+    assert owned[0] != owned[1]
