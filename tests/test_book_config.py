@@ -162,6 +162,19 @@ def _run_setup_cell(monkeypatch, on_colab):
     return ipython.magics, commands, moves
 
 
+def test_the_repository_url_is_written_only_in_config():
+    """Chapters link repository files with the {src} role and labs get the URL from their
+    generated set-up cell, so moving the course means changing _config.yml alone."""
+    url = CONFIG["repository"]["url"].rstrip("/")
+    offenders = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "book").glob("*.md"))
+                 if url in p.read_text(encoding="utf-8")]
+    for lab in sorted((ROOT / "labs").glob("*.ipynb")):
+        cells = nbformat.read(lab, as_version=4).cells[1:]  # cell 0: the generated set-up cell
+        if any(url in cell.source for cell in cells):
+            offenders.append(lab.relative_to(ROOT).as_posix())
+    assert not offenders, f"{url} typed in {offenders}: use {{src}}`labkit/...` or the config"
+
+
 def test_setup_cell_off_colab_only_turns_on_autoreload(monkeypatch):
     magics, commands, moves = _run_setup_cell(monkeypatch, on_colab=False)
     assert magics == [("load_ext", "autoreload"), ("autoreload", "2")]
