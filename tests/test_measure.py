@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from labkit.measure import CONSUMERS, count_flops, measure_step, saved_activation_bytes
+from labkit.measure import CONSUMERS, count_flops, measure_step, peak_bytes, saved_activation_bytes
 from labkit.models import GPT, SyntheticData, lab_config
 
 FP32 = 4
@@ -77,6 +77,14 @@ def test_saved_activation_bytes_skips_views_of_parameters():
     lin = torch.nn.Linear(16, 8)
     x = torch.randn(4, 16)
     assert saved_activation_bytes(lambda: lin(x)) == x.nbytes
+
+
+def test_peak_bytes_counts_what_a_computation_creates():
+    """a + 1 then (a + 1) * 2: the first result (4 KiB) is alive when the second is made."""
+    a = torch.zeros(1024)
+    peak, out = peak_bytes(lambda: (a + 1) * 2)
+    assert peak == 2 * 1024 * FP32
+    assert torch.equal(out, torch.full((1024,), 2.0))
 
 
 def test_count_flops_counts_a_matmul_as_2mnk():

@@ -94,18 +94,14 @@ def pytest_runtest_makereport(item, call):
     if record is None:
         record = results[item.nodeid] = {"exercise": ex[0], "points": ex[1],
                                          "test": item.name, "outcome": "passed", "message": ""}
-    if report.when == "call" or report.failed or report.skipped:
-        if report.passed:
-            if record["outcome"] == "passed":
-                record["outcome"] = "passed"
-        elif report.skipped:
-            msg = _message(report)
-            record["outcome"] = "needs CUDA" if "needs CUDA" in msg else "failed"
-            record["message"] = msg
-        else:
-            text = str(report.longrepr)
-            record["outcome"] = "not attempted" if STUB_SIGNATURE in text else "failed"
-            record["message"] = _message(report)
+    if report.skipped:
+        msg = _message(report)
+        record["outcome"] = "needs CUDA" if "needs CUDA" in msg else "failed"
+        record["message"] = msg
+    elif report.failed:  # in any phase: setup, call or teardown
+        text = str(report.longrepr)
+        record["outcome"] = "not attempted" if STUB_SIGNATURE in text else "failed"
+        record["message"] = _message(report)
 
 
 def _table(results: dict) -> dict:

@@ -211,6 +211,18 @@ def saved_activation_bytes(fn: Callable[[], torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+def peak_bytes(fn: Callable, *args, **kwargs) -> tuple[int, object]:
+    """Run ``fn(*args, **kwargs)`` under MemTracker; return (peak bytes tracked, fn's result).
+
+    The peak counts only tensors created while ``fn`` runs (and those it touches), summed over
+    devices: the memory a computation needs on top of what already existed.
+    """
+    with MemTracker() as tracker:
+        result = fn(*args, **kwargs)
+    peak = tracker.get_tracker_snapshot("peak")
+    return int(sum(snap.get("Total", 0) for snap in peak.values())), result
+
+
 def count_flops(fn: Callable, *args, **kwargs) -> tuple[int, object]:
     """Run ``fn(*args, **kwargs)`` under ``FlopCounterMode``; return (total FLOPs, fn's result).
 

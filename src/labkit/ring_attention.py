@@ -24,9 +24,9 @@ import math
 
 import torch
 import torch.distributed as dist
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from labkit.comm_count import count_comm
+from labkit.measure import peak_bytes
 
 
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -89,12 +89,6 @@ def ring_bytes_per_rank(batch: int, heads: int, seq_len: int, head_dim: int, wor
     return 2 * (world_size - 1) * batch * heads * (seq_len // world_size) * head_dim * element_size
 
 
-def _peak_bytes(tracker: MemTracker) -> int:
-    """Total bytes at the tracker's peak, summed over devices."""
-    peak = tracker.get_tracker_snapshot("peak")
-    return int(sum(snap.get("Total", 0) for snap in peak.values()))
-
-
 def ring_worker(rank: int, world_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 causal: bool = False) -> dict:
     """Run ``ring_attention`` on this rank's chunk of full q, k, v (B, H, S, D); measure it.
@@ -105,15 +99,13 @@ def ring_worker(rank: int, world_size: int, q: torch.Tensor, k: torch.Tensor, v:
     chunk = q.shape[2] // world_size
     rows = slice(rank * chunk, (rank + 1) * chunk)
     q_loc, k_loc, v_loc = (t[:, :, rows].clone() for t in (q, k, v))
-    with count_comm() as counts, MemTracker() as tracker:
-        out = ring_attention(q_loc, k_loc, v_loc, causal=causal)
-    return {"out": out, "peak_bytes": _peak_bytes(tracker), "bytes_sent": dict(counts.bytes_sent),
+    with count_comm() as counts:
+        peak, out = peak_bytes(ring_attention, q_loc, k_loc, v_loc, causal=causal)
+    return {"out": out, "peak_bytes": peak, "bytes_sent": dict(counts.bytes_sent),
             "calls": dict(counts.calls)}
 
 
 def single_device_peak_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              causal: bool = False) -> int:
     """MemTracker peak of plain attention over the whole sequence on one device (the baseline)."""
-    with MemTracker() as tracker:
-        attention_with_lse(q, k, v, causal=causal)
-    return _peak_bytes(tracker)
+    return peak_bytes(attention_with_lse, q, k, v, causal=causal)[0]
