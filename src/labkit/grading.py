@@ -24,7 +24,33 @@ from pathlib import Path
 import pytest
 
 STUB_SIGNATURE = "NotImplementedError: exercise "
-OUTCOMES = ("passed", "failed", "not attempted", "needs CUDA")
+OUTCOMES = ("passed", "failed", "not attempted", "needs CUDA", "not graded")
+OPTIONAL_REFERENCE = "optional reference"
+"""A graded test that skips with a reason starting with this (``optional_reference()``) because a
+library it compares against is not installed is "not graded": its points leave the total, so
+a student never loses points for what their machine lacks."""
+
+
+def optional_reference(module: str, min_version: str | None = None):
+    """Import and return ``module`` for a grader's comparison, or skip the test as "not graded".
+
+    Use it for references that are not in every environment (``bitsandbytes`` on Colab): the
+    test is then left out of the score instead of failing. Put it after the assertions that need
+    only the student's code, so those still count.
+    """
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken install raising anything
+        pytest.skip(f"{OPTIONAL_REFERENCE} not installed: {module} ({type(exc).__name__}: {exc})")
+    if min_version is not None:
+        from packaging.version import Version
+
+        have = getattr(mod, "__version__", "0")
+        if Version(have) < Version(min_version):
+            pytest.skip(f"{OPTIONAL_REFERENCE} too old: {module} {have} < {min_version}")
+    return mod
 
 
 def pytest_addoption(parser):
@@ -96,7 +122,12 @@ def pytest_runtest_makereport(item, call):
                                          "test": item.name, "outcome": "passed", "message": ""}
     if report.skipped:
         msg = _message(report)
-        record["outcome"] = "needs CUDA" if "needs CUDA" in msg else "failed"
+        if "needs CUDA" in msg:
+            record["outcome"] = "needs CUDA"
+        elif msg.startswith(OPTIONAL_REFERENCE) or f"Skipped: {OPTIONAL_REFERENCE}" in msg:
+            record["outcome"] = "not graded"
+        else:
+            record["outcome"] = "failed"
         record["message"] = msg
     elif report.failed:  # in any phase: setup, call or teardown
         text = str(report.longrepr)
@@ -109,7 +140,7 @@ def _table(results: dict) -> dict:
                                      "tests": []})
     for nodeid, r in sorted(results.items()):
         e = exercises[r["exercise"]]
-        e["possible"] += r["points"]
+        e["possible"] += 0 if r["outcome"] == "not graded" else r["points"]
         e["earned"] += r["points"] if r["outcome"] == "passed" else 0
         e[r["outcome"]] += 1
         e["tests"].append({"nodeid": nodeid, **r})
@@ -197,7 +228,8 @@ def check(exercise: str, *, verbose: bool = False, timeout: float = 900) -> bool
         known = ", ".join(table.get("known_exercises", []))
         raise ValueError(f"exercise={exercise!r} has no graded tests; known exercises: {known}")
     e = table["exercises"][exercise]
-    marks = {"passed": "PASS", "failed": "FAIL", "not attempted": "TODO", "needs CUDA": "SKIP"}
+    marks = {"passed": "PASS", "failed": "FAIL", "not attempted": "TODO", "needs CUDA": "SKIP",
+             "not graded": "N/A "}
     print(f"exercise {exercise}: {e['earned']}/{e['possible']} points")
     for t in e["tests"]:
         line = f"  {marks[t['outcome']]}  {t['test']}"
@@ -206,4 +238,4 @@ def check(exercise: str, *, verbose: bool = False, timeout: float = 900) -> bool
         elif t["outcome"] != "passed" and t["message"]:
             line += f"\n        {t['message'][:400]}"
         print(line)
-    return e["passed"] == len(e["tests"])
+    return e["passed"] == len(e["tests"]) - e["needs CUDA"] - e["not graded"]

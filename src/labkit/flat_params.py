@@ -1,0 +1,78 @@
+"""Flat, padded parameter vectors: the bookkeeping under every ZeRO stage and FSDP.
+
+ZeRO (Rajbhandari et al. 2019, arXiv 1910.02054) views a set of tensors as one flat vector of
+Ψ elements and gives each of N ranks an equal slice. Ψ rarely divides by N, so the vector is
+padded with zeros to N·S elements, S = ceil(Ψ/N), and rank r owns ``[r·S, (r+1)·S)``. Equal
+slices are what reduce-scatter and all-gather want (every rank sends and receives the same
+number of elements), and they let every GPU be sized for the same share.
+
+This module is infrastructure, not an exercise: ZeRO-1 (lab 2), ZeRO-2 (lab 4) and ZeRO-3
+(lab 3) each build their own sharded step on it.
+
+    S, pad = partition(numel, world_size)
+    flat = flatten_padded(grads, pad, torch.float32)   # (N·S,)
+    mine = flat[shard_range(rank, S)]                   # (S,)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["partition", "shard_range", "flatten_padded", "copy_from_flat"]
+
+
+def _positive_int(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def partition(numel: int, world_size: int) -> tuple[int, int]:
+    """Split ``numel`` elements evenly over ``world_size`` ranks.
+
+    Returns:
+        ``(shard_size, padding)``: S = ceil(numel / N) elements per rank, and the N·S − numel
+        zeros appended at the end so that every rank's slice has exactly S elements
+        (0 ≤ padding < N).
+    """
+    _positive_int("numel", numel)
+    _positive_int("world_size", world_size)
+    shard_size = math.ceil(numel / world_size)
+    return shard_size, shard_size * world_size - numel
+
+
+def shard_range(rank: int, shard_size: int) -> slice:
+    """The slice ``[rank·S, (rank+1)·S)`` of the padded flat vector that ``rank`` owns."""
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        raise ValueError(f"rank must be an int >= 0, got {rank!r}")
+    _positive_int("shard_size", shard_size)
+    return slice(rank * shard_size, (rank + 1) * shard_size)
+
+
+def flatten_padded(tensors, padding: int, dtype: torch.dtype) -> torch.Tensor:
+    """Concatenate ``tensors`` flattened, in order, then ``padding`` zeros; as ``dtype``.
+
+    Returns a new tensor of ``sum(numel) + padding`` elements on the first tensor's device.
+    """
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("tensors must be a non-empty sequence of tensors")
+    if not isinstance(padding, int) or isinstance(padding, bool) or padding < 0:
+        raise ValueError(f"padding must be an int >= 0, got {padding!r}")
+    pieces = [t.detach().reshape(-1).to(dtype) for t in tensors]
+    pieces.append(torch.zeros(padding, dtype=dtype, device=pieces[0].device))
+    return torch.cat(pieces)  # (numel + padding,)
+
+
+def copy_from_flat(flat: torch.Tensor, tensors) -> None:
+    """Copy consecutive pieces of ``flat`` into ``tensors``, in order (trailing padding ignored)."""
+    tensors = list(tensors)
+    needed = sum(t.numel() for t in tensors)
+    if flat.numel() < needed:
+        raise ValueError(f"flat has {flat.numel()} elements, the tensors need {needed}")
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()

@@ -1,0 +1,69 @@
+"""``make bench``: every reference solution next to the library doing the same work, as ratios.
+
+Each lab lists its rows in ``tools/bench/labN.py`` as ``def cases() -> list[Case]``
+(``tools/bench/case.py``). The runner times each case's ``ours`` and ``ref`` interleaved (ours,
+ref, ours, ref, ...) after one warm-up call of each, in this one process with one torch thread,
+and reports the medians and ``ours / ref``. Interleaving puts both under the same machine load,
+so the ratio means something on a shared machine even when the absolute times do not.
+
+    .venv/bin/python -m tools.bench              # every lab
+    .venv/bin/python -m tools.bench --lab 2      # one lab
+Writes ``_build/bench/bench.json`` and ``_build/bench/bench.md`` (a table the book can include).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def time_case(case) -> dict:
+    case.ours(), case.ref()  # warm-up: first calls allocate, import, compile
+    ours, ref = [], []
+    for _ in range(case.repeat):
+        for fn, out in ((case.ours, ours), (case.ref, ref)):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    mo, mr = statistics.median(ours), statistics.median(ref)
+    return {"lab": case.lab, "label": case.label, "reference": case.ref_name, "ours_s": mo,
+            "ref_s": mr, "ratio": mo / mr, "repeat": case.repeat, "note": case.note}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lab", type=int, default=None)
+    parser.add_argument("--out", default=str(ROOT / "_build" / "bench"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    labs = sorted(int(p.stem[3:]) for p in (ROOT / "tools" / "bench").glob("lab*.py"))
+    if args.lab is not None:
+        labs = [lab for lab in labs if lab == args.lab]
+    rows = []
+    for lab in labs:
+        for case in importlib.import_module(f"tools.bench.lab{lab}").cases():
+            row = time_case(case)
+            rows.append(row)
+            print(f"lab {lab}  {row['label']:<44} {row['ours_s'] * 1e3:9.2f} ms  vs "
+                  f"{row['reference']:<32} {row['ref_s'] * 1e3:9.2f} ms  ratio {row['ratio']:5.2f}"
+                  + (f"  ({row['note']})" if row["note"] else ""), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(rows, indent=1))
+    lines = ["| lab | what | ours (ms) | reference | reference (ms) | ratio |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['lab']} | {r['label']} | {r['ours_s'] * 1e3:.2f} | {r['reference']} | "
+              f"{r['ref_s'] * 1e3:.2f} | {r['ratio']:.2f} |" for r in rows]
+    (out / "bench.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
