@@ -192,3 +192,79 @@ def test_count_comm_counts_calls_and_bytes_exactly(world_size):
         assert ring["all_gather_into_tensor"] == pytest.approx((world_size - 1) * B)
         assert ring["reduce_scatter_tensor"] == pytest.approx((world_size - 1) * B)
         assert ring.get("send", 0) == (B if rank == 0 else 0) and ring.get("recv", 0) == 0
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_rank_changes_only_its_own_copy_of_the_arguments(start_method):
+    """Check that arguments go to each rank by value under both start methods: a rank that adds
+    rank+1 in place to a tensor, to a module's parameters and writes to a dict sees its change,
+    the parent's objects keep their values (spawn must not hand out shared memory)."""
+    tensor, model, state = torch.zeros(4), torch.nn.Linear(3, 2), {"touched_by": None}
+    weight = model.weight.detach().clone()
+    results = launch(ex.change_arguments_in_place, 2, tensor, model, state,
+                     start_method=start_method, timeout=120)
+    for rank, r in enumerate(results):
+        torch.testing.assert_close(r["tensor"], torch.full((4,), float(rank + 1)),
+                                   msg=lambda m: f"rank {rank}'s own tensor: {m}")
+        torch.testing.assert_close(r["weight"], weight + rank + 1)
+        assert r["state"]["touched_by"] == rank
+    assert torch.equal(tensor, torch.zeros(4)), f"the parent's tensor changed to {tensor.tolist()}"
+    assert torch.equal(model.weight.detach(), weight), "the parent's model was trained by a rank"
+    assert state == {"touched_by": None} and not tensor.is_shared()
+
+
+def test_start_method_is_spawn_whenever_ranks_may_use_cuda(monkeypatch):
+    """Check the rule: fork for CPU ranks; spawn for nccl, a CUDA `device` hint, a CUDA tensor
+    among the arguments, or CUDA initialised in the parent."""
+    from labkit.dist import start_method_for
+
+    assert start_method_for() == "fork"
+    assert start_method_for("gloo", (torch.zeros(2),), {"device": "cpu"}) == "fork"
+    assert start_method_for("nccl") == "spawn"
+    assert start_method_for("gloo", (), {"device": "cuda"}) == "spawn"
+    assert start_method_for("gloo", (), {"device": torch.device("cuda", 1)}) == "spawn"
+    assert start_method_for("gloo", (torch.empty(2, device="meta"), "cuda:0")) == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert start_method_for() == "spawn"
+
+
+def test_spawn_explains_arguments_it_cannot_copy():
+    """Check that an argument that cannot be pickled is refused, named, before any rank starts."""
+    with pytest.raises(TypeError, match="cannot copy the arguments"):
+        launch(ex.all_reduce_ranks, 2, n=lambda: 4, start_method="spawn")
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"world_size": 0}, ValueError, "world_size must be an int >= 1"),
+    ({"world_size": -2}, ValueError, "world_size must be an int >= 1"),
+    ({"world_size": 2.0}, TypeError, "world_size must be an int"),
+    ({"world_size": True}, TypeError, "world_size must be an int"),
+    ({"timeout": 0}, ValueError, "timeout must be"),
+    ({"timeout": -1.0}, ValueError, "timeout must be"),
+    ({"timeout": float("nan")}, ValueError, "timeout must be"),
+    ({"timeout": "60"}, TypeError, "timeout must be"),
+    ({"backend": "mpi"}, ValueError, r"backend must be one of \('gloo', 'nccl'\)"),
+    ({"start_method": "forkserver"}, ValueError, "start_method must be one of"),
+    ({"fn": 3}, TypeError, "fn must be a callable"),
+])
+def test_launch_refuses_bad_input_before_starting_anything(kwargs, error, words):
+    """Check issue 7's cases: each bad argument raises, naming it and what is allowed, at once."""
+    call = {"fn": ex.all_reduce_ranks, "world_size": 2, **kwargs}
+    started = time.monotonic()
+    with pytest.raises(error, match=words):
+        launch(call.pop("fn"), call.pop("world_size"), **call)
+    assert time.monotonic() - started < 1.0, "refused only after starting ranks"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_launch_refuses_nccl_without_cuda():
+    with pytest.raises(ValueError, match="backend='nccl' needs CUDA"):
+        launch(ex.all_reduce_ranks, 2, backend="nccl")
+
+
+def test_both_spellings_of_gather_and_scatter_are_counted_the_same():
+    """Check that torch 2.13's new names (all_gather_single, reduce_scatter_single) and the old
+    ones (all_gather_into_tensor, reduce_scatter_tensor) count as the same op with the same bytes."""
+    old, new = launch(ex.count_both_spellings, 2)
+    assert old == new, f"old names counted {old}, new names {new}"
+    assert old["calls"] == {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1}

@@ -71,3 +71,36 @@ def count_basic_comm(rank: int, world_size: int, n: int = 1000) -> dict:
             dist.recv(x, src=0)
     return {"calls": dict(counts.calls), "bytes_sent": dict(counts.bytes_sent),
             "ring_bytes": dict(counts.ring_bytes)}
+
+
+def change_arguments_in_place(rank: int, world_size: int, tensor: torch.Tensor,
+                              model: torch.nn.Module, state: dict) -> dict:
+    """Change every argument in place (a tensor, a module's parameters, a dict) and report what
+    this rank then sees: ``launch`` must give each rank its own copy, so the caller's objects
+    stay as they were."""
+    with torch.no_grad():
+        tensor.add_(rank + 1)
+        for p in model.parameters():
+            p.add_(rank + 1)
+    state["touched_by"] = rank
+    return {"tensor": tensor.clone(), "weight": model.weight.detach().clone(),
+            "state": dict(state), "shared": tensor.is_shared()}
+
+
+def count_both_spellings(rank: int, world_size: int, new_names: bool | None = None, n: int = 8):
+    """Count one all-gather and one reduce-scatter of ``n`` float32 per rank, spelled with torch
+    2.13's names (``all_gather_single``, ``reduce_scatter_single``) on rank 1 and with the older
+    ones on rank 0 (where torch has the new names; else both ranks use the old ones)."""
+    import warnings
+
+    use_new = (rank == 1) if new_names is None else new_names
+    gather = getattr(dist, "all_gather_single", None) if use_new else None
+    scatter = getattr(dist, "reduce_scatter_single", None) if use_new else None
+    x, out = torch.ones(n), torch.empty(world_size * n)
+    with warnings.catch_warnings():  # the old names warn from torch 2.13 on
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with count_comm() as counts:
+            (gather or dist.all_gather_into_tensor)(out, x)
+            (scatter or dist.reduce_scatter_tensor)(x, out)
+    return {"calls": dict(counts.calls), "bytes_sent": dict(counts.bytes_sent)}

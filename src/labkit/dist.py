@@ -11,8 +11,22 @@ Mechanism, and the choices behind it:
 - **fork, not spawn, when it is safe.** A forked child starts as a copy of the parent, torch
   already imported and ``fn`` already defined (even in a notebook cell), so a launch costs
   ~0.1-0.6 s; a spawned child starts a fresh interpreter and imports torch again (4-11 s) and
-  can only run functions it can import by name. Fork is unsafe once CUDA is initialised in the
-  parent (the CUDA driver does not survive a fork), so then ``launch`` spawns.
+  can only run functions it can import by name. A forked child cannot use CUDA once the parent
+  has touched the driver (``torch.cuda.is_available()`` is enough: every lab calls it through
+  ``default_device()``), so ``launch`` spawns whenever the ranks may use CUDA: CUDA already
+  initialised here, ``backend="nccl"``, a ``device`` keyword argument that names CUDA, or a CUDA
+  tensor or module among the arguments (see :func:`start_method_for`). Pass
+  ``start_method="spawn"`` yourself if ``fn`` moves data to the GPU on its own.
+- **Arguments by value, always.** A forked child works on a copy-on-write copy of the parent's
+  memory. A spawned child receives its arguments through a pipe, and multiprocessing's pickler,
+  as torch extends it, would move CPU tensors into shared memory: every rank would then train
+  the parent's own model in place. So under spawn ``launch`` pickles ``(args, kwargs)`` to bytes
+  with the plain pickler in the parent and unpickles them in the child: each rank gets its own
+  copy, as under fork, and no change made by a rank reaches the parent.
+- **Inside torchrun**, ``launch`` starts nothing: when the process already belongs to a
+  process group of ``world_size`` ranks (``torchrun`` set ``RANK``/``WORLD_SIZE`` and the group
+  exists), it runs ``fn(rank, world_size, ...)`` here and returns ``[this rank's result]``; see
+  :mod:`labkit.cluster`.
 - **``torch.set_num_threads(1)`` first, in every child.** The parent's intra-op thread pool
   does not exist in the forked child, and a child that enters a parallel region before resizing
   the pool can hang; N ranks of many threads each would also oversubscribe the cores.
@@ -53,7 +67,7 @@ import torch.distributed as dist
 
 from labkit.comm_count import CommCounts, count_comm
 
-__all__ = ["launch", "RankError", "RankTimeout", "count_comm", "CommCounts"]
+__all__ = ["launch", "start_method_for", "RankError", "RankTimeout", "count_comm", "CommCounts"]
 
 
 class RankError(RuntimeError):
@@ -74,9 +88,78 @@ class RankTimeout(RankError, TimeoutError):
     """Some ranks had not finished at the deadline; ``ranks`` names them, ``exc_type`` is None."""
 
 
-def _default_start_method() -> str:
-    fork_ok = "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized()
+BACKENDS = ("gloo", "nccl")
+START_METHODS = ("fork", "spawn")
+
+
+def _mentions_cuda(obj, depth: int = 0) -> bool:
+    """True if ``obj`` is (or holds, one container level down) a CUDA tensor, module or device."""
+    if isinstance(obj, torch.Tensor):
+        return obj.device.type == "cuda"
+    if isinstance(obj, torch.nn.Module):
+        return any(t.device.type == "cuda" for t in obj.parameters()) or \
+            any(t.device.type == "cuda" for t in obj.buffers())
+    if isinstance(obj, torch.device):
+        return obj.type == "cuda"
+    if isinstance(obj, str):
+        return obj == "cuda" or obj.startswith("cuda:")
+    if depth < 2 and isinstance(obj, (list, tuple, set)):
+        return any(_mentions_cuda(o, depth + 1) for o in obj)
+    if depth < 2 and isinstance(obj, dict):
+        return any(_mentions_cuda(o, depth + 1) for o in obj.values())
+    return False
+
+
+def start_method_for(backend: str = "gloo", args: tuple = (), kwargs: dict | None = None) -> str:
+    """The start method ``launch`` uses by default: ``"spawn"`` whenever the ranks may use CUDA.
+
+    Spawn if CUDA is initialised in this process, or the backend is ``"nccl"``, or a ``device``
+    keyword argument names CUDA, or an argument is (or holds) a CUDA tensor or module; also where
+    fork does not exist (Windows). Otherwise fork, which starts a rank in a fraction of a second.
+    """
+    kwargs = kwargs or {}
+    wants_cuda = (torch.cuda.is_initialized() or backend == "nccl"
+                  or _mentions_cuda(kwargs.get("device")) or _mentions_cuda(args)
+                  or _mentions_cuda({k: v for k, v in kwargs.items() if k != "device"}))
+    fork_ok = "fork" in mp.get_all_start_methods() and not wants_cuda
     return "fork" if fork_ok else "spawn"
+
+
+def _default_start_method() -> str:  # kept for callers of the old name
+    return start_method_for()
+
+
+def _dumps_by_value(obj, what: str) -> bytes:
+    """Plain pickle (no shared memory): the child gets a copy, never the parent's storage."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
+        raise TypeError(f"launch(..., start_method='spawn') cannot copy {what} to the ranks: {exc}. "
+                        "Spawned ranks receive their arguments pickled; pass tensors, modules and "
+                        "plain values (a tensor that is the result of an operation needing grad: "
+                        "pass .detach())") from exc
+
+
+def _check_launch_arguments(fn, world_size, timeout, backend, start_method) -> None:
+    """Bad input → ValueError/TypeError naming the argument and what is allowed."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable fn(rank, world_size, ...), got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int >= 1, got {world_size!r} ({type(world_size).__name__})")
+    if world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend='nccl' needs CUDA GPUs and none is available here; use backend='gloo'")
+    if start_method is not None and start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS} or None, got {start_method!r}")
+    if start_method == "fork" and "fork" not in mp.get_all_start_methods():
+        raise ValueError("start_method='fork' does not exist on this system; use 'spawn' or None")
 
 
 def _check_spawnable(fn) -> None:
@@ -97,6 +180,20 @@ def _check_spawnable(fn) -> None:
             "Spawned ranks import the function by name, so define it at module level in an "
             "importable module (e.g. labkit.<module>), or use start_method='fork' on Linux/macOS."
         )
+
+
+def _torchrun_group(world_size: int) -> int | None:
+    """This process's rank if it is one rank of an initialised group of ``world_size`` ranks that
+    torchrun started (``TORCHELASTIC_RUN_ID`` or ``RANK`` set); else None."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if "TORCHELASTIC_RUN_ID" not in os.environ and "RANK" not in os.environ:
+        return None
+    if dist.get_world_size() != world_size:
+        raise ValueError(f"world_size={world_size} inside a torchrun job of {dist.get_world_size()} "
+                         f"ranks: launch runs on the existing group, so world_size must be "
+                         f"{dist.get_world_size()} (torchrun --nproc-per-node sets it)")
+    return dist.get_rank()
 
 
 def _free_port() -> int:
@@ -134,12 +231,18 @@ def _become_independent(parent_pid: int) -> None:
             os._exit(1)
 
 
-def _run_rank(fn, rank, world_size, args, kwargs, port, backend, pg_timeout, conn, stack_path, parent_pid):
-    """Body of one child process: join the group, run ``fn``, report back, exit."""
+def _run_rank(fn, rank, world_size, args, kwargs, port, backend, pg_timeout, conn, stack_path, parent_pid,
+              payload=None):
+    """Body of one child process: join the group, run ``fn``, report back, exit.
+
+    ``payload``: under spawn, ``(args, kwargs)`` pickled by value in the parent (then ``args``
+    and ``kwargs`` are empty)."""
     torch.set_num_threads(1)  # first of all: see the module docstring
     _become_independent(parent_pid)
     code = 0
     try:
+        if payload is not None:
+            args, kwargs = pickle.loads(payload)
         if hasattr(signal, "SIGUSR1"):  # the parent asks for our stack at the deadline
             stack_file = open(stack_path, "a")  # noqa: SIM115 - must stay open until exit
             faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
@@ -223,25 +326,40 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
     ``fn``; ``destroy_process_group()``. Return values are pickled back (tensors detached and
     moved to CPU).
 
+    Every rank gets its own copy of the arguments (fork: copy-on-write; spawn: pickled by value
+    in the parent): what a rank changes in place never reaches the caller's objects.
+
+    Inside a ``torchrun`` job whose process group already has ``world_size`` ranks, nothing is
+    started: ``fn(rank, world_size, ...)`` runs in this process and the result is
+    ``[this rank's result]``.
+
     Args:
         fn: the per-rank function; with ``spawn`` it must be importable (module level).
-        world_size: number of ranks N.
-        timeout: seconds before the parent kills every rank and raises :class:`RankTimeout`.
+        world_size: number of ranks N, an int >= 1.
+        timeout: seconds (> 0) before the parent kills every rank and raises :class:`RankTimeout`.
         backend: ``"gloo"`` (CPU, the default) or ``"nccl"`` (one GPU per rank).
-        start_method: ``"fork"`` or ``"spawn"``; default fork unless CUDA is initialised here.
+        start_method: ``"fork"``, ``"spawn"`` or None (default: :func:`start_method_for`, i.e.
+            spawn whenever the ranks may use CUDA, fork otherwise).
 
     Returns:
         ``[result of rank 0, ..., result of rank N-1]``.
 
     Raises:
+        TypeError, ValueError: bad arguments (named), before any process starts.
         RankError: a rank raised or died; names the rank, carries its traceback.
         RankTimeout: some ranks had not finished after ``timeout`` seconds.
     """
-    method = start_method or _default_start_method()
+    _check_launch_arguments(fn, world_size, timeout, backend, start_method)
+    inside = _torchrun_group(world_size)
+    if inside is not None:  # already one rank of a torchrun job: run here, on the existing group
+        return [fn(inside, world_size, *args, **kwargs)]
+    method = start_method or start_method_for(backend, args, kwargs)
+    payload = None
     if method == "fork":  # a dispatch mode (count_comm, MemTracker) imports torch._dynamo on
         import torch._dynamo  # noqa: F401  first use (1-3 s): once here, not in every rank
     else:
         _check_spawnable(fn)
+        payload = _dumps_by_value((args, kwargs), "the arguments")
     context = mp.get_context(method)
     started = time.monotonic()
     pg_timeout = timeout - min(max(1.0, 0.1 * timeout), 0.5 * timeout)
@@ -252,9 +370,10 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
             receiver, sender = context.Pipe(duplex=False)
             stack_path = os.path.join(stack_dir, f"rank{rank}.stack")
             Path(stack_path).touch()
+            by_ref = (args, kwargs) if payload is None else ((), {})
             procs.append(context.Process(target=_run_rank, name=f"labkit-rank{rank}", args=(
-                fn, rank, world_size, args, kwargs, port, backend, pg_timeout, sender,
-                stack_path, os.getpid())))
+                fn, rank, world_size, *by_ref, port, backend, pg_timeout, sender,
+                stack_path, os.getpid(), payload)))
             with warnings.catch_warnings():  # Python 3.12 warns on any fork from a threaded
                 warnings.simplefilter("ignore", DeprecationWarning)  # process (a kernel is)
                 procs[-1].start()
