@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from labkit.measure import CONSUMERS, count_flops, measure_step, peak_bytes, saved_activation_bytes
+from labkit.measure import CONSUMERS, by_consumer, count_flops, measure_step, peak_bytes, saved_activation_bytes
 from labkit.models import GPT, SyntheticData, lab_config
 
 FP32 = 4
@@ -94,17 +94,76 @@ def test_count_flops_counts_a_matmul_as_2mnk():
     assert out.shape == (8, 4)
 
 
-def test_measure_step_rejects_bad_steps():
-    lin = torch.nn.Linear(2, 2)
-    with pytest.raises(ValueError, match="steps"):
-        measure_step(lin, None, torch.randn(1, 2), steps=0)
+def _cuda_bytes(nbytes: int) -> int:
+    """What the CUDA caching allocator hands out for ``nbytes``: whole 512-byte blocks."""
+    return -(-nbytes // 512) * 512
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_max_allocated_is_read_on_cuda(tmp_path):
-    lin = torch.nn.Linear(256, 256).cuda()
-    opt = torch.optim.Adam(lin.parameters())
+def test_cuda_linear_with_adam_counts_device_blocks_and_host_step_counters_exactly(tmp_path):
+    """On CUDA: parameters and gradients in 512-byte blocks, Adam's two moments likewise, and the
+    two `step` counters (fp32, held on the host) counted with the optimizer states; the tracked
+    device peak never exceeds what the allocator itself saw."""
+    lin = torch.nn.Linear(256, 255).cuda()  # 255: the bias is not a multiple of 512 bytes
+    opt = torch.optim.Adam(lin.parameters(), foreach=False)
+    blocks = sum(_cuda_bytes(p.nbytes) for p in lin.parameters())
     step = measure_step(lin, opt, torch.randn(64, 256, device="cuda"), step_fn=_linear_step,
                         snapshot_path=str(tmp_path / "snap.pickle"))
-    assert step.cuda_max_allocated >= step.after["parameters"]
+    assert step.before["parameters"] == blocks, f"parameters {step.before['parameters']:,} B, expected {blocks:,}"
+    assert step.after["gradients"] == blocks
+    assert all(s["step"].device.type == "cpu" for s in opt.state.values()), "torch moved `step` to the GPU"
+    assert step.after["optimizer states"] == 2 * blocks + 2 * FP32, \
+        f"optimizer states {step.after['optimizer states']:,} B, expected 2 moments + 2 host step counters"
+    assert step.host_state_bytes in (0, 2 * FP32)  # 0 if the peak came before the first update
+    assert 0 < step.peak - step.host_state_bytes <= step.cuda_max_allocated, \
+        f"device peak {step.peak - step.host_state_bytes:,} B > max_memory_allocated {step.cuda_max_allocated:,}"
     assert (tmp_path / "snap.pickle").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_memory_history_is_turned_off_after_a_failing_step(tmp_path):
+    """A step that raises must not leave the allocator recording every allocation."""
+    lin = torch.nn.Linear(8, 8).cuda()
+
+    def failing(model, optimizer, batch):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        measure_step(lin, None, None, step_fn=failing, snapshot_path=str(tmp_path / "s.pickle"))
+    traces = lambda: sum(len(t) for t in torch.cuda.memory._snapshot()["device_traces"])  # noqa: E731
+    before = traces()
+    torch.empty(1 << 20, device="cuda").sum()  # an allocation and a free: traced if still recording
+    assert traces() == before, "the allocator still records its history after the failed step"
+
+
+def test_host_held_optimizer_state_is_counted_for_a_gpu_model():
+    """Adam's `step` counters stay on the CPU when the model is on a GPU: the tracker of a CUDA
+    model adds the CPU entry's optimizer-state bytes (and only those) to "optimizer states"."""
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    from labkit.measure import _TimelineTracker
+
+    snap = {torch.device("cpu"): {_MemRefType.OPT: 8, _MemRefType.ACT: 1000, "Total": 1008},
+            torch.device("cuda", 0): {_MemRefType.OPT: 4096, "Total": 4096}}
+    assert _TimelineTracker(torch.device("cuda", 0)).host_state(snap) == 8
+    assert _TimelineTracker(torch.device("cpu")).host_state(snap) == 0  # already in the device entry
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda lin: measure_step(lin, None, None, steps=0), ValueError, "steps must be a positive int"),
+    (lambda lin: measure_step(lin, None, None, steps=1.0), ValueError, "steps must be a positive int"),
+    (lambda lin: measure_step(lin, None, None, steps=True), ValueError, "steps must be a positive int"),
+    (lambda lin: measure_step("model", None, None), TypeError, "model must be a torch.nn.Module"),
+    (lambda lin: measure_step(torch.nn.ReLU(), None, None), ValueError, "at least one parameter"),
+    (lambda lin: measure_step(lin, "adam", None), TypeError, "optimizer must be a torch.optim.Optimizer"),
+    (lambda lin: measure_step(lin, None, None, step_fn=None), TypeError, "step_fn must be a callable"),
+    (lambda lin: measure_step(lin, None, None, snapshot_path=3), TypeError, "snapshot_path must be"),
+    (lambda lin: peak_bytes(3), TypeError, "fn must be callable"),
+    (lambda lin: count_flops(None), TypeError, "fn must be callable"),
+    (lambda lin: saved_activation_bytes(torch.zeros(2)), TypeError, "fn must be a callable"),
+    (lambda lin: by_consumer([1, 2]), TypeError, "device_snapshot must be"),
+])
+def test_measure_refuses_bad_input(call, error, words):
+    """Every public function of labkit.measure names the bad argument and what is allowed."""
+    with pytest.raises(error, match=words):
+        call(torch.nn.Linear(2, 2))

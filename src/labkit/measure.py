@@ -13,10 +13,14 @@ Consumers, in the book's vocabulary: ``CONSUMERS``.  MemTracker calls every tens
 forward an "activation" (kept for backward or not) and every tensor created in backward a
 "temporary"; gradients are the ``.grad`` tensors.  On CUDA ``measure_step`` also reads
 ``torch.cuda.max_memory_allocated`` and can write a snapshot for pytorch.org/memory_viz; on a CPU
-that counter silently reads 0, so it is never used there.
+that counter silently reads 0, so it is never used there.  On a GPU, the optimizers' ``step``
+counters stay in host memory (a CPU tensor per parameter tensor); ``measure_step`` counts them
+with the optimizer states all the same (``StepMemory.host_state_bytes`` says how many), so the
+labs' "optimizer states" are the same bytes on both devices.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -40,6 +44,9 @@ _FROM_REFTYPE = {
 
 def by_consumer(device_snapshot: dict) -> dict[str, int]:
     """Turn one device's MemTracker snapshot into bytes per consumer (keys: ``CONSUMERS``)."""
+    if not isinstance(device_snapshot, dict):
+        raise TypeError(f"device_snapshot must be one device's MemTracker snapshot (a dict), "
+                        f"got {type(device_snapshot).__name__}")
     out = dict.fromkeys(CONSUMERS, 0)
     for reftype, nbytes in device_snapshot.items():
         if reftype in _FROM_REFTYPE:
@@ -71,13 +78,33 @@ class _TimelineTracker(MemTracker):
         self.device = device
         self.timeline: list[TimelinePoint] = []
         self.step_start = 0  # timeline index where the current step began
+        self.peak_total = -1  # the device's tracked peak so far, and the host-held optimizer
+        self.host_at_peak = 0  # state at that moment (see host_state)
 
     def current(self) -> dict[str, int]:
         snap = self.get_tracker_snapshot("current")
-        return by_consumer(_device_entry(snap, self.device))
+        out = by_consumer(_device_entry(snap, self.device))
+        out["optimizer states"] += self.host_state(snap)
+        return out
+
+    def host_state(self, snap: dict) -> int:
+        """Optimizer state held in host memory while the model is on a GPU (Adam's and
+        Adafactor's ``step`` counters are CPU tensors unless ``capturable``/``fused``)."""
+        if self.device.type == "cpu":
+            return 0
+        return int(_device_entry(snap, torch.device("cpu")).get(_MemRefType.OPT, 0))
+
+    def note_peak(self) -> None:
+        """Remember the host-held state at the moment the device's tracked peak last grew."""
+        total = _device_entry(self.get_tracker_snapshot("peak"), self.device).get("Total", 0)
+        if total > self.peak_total:
+            self.peak_total = total
+            self.host_at_peak = self.host_state(self.get_tracker_snapshot("current"))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.device.type != "cpu":
+            self.note_peak()
         if getattr(func, "namespace", "") == "profiler":  # the optimizer's record_function markers
             return out
         if self._in_opt:
@@ -119,6 +146,11 @@ class StepMemory:
     losses: list[float] = field(default_factory=list)
     cuda_max_allocated: int | None = None
     """``torch.cuda.max_memory_allocated`` over the step(s); None on a CPU."""
+    host_state_bytes: int = 0
+    """Of ``at_peak["optimizer states"]`` (and so of ``peak``), the bytes held in host memory:
+    on a GPU run, Adam's and Adafactor's ``step`` counters live on the CPU (4 B per parameter
+    tensor); they are optimizer state all the same, so they are counted. 0 on a CPU run, where
+    everything is on the one device. ``peak - host_state_bytes`` is the device's own peak."""
 
     def peak_of(self, consumer: str, phase: str | None = None) -> int:
         """Most bytes one consumer held at any point (optionally within one phase)."""
@@ -155,38 +187,57 @@ def measure_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
         step_fn: ``step_fn(model, optimizer, batch)`` runs one step and returns the loss.
         snapshot_path: on CUDA, write a memory snapshot there for pytorch.org/memory_viz.
     """
-    if not isinstance(steps, int) or steps < 1:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    device = next(model.parameters()).device
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    params = list(model.parameters())
+    if not params:
+        raise ValueError("model must have at least one parameter (measure_step places the "
+                         "measurement on the parameters' device)")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    if not callable(step_fn):
+        raise TypeError(f"step_fn must be a callable step_fn(model, optimizer, batch), got {step_fn!r}")
+    if snapshot_path is not None and not isinstance(snapshot_path, (str, os.PathLike)):
+        raise TypeError(f"snapshot_path must be a path (str) or None, got {type(snapshot_path).__name__}")
+    device = params[0].device
     is_cuda = device.type == "cuda"
-    if is_cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-        if snapshot_path:
-            torch.cuda.memory._record_memory_history(max_entries=100_000)
-    tracker = _TimelineTracker(device)
-    tracker.track_external(model, *([optimizer] if optimizer is not None else []))
-    before = tracker.current()
-    boundaries, losses = [], []
-    with tracker:
-        for _ in range(steps):
-            boundaries.append(len(tracker.timeline))
-            tracker.step_start = len(tracker.timeline)
-            tracker.reset_mod_stats()  # MemTracker refuses a second forward otherwise
-            losses.append(float(step_fn(model, optimizer, batch)))
-    after = tracker.current()
-    peak_snap = _device_entry(tracker.get_tracker_snapshot("peak"), device)
-    at_peak = by_consumer(peak_snap)
-    cuda_max = None
-    if is_cuda:
-        torch.cuda.synchronize()
-        cuda_max = torch.cuda.max_memory_allocated(device)
-        if snapshot_path:
-            torch.cuda.memory._dump_snapshot(snapshot_path)
+    recording = False
+    try:
+        if is_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+            if snapshot_path:
+                torch.cuda.memory._record_memory_history(max_entries=100_000)
+                recording = True
+        tracker = _TimelineTracker(device)
+        tracker.track_external(model, *([optimizer] if optimizer is not None else []))
+        before = tracker.current()
+        boundaries, losses = [], []
+        with tracker:
+            for _ in range(steps):
+                boundaries.append(len(tracker.timeline))
+                tracker.step_start = len(tracker.timeline)
+                tracker.reset_mod_stats()  # MemTracker refuses a second forward otherwise
+                losses.append(float(step_fn(model, optimizer, batch)))
+        after = tracker.current()
+        peak_snap = _device_entry(tracker.get_tracker_snapshot("peak"), device)
+        at_peak = by_consumer(peak_snap)
+        host = tracker.host_at_peak if is_cuda else 0
+        at_peak["optimizer states"] += host
+        cuda_max = None
+        if is_cuda:
+            torch.cuda.synchronize()
+            cuda_max = torch.cuda.max_memory_allocated(device)
+            if snapshot_path:
+                torch.cuda.memory._dump_snapshot(str(snapshot_path))
+    finally:
+        if recording:  # also after an exception: never leave the allocator recording
             torch.cuda.memory._record_memory_history(enabled=None)
     return StepMemory(peak=sum(at_peak.values()), at_peak=at_peak, timeline=tracker.timeline,
                       before=before, after=after, step_boundaries=boundaries,
-                      losses=losses, cuda_max_allocated=cuda_max)
+                      losses=losses, cuda_max_allocated=cuda_max, host_state_bytes=host)
 
 
 def saved_activation_bytes(fn: Callable[[], torch.Tensor]) -> int:
@@ -196,6 +247,8 @@ def saved_activation_bytes(fn: Callable[[], torch.Tensor]) -> int:
     parameters and views of them (``nn.Linear`` saves ``weight.t()``), which live anyway.
     Uses ``torch.autograd.graph.saved_tensors_hooks``.
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable that takes no argument, got {type(fn).__name__}")
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
@@ -217,6 +270,8 @@ def peak_bytes(fn: Callable, *args, **kwargs) -> tuple[int, object]:
     The peak counts only tensors created while ``fn`` runs (and those it touches), summed over
     devices: the memory a computation needs on top of what already existed.
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     with MemTracker() as tracker:
         result = fn(*args, **kwargs)
     peak = tracker.get_tracker_snapshot("peak")
@@ -229,6 +284,8 @@ def count_flops(fn: Callable, *args, **kwargs) -> tuple[int, object]:
     FlopCounterMode counts matmul-like operators (2·m·n·k per matmul) in forward and backward;
     elementwise operators count zero.
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     with FlopCounterMode(display=False) as counter:
         result = fn(*args, **kwargs)
     return counter.get_total_flops(), result
