@@ -150,7 +150,8 @@ def _run_setup_cell(monkeypatch, on_colab):
 
     ipython, commands, moves = _FakeIPython(), [], []
     monkeypatch.setattr(IPython, "get_ipython", lambda: ipython)
-    monkeypatch.setattr(subprocess, "run", lambda args, **kw: commands.append(list(args)))
+    monkeypatch.setattr(subprocess, "run", lambda args, **kw: commands.append(list(args))
+                        or types.SimpleNamespace(returncode=0))
     monkeypatch.setattr(os, "chdir", moves.append)
     monkeypatch.setattr(os.path, "isdir", lambda path: False)
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -183,10 +184,12 @@ def test_setup_cell_off_colab_only_turns_on_autoreload(monkeypatch):
 
 def test_setup_cell_on_colab_clones_installs_and_enters_labs(monkeypatch):
     magics, commands, moves = _run_setup_cell(monkeypatch, on_colab=True)
-    clone, install = commands
+    clone, install, optional = commands
     assert clone[:2] == ["git", "clone"] and CONFIG["repository"]["url"] in clone
     assert clone[-1] == "/content/course"
     assert install == [sys.executable, "-m", "pip", "install", "-q", "-e", "/content/course"]
+    # lab 2's optional 8-bit reference, at the version that runs on CPU tensors (issue 18)
+    assert optional == [sys.executable, "-m", "pip", "install", "-q", "bitsandbytes>=0.50"]
     assert "/content/course/src" in sys.path
     assert moves == ["/content/course/labs"]
     assert magics == [("load_ext", "autoreload"), ("autoreload", "2")]

@@ -28,6 +28,26 @@ def test_gpu():
 
 def test_not_graded():
     pass
+
+@pytest.mark.exercise("9.4", points=2)
+def test_missing_reference():
+    assert 2 + 2 == 4, "the student's part passes first"
+    from labkit.grading import optional_reference
+    optional_reference("no_such_module_for_labkit_tests")
+
+@pytest.mark.exercise("9.4", points=1)
+def test_old_reference():
+    from labkit.grading import optional_reference
+    optional_reference("pytest", min_version="999.0")
+
+@pytest.mark.exercise("9.5", points=1)
+def test_introspection_hidden():
+    got, want = [4368], [3276]
+    assert got == want, f"rank 0 keeps {got[0]:,} B of state, expected K*S = {want[0]:,}: a view?"
+
+@pytest.mark.exercise("9.5", points=1)
+def test_no_message():
+    assert [4368, 1] == [3276, 1]
 '''
 
 
@@ -43,15 +63,16 @@ def test_grade_table_scores_passed_failed_not_attempted_and_needs_cuda(pytester)
     assert ex["9.1"]["not attempted"] == 1 and ex["9.1"]["earned"] == 0
     assert ex["9.2"]["earned"] == 2 and ex["9.2"]["possible"] == 3 and ex["9.2"]["failed"] == 1
     assert ex["9.3"]["needs CUDA"] == 1
-    assert table["labs"]["9"] == {"earned": 2, "possible": 7}
+    assert table["labs"]["9"] == {"earned": 2, "possible": 9}  # 9.4's 3 points are not graded
     assert "one plus one is two" in ex["9.2"]["tests"][1]["message"] or \
         "one plus one is two" in ex["9.2"]["tests"][0]["message"]
-    result.stdout.fnmatch_lines(["*9.1*0 / 3*", "*lab 9*2 / 7*"])
+    result.stdout.fnmatch_lines(["*not attempted*needs CUDA*not graded*", "*9.1*0 / 3*",
+                                 "*lab 9*2 / 9*"])
 
 
 def test_exercise_option_runs_only_that_exercise(pytester):
     result = _run(pytester, "--exercise", "9.2")
-    result.assert_outcomes(passed=1, failed=1, deselected=3)
+    result.assert_outcomes(passed=1, failed=1, deselected=7)
 
 
 def test_stubs_must_fail_rejects_a_grader_that_passes(pytester):
@@ -70,3 +91,95 @@ def test_check_reports_an_unknown_exercise(monkeypatch):
 
     with pytest.raises(ValueError, match="known exercises"):
         labkit.check("99.99")
+
+
+def test_a_missing_or_too_old_optional_reference_is_not_graded(pytester):
+    """A grader whose reference library is missing (or older than required) neither earns nor
+    costs points: 'not graded', its points out of the total, its own column in the table."""
+    _run(pytester, "--grade", "--grade-json", "out.json", "--exercise", "9.4")
+    e = json.loads((pytester.path / "out.json").read_text())["exercises"]["9.4"]
+    assert e["not graded"] == 2 and e["failed"] == 0 and e["possible"] == 0 and e["earned"] == 0
+    messages = sorted(t["message"] for t in e["tests"])
+    assert "no_such_module_for_labkit_tests" in messages[0] and "999.0" in messages[1]
+
+
+def test_optional_reference_returns_the_module_when_it_is_there():
+    from labkit.grading import optional_reference
+
+    assert optional_reference("json").dumps([1]) == "[1]"
+    assert optional_reference("pytest", min_version="1.0") is pytest
+
+
+def test_failure_messages_are_the_tests_own_words_not_pytest_introspection(pytester):
+    """The table and the JSON carry the text after `assert ..., "message"`; pytest's
+    `assert [4368] == [3276]` and "Use -v to get more diff" stay in the details."""
+    result = _run(pytester, "--grade", "--grade-json", "out.json", "--exercise", "9.5")
+    tests = {t["test"]: t for t in
+             json.loads((pytester.path / "out.json").read_text())["exercises"]["9.5"]["tests"]}
+    own = tests["test_introspection_hidden"]
+    assert own["message"] == "rank 0 keeps 4,368 B of state, expected K*S = 3,276: a view?"
+    assert "assert [4368] == [3276]" in own["details"]
+    assert "Use -v" not in own["message"]
+    bare = tests["test_no_message"]["message"]
+    assert bare.startswith("assert [4368, 1] == [3276, 1]") and "verbose=True" in bare
+    result.stdout.fnmatch_lines(["*what failed*", "*9.5*FAIL test_introspection_hidden",
+                                 "*rank 0 keeps 4,368 B of state, expected K*S = 3,276: a view?"])
+    assert "Use -v to get more diff" not in result.stdout.str().split("what failed")[1]
+
+
+def test_assertion_message_of_assert_close_and_of_other_errors():
+    import torch
+
+    from labkit.grading import assertion_message
+
+    try:
+        torch.testing.assert_close(torch.ones(2), torch.zeros(2), msg=lambda m: f"exp_avg: {m} (forgot /N?)")
+    except AssertionError as exc:
+        text = assertion_message(exc)
+    assert text.startswith("exp_avg: Tensor-likes are not close!") and text.endswith("(forgot /N?)")
+    assert assertion_message(ValueError("bad\nmore")) == "ValueError: bad"
+    multi = AssertionError("first line\n  second line\nassert None is None")
+    assert assertion_message(multi) == "first line\nsecond line"
+
+
+def _course(pytester):
+    """A tiny course repository: tests/test_lab9_demo.py, graded with the labkit plugin."""
+    pytester.makeini("[pytest]\naddopts = -p labkit.grading\n")
+    (pytester.path / "tests").mkdir()
+    (pytester.path / "tests" / "test_lab9_demo.py").write_text(GRADED)
+    return pytester.path
+
+
+@pytest.mark.parametrize("exercise, ok, shown", [
+    ("9.2", False, ["FAIL  test_wrong", "one plus one is two"]),
+    ("9.3", True, ["SKIP  test_gpu"]),          # only needs CUDA: correct code on a CPU runtime
+    ("9.4", True, ["N/A   test_missing_reference", "no_such_module_for_labkit_tests"]),
+    ("9.5", False, ["rank 0 keeps 4,368 B of state, expected K*S = 3,276: a view?"]),
+])
+def test_check_prints_the_tests_messages_and_ignores_skips_it_cannot_help(
+        pytester, monkeypatch, capsys, exercise, ok, shown):
+    from labkit import grading
+
+    monkeypatch.setattr(grading, "repository_root", lambda: _course(pytester))
+    assert grading.check(exercise) is ok
+    out = capsys.readouterr().out
+    for words in shown:
+        assert words in out, out
+    assert "Use -v" not in out and "assert [4368] ==" not in out
+
+
+def test_check_verbose_shows_the_details(pytester, monkeypatch, capsys):
+    from labkit import grading
+
+    monkeypatch.setattr(grading, "repository_root", lambda: _course(pytester))
+    assert grading.check("9.5", verbose=True) is False
+    out = capsys.readouterr().out
+    assert "--- details ---" in out and "assert [4368] == [3276]" in out
+
+
+@pytest.mark.parametrize("bad", [1.2, "1", "lab1", "1.2.3", "", None])
+def test_check_refuses_a_malformed_exercise_id(bad):
+    import labkit
+
+    with pytest.raises(ValueError, match="exercise must be an exercise id such as '1.2'"):
+        labkit.check(bad)

@@ -1,7 +1,9 @@
 """Write the first cell of every lab notebook from the repository URL in _config.yml.
 
 Each lab (labs/*.ipynb) opens with the same set-up cell, tagged ``setup``. On Colab it clones the
-course repository, installs labkit from it and moves into labs/; elsewhere it only turns on
+course repository, installs labkit from it (and ``bitsandbytes>=0.50``, the optional reference of
+lab 2's 8-bit exercises: a failed install only leaves those comparisons "not graded") and moves
+into labs/; elsewhere it only turns on
 autoreload, so edits to labkit are picked up without restarting the kernel. The repository's
 URL and branch are written once, in _config.yml (``repository.url``, ``repository.branch``);
 this script copies them into the labs.
@@ -39,6 +41,9 @@ if "google.colab" in sys.modules:
                         "/content/course"], check=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/course"],
                    check=True)
+    # bitsandbytes (lab 2's 8-bit reference; CPU support from 0.50): optional, never fatal.
+    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", "bitsandbytes>=0.50"]).returncode:
+        print("bitsandbytes>=0.50 did not install: its comparisons will show as not graded")
     if "/content/course/src" not in sys.path:
         sys.path.insert(0, "/content/course/src")
     os.chdir("/content/course/labs")

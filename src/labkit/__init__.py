@@ -30,7 +30,10 @@ def check(exercise: str, *, verbose: bool = False) -> bool:
     """Run the graded tests of one exercise (e.g. ``check("1.2")``) and print a short report.
 
     The tests run in a fresh Python process, so the code you just edited is what gets graded.
-    Returns True when every test of the exercise passed.
+    A failed test prints its own message (what was expected, what came back, the likely cause);
+    ``verbose=True`` adds the traceback and details. Returns True when every test that could run
+    here passed (a test that needs CUDA on a CPU machine, or one whose optional reference
+    library is missing, is reported but does not count).
     """
     from labkit.grading import check as _check
 

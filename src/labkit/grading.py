@@ -99,6 +99,33 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+def assertion_message(exc: BaseException) -> str:
+    """What a student should read about a failed check: the test's own words.
+
+    For ``assert cond, "message"`` that is the message (pytest appends its introspection,
+    ``assert [4368] == [3276]``, "Use -v to get more diff", after a newline starting with
+    ``assert``: dropped). For ``torch.testing.assert_close(..., msg=...)``, the whole message.
+    An assertion without a message gives its first line. Another exception gives
+    ``Type: text``; a failing rank (:class:`labkit.dist.RankError`) gives its first line and the
+    rank's own exception line.
+    """
+    text = str(exc)
+    if isinstance(exc, AssertionError):
+        lines = text.splitlines()
+        cut = next((i for i, line in enumerate(lines) if line.startswith("assert ")), len(lines))
+        own = [line[2:] if i and line.startswith("  ") else line for i, line in enumerate(lines[:cut])]
+        if any(line.strip() for line in own):
+            return "\n".join(own).strip()
+        first = lines[0] if lines else "assert"
+        return f"{first[:300]}  (a check without a message: verbose=True shows the details)"
+    child = getattr(exc, "child_traceback", None)
+    if child:
+        last = next((ln for ln in reversed(child.strip().splitlines()) if ln.strip()), "")
+        return f"{text.splitlines()[0]}: {last.strip()}"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def _message(report) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
@@ -132,7 +159,12 @@ def pytest_runtest_makereport(item, call):
     elif report.failed:  # in any phase: setup, call or teardown
         text = str(report.longrepr)
         record["outcome"] = "not attempted" if STUB_SIGNATURE in text else "failed"
-        record["message"] = _message(report)
+        excinfo = call.excinfo
+        record["message"] = assertion_message(excinfo.value) if excinfo is not None else _message(report)
+        try:
+            record["details"] = str(excinfo.getrepr(style="short", chain=True)) if excinfo else text
+        except Exception:  # noqa: BLE001 - never lose the grade over a traceback
+            record["details"] = text
 
 
 def _table(results: dict) -> dict:
@@ -164,15 +196,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr = terminalreporter
         tr.section("grade")
         tr.write_line(f"{'exercise':<10}{'points':>10}  {'passed':>6} {'failed':>6} "
-                      f"{'not attempted':>13} {'needs CUDA':>10}")
+                      f"{'not attempted':>13} {'needs CUDA':>10} {'not graded':>10}")
+        failures = []
         for lab, lab_row in table["labs"].items():
             for ex_id, e in table["exercises"].items():
                 if ex_id.split(".")[0] != lab:
                     continue
                 tr.write_line(f"{ex_id:<10}{e['earned']:>4} / {e['possible']:<3}  {e['passed']:>6} "
-                              f"{e['failed']:>6} {e['not attempted']:>13} {e['needs CUDA']:>10}")
+                              f"{e['failed']:>6} {e['not attempted']:>13} {e['needs CUDA']:>10} "
+                              f"{e['not graded']:>10}")
+                failures += [(ex_id, t) for t in e["tests"] if t["outcome"] in ("failed", "not graded")]
             tr.write_line(f"{'lab ' + lab:<10}{lab_row['earned']:>4} / {lab_row['possible']:<3}")
         tr.write_line(f"{'total':<10}{table['earned']:>4} / {table['possible']:<3}")
+        if failures:
+            tr.write_line("")
+            tr.write_line("what failed, in the tests' own words (not graded: its points are left out):")
+        for ex_id, t in failures:
+            tag = "FAIL" if t["outcome"] == "failed" else "N/A "
+            msg = t["message"].replace("\n", "\n" + " " * 12)
+            tr.write_line(f"  {ex_id:<6}{tag} {t['test']}\n            {msg[:600]}")
         path = Path(config.getoption("grade_json"))
         path.write_text(json.dumps(table, indent=1))
         tr.write_line(f"score table written to {path}")
@@ -204,7 +246,18 @@ def repository_root() -> Path:
 
 
 def check(exercise: str, *, verbose: bool = False, timeout: float = 900) -> bool:
-    """Run one exercise's graded tests in a fresh process and print a short report."""
+    """Run one exercise's graded tests in a fresh process and print a short report.
+
+    Each failed test prints the test's own message (quantity, expected, actual, likely cause);
+    ``verbose=True`` adds the traceback and pytest's comparison details. Returns True when every
+    test that could run passed: a test skipped for lack of CUDA or left ungraded because an
+    optional reference library is missing does not count against the exercise.
+    """
+    if not isinstance(exercise, str) or not all(p.isdigit() for p in exercise.split(".")) \
+            or exercise.count(".") != 1:
+        raise ValueError(f"exercise must be an exercise id such as '1.2' (a str), got {exercise!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     root = repository_root()
     if not (root / "tests").is_dir():
         raise FileNotFoundError(f"no tests/ folder next to labkit at {root}")
@@ -216,11 +269,9 @@ def check(exercise: str, *, verbose: bool = False, timeout: float = 900) -> bool
                        for p in (root / "tests").glob(f"test_lab{lab}_*.py")) or ["tests"]
         cmd = [sys.executable, "-m", "pytest", *files, "--exercise", str(exercise), "--grade",
                "--grade-json", str(out), "-q", "--no-header", "-p", "no:cacheprovider",
-               "--tb=short" if verbose else "--tb=no"]
+               "--tb=no"]
         proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-        if verbose:
-            print(proc.stdout[-6000:], proc.stderr[-2000:])
         if not out.exists():
             raise RuntimeError(f"the grader did not run:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         table = json.loads(out.read_text())
@@ -236,6 +287,9 @@ def check(exercise: str, *, verbose: bool = False, timeout: float = 900) -> bool
         if t["outcome"] == "not attempted":
             line += "  (not attempted: the stub still raises NotImplementedError)"
         elif t["outcome"] != "passed" and t["message"]:
-            line += f"\n        {t['message'][:400]}"
+            line += "\n        " + t["message"][:800].replace("\n", "\n        ")
+        if verbose and t["outcome"] in ("failed", "not attempted") and t.get("details"):
+            line += "\n        --- details ---\n        " + \
+                t["details"][-4000:].replace("\n", "\n        ")
         print(line)
     return e["passed"] == len(e["tests"]) - e["needs CUDA"] - e["not graded"]
