@@ -15,7 +15,7 @@ SOLUTIONS := $(if $(wildcard solutions/labkit),LABKIT_SOLUTIONS=$(CURDIR)/soluti
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 # (the student edition's `make grade` is the instructor's score table)
-.PHONY: grade setup book test test-solutions test-stubs test-notebooks test-book lab stubs student-edition clean
+.PHONY: test-compat compat-venv grade setup book test test-solutions test-stubs test-notebooks test-book lab stubs student-edition clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,3 +65,20 @@ student-edition: setup
 
 clean:
 	rm -rf _build grades.json
+
+# make test-compat TORCH=2.7.1: the solutions' tests and the labs on another torch, in its own
+# venv (.venv-compat/torch-<version>, the rest of requirements.txt as pinned). Not part of make test.
+COMPAT := .venv-compat/torch-$(TORCH)
+compat-venv:
+	@test -n "$(TORCH)" || { echo "usage: make test-compat TORCH=<version, e.g. 2.7.1>"; exit 2; }
+	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
+	test -f $(COMPAT)/.installed || { \
+	  grep -v '^torch==' requirements.txt > $(COMPAT)/requirements.txt && \
+	  $(COMPAT)/bin/python -m pip install -q --disable-pip-version-check "torch==$(TORCH)" -r $(COMPAT)/requirements.txt && \
+	  $(COMPAT)/bin/python -m pip install -q --disable-pip-version-check --no-deps -e . && \
+	  touch $(COMPAT)/.installed; }
+
+test-compat: compat-venv
+	@$(COMPAT)/bin/python -c "import torch, labkit; print('torch', torch.__version__, '| labkit imports')"
+	$(SOLUTIONS) $(COMPAT)/bin/python -m pytest -p no:cacheprovider -q tests
+	$(SOLUTIONS) $(COMPAT)/bin/python -m pytest -p no:cacheprovider -q --nbval-lax --timeout=900 labs

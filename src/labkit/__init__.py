@@ -13,6 +13,56 @@ from __future__ import annotations
 
 import os as _os
 
+MIN_TORCH = (2, 7)
+"""The oldest torch labkit runs on: the newest of the APIs the course uses (``TORCH_APIS``)."""
+
+TORCH_APIS = {
+    "torch.distributed._tools.mem_tracker.MemTracker (labkit.measure)": (2, 5),
+    "torch.optim.Adafactor (lab 2)": (2, 5),
+    "torch.distributed.tensor: DTensor, parallelize_module (tensor parallelism)": (2, 5),
+    "torch.distributed.fsdp.fully_shard, FSDP2's public import path (ZeRO-3)": (2, 6),
+    "torch.utils.checkpoint.create_selective_checkpoint_contexts (lab 5)": (2, 4),
+    "torch.distributed.pipelining (pipeline parallelism)": (2, 4),
+    "Tensor.register_post_accumulate_grad_hook (LOMO)": (2, 1),
+    "torch._scaled_mm on CPU (FP8, mixed precision)": (2, 7),
+}
+"""Each API the course relies on and the torch release that first has it."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(2, 7, 1) from "2.7.1+cu126"; (2, 8, 0) from "2.8.0a0+git1234" or "2.8.0.dev20250101"."""
+    import re
+
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    return tuple(int(g) for g in match.groups() if g is not None) if match else ()
+
+
+def check_torch_version(version: str) -> None:
+    """Raise ImportError, naming what is missing, if ``version`` is older than ``MIN_TORCH``."""
+    have = _release(version)
+    if have and have < MIN_TORCH:
+        need = ".".join(map(str, MIN_TORCH))
+        missing = "; ".join(api for api, since in TORCH_APIS.items() if have < since)
+        raise ImportError(
+            f"labkit needs torch >= {need}, and this Python has torch {version}, which lacks: "
+            f"{missing}. Upgrade with:  pip install -U 'torch>={need}'  (on Colab: restart the "
+            "runtime afterwards)"
+        )
+
+
+def _installed_torch() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+_torch_version = _installed_torch()
+if _torch_version is not None:
+    check_torch_version(_torch_version)
+
 _solutions = _os.environ.get("LABKIT_SOLUTIONS")
 if _solutions:
     _overlay = _os.path.join(_os.path.abspath(_solutions), "labkit")
