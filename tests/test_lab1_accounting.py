@@ -1,9 +1,12 @@
 """Lab 1 graders: where the memory goes (labkit.accounting).
 
 References that no student writes: ``sum(p.numel())`` of the real model, a table of byte counts
-written out below from each recipe's stated convention, PyTorch's MemTracker on real training
-steps (``labkit.measure``), and the published formula of Korthikanti et al. 2022.  The held-out
-configurations here are not the ones the lab notebook shows.
+written out below from each recipe's stated dtypes, PyTorch's MemTracker on real training steps
+(``labkit.measure``), and the published formula of Korthikanti et al. 2022.  The held-out
+configurations here are not the ones the lab notebook shows, and each is chosen so that one
+term is large: a large vocabulary (log-probabilities), a tiny batch, bf16, long sequences (T²).
+
+Every failure message says the quantity, expected and actual values, and the likely cause.
 """
 from __future__ import annotations
 
@@ -13,18 +16,13 @@ import warnings
 import pytest
 import torch
 
+from labkit.grading import optional_reference
 from labkit.measure import StepMemory, measure_step
 from labkit.models import GPT, GPTConfig, SyntheticData
 
 acc = pytest.importorskip("labkit.accounting")
 
-try:  # 8-bit Adam runs on CPU from bitsandbytes 0.50 on (requirements.txt pins it)
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # a notice about 4-bit kernels
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import bitsandbytes as bnb
-except Exception:  # noqa: BLE001  (any failure to load means: not available here)
-    bnb = None
+KEYS = ("parameters", "gradients", "optimizer states")
 
 
 def _optimizer(name: str, params):
@@ -39,6 +37,10 @@ def _optimizer(name: str, params):
     if name == "adafactor":
         return torch.optim.Adafactor(params, lr=1e-2, foreach=False)
     if name == "adam8bit":
+        logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # a notice about 4-bit kernels
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bnb = optional_reference("bitsandbytes", min_version="0.45")
         return bnb.optim.Adam8bit(params, lr=1e-3)
     raise AssertionError(name)
 
@@ -58,6 +60,29 @@ def _activations_when_backward_begins(step: StepMemory) -> int:
     return step.timeline[first - 1].bytes["activations"]
 
 
+def _describe(cfg: GPTConfig, batch_size=None, seq_len=None, dtype=None) -> str:
+    text = (f"GPTConfig(vocab_size={cfg.vocab_size}, block_size={cfg.block_size}, "
+            f"n_layer={cfg.n_layer}, n_head={cfg.n_head}, n_embd={cfg.n_embd}, bias={cfg.bias})")
+    if batch_size is not None:
+        text += f", B={batch_size}, T={seq_len}"
+    if dtype is not None:
+        text += f", {str(dtype).removeprefix('torch.')}"
+    return text
+
+
+def _refuses(call, name: str, what: str) -> None:
+    """Assert that call() raises ValueError/TypeError whose message names ``name``."""
+    try:
+        result = call()
+    except (ValueError, TypeError) as error:
+        assert name in str(error), (
+            f"{what}: the {type(error).__name__} should name the argument {name!r} and what is "
+            f"allowed; it says {str(error)!r}")
+    else:
+        pytest.fail(f"{what}: expected a ValueError naming {name!r}, got a result {result!r}: "
+                    f"check each argument before computing anything")
+
+
 # Held-out shapes (the lab shows lab_config(): 4 layers, 128 wide, 4 heads, T = 64, B = 8).
 HELD_OUT = [
     (GPTConfig(vocab_size=200, block_size=48, n_layer=3, n_head=3, n_embd=96), 5, 48),
@@ -65,307 +90,500 @@ HELD_OUT = [
     (GPTConfig(vocab_size=300, block_size=32, n_layer=1, n_head=5, n_embd=160, bias=False), 6, 20),
     (GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=128), 2, 37),
 ]
+BIG_VOCAB = GPTConfig(vocab_size=4096, block_size=16, n_layer=2, n_head=2, n_embd=32)
+"""Log-probabilities and the embedding dominate: B·T·V = 16·4096 vs B·T·C = 16·32."""
 
 
 # ------------------------------------------------------------------ 1.1 count_params
 
+def _params_cause(cfg: GPTConfig, diff: int) -> str:
+    C = cfg.n_embd
+    if diff == cfg.vocab_size * C:
+        return "the output head shares the token embedding's weight: count it once"
+    if diff == -cfg.block_size * C:
+        return "the position embedding (block_size × n_embd) is missing"
+    if diff == -cfg.vocab_size * C:
+        return "the token embedding (vocab_size × n_embd) is missing"
+    if diff % cfg.n_layer == 0 and abs(diff) < cfg.n_layer * 12 * C:
+        return "a per-block count of biases or LayerNorm weights is off (what does bias=False remove?)"
+    if abs(diff) <= 2 * C:
+        return "the final LayerNorm (ln_f) is off"
+    return "a block's matrices are off: count the qkv, output, up and down projections"
+
+
+CONFIGS_WITH_BIAS = [cfg for cfg, _, _ in HELD_OUT if cfg.bias] + [
+    GPTConfig(vocab_size=50, block_size=10, n_layer=5, n_head=1, n_embd=8)]
+CONFIGS_WITHOUT_BIAS = [
+    GPTConfig(vocab_size=300, block_size=32, n_layer=1, n_head=5, n_embd=160, bias=False),
+    GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=4, n_embd=32, bias=False)]
+
+
+def _check_count(cfg: GPTConfig) -> None:
+    want = sum(p.numel() for p in GPT(cfg).parameters())
+    got = acc.count_params(cfg)
+    assert got == want, (f"count_params({_describe(cfg)}) = {got:,}, the model has {want:,} "
+                         f"parameters ({got - want:+,}): {_params_cause(cfg, got - want)}")
+
+
 @pytest.mark.exercise("1.1", points=2)
 def test_count_params_equals_numel_of_the_real_model():
-    """Check that count_params(cfg) == sum(p.numel()) of GPT(cfg), tied head counted once."""
-    configs = [cfg for cfg, _, _ in HELD_OUT] + [
-        GPTConfig(vocab_size=50, block_size=10, n_layer=5, n_head=1, n_embd=8),
-        GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, bias=False),
-    ]
-    for cfg in configs:
-        expected = sum(p.numel() for p in GPT(cfg).parameters())
-        assert acc.count_params(cfg) == expected, f"{cfg}: expected {expected}"
+    """Check count_params(cfg) == sum(p.numel()) of GPT(cfg) with biases, tied head counted once."""
+    for cfg in CONFIGS_WITH_BIAS:
+        _check_count(cfg)
 
 
 @pytest.mark.exercise("1.1", points=1)
-def test_count_params_of_gpt2_and_gpt3_sized_models():
-    """Check GPT-2 small (124,439,808 parameters with a tied head) and a GPT-3-175B shape,
-    built on the meta device (shapes only, no memory)."""
-    gpt2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
-    assert acc.count_params(gpt2) == 124_439_808
+def test_count_params_without_biases():
+    """Check configs with bias=False: no Linear biases, LayerNorms keep their weight only."""
+    for cfg in CONFIGS_WITHOUT_BIAS:
+        _check_count(cfg)
+
+
+@pytest.mark.exercise("1.1", points=1)
+def test_count_params_of_gpt3_in_exact_integers():
+    """Check GPT-3 175B's shape (built on the meta device: shapes only, no memory): an exact int."""
     gpt3 = GPTConfig(vocab_size=50257, block_size=2048, n_layer=96, n_head=96, n_embd=12288)
     with torch.device("meta"):
-        expected = sum(p.numel() for p in GPT(gpt3).parameters())
-    assert acc.count_params(gpt3) == expected == 174_604_259_328
-
-
-@pytest.mark.exercise("1.1", points=1)
-def test_count_params_rejects_a_bad_config():
-    """Check that a config whose n_head no longer divides n_embd raises ValueError naming n_head."""
-    cfg = GPTConfig(n_embd=128, n_head=4)
-    cfg.n_head = 5  # dataclasses do not re-validate on assignment
-    with pytest.raises(ValueError, match="n_head"):
-        acc.count_params(cfg)
-    cfg = GPTConfig()
-    cfg.n_layer = -2
-    with pytest.raises(ValueError, match="n_layer"):
-        acc.count_params(cfg)
+        want = sum(p.numel() for p in GPT(gpt3).parameters())
+    got = acc.count_params(gpt3)
+    assert isinstance(got, int), f"count_params returned a {type(got).__name__}: return an int"
+    assert got == want, (f"GPT-3 175B: count_params = {got:,}, the model has {want:,} "
+                         f"({got - want:+,}): {_params_cause(gpt3, got - want)}")
 
 
 # ------------------------------------------------------------------ 1.2 static_bytes
 
-# (parameters, gradients, optimizer states) for Ψ = 1000, written out from the conventions of
-# accounting.RECIPES and OPTIMIZERS: fp32 4 + 4; the others 2 + 2; "mixed" adds a 4-byte fp32
-# master copy to the optimizer states; moments are fp32 (4 bytes) except in pure "bf16" (2);
-# Adam keeps 2 moments, SGD 0, SGD-momentum 1, Adafactor ≈ 0 (factored); 8-bit Adam 1 + 1 bytes
-# plus an fp32 scale per 256 values for each of m and v: 2·1000 + 8·⌈1000/256⌉ = 2032.
-STATIC_TABLE_1000 = {
-    ("fp32", "adam"): (4000, 4000, 8000),
-    ("fp32", "sgd"): (4000, 4000, 0),
-    ("fp32", "sgd-momentum"): (4000, 4000, 4000),
-    ("fp32", "adafactor"): (4000, 4000, 0),
-    ("fp32", "adam8bit"): (4000, 4000, 2032),
-    ("mixed", "adam"): (2000, 2000, 12000),
-    ("mixed", "sgd"): (2000, 2000, 4000),
-    ("mixed", "sgd-momentum"): (2000, 2000, 8000),
-    ("mixed", "adafactor"): (2000, 2000, 4000),
-    ("mixed", "adam8bit"): (2000, 2000, 6032),
-    ("bf16-fp32-moments", "adam"): (2000, 2000, 8000),
-    ("bf16-fp32-moments", "sgd"): (2000, 2000, 0),
-    ("bf16-fp32-moments", "sgd-momentum"): (2000, 2000, 4000),
-    ("bf16-fp32-moments", "adafactor"): (2000, 2000, 0),
-    ("bf16-fp32-moments", "adam8bit"): (2000, 2000, 2032),
-    ("bf16", "adam"): (2000, 2000, 4000),
-    ("bf16", "sgd"): (2000, 2000, 0),
-    ("bf16", "sgd-momentum"): (2000, 2000, 2000),
-    ("bf16", "adafactor"): (2000, 2000, 0),
-    ("bf16", "adam8bit"): (2000, 2000, 2032),
+# (parameters, gradients, optimizer states) per parameter, written out from the dtypes that
+# accounting.RECIPES / OPTIMIZERS state: fp32 = 4 bytes, fp16/bf16 = 2; "mixed" adds a 4-byte
+# master copy to the optimizer states; moments are fp32 except in pure "bf16"; Adam keeps 2
+# moments, SGD 0, SGD-momentum 1, Adafactor ≈ 0 (factored).  8-bit Adam: below.
+PER_PARAM = {
+    "fp32": (4, 4, {"adam": 8, "sgd": 0, "sgd-momentum": 4, "adafactor": 0}),
+    "mixed": (2, 2, {"adam": 12, "sgd": 4, "sgd-momentum": 8, "adafactor": 4}),
+    "bf16-fp32-moments": (2, 2, {"adam": 8, "sgd": 0, "sgd-momentum": 4, "adafactor": 0}),
+    "bf16": (2, 2, {"adam": 4, "sgd": 0, "sgd-momentum": 2, "adafactor": 0}),
 }
-KEYS = ("parameters", "gradients", "optimizer states")
+STATES_CAUSE = {
+    "mixed": "the fp32 master copy (4 B) is an optimizer state of \"mixed\", whatever the optimizer",
+    "bf16": "in pure bf16 the moments are bf16 (2 B each)",
+    "fp32": "fp32 moments are 4 B each; fp32 has no separate master copy",
+    "bf16-fp32-moments": "fp32 moments (4 B each) and no master copy",
+}
+
+
+def _adam8bit_states(n: int) -> int:
+    """1 byte per value for each of m and v, one fp32 scale per started block of 256, each."""
+    return 2 * n + 2 * 4 * (-(-n // 256))
+
+
+def _check_static(n: int, recipe: str, optimizer: str, grad_buffer: str | None = None) -> None:
+    p, g, states = PER_PARAM[recipe]
+    master = 4 * n if recipe == "mixed" else 0
+    want_states = (master + _adam8bit_states(n) if optimizer == "adam8bit"
+                   else states[optimizer] * n)
+    want_grads = g * n
+    if grad_buffer == "fp32":
+        want_grads = 4 * n  # Megatron's main_grad replaces the 16-bit gradients
+    elif grad_buffer == "16bit+fp32":
+        want_grads = (g + 4) * n  # DeepSpeed keeps both
+    args = (n, recipe, optimizer) + ((grad_buffer,) if grad_buffer else ())
+    got = acc.static_bytes(*args)
+    call = f"static_bytes({', '.join(map(repr, args))})"
+    assert isinstance(got, dict) and set(got) == set(KEYS), (
+        f"{call} returned {got!r}: expected a dict with the keys {KEYS}")
+    assert got["parameters"] == p * n, (
+        f"{call}: parameters {got['parameters']:,} B, expected {p * n:,} B ({p} B each): "
+        f"parameters take the recipe's compute dtype")
+    assert got["gradients"] == want_grads, (
+        f"{call}: gradients {got['gradients']:,} B, expected {want_grads:,} B: "
+        + ("gradients share the parameters' dtype" if not grad_buffer or grad_buffer == "none"
+           else f"see GRAD_BUFFERS for what {grad_buffer!r} keeps"))
+    cause = ("8-bit Adam: 1 byte per value for m and for v, plus one fp32 scale per started "
+             "block of ADAM8BIT_BLOCK values for each (round the block count up)"
+             if optimizer == "adam8bit" else STATES_CAUSE[recipe])
+    assert got["optimizer states"] == want_states, (
+        f"{call}: optimizer states {got['optimizer states']:,} B, expected {want_states:,} B: {cause}")
+    assert all(isinstance(v, int) and not isinstance(v, bool) for v in got.values()), (
+        f"{call} returned {got!r}: every value must be an int (exact bytes)")
 
 
 @pytest.mark.exercise("1.2", points=2)
-def test_static_bytes_follow_each_recipes_convention_exactly():
-    """Check every recipe × optimizer against the table written out from the conventions."""
-    for (recipe, optimizer), expected in STATIC_TABLE_1000.items():
-        got = acc.static_bytes(1000, recipe, optimizer)
-        assert tuple(got[k] for k in KEYS) == expected, f"{recipe}, {optimizer}: {got}"
-    assert acc.static_bytes(0, "mixed", "adam") == dict.fromkeys(KEYS, 0)
+def test_static_bytes_follow_each_recipes_dtypes():
+    """Check every recipe × optimizer but 8-bit Adam at Ψ = 1000 against the table above."""
+    for recipe in acc.RECIPES:
+        for optimizer in ("adam", "sgd", "sgd-momentum", "adafactor"):
+            _check_static(1000, recipe, optimizer)
 
 
 @pytest.mark.exercise("1.2", points=1)
-def test_static_bytes_of_the_articles_100B_model():
-    """Check the article's numbers: Ψ = 100B in mixed precision with Adam is 200 GB of
-    parameters, 200 GB of gradients, 1.2 TB of optimizer states: 1.6 TB, over 20 GPUs of 80 GB."""
+def test_static_bytes_of_8bit_adam_round_blocks_up():
+    """Check 8-bit Adam's states for Ψ that do and do not fill whole blocks (1000, 512, 1, 257)."""
+    for n in (1000, 512, 1, 257):
+        for recipe in acc.RECIPES:
+            _check_static(n, recipe, "adam8bit")
+
+
+@pytest.mark.exercise("1.2", points=1)
+def test_static_bytes_with_a_persistent_fp32_gradient_buffer():
+    """Check GRAD_BUFFERS: Megatron's main_grad (18 B per parameter in mixed-precision Adam) and
+    DeepSpeed's 16-bit + fp32 gradients (20 B)."""
+    for recipe in acc.RECIPES:
+        for buffer in ("none", "fp32", "16bit+fp32"):
+            _check_static(1000, recipe, "adam", buffer)
+
+
+@pytest.mark.exercise("1.2", points=1)
+def test_static_bytes_are_exact_for_huge_models():
+    """Check exact integers where float arithmetic is not exact: Ψ = 2⁶⁰ + 1 (a float holds 53
+    bits) with 8-bit Adam (a block count from a float division rounds the wrong way), and the
+    100B model (16Ψ = 1.6 TB: exactly 20 GPUs of 80 GB for the static state)."""
+    _check_static(2**60 + 1, "fp32", "adam8bit")
+    _check_static(2**60 + 1, "mixed", "adam")
     got = acc.static_bytes(100 * 10**9, "mixed", "adam")
-    assert got == {"parameters": 200 * 10**9, "gradients": 200 * 10**9,
-                   "optimizer states": 1200 * 10**9}
-    assert sum(got.values()) / (80 * 10**9) == 20
+    assert sum(got.values()) == 16 * 100 * 10**9, (
+        f"Ψ = 100B, mixed-precision Adam: {sum(got.values()):,} B in all, expected 16Ψ = 1.6 TB")
 
 
 STATIC_CFG = GPTConfig(vocab_size=96, block_size=64, n_layer=1, n_head=2, n_embd=64)
 
 
-@pytest.mark.exercise("1.2", points=3)
-def test_static_bytes_match_memtracker_on_real_steps():
-    """Check static_bytes against MemTracker on one real CPU step for every recipe that a plain
-    PyTorch step realises: the fp32 model with all five optimizers, the bf16 model (torch.optim
-    keeps bf16 states for bf16 parameters) with Adam, SGD with momentum and 8-bit Adam.  The
-    master-weight recipes ("mixed", "bf16-fp32-moments") are graded by the table only.
+def _check_against_memtracker(recipe: str, dtype: torch.dtype, optimizer: str, slack) -> None:
+    model, step = _measure(STATIC_CFG, 2, 16, dtype=dtype, optimizer=optimizer)
+    n = sum(p.numel() for p in model.parameters())
+    got = acc.static_bytes(n, recipe, optimizer)
+    where = f"one real step, {recipe} model, {optimizer}, Ψ = {n:,}"
+    assert got["parameters"] == step.before["parameters"], (
+        f"{where}: parameters predicted {got['parameters']:,} B, MemTracker {step.before['parameters']:,} B")
+    assert got["gradients"] == step.peak_of("gradients"), (
+        f"{where}: gradients predicted {got['gradients']:,} B, MemTracker "
+        f"{step.peak_of('gradients'):,} B: gradients take the parameters' dtype")
+    measured = step.after["optimizer states"]
+    allowed = slack(model, measured)
+    assert abs(got["optimizer states"] - measured) <= allowed, (
+        f"{where}: optimizer states predicted {got['optimizer states']:,} B, MemTracker "
+        f"{measured:,} B, more than the {allowed:,} B the convention leaves out: "
+        f"{STATES_CAUSE.get(recipe, '')}")
 
-    Parameters and gradients must match to the byte.  Optimizer states: Adam's per-tensor
-    `step` counters (4 bytes each) are left out by the convention and added here; SGD exactly;
-    Adafactor's factored moment (convention 0) within 0.25 bytes per parameter (measured here:
-    0.15 in fp32); 8-bit Adam within 10% (bitsandbytes keeps 32-bit states for the tensors of
-    fewer than 4096 values and two code tables: +6% in this small model)."""
-    runs = [("fp32", torch.float32, o) for o in acc.OPTIMIZERS]
-    runs += [("bf16", torch.bfloat16, o) for o in ("adam", "sgd-momentum", "adam8bit")]
+
+def _counters(model, measured):
+    """Adam's and Adafactor's per-tensor ``step`` counters, 4 bytes each (not counted)."""
+    return 4 * len(list(model.parameters()))
+
+
+@pytest.mark.exercise("1.2", points=2)
+def test_static_bytes_match_memtracker_for_adam_and_sgd():
+    """Check static_bytes against MemTracker on one real CPU step, the fp32 model with Adam,
+    SGD and SGD-momentum and the bf16 model (torch.optim keeps bf16 states for bf16 parameters)
+    with Adam and SGD-momentum.  Parameters and gradients to the byte; optimizer states to
+    the byte except Adam's `step` counters (4 bytes per tensor), which the convention leaves
+    out.  The master-weight recipes need a training loop of their own: the table grades them."""
+    runs = [("fp32", torch.float32, o) for o in ("adam", "sgd", "sgd-momentum")]
+    runs += [("bf16", torch.bfloat16, o) for o in ("adam", "sgd-momentum")]
     for recipe, dtype, optimizer in runs:
-        if optimizer == "adam8bit" and bnb is None:
-            continue
-        model, step = _measure(STATIC_CFG, 2, 16, dtype=dtype, optimizer=optimizer)
-        n = sum(p.numel() for p in model.parameters())
-        got = acc.static_bytes(n, recipe, optimizer)
-        where = f"{recipe} {optimizer}: predicted {got}"
-        assert got["parameters"] == step.before["parameters"], where
-        assert got["gradients"] == step.peak_of("gradients"), where
-        measured = step.after["optimizer states"]
-        if optimizer == "adam":
-            assert got["optimizer states"] + 4 * len(list(model.parameters())) == measured, where
-        elif optimizer in ("sgd", "sgd-momentum"):
-            assert got["optimizer states"] == measured, where
-        elif optimizer == "adafactor":
-            assert abs(got["optimizer states"] - measured) <= 0.25 * n, (where, measured)
-        else:
-            assert got["optimizer states"] == pytest.approx(measured, rel=0.10), (where, measured)
+        _check_against_memtracker(recipe, dtype, optimizer,
+                                  _counters if optimizer == "adam" else lambda m, x: 0)
 
 
 @pytest.mark.exercise("1.2", points=1)
-def test_static_bytes_rejects_bad_input():
-    """Check ValueErrors that name the argument (and list the allowed names)."""
-    with pytest.raises(ValueError, match="n_params"):
-        acc.static_bytes(-1, "mixed", "adam")
-    with pytest.raises(ValueError, match="recipe.*fp32"):
-        acc.static_bytes(1000, "fp8", "adam")
-    with pytest.raises(ValueError, match="optimizer.*adam"):
-        acc.static_bytes(1000, "mixed", "lion")
+def test_static_bytes_match_memtracker_for_factored_and_8bit_states():
+    """Check Adafactor (convention 0: its factored row and column statistics plus counters,
+    measured ≈ 0.15 B per parameter in this model, are allowed up to 0.25 B per parameter) and
+    bitsandbytes' 8-bit Adam (it keeps 32-bit states for tensors of fewer than 4096 values and
+    two code tables, +6% in this small model: allowed 10%).  8-bit Adam is "not graded" where
+    bitsandbytes is missing."""
+    n = sum(p.numel() for p in GPT(STATIC_CFG).parameters())
+    _check_against_memtracker("fp32", torch.float32, "adafactor", lambda m, x: n // 4)
+    _check_against_memtracker("fp32", torch.float32, "adam8bit", lambda m, x: x // 10)
 
 
 # ------------------------------------------------------------------ 1.3 activation_bytes
 
-@pytest.mark.exercise("1.3", points=4)
-def test_activation_bytes_within_10_percent_of_memtracker_on_held_out_models():
-    """Check activation_bytes against the activations MemTracker holds when backward begins,
-    on four fp32 models the lab does not show (one dominated by the T×T attention matrices).
-
-    Tolerance 10% (the exercise's): it forgives leaving out the small items (norm statistics,
-    causal mask, positions, targets, the loss) but not a category of big ones (the q, k, v copies
-    are 3/16 of a block's B·T·C tensors; the attention matrices ~45% in the second model)."""
-    for cfg, batch_size, seq_len in HELD_OUT:
-        _, step = _measure(cfg, batch_size, seq_len)
-        measured = _activations_when_backward_begins(step)
-        got = acc.activation_bytes(cfg, batch_size, seq_len, torch.float32)
-        assert got == pytest.approx(measured, rel=0.10), (cfg, batch_size, seq_len, got, measured)
+# Near-exact: the solution's count equals MemTracker's to the byte on these models, except for
+# 8 bytes at V = 4096 (a scalar the loss kernel keeps on that path).  64 bytes is smaller than
+# any item a student can forget: the int64 positions (8·T ≥ 160 B here), the targets
+# (8·B·T), the causal mask (T² B per block), the norm statistics (2·B·T elements per norm).
+ACTIVATION_SLACK = 64
 
 
-@pytest.mark.exercise("1.3", points=1)
-def test_activation_bytes_in_bf16_within_10_percent():
-    """Check the dtype argument: the same held-out model cast to bf16 (model.to(bfloat16))."""
-    cfg, batch_size, seq_len = HELD_OUT[0]
-    _, step = _measure(cfg, batch_size, seq_len, dtype=torch.bfloat16)
+def _activation_cause(cfg: GPTConfig, B: int, T: int, s: int, diff: int) -> str:
+    """Name the item whose size the miss equals (diff = measured − predicted)."""
+    C, a, V, L = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_layer
+    items = {
+        "the log-probabilities (B·T·V in the model's dtype)": B * T * V * s,
+        "the contiguous copies of q, k and v (3·B·T·C per block)": 3 * B * T * C * s * L,
+        "the softmax output (B·a·T·T per block)": a * B * T * T * s * L,
+        "the MLP's 4C-wide GELU input or output (4·B·T·C per block)": 4 * B * T * C * s * L,
+        "a (B, T, C) tensor per block (a LayerNorm input/output or the attention output)": B * T * C * s * L,
+        "the LayerNorm statistics (mean and 1/std per row: 2·B·T per norm)": 2 * B * T * s * (2 * L + 1),
+        "the causal mask ((T, T) bool, one byte per entry, per block)": T * T * L,
+        "the int64 targets (8·B·T bytes)": 8 * B * T,
+        "the int64 positions (8·T bytes)": 8 * T,
+        "ln_f's input and output (2·B·T·C)": 2 * B * T * C * s,
+    }
+    for name, size in items.items():
+        if diff == size:
+            return f"the difference is exactly {name}: forgotten?"
+        if diff == -size:
+            return f"the difference is exactly {name}: counted twice?"
+    if s == 2 and diff < 0:
+        return "is every activation counted in `dtype` (2 bytes in bf16), not 4 bytes?"
+    return ("match each tensor the forward pass keeps (the lab's listing) with a term: "
+            "what does each operator save, and in which dtype?")
+
+
+def _check_activations(cfg: GPTConfig, B: int, T: int, dtype: torch.dtype) -> None:
+    _, step = _measure(cfg, B, T, dtype=dtype)
     measured = _activations_when_backward_begins(step)
-    got = acc.activation_bytes(cfg, batch_size, seq_len, torch.bfloat16)
-    assert got == pytest.approx(measured, rel=0.10), (got, measured)
+    got = acc.activation_bytes(cfg, B, T, dtype)
+    diff = measured - got
+    assert abs(diff) <= ACTIVATION_SLACK, (
+        f"activations when backward begins, {_describe(cfg, B, T, dtype)}: predicted {got:,} B, "
+        f"MemTracker {measured:,} B (measured − predicted {diff:+,} B, allowed ±{ACTIVATION_SLACK}): "
+        + _activation_cause(cfg, B, T, dtype.itemsize, diff))
+
+
+@pytest.mark.exercise("1.3", points=3)
+def test_activation_bytes_equal_memtracker_on_held_out_models():
+    """Check activation_bytes against the activations MemTracker holds when backward begins, on
+    four fp32 models the lab does not show (one dominated by the T×T attention matrices), to
+    within 64 bytes (see ACTIVATION_SLACK)."""
+    for cfg, batch_size, seq_len in HELD_OUT:
+        _check_activations(cfg, batch_size, seq_len, torch.float32)
 
 
 @pytest.mark.exercise("1.3", points=1)
-def test_activation_bytes_rejects_bad_input():
-    """Check ValueErrors naming the argument: sizes, sequence longer than block_size, dtype,
-    heads that do not divide the width, and the attention/dropout the count does not cover."""
-    cfg = GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64)
-    for kwargs, name in [(dict(batch_size=-1), "batch_size"), (dict(seq_len=0), "seq_len"),
-                         (dict(seq_len=33), "seq_len"), (dict(dtype=torch.int8), "dtype"),
-                         (dict(dtype="fp32"), "dtype")]:
-        args = dict(batch_size=2, seq_len=16, dtype=torch.float32) | kwargs
-        with pytest.raises(ValueError, match=name):
-            acc.activation_bytes(cfg, **args)
-    bad = GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64)
-    bad.n_head = 3
-    with pytest.raises(ValueError, match="n_head"):
-        acc.activation_bytes(bad, 2, 16)
-    for field, value in (("attention", "sdpa"), ("dropout", 0.1)):
-        other = GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64,
-                          **{field: value})
-        with pytest.raises(ValueError, match=field):
-            acc.activation_bytes(other, 2, 16)
+def test_activation_bytes_in_bf16():
+    """Check the dtype argument: held-out models cast to bf16 (model.to(torch.bfloat16)), where
+    every floating-point activation is 2 bytes and the integer and bool tensors keep theirs."""
+    for cfg, batch_size, seq_len in (HELD_OUT[0], HELD_OUT[2]):
+        _check_activations(cfg, batch_size, seq_len, torch.bfloat16)
+
+
+@pytest.mark.exercise("1.3", points=1)
+def test_activation_bytes_with_a_large_vocabulary_and_a_tiny_batch():
+    """Check a model whose head dominates (V = 4096, n_embd = 32) with one sequence, in fp32
+    and bf16: the log-probabilities, the targets and the small items all weigh here."""
+    for dtype in (torch.float32, torch.bfloat16):
+        _check_activations(BIG_VOCAB, 1, 16, dtype)
+        _check_activations(BIG_VOCAB, 1, 9, dtype)
 
 
 # ------------------------------------------------------------------ 1.4 Korthikanti
 
+def _korthikanti_reference(s, b, h, a, L, e=2, dropout=True):
+    """The published count, rebuilt from the tensors of §4.1 (elements × bytes)."""
+    sbh, as2b = s * b * h, a * s * s * b
+    attention = (sbh + 2 * sbh + sbh + sbh) * e + as2b * e  # QKV input, Q and K, V, proj input, softmax
+    mlp = (sbh + 4 * sbh + 4 * sbh) * e  # input, GELU input, GELU output
+    norms = 2 * sbh * e
+    dropout_only = (as2b + sbh + sbh) + as2b * e if dropout else 0  # 3 masks, dropped softmax
+    return L * (attention + mlp + norms + dropout_only)
+
+
 @pytest.mark.exercise("1.4", points=1)
-def test_korthikanti_activation_bytes_equal_the_published_formula():
-    """Check L·s·b·h·(34 + 5·a·s/h) (arXiv 2205.05198, eq. 1) exactly, on GPT-3 175B's shape
-    (s = 2048, h = 12288, a = 96, L = 96: 275.4 GB for one sequence) and others."""
-    assert acc.korthikanti_activation_bytes(2048, 1, 12288, 96, 96) == 275_414_777_856
-    assert acc.korthikanti_activation_bytes(2048, 1, 10240, 80, 80) == 191_260_262_400
-    for s, b, h, a, n_layer in [(64, 8, 128, 4, 4), (1000, 3, 96, 3, 2), (7, 5, 12, 4, 1)]:
-        exact = n_layer * (34 * s * b * h + 5 * a * s * s * b)
-        assert exact == pytest.approx(n_layer * s * b * h * (34 + 5 * a * s / h), rel=1e-12)
-        assert acc.korthikanti_activation_bytes(s, b, h, a, n_layer) == exact
-    assert acc.korthikanti_activation_bytes(100, 2, 64, 8) == 34 * 100 * 2 * 64 + 5 * 8 * 100**2 * 2
-    with pytest.raises(ValueError, match="n_head"):
-        acc.korthikanti_activation_bytes(2048, 1, 12288, 7, 96)
-    with pytest.raises(ValueError, match="seq_len"):
-        acc.korthikanti_activation_bytes(-5, 1, 128, 4)
+def test_korthikanti_equals_the_published_formula():
+    """Check L·s·b·h·(34 + 5·a·s/h) (arXiv 2205.05198, eq. 1), exactly, on GPT-3 175B's shape
+    (s = 2048, h = 12288, a = 96, L = 96: 275.4 GB for one sequence) and on others."""
+    for s, b, h, a, L in [(2048, 1, 12288, 96, 96), (2048, 1, 10240, 80, 80), (64, 8, 128, 4, 4),
+                          (1000, 3, 96, 3, 2), (7, 5, 12, 4, 1)]:
+        want = L * (34 * s * b * h + 5 * a * s * s * b)
+        got = acc.korthikanti_activation_bytes(s, b, h, a, L)
+        assert got == want, (f"korthikanti_activation_bytes(s={s}, b={b}, h={h}, a={a}, L={L}) = "
+                             f"{got:,} B, the paper's s·b·h·(34 + 5·a·s/h)·L = {want:,} B")
+
+
+@pytest.mark.exercise("1.4", points=1)
+def test_korthikanti_is_exact_where_floats_are_not():
+    """Check exact integers where 5·a·s/h is not an integer and the product exceeds 2⁵³."""
+    s, b, h, a, L = 1_000_003, 7, 12288, 96, 96
+    want = L * (34 * s * b * h + 5 * a * s * s * b)
+    got = acc.korthikanti_activation_bytes(s, b, h, a, L)
+    assert isinstance(got, int) and got == want, (
+        f"s = 1,000,003: got {got!r}, expected the exact int {want:,}: stay in integer "
+        f"arithmetic (a float carries 53 bits; a/h·s is not an integer here)")
+
+
+@pytest.mark.exercise("1.4", points=2)
+def test_korthikanti_in_other_element_sizes():
+    """Check element_bytes = 1, 4, 8 with dropout: every stored activation scales with the
+    element size, the three dropout masks stay one byte per element."""
+    for e in (1, 2, 4, 8):
+        for s, b, h, a, L in [(2048, 1, 12288, 96, 2), (100, 3, 64, 8, 1)]:
+            want = _korthikanti_reference(s, b, h, a, L, e, True)
+            got = acc.korthikanti_activation_bytes(s, b, h, a, L, element_bytes=e)
+            masks = L * (2 * s * b * h + a * s * s * b)
+            hint = ("the dropout masks are 1 byte per element whatever the activations' size"
+                    if got - want == (e - 1) * masks
+                    else "which stored tensors scale with element_bytes, which do not?")
+            assert got == want, (f"element_bytes={e}, s={s}, b={b}, h={h}, a={a}, L={L}: "
+                                 f"{got:,} B, expected {want:,} B ({got - want:+,}): {hint}")
+
+
+@pytest.mark.exercise("1.4", points=2)
+def test_korthikanti_without_dropout():
+    """Check dropout=False in 2 and 4 bytes: no masks, and no dropped-out copy of the softmax
+    (attention @ V then reads the softmax output, which is already stored)."""
+    for e in (2, 4):
+        for s, b, h, a, L in [(2048, 1, 12288, 96, 2), (100, 3, 64, 8, 1)]:
+            want = _korthikanti_reference(s, b, h, a, L, e, False)
+            got = acc.korthikanti_activation_bytes(s, b, h, a, L, element_bytes=e, dropout=False)
+            masks = L * (2 * s * b * h + a * s * s * b)
+            dropped = L * e * a * s * s * b
+            if got - want == dropped:
+                hint = "without dropout there is no dropped-out copy of the softmax to keep"
+            elif got - want == masks:
+                hint = "without dropout there are no masks"
+            else:
+                hint = "which tensors exist only because of dropout?"
+            assert got == want, (f"dropout=False, element_bytes={e}, s={s}, b={b}, h={h}, a={a}, "
+                                 f"L={L}: {got:,} B, expected {want:,} B ({got - want:+,}): {hint}")
 
 
 # ------------------------------------------------------------------ 1.5 predict_peak
 
 DEEP = GPTConfig(vocab_size=200, block_size=48, n_layer=2, n_head=3, n_embd=96)
 WIDE = GPTConfig(vocab_size=256, block_size=64, n_layer=1, n_head=4, n_embd=256)
-PEAK_RUNS = [  # (config, B, T, recipe, optimizer, steps): where the peaks fall, measured
-    (DEEP, 5, 48, "fp32", "adam", 2),  # backward begins; at step 2 with Adam's states
-    (WIDE, 1, 8, "fp32", "adam", 2),  # the update: P + G + O and Adam's temporaries
-    (WIDE, 1, 8, "fp32", "sgd", 1),  # backward ends: every gradient, the embeddings' last
-    (HELD_OUT[3][0], 2, 37, "bf16", "adam", 2),  # a bf16 model with bf16 states
-]
 
 
-def _peak_of_each_step(step: StepMemory) -> list[int]:
+def _peak_of_each_step(step: StepMemory):
     ends = step.step_boundaries[1:] + [len(step.timeline)]
-    return [max(p.total for p in step.timeline[a:b]) for a, b in zip(step.step_boundaries, ends)]
+    return [max(step.timeline[a:b], key=lambda p: p.total)
+            for a, b in zip(step.step_boundaries, ends)]
 
 
-@pytest.mark.exercise("1.5", points=3)
-def test_predict_peak_within_10_percent_of_the_measured_peak():
-    """Check predict_peak against MemTracker's peak of each real step on held-out models,
-    recipes, optimizers and step numbers.  Tolerance 10% (the exercise's): the moments that
-    compete differ by more (step 1 vs step 2 of the first model: 28%)."""
-    for cfg, batch_size, seq_len, recipe, optimizer, steps in PEAK_RUNS:
-        dtype = torch.float32 if recipe == "fp32" else torch.bfloat16
-        _, measured = _measure(cfg, batch_size, seq_len, dtype=dtype, optimizer=optimizer,
+def _check_peaks(cfg, batch_size, seq_len, recipe, optimizer, steps=2, only_step=None):
+    """Predicted vs measured peak of each step.  Allowed: the per-tensor `step` counters that
+    the static convention leaves out (4 B per parameter tensor), Adafactor's factored state
+    (convention 0; measured here, added), 0.1% of the peak for the for-loop optimizer's
+    bias-sized temporaries (measured ≤ 0.05%), and 64 B of scalars.  The mistakes this must
+    catch are larger: one (B·T, V) gradient of the loss is ≥ 0.4% of these peaks, the tied
+    embedding's gradients and fp32-for-bf16 far more."""
+    dtype = torch.float32 if recipe == "fp32" else torch.bfloat16
+    model, measured = _measure(cfg, batch_size, seq_len, dtype=dtype, optimizer=optimizer,
                                steps=steps)
-        for number, peak in enumerate(_peak_of_each_step(measured), 1):
-            got = acc.predict_peak(cfg, batch_size, seq_len, recipe, optimizer, step=number)
-            assert got == pytest.approx(peak, rel=0.10), (
-                f"{cfg}, B={batch_size}, T={seq_len}, {recipe} {optimizer} step {number}: "
-                f"predicted {got}, measured {peak}")
+    n_tensors = len(list(model.parameters()))
+    factored = measured.after["optimizer states"] if optimizer == "adafactor" else 0
+    for number, point in enumerate(_peak_of_each_step(measured), 1):
+        if only_step and number != only_step:
+            continue
+        got = acc.predict_peak(cfg, batch_size, seq_len, recipe, optimizer, step=number)
+        allowed = 4 * n_tensors + factored + point.total // 1000 + 64
+        parts = ", ".join(f"{k} {v:,}" for k, v in point.bytes.items() if v)
+        assert abs(got - point.total) <= allowed, (
+            f"peak of step {number}, {_describe(cfg, batch_size, seq_len)}, {recipe} {optimizer}: "
+            f"predicted {got:,} B, measured {point.total:,} B ({got - point.total:+,}, allowed "
+            f"±{allowed:,}). The measured peak is in the {point.phase} phase with {parts} B: "
+            f"which moment did your prediction miss or overcount there?")
 
 
 @pytest.mark.exercise("1.5", points=1)
-def test_predict_peak_rejects_bad_input():
-    """Check ValueErrors naming the argument and the allowed values."""
+def test_predict_peak_when_backward_begins():
+    """Check a model whose peaks fall as backward begins (activations + the loss's gradients)."""
+    _check_peaks(DEEP, 5, 48, "fp32", "sgd-momentum", steps=1)
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_predict_peak_of_step_2_holds_the_states_of_step_1():
+    """Check steps 1 and 2 with Adam: the states created by step 1's update are alive through
+    step 2 (28% more at step 2 in this model)."""
+    _check_peaks(DEEP, 5, 48, "fp32", "adam", steps=2)
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_predict_peak_at_the_update():
+    """Check a wide, short model whose peak is the update: P + G + O + Adam's temporaries."""
+    _check_peaks(WIDE, 1, 8, "fp32", "adam", steps=2)
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_predict_peak_at_the_end_of_backward():
+    """Check SGD on models whose peak is the end of backward: every gradient, plus the tied
+    embedding's gradient from the input side being added to the head's."""
+    _check_peaks(WIDE, 1, 8, "fp32", "sgd", steps=1)
+    _check_peaks(BIG_VOCAB, 1, 16, "fp32", "sgd", steps=1)
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_predict_peak_in_bf16():
+    """Check bf16 models (bf16 activations, gradients and torch.optim states) with Adam and
+    Adafactor, one with a large vocabulary and one sequence."""
+    _check_peaks(HELD_OUT[3][0], 2, 37, "bf16", "adam", steps=2)
+    _check_peaks(BIG_VOCAB, 1, 16, "bf16", "adam", steps=2)
+    _check_peaks(BIG_VOCAB, 1, 16, "bf16", "adafactor", steps=2)
+
+
+# ------------------------------------------------------------------ bad input, every function
+
+_CFG = GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64)
+
+
+def _bad_cfg(**fields) -> GPTConfig:
     cfg = GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64)
-    with pytest.raises(ValueError, match="recipe"):
-        acc.predict_peak(cfg, 2, 16, "fp64", "adam")
-    with pytest.raises(ValueError, match="optimizer"):
-        acc.predict_peak(cfg, 2, 16, "fp32", "adamw-turbo")
-    with pytest.raises(ValueError, match="step"):
-        acc.predict_peak(cfg, 2, 16, "fp32", "adam", step=0)
-    with pytest.raises(ValueError, match="batch_size"):
-        acc.predict_peak(cfg, -2, 16, "fp32", "adam")
+    for k, v in fields.items():
+        setattr(cfg, k, v)  # dataclasses do not re-validate on assignment
+    return cfg
 
 
-# ------------------------------------------------------------------ infrastructure (not graded)
+BAD_CALLS = {
+    "1.1": [
+        (lambda: acc.count_params(_bad_cfg(n_head=5)), "n_head"),
+        (lambda: acc.count_params(_bad_cfg(n_layer=-2)), "n_layer"),
+        (lambda: acc.count_params(_bad_cfg(vocab_size=0)), "vocab_size"),
+        (lambda: acc.count_params({"n_layer": 2}), "cfg"),
+    ],
+    "1.2": [
+        (lambda: acc.static_bytes(-1, "mixed", "adam"), "n_params"),
+        (lambda: acc.static_bytes(1.5e9, "mixed", "adam"), "n_params"),
+        (lambda: acc.static_bytes(True, "mixed", "adam"), "n_params"),
+        (lambda: acc.static_bytes(1000, "fp8", "adam"), "recipe"),
+        (lambda: acc.static_bytes(1000, "mixed", "lion"), "optimizer"),
+        (lambda: acc.static_bytes(1000, "mixed", "adam", "fp64"), "grad_buffer"),
+    ],
+    "1.3": [
+        (lambda: acc.activation_bytes(_CFG, -1, 16), "batch_size"),
+        (lambda: acc.activation_bytes(_CFG, 2, 0), "seq_len"),
+        (lambda: acc.activation_bytes(_CFG, 2, 33), "seq_len"),
+        (lambda: acc.activation_bytes(_CFG, 2, 16.0), "seq_len"),
+        (lambda: acc.activation_bytes(_CFG, 2, 16, torch.int8), "dtype"),
+        (lambda: acc.activation_bytes(_CFG, 2, 16, "fp32"), "dtype"),
+        (lambda: acc.activation_bytes(_bad_cfg(n_head=3), 2, 16), "n_head"),
+        (lambda: acc.activation_bytes(_bad_cfg(attention="sdpa"), 2, 16), "attention"),
+        (lambda: acc.activation_bytes(_bad_cfg(dropout=0.1), 2, 16), "dropout"),
+    ],
+    "1.4": [
+        (lambda: acc.korthikanti_activation_bytes(2048, 1, 12288, 7, 96), "n_head"),
+        (lambda: acc.korthikanti_activation_bytes(-5, 1, 128, 4), "seq_len"),
+        (lambda: acc.korthikanti_activation_bytes(16, 0, 128, 4), "batch_size"),
+        (lambda: acc.korthikanti_activation_bytes(16, 1, 128.0, 4), "hidden"),
+        (lambda: acc.korthikanti_activation_bytes(16, 1, 128, 4, 0), "n_layer"),
+        (lambda: acc.korthikanti_activation_bytes(16, 1, 128, 4, element_bytes=3), "element_bytes"),
+        (lambda: acc.korthikanti_activation_bytes(16, 1, 128, 4, dropout="yes"), "dropout"),
+    ],
+    "1.5": [
+        (lambda: acc.predict_peak(_CFG, 2, 16, "fp64", "adam"), "recipe"),
+        (lambda: acc.predict_peak(_CFG, 2, 16, "mixed", "adam"), "recipe"),
+        (lambda: acc.predict_peak(_CFG, 2, 16, "fp32", "adamw-turbo"), "optimizer"),
+        (lambda: acc.predict_peak(_CFG, 2, 16, "fp32", "adam", step=0), "step"),
+        (lambda: acc.predict_peak(_CFG, 2, 16, "fp32", "adam", step=1.5), "step"),
+        (lambda: acc.predict_peak(_CFG, -2, 16, "fp32", "adam"), "batch_size"),
+        (lambda: acc.predict_peak(_CFG, 2, 40, "fp32", "adam"), "seq_len"),
+        (lambda: acc.predict_peak(_bad_cfg(n_head=3), 2, 16, "fp32", "adam"), "n_head"),
+    ],
+    "helpers": [
+        (lambda: acc.check_choice("recipe", "x", acc.RECIPES), "recipe"),
+        (lambda: acc.check_positive_int("step", 0), "step"),
+        (lambda: acc.check_positive_int("step", True), "step"),
+        (lambda: acc.check_model_config("cfg"), "cfg"),
+        (lambda: acc.measured_activation_bytes("step"), "step"),
+    ],
+}
 
-def test_memory_model_reproduces_the_articles_100B_numbers():
-    """The widget's formulas: 100B mixed-precision Adam is 1.6 TB static; on 64 GPUs ZeRO-1
-    leaves 12Ψ/64 = 18.75 GB (≈ 19 GB) of optimizer state, ZeRO-2 2Ψ + 14Ψ/64, ZeRO-3 16Ψ/64."""
-    from labkit import memory_model as mm
 
-    psi, n = 100e9, 64
-    assert sum(mm.static_bytes_per_gpu(psi, "mixed", "adam", 0, n).values()) == 16 * psi == 1.6e12
-    z1 = mm.static_bytes_per_gpu(psi, "mixed", "adam", 1, n)
-    assert z1["optimizer states"] == 12 * psi / n == 18.75e9
-    assert round(z1["optimizer states"] / 1e9) == 19
-    z2 = mm.static_bytes_per_gpu(psi, "mixed", "adam", 2, n)
-    assert sum(z2.values()) == pytest.approx(2 * psi + 14 * psi / n)
-    assert z2["gradients"] == pytest.approx(3.125e9)  # the article's "≈ 3 GB"
-    z3 = mm.static_bytes_per_gpu(psi, "mixed", "adam", 3, n)
-    assert sum(z3.values()) == pytest.approx(16 * psi / n) == 25e9
-    # Korthikanti's 16-bit layer, and fp32 activations scaling all but the 1-byte masks
-    assert mm.activation_bytes_per_layer(2048, 1, 10240, 80) == 2048 * 10240 * (34 + 80)
-    assert mm.activation_bytes_per_layer(16, 2, 64, 4, 4) == 16 * 2 * 64 * 66 + 9 * 4 * 16 * 16 * 2
-    with pytest.raises(ValueError, match="zero_stage"):
-        mm.static_bytes_per_gpu(psi, "mixed", "adam", 4, n)
-    with pytest.raises(ValueError, match="recipe"):
-        mm.bytes_per_parameter("fp4", "adam")
-
-
-def test_memory_calculator_widget_redraws_from_its_controls():
-    """The calculator starts on the article's example and recomputes when a control moves."""
-    from labkit.widgets import MemoryCalculator
-
-    calc = MemoryCalculator()
-    assert calc.result["optimizer states"] == pytest.approx(18.75e9)
-    assert "1.6 TB" in calc.summary.value
-    calc.controls["zero_stage"].value = 3
-    assert sum(calc.result[k] for k in KEYS) == pytest.approx(25e9)
-    calc.controls["n_head"].value = 7  # does not divide 10240: a message, not a traceback
-    assert "n_head" in calc.summary.value and calc.result == {}
-    with pytest.raises(ValueError, match="recipe"):
-        MemoryCalculator(recipe="fp4")
-
-
-def test_torch_optim_keeps_bf16_states_for_bf16_parameters():
-    """Why "bf16-fp32-moments" cannot be realised with torch.optim.Adam: its moments take the
-    parameter's dtype."""
-    p = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.bfloat16))
-    p.grad = torch.randn_like(p)
-    opt = torch.optim.Adam([p])
-    opt.step()
-    assert opt.state[p]["exp_avg"].dtype == opt.state[p]["exp_avg_sq"].dtype == torch.bfloat16
+@pytest.mark.parametrize("exercise", [
+    pytest.param(ex, marks=pytest.mark.exercise(ex, points=1)) if ex != "helpers" else ex
+    for ex in BAD_CALLS])
+def test_accounting_refuses_bad_input(exercise):
+    """Check that every public function of accounting refuses bad input with a ValueError or
+    TypeError that names the argument, before any work."""
+    for call, name in BAD_CALLS[exercise]:
+        _refuses(call, name, f"exercise {exercise}, bad {name}")

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from labkit.models import GPT, GPTConfig, SyntheticData, lab_config
+from labkit.models import GPT, GPTConfig, SyntheticData, lab_batch_size, lab_config
 
 
 def test_loss_falls_when_trained():
@@ -68,3 +68,27 @@ def test_lab_config_is_small_on_cpu_and_takes_overrides():
     cfg = lab_config("cpu", n_layer=6)
     assert cfg.n_layer == 6 and cfg.n_embd <= 256
     assert lab_config("cuda").n_embd > cfg.n_embd
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: GPTConfig(n_layer=True), "n_layer"),
+    (lambda: GPTConfig(n_embd=128.0), "n_embd"),
+    (lambda: GPTConfig(bias="no"), "bias"),
+    (lambda: GPTConfig(dropout="0.1"), "dropout"),
+    (lambda: GPT({"n_layer": 2}), "cfg"),
+    (lambda: GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2))(torch.zeros(2, 4)), "idx"),
+    (lambda: GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2))(torch.zeros(4, dtype=torch.long)), "idx"),
+    (lambda: GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2))(
+        torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long)), "targets"),
+    (lambda: SyntheticData(64, 16, 0), "batch_size"),
+    (lambda: SyntheticData(64, True, 4), "seq_len"),
+    (lambda: SyntheticData(64, 16, 4, seed=-1), "seed"),
+    (lambda: SyntheticData(3, 16, 4), "branching"),
+    (lambda: SyntheticData(64, 16, 4).batch(-1), "i"),
+    (lambda: lab_config("tpu"), "device"),
+    (lambda: lab_config("cpu", n_layers=3), "n_layers"),
+    (lambda: lab_batch_size(42), "device"),
+])
+def test_models_refuse_bad_input_naming_the_argument(call, name):
+    with pytest.raises((ValueError, TypeError), match=name):
+        call()

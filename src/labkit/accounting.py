@@ -6,19 +6,18 @@ first update, alive from then on) and the **activations** (born in forward, kept
 has used them).  This module predicts each of them for the course's GPT from its config alone,
 so that Lab 1 can hold the prediction against what ``labkit.measure`` sees in a real step:
 
-* ``count_params``: Ψ of a ``GPTConfig`` in closed form (12·n_embd² + 13·n_embd per block);
-* ``static_bytes``: parameters, gradients and optimizer states for a precision recipe and an
-  optimizer (mixed-precision Adam: 2 + 2 + 12 = 16 bytes per parameter, the "16Ψ");
+* ``count_params``: Ψ of a ``GPTConfig`` in closed form, exact;
+* ``static_bytes``: parameters, gradients and optimizer states for a precision recipe, an
+  optimizer and a gradient buffer (mixed-precision Adam is the "16Ψ" of the ZeRO paper);
 * ``activation_bytes``: what the forward pass leaves alive for backward, counted op by op;
-* ``korthikanti_activation_bytes``: the per-layer formula s·b·h·(34 + 5·a·s/h) of
-  Korthikanti et al. 2022 (https://arxiv.org/abs/2205.05198) for a GPT-3-style block;
+* ``korthikanti_activation_bytes``: the per-layer count of Korthikanti et al. 2022
+  (https://arxiv.org/abs/2205.05198) for a GPT-3-style block, for any element size, with or
+  without dropout;
 * ``predict_peak``: the largest total of one real training step.
 
 Chapter: book/01_where_the_memory_goes.md.  Lab: labs/01_where_the_memory_goes.ipynb.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -26,17 +25,16 @@ from labkit.measure import StepMemory
 from labkit.models import GPTConfig
 
 RECIPES = ("fp32", "mixed", "bf16-fp32-moments", "bf16")
-"""Precision recipes, with the bytes per parameter of (parameters, gradients, optimizer states)
-under Adam:
+"""Precision recipes: the dtype of each kind of state.
 
-* ``"fp32"``: everything in fp32: 4 + 4 + 8 = 16.
-* ``"mixed"``: fp16 or bf16 parameters and gradients, plus fp32 master weights and fp32 Adam
-  moments, the master weights counted with the optimizer states as ZeRO (and the book's source
-  article) do: 2 + 2 + (4 + 4 + 4) = 16.
-* ``"bf16-fp32-moments"``: bf16 parameters and gradients, fp32 moments, no master copy:
-  2 + 2 + 8 = 12 (texts that quote "10 bytes per parameter" leave the gradients out).
-* ``"bf16"``: bf16 everywhere, states included (what ``torch.optim`` does with bf16
-  parameters: its states take the parameter's dtype): 2 + 2 + 4 = 8.
+* ``"fp32"``: parameters, gradients and optimizer moments in fp32; no master copy (the
+  parameters are their own master).
+* ``"mixed"``: fp16 or bf16 parameters and gradients, an fp32 master copy of the weights and
+  fp32 optimizer moments.  The master copy is counted with the optimizer states, as the ZeRO
+  paper does, whatever the optimizer (SGD included).
+* ``"bf16-fp32-moments"``: bf16 parameters and gradients, fp32 moments, no master copy.
+* ``"bf16"``: bf16 everywhere, moments included (what ``torch.optim`` does with bf16
+  parameters: its states take the parameter's dtype).
 """
 
 PREDICTABLE_RECIPES = ("fp32", "bf16")
@@ -55,12 +53,25 @@ OPTIMIZERS = ("adam", "sgd", "sgd-momentum", "adafactor", "adam8bit")
   https://arxiv.org/abs/1804.04235).  Counted here as 0 bytes per parameter: for the matrices
   that hold nearly every parameter it is a fraction 1/m + 1/n of one state. Lab 2 counts it
   exactly;
-* ``"adam8bit"``: m and v quantized to 8 bits in blocks of ``ADAM8BIT_BLOCK`` values, one fp32
-  absolute maximum per block for each (bitsandbytes ``Adam8bit``, Dettmers et al. 2021,
-  https://arxiv.org/abs/2110.02861): 2·Ψ + 2·4·⌈Ψ/256⌉ bytes.  bitsandbytes also keeps
-  32-bit states for tensors of fewer than 4096 values and two 256-entry code tables, which this
-  per-parameter convention leaves out.
+* ``"adam8bit"``: m and v quantized to one byte per value, in blocks of ``ADAM8BIT_BLOCK``
+  consecutive values of the whole flattened model (a last block may be partial), each block
+  of each moment with one fp32 absolute maximum (bitsandbytes ``Adam8bit``, Dettmers et al.
+  2021, https://arxiv.org/abs/2110.02861).  bitsandbytes also keeps 32-bit states for tensors
+  of fewer than 4096 values and two 256-entry code tables, which this per-parameter
+  convention leaves out.
 """
+
+GRAD_BUFFERS = ("none", "fp32", "16bit+fp32")
+"""Where the gradients live, a choice of the training framework:
+
+* ``"none"``: one gradient per parameter, in the parameters' dtype (plain PyTorch);
+* ``"fp32"``: a persistent fp32 gradient buffer that backward accumulates into, instead of
+  16-bit gradients (Megatron-LM's ``main_grad``);
+* ``"16bit+fp32"``: the 16-bit gradients and an fp32 copy of them for the update (DeepSpeed's
+  fp32 gradient partitions).
+
+Both buffers count as gradients.  With mixed-precision Adam they make the 16 bytes per
+parameter 18 and 20, what frameworks report in practice."""
 
 ADAM8BIT_BLOCK = 256
 """Values per quantization block of 8-bit Adam's states (bitsandbytes' block-wise default)."""
@@ -98,6 +109,9 @@ def measured_activation_bytes(step: StepMemory) -> int:
     """Activation bytes alive when backward begins in a measured step: what ``activation_bytes``
     predicts.  Read from the timeline at the last operator before the first backward operator.
     """
+    if not isinstance(step, StepMemory):
+        raise ValueError(f"step must be a labkit.measure.StepMemory (from measure_step), "
+                         f"got {type(step).__name__}")
     first = next((i for i, p in enumerate(step.timeline) if p.phase == "backward"), None)
     if not first:
         raise ValueError("step has no backward phase after a forward phase")
@@ -107,13 +121,10 @@ def measured_activation_bytes(step: StepMemory) -> int:
 # ---------------------------------------------------------------- exercises
 
 def count_params(cfg: GPTConfig) -> int:
-    """Ψ, the number of parameters of ``GPT(cfg)``, in closed form.
+    """Ψ, the number of parameters of ``GPT(cfg)``, in closed form (no model is built).
 
-    The token embedding (vocab_size × n_embd) is shared with the output head, so it counts
-    once; the position embedding is block_size × n_embd.  Each block holds two LayerNorms,
-    the attention's fused qkv projection (n_embd → 3·n_embd) and output projection, and the
-    MLP (n_embd → 4·n_embd → n_embd): 12·n_embd² + 13·n_embd with biases, 12·n_embd² + 2·n_embd
-    without.  A final LayerNorm closes the stack.
+    Every parameter tensor of the model counts once: a weight shared by two modules is one
+    tensor.  Read ``labkit/models.py`` for the layers and what ``cfg.bias`` changes.
 
     Args:
         cfg: the model's ``GPTConfig``.
@@ -122,29 +133,28 @@ def count_params(cfg: GPTConfig) -> int:
     Raises:
         ValueError: for an invalid config (non-positive sizes, n_head not dividing n_embd).
     """
-    raise NotImplementedError("exercise 1.1: count embeddings, 12·C² + 13·C per block (biases: cfg.bias), final LayerNorm (labs/01_where_the_memory_goes.ipynb)")
+    raise NotImplementedError("exercise 1.1: count every parameter tensor of GPT(cfg) from the config alone (labs/01_where_the_memory_goes.ipynb)")
 
 
-def static_bytes(n_params: int, recipe: str = "mixed", optimizer: str = "adam") -> dict[str, int]:
+def static_bytes(n_params: int, recipe: str = "mixed", optimizer: str = "adam",
+                 grad_buffer: str = "none") -> dict[str, int]:
     """Bytes of the state that lives across steps: parameters, gradients, optimizer states.
 
-    Mixed-precision Adam, the article's example, keeps 2 bytes of fp16/bf16 parameter,
-    2 bytes of gradient and 12 bytes of fp32 optimizer state (master weight, m, v) per
-    parameter: 16Ψ, 1.6 TB for Ψ = 100B before a single activation.  ``RECIPES`` and
-    ``OPTIMIZERS`` say what each name counts; the master weights of ``"mixed"`` are counted
-    with the optimizer states whatever the optimizer (SGD included).  Counters such as Adam's
-    ``step`` are not counted.
+    ``RECIPES``, ``OPTIMIZERS`` and ``GRAD_BUFFERS`` say what each name keeps and in which
+    dtype; the bytes follow from the dtypes.  Counters such as Adam's ``step`` are not counted.
+    Exact integer arithmetic: the result is exact for any Ψ, 100 billion included.
 
     Args:
         n_params: Ψ, a non-negative int.
         recipe: one of ``RECIPES``.
         optimizer: one of ``OPTIMIZERS``.
+        grad_buffer: one of ``GRAD_BUFFERS``.
     Returns:
         ``{"parameters": bytes, "gradients": bytes, "optimizer states": bytes}`` (ints).
     Raises:
-        ValueError: naming the argument and its allowed values.
+        ValueError: naming the argument and its allowed values, before any work.
     """
-    raise NotImplementedError("exercise 1.2: bytes per parameter of each consumer for the recipe, times n_params (labs/01_where_the_memory_goes.ipynb)")
+    raise NotImplementedError("exercise 1.2: bytes of each consumer from the dtypes the recipe, optimizer and buffer imply (labs/01_where_the_memory_goes.ipynb)")
 
 
 def activation_bytes(cfg: GPTConfig, batch_size: int, seq_len: int,
@@ -174,23 +184,28 @@ def activation_bytes(cfg: GPTConfig, batch_size: int, seq_len: int,
 
 
 def korthikanti_activation_bytes(seq_len: int, batch_size: int, hidden: int, n_head: int,
-                                 n_layer: int = 1) -> int:
-    """Korthikanti et al. 2022's activation bytes of GPT-3-style blocks: s·b·h·(34 + 5·a·s/h) each.
+                                 n_layer: int = 1, *, element_bytes: int = 2,
+                                 dropout: bool = True) -> int:
+    """Activation bytes of ``n_layer`` GPT-3-style blocks, as Korthikanti et al. 2022 count them.
 
-    The count assumes 16-bit activations and 1-byte dropout masks and is already in bytes:
-    per layer, 11·s·b·h + 5·a·s²·b in attention (QKV input, Q and K, V, softmax output, its
-    dropout mask and output, projection input, dropout mask), 19·s·b·h in the MLP and 4·s·b·h
-    in the two LayerNorms.  "Reducing Activation Recomputation in Large Transformer Models",
-    https://arxiv.org/abs/2205.05198, eq. (1).
+    With the paper's assumptions (``element_bytes=2``: 16-bit activations; ``dropout=True``:
+    the three dropout layers of a block, with 1-byte masks) the result is their eq. (1) times
+    L: s·b·h·(34 + 5·a·s/h) bytes per layer.  The other settings keep the same list of stored
+    tensors (§4.1 of "Reducing Activation Recomputation in Large Transformer Models",
+    https://arxiv.org/abs/2205.05198): ``element_bytes`` is the size of one activation element
+    (a dropout mask stays one byte per element), and ``dropout=False`` removes whatever exists
+    only because of dropout.  Exact integer arithmetic.
 
     Args:
         seq_len: s; batch_size: b; hidden: h; n_head: a (must divide h); n_layer: L.  All ints ≥ 1.
+        element_bytes: bytes of one activation element, 1, 2, 4 or 8.
+        dropout: whether the blocks have dropout (a bool).
     Returns:
-        L·(34·s·b·h + 5·a·s²·b) bytes (int).
+        bytes (int).
     Raises:
-        ValueError: naming the argument and its allowed values.
+        ValueError: naming the argument and its allowed values, before any work.
     """
-    raise NotImplementedError("exercise 1.4: L·s·b·h·(34 + 5·a·s/h), in exact integer arithmetic (labs/01_where_the_memory_goes.ipynb)")
+    raise NotImplementedError("exercise 1.4: sort the paper's stored tensors into masks, activations and dropout-only ones (labs/01_where_the_memory_goes.ipynb)")
 
 
 def predict_peak(cfg: GPTConfig, batch_size: int, seq_len: int, recipe: str = "fp32",

@@ -21,11 +21,19 @@ stage      parameters                            gradients               optimiz
 (the mixed-precision Adam numbers; ZeRO-2 is 2Ψ + 14Ψ/N, ZeRO-3 16Ψ/N).  For Ψ = 100B on 64
 GPUs ZeRO-1 leaves 12Ψ/64 = 18.75 GB ≈ 19 GB of optimizer state per GPU.
 
+Frameworks keep more than the 16 bytes.  ``grad_buffer`` adds a persistent fp32 gradient
+buffer: Megatron-LM's ``main_grad`` replaces the 16-bit gradients (``"fp32"``: 18 bytes per
+parameter with mixed-precision Adam), DeepSpeed keeps both (``"16bit+fp32"``: 20 bytes).  The
+buffer is a gradient and is sharded with the gradients.
+
 Activations.  Korthikanti et al. 2022 (https://arxiv.org/abs/2205.05198) count
 s·b·h·(34 + 5·a·s/h) bytes per GPT-3-style layer with 16-bit activations and 1-byte dropout
 masks; ``activation_bytes_per_layer`` keeps the masks at one byte and scales the other tensors
-with the element size, so fp32 activations give s·b·h·(66 + 9·a·s/h).  Data parallelism and
-ZeRO do not shard activations: each GPU keeps those of its own micro-batch.
+with the element size.  Data parallelism and
+ZeRO do not shard activations: each GPU keeps those of its own micro-batch.  The output layer
+comes on top: with ``fp32_logits=True`` the logits, cast to fp32 for a stable softmax
+cross-entropy, add 4·s·b·V bytes (V = ``vocab_size``), more than several layers at a large
+vocabulary.
 
 Chapter: book/01_where_the_memory_goes.md.
 """
@@ -73,6 +81,13 @@ OPTIMIZERS = {
 ADAM8BIT_BLOCK = 256
 ZERO_STAGES = (0, 1, 2, 3)
 
+GRAD_BUFFERS = {
+    "none": "gradients in the parameters' dtype",
+    "fp32": "fp32 main_grad instead (Megatron-LM)",
+    "16bit+fp32": "16-bit gradients + an fp32 copy (DeepSpeed)",
+}
+"""Where the gradients live, by name (see ``labkit.accounting.GRAD_BUFFERS``)."""
+
 
 def _choice(name: str, value, allowed) -> None:
     if value not in allowed:
@@ -81,27 +96,38 @@ def _choice(name: str, value, allowed) -> None:
 
 def _positive(name: str, value, kind=int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) \
-            or value <= 0:
-        raise ValueError(f"{name} must be a positive {kind.__name__}, got {value!r}")
+            or not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a positive, finite {kind.__name__}, got {value!r}")
 
 
-def bytes_per_parameter(recipe: str = "mixed", optimizer: str = "adam") -> dict[str, float]:
+def _flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool (True or False), got {value!r}")
+
+
+def bytes_per_parameter(recipe: str = "mixed", optimizer: str = "adam",
+                        grad_buffer: str = "none") -> dict[str, float]:
     """Bytes per parameter of parameters, gradients and optimizer states (master copy included).
 
     >>> bytes_per_parameter("mixed", "adam")
     {'parameters': 2, 'gradients': 2, 'optimizer states': 12}
+    >>> bytes_per_parameter("mixed", "adam", "fp32")["gradients"]  # Megatron's main_grad
+    4
     """
     _choice("recipe", recipe, RECIPES)
     _choice("optimizer", optimizer, OPTIMIZERS)
+    _choice("grad_buffer", grad_buffer, GRAD_BUFFERS)
     r = RECIPES[recipe]
     states = {"adam": 2 * r.moment, "sgd": 0, "sgd-momentum": r.moment, "adafactor": 0,
               "adam8bit": 2 + 2 * 4 / ADAM8BIT_BLOCK}[optimizer]
-    return {"parameters": r.parameter, "gradients": r.gradient,
+    gradient = {"none": r.gradient, "fp32": 4, "16bit+fp32": r.gradient + 4}[grad_buffer]
+    return {"parameters": r.parameter, "gradients": gradient,
             "optimizer states": r.master + states}
 
 
 def static_bytes_per_gpu(n_params: float, recipe: str = "mixed", optimizer: str = "adam",
-                         zero_stage: int = 0, world_size: int = 1) -> dict[str, float]:
+                         zero_stage: int = 0, world_size: int = 1,
+                         grad_buffer: str = "none") -> dict[str, float]:
     """Bytes of parameters, gradients and optimizer states on one of ``world_size`` GPUs.
 
     ZeRO stage 1 shards the optimizer states, stage 2 the gradients too, stage 3 the
@@ -110,7 +136,7 @@ def static_bytes_per_gpu(n_params: float, recipe: str = "mixed", optimizer: str 
     _positive("n_params", n_params, float)
     _choice("zero_stage", zero_stage, ZERO_STAGES)
     _positive("world_size", world_size)
-    per = bytes_per_parameter(recipe, optimizer)
+    per = bytes_per_parameter(recipe, optimizer, grad_buffer)
     sharded = {"optimizer states": zero_stage >= 1, "gradients": zero_stage >= 2,
                "parameters": zero_stage >= 3}
     return {c: n_params * k / (world_size if sharded[c] else 1) for c, k in per.items()}
@@ -132,15 +158,31 @@ def activation_bytes_per_layer(seq_len: int, batch_size: int, hidden: int, n_hea
     return s * b * h * (16 * e + 2) + a * s * s * b * (2 * e + 1)
 
 
+def logits_bytes(seq_len: int, batch_size: int, vocab_size: int) -> int:
+    """Bytes of the output logits kept in fp32 for the loss: 4·s·b·V."""
+    for name, value in (("seq_len", seq_len), ("batch_size", batch_size),
+                        ("vocab_size", vocab_size)):
+        _positive(name, value)
+    return 4 * seq_len * batch_size * vocab_size
+
+
 def per_gpu_bytes(n_params: float, recipe: str = "mixed", optimizer: str = "adam",
                   zero_stage: int = 0, world_size: int = 1, *, n_layer: int, hidden: int,
-                  n_head: int, batch_size: int, seq_len: int) -> dict[str, float]:
+                  n_head: int, batch_size: int, seq_len: int, grad_buffer: str = "none",
+                  vocab_size: int = 50257, fp32_logits: bool = False) -> dict[str, float]:
     """Bytes per GPU of the four consumers (keys: ``CONSUMERS``) for data-parallel training.
 
     ``batch_size`` is the micro-batch of one GPU; activations are not sharded by ZeRO.
+    ``grad_buffer`` (``GRAD_BUFFERS``) adds a persistent fp32 gradient buffer;
+    ``fp32_logits`` adds the fp32 logits of the output layer (``logits_bytes``) to the
+    activations.
     """
-    out = static_bytes_per_gpu(n_params, recipe, optimizer, zero_stage, world_size)
     _positive("n_layer", n_layer)
+    _flag("fp32_logits", fp32_logits)
+    logits = logits_bytes(seq_len, batch_size, vocab_size)  # checks vocab_size either way
+    out = static_bytes_per_gpu(n_params, recipe, optimizer, zero_stage, world_size, grad_buffer)
     out["activations"] = n_layer * activation_bytes_per_layer(
         seq_len, batch_size, hidden, n_head, RECIPES[recipe].activation)
+    if fp32_logits:
+        out["activations"] += logits
     return out

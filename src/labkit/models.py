@@ -45,14 +45,17 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"GPTConfig.n_head={self.n_head} must divide n_embd={self.n_embd}"
             )
-        if not 0.0 <= self.dropout < 1.0:
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
+                or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"GPTConfig.bias must be a bool (True or False), got {self.bias!r}")
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(
                 f"GPTConfig.attention must be one of {ATTENTION_KINDS}, got {self.attention!r}"
@@ -125,6 +128,8 @@ class GPT(nn.Module):
     """The course's GPT.  ``model(idx)`` returns logits (B, T, V); ``model(idx, targets)`` the mean loss."""
 
     def __init__(self, cfg: GPTConfig):
+        if not isinstance(cfg, GPTConfig):
+            raise TypeError(f"cfg must be a labkit.models.GPTConfig, got {type(cfg).__name__}")
         super().__init__()
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
@@ -149,6 +154,16 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
+            raise ValueError("idx must be a (batch_size, seq_len) int64 tensor of token ids, got "
+                             + (f"{tuple(idx.shape)} {idx.dtype}" if isinstance(idx, torch.Tensor)
+                                else type(idx).__name__))
+        if targets is not None and (not isinstance(targets, torch.Tensor)
+                                    or targets.shape != idx.shape):
+            raise ValueError(f"targets must be None or an int64 tensor shaped like idx "
+                             f"{tuple(idx.shape)}, got "
+                             + (str(tuple(targets.shape)) if isinstance(targets, torch.Tensor)
+                                else type(targets).__name__))
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
@@ -176,8 +191,10 @@ class SyntheticData:
                  branching: int = 4, seed: int = 0, device: str | torch.device = "cpu"):
         for name, value in (("vocab_size", vocab_size), ("seq_len", seq_len),
                             ("batch_size", batch_size), ("branching", branching)):
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SyntheticData: {name} must be a positive int, got {value!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"SyntheticData: seed must be a non-negative int, got {seed!r}")
         if branching > vocab_size:
             raise ValueError(f"SyntheticData: branching={branching} exceeds vocab_size={vocab_size}")
         self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
@@ -189,6 +206,8 @@ class SyntheticData:
 
     def batch(self, i: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The i-th batch: inputs and next-token targets, each (batch_size, seq_len) int64."""
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise ValueError(f"SyntheticData.batch: i must be a non-negative int, got {i!r}")
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
         B, T = self.batch_size, self.seq_len
         tokens = torch.empty(B, T + 1, dtype=torch.long)
@@ -209,12 +228,26 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _device(device) -> torch.device:
+    if device is None:
+        return default_device()
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be None, 'cpu', 'cuda' or a torch.device, got {device!r}") \
+            from None
+
+
 def lab_config(device: str | torch.device | None = None, **overrides) -> GPTConfig:
     """The one place that sizes the labs' model: tiny on a CPU, larger on a GPU.
 
     Keyword overrides replace single fields, e.g. ``lab_config(n_layer=8)``.
     """
-    device = torch.device(device) if device is not None else default_device()
+    device = _device(device)
+    unknown = set(overrides) - set(GPTConfig.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"lab_config: unknown overrides {sorted(unknown)}; "
+                         f"allowed: {list(GPTConfig.__dataclass_fields__)}")
     if device.type == "cuda":
         base = dict(vocab_size=512, block_size=256, n_layer=8, n_head=8, n_embd=512)
     else:
@@ -225,5 +258,5 @@ def lab_config(device: str | torch.device | None = None, **overrides) -> GPTConf
 
 def lab_batch_size(device: str | torch.device | None = None) -> int:
     """The labs' batch size on this device (8 on a CPU, 16 on a GPU)."""
-    device = torch.device(device) if device is not None else default_device()
+    device = _device(device)
     return 16 if device.type == "cuda" else 8

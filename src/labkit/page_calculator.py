@@ -24,7 +24,7 @@ from labkit.widgets import DEFAULTS, STAGE_NAMES
 JS_MODEL = r"""
 function wtmgPerGpu(v, T) {
   // v: settings; T: tables from labkit.memory_model. Returns bytes per consumer on one GPU.
-  const per = T.perParam[v.recipe + "|" + v.optimizer];
+  const per = T.perParam[v.recipe + "|" + v.optimizer + "|" + v.grad_buffer];
   const N = v.world_size, st = v.zero_stage;
   const s = v.seq_len, b = v.batch_size, h = v.hidden, a = v.n_head;
   const e = T.activationBytes[v.recipe];
@@ -32,7 +32,8 @@ function wtmgPerGpu(v, T) {
     "parameters": v.n_params * per["parameters"] / (st >= 3 ? N : 1),
     "gradients": v.n_params * per["gradients"] / (st >= 2 ? N : 1),
     "optimizer states": v.n_params * per["optimizer states"] / (st >= 1 ? N : 1),
-    "activations": v.n_layer * (s * b * h * (16 * e + 2) + a * s * s * b * (2 * e + 1)),
+    "activations": v.n_layer * (s * b * h * (16 * e + 2) + a * s * s * b * (2 * e + 1))
+                   + (v.fp32_logits ? 4 * s * b * v.vocab_size : 0),
   };
 }
 """
@@ -45,10 +46,11 @@ _WIDGET_JS = r"""
   const get = (name) => root.querySelector("[name='" + name + "']");
   function settings() {
     const v = {};
-    for (const k of ["world_size", "n_layer", "hidden", "n_head", "batch_size", "seq_len"])
+    for (const k of ["world_size", "n_layer", "hidden", "n_head", "batch_size", "seq_len", "vocab_size"])
       v[k] = parseInt(get(k).value, 10);
     v.n_params = parseFloat(get("n_params").value) * 1e9;
     v.recipe = get("recipe").value; v.optimizer = get("optimizer").value;
+    v.grad_buffer = get("grad_buffer").value; v.fp32_logits = get("fp32_logits").checked;
     v.zero_stage = parseInt(root.querySelector("[name='zero_stage']:checked").value, 10);
     return v;
   }
@@ -81,7 +83,7 @@ _WIDGET_JS = r"""
            `<text x="${W}" y="${y(T.gpuBytes) - 4}" text-anchor="end" font-size="11">one GPU: ${T.gpuBytes / GB} GB</text>`;
     root.querySelector("svg").innerHTML = svg;
     const c = bars[v.zero_stage], total = totals[v.zero_stage];
-    const per = T.perParam[v.recipe + "|" + v.optimizer];
+    const per = T.perParam[v.recipe + "|" + v.optimizer + "|" + v.grad_buffer];
     const perSum = T.consumers.slice(0, 3).reduce((t, k) => t + per[k], 0);
     root.querySelector(".wtmg-summary").innerHTML =
       `Static state of the whole model: ${perSum} bytes/parameter × Ψ = <b>${(perSum * v.n_params / 1e12).toFixed(3)} TB</b>. ` +
@@ -98,8 +100,9 @@ _WIDGET_JS = r"""
 
 def tables(gpu_bytes: float = 80e9) -> dict:
     """Everything the page's JavaScript needs, computed by ``labkit.memory_model``."""
-    per_param = {f"{r}|{o}": memory_model.bytes_per_parameter(r, o)
-                 for r, o in itertools.product(memory_model.RECIPES, memory_model.OPTIMIZERS)}
+    per_param = {f"{r}|{o}|{g}": memory_model.bytes_per_parameter(r, o, g)
+                 for r, o, g in itertools.product(memory_model.RECIPES, memory_model.OPTIMIZERS,
+                                                  memory_model.GRAD_BUFFERS)}
     return {"perParam": per_param,
             "activationBytes": {r: rec.activation for r, rec in memory_model.RECIPES.items()},
             "consumers": list(memory_model.CONSUMERS), "colors": COLORS,
@@ -114,8 +117,11 @@ def _number(name: str, label: str, value, step: str = "1") -> str:
 
 def calculator_html(element_id: str = "wtmg-calculator", gpu_bytes: float = 80e9) -> str:
     """The calculator as one HTML string (inputs, an SVG chart, its script), defaults as DEFAULTS."""
-    if not element_id.replace("-", "").replace("_", "").isalnum():
+    if not isinstance(element_id, str) or not element_id.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"element_id must be letters, digits, '-' or '_', got {element_id!r}")
+    if isinstance(gpu_bytes, bool) or not isinstance(gpu_bytes, (int, float)) \
+            or not 0 < gpu_bytes < float("inf"):
+        raise ValueError(f"gpu_bytes must be a positive, finite number, got {gpu_bytes!r}")
     d = DEFAULTS
     options = lambda table, chosen: "".join(  # noqa: E731
         f"<option value='{k}'{' selected' if k == chosen else ''}>"
@@ -126,13 +132,16 @@ def calculator_html(element_id: str = "wtmg-calculator", gpu_bytes: float = 80e9
         for s in memory_model.ZERO_STAGES)
     numbers = "".join(_number(k, label, d[k]) for k, label in (
         ("world_size", "GPUs N"), ("n_layer", "layers L"), ("hidden", "hidden h"),
-        ("n_head", "heads a"), ("batch_size", "micro-batch b"), ("seq_len", "sequence s")))
+        ("n_head", "heads a"), ("batch_size", "micro-batch b"), ("seq_len", "sequence s"),
+        ("vocab_size", "vocabulary V")))
     return f"""
 <div id="{element_id}" class="wtmg-calculator" style="border:1px solid #ddd;padding:0.8em;border-radius:6px">
 <script type="application/json">{json.dumps(tables(gpu_bytes))}</script>
 <div>{_number("n_params", "Ψ (billions)", d["n_params"] / 1e9, "any")}
 <label>precision <select name="recipe">{options(memory_model.RECIPES, d["recipe"])}</select></label></div>
-<div><label>optimizer <select name="optimizer">{options(memory_model.OPTIMIZERS, d["optimizer"])}</select></label></div>
+<div><label>optimizer <select name="optimizer">{options(memory_model.OPTIMIZERS, d["optimizer"])}</select></label>
+<label>gradients <select name="grad_buffer">{options(memory_model.GRAD_BUFFERS, d["grad_buffer"])}</select></label>
+<label><input type="checkbox" name="fp32_logits"{" checked" if d["fp32_logits"] else ""}> fp32 logits (4·s·b·V)</label></div>
 <div style="margin:0.4em 0">{stages}</div>
 <div>{numbers}</div>
 <div class="wtmg-msg" style="color:{COLORS['activations']};font-weight:bold"></div>

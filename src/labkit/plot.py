@@ -60,11 +60,23 @@ def stacked_bars(bars: Mapping[str, Mapping[str, float]], *, unit: str = "MiB",
         limit: bytes of a horizontal line to draw (e.g. one GPU's 80 GB).
     """
     div = _unit(unit)
+    if not isinstance(bars, Mapping) or not bars:
+        raise ValueError(f"bars must be a non-empty mapping label -> {{consumer: bytes}}, "
+                         f"got {type(bars).__name__}")
     for label, parts in bars.items():
+        if not isinstance(parts, Mapping):
+            raise ValueError(f"bar {label!r} must map consumer -> bytes, got {type(parts).__name__}")
         unknown = set(parts) - set(COLORS)
         if unknown:
             raise ValueError(f"bar {label!r}: unknown consumers {sorted(unknown)}; "
                              f"allowed: {list(COLORS)}")
+        for consumer, nbytes in parts.items():
+            if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or nbytes < 0:
+                raise ValueError(f"bar {label!r}: bytes of {consumer!r} must be a number >= 0, "
+                                 f"got {nbytes!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or limit < 0):
+        raise ValueError(f"limit must be None or bytes >= 0, got {limit!r}")
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots()
     labels = list(bars)
     bottom = [0.0] * len(labels)
@@ -87,6 +99,9 @@ def stacked_bars(bars: Mapping[str, Mapping[str, float]], *, unit: str = "MiB",
 def timeline(step: StepMemory, *, unit: str = "MiB", title: str = "", ax=None) -> Figure:
     """Bytes by consumer after each operator of a measured step, phases shaded behind."""
     div = _unit(unit)
+    if not isinstance(step, StepMemory):
+        raise ValueError(f"step must be a labkit.measure.StepMemory (from measure_step), "
+                         f"got {type(step).__name__}")
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots()
     xs = [p.op for p in step.timeline]
     stacks = [[p.bytes[c] / div for p in step.timeline] for c in CONSUMERS]

@@ -26,8 +26,10 @@ from labkit.plot import stacked_bars
 GB = 10**9
 
 DEFAULTS = dict(n_params=100e9, recipe="mixed", optimizer="adam", zero_stage=1, world_size=64,
-                n_layer=80, hidden=10240, n_head=80, batch_size=1, seq_len=2048)
-"""The book's example: 100B parameters (12·80·10240² ≈ 100.7B), GPT-3-like shape."""
+                n_layer=80, hidden=10240, n_head=80, batch_size=1, seq_len=2048,
+                grad_buffer="none", vocab_size=50257, fp32_logits=False)
+"""The book's example: 100B parameters (12·80·10240² ≈ 100.7B), GPT-3-like shape, GPT-2's
+vocabulary; no fp32 gradient buffer and 16-bit logits until you switch them on."""
 
 STAGE_NAMES = {0: "no ZeRO", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 
@@ -49,6 +51,9 @@ class MemoryCalculator(widgets.VBox):
     """
 
     def __init__(self, gpu_bytes: float = 80 * GB, **values):
+        if isinstance(gpu_bytes, bool) or not isinstance(gpu_bytes, (int, float)) \
+                or not 0 < gpu_bytes < float("inf"):
+            raise ValueError(f"gpu_bytes must be a positive, finite number, got {gpu_bytes!r}")
         unknown = set(values) - set(DEFAULTS)
         if unknown:
             raise ValueError(f"unknown settings {sorted(unknown)}; allowed: {list(DEFAULTS)}")
@@ -68,6 +73,12 @@ class MemoryCalculator(widgets.VBox):
                 options=[(label, name) for name, label in memory_model.OPTIMIZERS.items()],
                 value=v["optimizer"], description="optimizer", style=wide,
                 layout=widgets.Layout(width="34em")),
+            "grad_buffer": widgets.Dropdown(
+                options=[(label, name) for name, label in memory_model.GRAD_BUFFERS.items()],
+                value=v["grad_buffer"], description="gradients", style=wide,
+                layout=widgets.Layout(width="34em")),
+            "fp32_logits": widgets.Checkbox(
+                value=v["fp32_logits"], description="fp32 logits (4·s·b·V bytes)", style=wide),
             "zero_stage": widgets.ToggleButtons(
                 options=[(STAGE_NAMES[s], s) for s in memory_model.ZERO_STAGES],
                 value=v["zero_stage"], description="ZeRO stage", style=wide),
@@ -77,16 +88,18 @@ class MemoryCalculator(widgets.VBox):
             "n_head": _int_box(v["n_head"], "heads (a)"),
             "batch_size": _int_box(v["batch_size"], "micro-batch (b)"),
             "seq_len": _int_box(v["seq_len"], "sequence (s)"),
+            "vocab_size": _int_box(v["vocab_size"], "vocabulary (V)"),
         }
         self.summary = widgets.HTML()
         self.chart = widgets.Output()
         self.result: dict[str, float] = {}
         shape = widgets.GridBox(
             [self.controls[k] for k in ("world_size", "n_layer", "hidden", "n_head",
-                                        "batch_size", "seq_len")],
+                                        "batch_size", "seq_len", "vocab_size")],
             layout=widgets.Layout(grid_template_columns="repeat(2, 18em)"))
         left = widgets.VBox([self.controls[k] for k in
-                             ("n_params", "recipe", "optimizer", "zero_stage")] + [shape])
+                             ("n_params", "recipe", "optimizer", "grad_buffer", "fp32_logits",
+                              "zero_stage")] + [shape])
         super().__init__([left, self.summary, self.chart])
         for control in self.controls.values():
             control.observe(self._redraw, names="value")
@@ -120,7 +133,7 @@ class MemoryCalculator(widgets.VBox):
             plt.close(fig)
 
     def _summary_html(self, v: dict) -> str:
-        per = memory_model.bytes_per_parameter(v["recipe"], v["optimizer"])
+        per = memory_model.bytes_per_parameter(v["recipe"], v["optimizer"], v["grad_buffer"])
         static_total = v["n_params"] * sum(per.values())
         rows = "".join(
             f"<tr><td>{c}</td><td style='text-align:right'>{self.result[c] / GB:,.2f} GB</td></tr>"
