@@ -374,6 +374,36 @@ def test_optimal_schedule_has_the_least_recompute_a_brute_force_search_finds():
 
 
 @pytest.mark.exercise("5.3", points=1)
+def test_optimal_schedule_fits_a_budget_equal_to_a_schedules_own_peak():
+    """Check optimal_schedule(budget=schedule_cost(s).peak) succeeds with decimal costs.
+
+    Decimal costs (0.1, 0.7, ...) are not exact in binary: a DP that adds the same numbers in
+    another order than schedule_cost lands a last bit above the budget and finds nothing.
+    """
+    from labkit.checkpointing import Schedule, optimal_schedule, schedule_cost
+
+    rng = random.Random(11)
+    for case in range(60):
+        n_layers = rng.randint(2, 7)
+        act = [round(rng.uniform(0.1, 3.0), 1) + 0.1 for _ in range(n_layers)]
+        inp = [round(a * rng.uniform(0.1, 0.9), 2) for a in act]
+        flops = [round(rng.uniform(0.1, 2.0), 1) for _ in range(n_layers)]
+        segments = rng.choice(list(all_schedules(n_layers)))
+        budget = schedule_cost(Schedule(n_layers, segments), act, inp, flops).peak
+        try:
+            best = optimal_schedule(act, inp, flops, budget)
+        except ValueError as error:
+            raise AssertionError(
+                f"optimal_schedule(budget={budget!r}) found nothing, yet schedule {segments} "
+                f"peaks at exactly that (act={act}, input={inp}): are the held bytes summed in "
+                f"another order than schedule_cost sums them?") from error
+        again = schedule_cost(Schedule(n_layers, best.segments), act, inp, flops)
+        assert best.peak == again.peak <= budget, (
+            f"optimal_schedule says peak {best.peak!r}, schedule_cost says {again.peak!r} for "
+            f"{best.segments} (budget {budget!r}): the two must agree to the last bit")
+
+
+@pytest.mark.exercise("5.3", points=1)
 def test_optimal_schedule_says_when_no_schedule_fits():
     """Check ValueError naming the budget below the smallest peak, and for a negative budget."""
     from labkit.checkpointing import optimal_schedule
@@ -470,17 +500,42 @@ def test_selective_checkpointing_holds_the_input_and_matmul_outputs():
 # ------------------------------------------------------------------ 5.5 offload
 
 def _saved_tensor_ledger(fn):
-    """[(bytes, is parameter or a view of one)] of every tensor autograd saves in fn()."""
-    ledger = []
+    """[(bytes, is parameter or a view of one, data key)] of every tensor autograd saves in fn().
+
+    The data key is the plain computation of "the same data": the first element's address,
+    dtype and element count, plus shape and strides unless the tensor is dense. The saved
+    tensors stay alive in the ledger, so no address is reused while it is built.
+    """
+    ledger, keep = [], []
 
     def pack(t):
         is_param = isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
-        ledger.append((t.numel() * t.element_size(), is_param))
+        start = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+        key = (t.dtype, start, t.numel())
+        if not t.is_contiguous():
+            key += (tuple(t.shape), tuple(t.stride()))
+        ledger.append((t.numel() * t.element_size(), is_param, key))
+        keep.append(t)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
     return ledger
+
+
+def _expected_split(ledger, min_bytes):
+    """(host bytes, host copies, shared saves, device bytes, device saves) by the contract."""
+    host, shared, seen = [], 0, set()
+    device = [n for n, is_param, _ in ledger if is_param or n < min_bytes]
+    for n, is_param, key in ledger:
+        if is_param or n < min_bytes:
+            continue
+        if key in seen:
+            shared += 1
+        else:
+            seen.add(key)
+            host.append(n)
+    return sum(host), len(host), shared, sum(device), len(device)
 
 
 @pytest.mark.exercise("5.5", points=2)
@@ -499,20 +554,115 @@ def test_offloaded_gradients_equal_the_plain_model():
 
 
 @pytest.mark.exercise("5.5", points=2)
-def test_offloader_accounts_every_saved_tensor_by_where_it_lives():
-    """Check host bytes = saved non-parameter tensors ≥ min_bytes; device bytes = the rest."""
+@pytest.mark.parametrize("min_bytes", [0, 1024, 10**9])
+def test_offloader_accounts_every_saved_tensor_by_where_it_lives(min_bytes):
+    """Check host bytes/count = distinct saved non-parameter data ≥ min_bytes; device = the rest."""
     from labkit.offload import ActivationOffloader
 
     idx, targets = data()
     ledger = _saved_tensor_ledger(lambda: small_gpt(2)(idx, targets))
-    for min_bytes in (0, 1024, 10**9):
-        host = [n for n, is_param in ledger if not is_param and n >= min_bytes]
-        device = [n for n, is_param in ledger if is_param or n < min_bytes]
-        offloader = ActivationOffloader(min_bytes=min_bytes)
-        with offloader:
-            small_gpt(2)(idx, targets)
-        assert (offloader.host_bytes, offloader.host_count) == (sum(host), len(host)), min_bytes
-        assert (offloader.device_bytes, offloader.device_count) == (sum(device), len(device))
+    host, host_count, shared, device, device_count = _expected_split(ledger, min_bytes)
+    offloader = ActivationOffloader(min_bytes=min_bytes)
+    with offloader:
+        small_gpt(2)(idx, targets)
+    assert offloader.device_bytes == device and offloader.device_count == device_count, (
+        f"min_bytes={min_bytes}: device_bytes/count {offloader.device_bytes:,} B/"
+        f"{offloader.device_count}, expected {device:,} B/{device_count} (parameters, views of "
+        f"parameters and tensors under min_bytes): is a view of a parameter (weight.t()) sent "
+        f"to the host, or the threshold compared with < instead of >=?")
+    assert offloader.host_bytes == host, (
+        f"min_bytes={min_bytes}: host_bytes {offloader.host_bytes:,}, expected {host:,} (each "
+        f"distinct saved tensor once, by its own elements): is data saved twice (softmax's "
+        f"output) copied twice, or a view counted by its whole storage?")
+    assert offloader.host_count == host_count, (
+        f"min_bytes={min_bytes}: host_count {offloader.host_count}, expected {host_count} "
+        f"distinct copies ({shared} saves share data with an earlier one)")
+
+
+@pytest.mark.exercise("5.5", points=1)
+def test_offloader_counts_a_view_by_its_own_bytes():
+    """Check a saved slice of a larger tensor counts its 16 columns, not its 64-column storage."""
+    from labkit.offload import ActivationOffloader
+
+    x = torch.randn(64, 64, requires_grad=True)
+    offloader = ActivationOffloader(min_bytes=1024)
+    with offloader:
+        y = x.exp()  # exp saves its output, 64·64·4 = 16,384 B
+        z = y[:, :16].sin()  # sin saves its input: a (64, 16) view of y's storage
+    z.sum().backward()
+    want = 64 * 64 * 4 + 64 * 16 * 4
+    assert offloader.host_bytes == want, (
+        f"host_bytes {offloader.host_bytes:,} B, expected {want:,} (exp's output + the (64, 16) "
+        f"view sin saves, 4,096 B): is the view counted by its storage's nbytes?")
+    x_ref = x.detach().clone().requires_grad_()
+    x_ref.exp()[:, :16].sin().sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=0, rtol=0,
+                               msg=lambda m: f"x.grad through the offloaded view: {m}")
+
+
+@pytest.mark.exercise("5.5", points=1)
+def test_offloader_copies_data_saved_twice_once():
+    """Check naive attention's softmax output (saved by softmax and by the matmul) is one copy."""
+    from labkit.offload import ActivationOffloader
+
+    idx, targets = data()
+    ledger = _saved_tensor_ledger(lambda: small_gpt(2, attention="naive")(idx, targets))
+    _, host_count, shared, _, _ = _expected_split(ledger, 1024)
+    assert shared >= 2, "harness: naive attention should save its probabilities twice per layer"
+    offloader = ActivationOffloader(min_bytes=1024)
+    model = small_gpt(2, attention="naive")
+    with offloader:
+        loss = model(idx, targets)
+    assert offloader.host_count == host_count, (
+        f"{offloader.host_count} host copies, expected {host_count}: {shared} saves show data "
+        f"already copied (softmax's output, then the view the matmul saves); copy each once")
+    loss.backward()
+    reference = model_grads(small_gpt(2, attention="naive"), idx, targets)
+    for (name, p), (_, q) in zip(reference.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=0, rtol=0,
+                                   msg=lambda m: f"{name}.grad: {m} — does unpack of a shared "
+                                                 f"copy return the shape of this save?")
+
+
+@pytest.mark.exercise("5.5", points=2)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_offloaded_gradients_on_cuda_equal_the_plain_model_under_a_slow_compute_stream():
+    """Check on CUDA: exact gradients while the compute stream is slowed with torch.cuda._sleep.
+
+    The sleeps make any missing synchronisation a visible race: a pack that copies before the
+    compute stream wrote the tensor (no wait_stream), device memory reused before the copy read
+    it (no record_stream), or an unpack that reads before the copy back ended (no wait_event).
+    """
+    from labkit.offload import ActivationOffloader
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=256, block_size=256, n_layer=3, n_head=4, n_embd=256)
+    reference = GPT(cfg).cuda()
+    model = copy.deepcopy(reference)
+    idx = torch.randint(256, (4, 256), device="cuda")
+    targets = torch.randint(256, (4, 256), device="cuda")
+    reference(idx, targets).backward()
+
+    def slow(module, *args):
+        torch.cuda._sleep(2_000_000)  # ≈ 1 ms of GPU cycles on the compute stream
+
+    hooks = [m.register_forward_pre_hook(slow) for m in model.modules()]
+    hooks += [m.register_full_backward_pre_hook(slow) for m in model.modules()
+              if isinstance(m, torch.nn.Linear)]
+    with ActivationOffloader(min_bytes=1024):
+        loss = model(idx, targets)
+    x = torch.empty(64 << 20, device="cuda")  # reuse freed device memory while copies run
+    x.fill_(float("nan"))
+    loss.backward()
+    torch.cuda.synchronize()
+    for h in hooks:
+        h.remove()
+    for (name, p), (_, q) in zip(reference.named_parameters(), model.named_parameters()):
+        # not bit-exact: CUDA's embedding backward adds with atomics in any order; a race
+        # gives garbage or NaN, far outside 1e-5 relative
+        torch.testing.assert_close(q.grad, p.grad, **GRAD_TOL,
+                                   msg=lambda m: f"{name}.grad on CUDA: {m} — a race between "
+                                                 f"the copy stream and the compute stream?")
 
 
 @pytest.mark.exercise("5.5", points=2)
@@ -586,6 +736,78 @@ def test_flash_backward_matches_sdpa_gradients(causal):
                                   (q, k, v), grad_out)
         for name, g, r in zip("qkv", ours, ref):
             torch.testing.assert_close(g, r, **ATTN_TOL, msg=f"d{name}, shape {(b, h, s, d)}")
+
+
+def _reference_attention(q, k, v, causal):
+    """SDPA and the rows' log-sum-exp, computed in float64 on the same (rounded) inputs."""
+    q, k, v = (t.double() for t in (q, k, v))
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if causal:
+        s = q.shape[-2]
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal), torch.logsumexp(scores, -1)
+
+
+@pytest.mark.exercise("5.6", points=1)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_keeps_float64_accuracy(causal):
+    """Check float64 inputs give float64 results: O, L and the gradients within 1e-12 of SDPA.
+
+    1e-12: float64 rounding over sums of a few hundred terms is ~1e-14; statistics kept in
+    float32 land near 1e-7.
+    """
+    from labkit.flash_attention import flash_attention, flash_attention_forward
+
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 150, 16, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    out, lse = flash_attention_forward(q, k, v, causal=causal, block_q=32, block_k=64)
+    ref_out, ref_lse = _reference_attention(q.detach(), k.detach(), v.detach(), causal)
+    assert out.dtype == torch.float64 and lse.dtype == torch.float64, (
+        f"float64 inputs gave O in {out.dtype} and L in {lse.dtype}; expected float64 for both: "
+        f"are the statistics forced to float32?")
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-12,
+                               msg=lambda m: f"O in float64: {m} — float32 somewhere inside?")
+    torch.testing.assert_close(lse, ref_lse, atol=1e-12, rtol=1e-12,
+                               msg=lambda m: f"L in float64: {m} — float32 somewhere inside?")
+    grad_out = torch.randn_like(ref_out)
+    ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=32, block_k=64),
+                               (q, k, v), grad_out)
+    ref = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                              (q, k, v), grad_out)
+    for name, g, r in zip("qkv", ours, ref):
+        torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12,
+                                   msg=lambda m: f"d{name} in float64: {m} — are the backward's "
+                                                 f"accumulators float32?")
+
+
+@pytest.mark.exercise("5.6", points=2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_keeps_statistics_in_float32_for_16_bit_inputs(dtype):
+    """Check 16-bit inputs: L in float32 and within 1e-4 of the exact log-sum-exp; O in dtype.
+
+    1e-4: float32 statistics land ~1e-6 from the float64 reference on these inputs; running
+    max and sum kept in bfloat16 (8 bits of mantissa) are ~3e-2 off, float16 ~4e-3.
+    O: half an ulp of the 16-bit output (|O| < 4) plus float32 rounding: 1.6e-2 for bfloat16,
+    2e-3 for float16.
+    """
+    from labkit.flash_attention import flash_attention_forward
+
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 300, 16, dtype=dtype) for _ in range(3))
+    out, lse = flash_attention_forward(q, k, v, causal=True, block_q=32, block_k=32)
+    assert lse.dtype == torch.float32, (
+        f"{dtype} inputs gave L in {lse.dtype}, expected torch.float32: keep the running max, "
+        f"sum and log-sum-exp in float32 whatever the input's precision")
+    ref_out, ref_lse = _reference_attention(q, k, v, causal=True)
+    err = (lse.double() - ref_lse).abs().max().item()
+    assert err <= 1e-4, (
+        f"L of {dtype} inputs is {err:.2e} off the exact log-sum-exp (allowed 1e-4): are the "
+        f"running max/sum or the tile scores kept in {dtype}?")
+    assert out.dtype == dtype, f"O must come back in the input's dtype {dtype}, got {out.dtype}"
+    atol = 1.6e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=0,
+                               msg=lambda m: f"O of {dtype} inputs: {m} — accumulator in {dtype}?")
 
 
 @pytest.mark.exercise("5.6", points=1)
@@ -696,3 +918,104 @@ def test_ring_per_rank_peak_memory_scales_with_s_over_n(ring_runs):
     peak = {key: max(r["peak_bytes"] for r in run[3]) for key, run in ring_runs.items()}
     assert abs(peak[256, 8, False] / peak[128, 4, False] - 1) <= 0.10, peak
     assert peak[128, 4, False] <= 0.55 * peak[128, 2, False], peak
+
+
+# ------------------------------------------------------------------ bad input (not graded)
+# Every public function of the lab's modules refuses bad input with a ValueError/TypeError that
+# names the argument, before any work. The checks sit outside the exercise blocks, so these
+# tests pass on the stubs too: they are not graded.
+
+def _checkpointing_cases():
+    from labkit import checkpointing as c
+
+    ones = [1, 1, 1]
+    return [
+        ("Schedule fractional bound", lambda: c.Schedule(4, ((0, 2.5),)), TypeError, "segments"),
+        ("Schedule bound as text", lambda: c.Schedule(4, (("0", "2"),)), TypeError, "segments"),
+        ("Schedule not pairs", lambda: c.Schedule(4, (1, 2)), TypeError, "segments"),
+        ("Schedule overlapping", lambda: c.Schedule(4, ((0, 2), (1, 3))), ValueError, "segments"),
+        ("Schedule n_layers 0", lambda: c.Schedule(0), ValueError, "n_layers"),
+        ("Schedule n_layers float", lambda: c.Schedule(2.0), ValueError, "n_layers"),
+        ("Schedule negative peak", lambda: c.Schedule(2, (), peak=-1), ValueError, "peak"),
+        ("sqrt_schedule bool", lambda: c.sqrt_schedule(True), ValueError, "n_layers"),
+        ("schedule_cost nan", lambda: c.schedule_cost(c.Schedule(3), ones, ones, [1, float("nan"), 1]),
+         ValueError, "flops"),
+        ("schedule_cost input > act", lambda: c.schedule_cost(c.Schedule(3), ones, [1, 2, 1], ones),
+         ValueError, "input_bytes"),
+        ("apply_checkpointing name", lambda: c.apply_checkpointing(small_gpt(2), "sqrt"),
+         TypeError, "schedule"),
+        ("apply_checkpointing no blocks", lambda: c.apply_checkpointing(torch.nn.Linear(2, 2),
+                                                                        c.Schedule(2)),
+         TypeError, "model"),
+        ("optimal_schedule budget text", lambda: c.optimal_schedule(ones, ones, ones, "10"),
+         ValueError, "budget"),
+        ("optimal_schedule budget nan", lambda: c.optimal_schedule(ones, ones, ones, float("nan")),
+         ValueError, "budget"),
+        ("optimal_schedule empty", lambda: c.optimal_schedule([], [], [], 10), ValueError,
+         "act_bytes"),
+    ]
+
+
+def _flash_cases():
+    from labkit import flash_attention as f
+
+    x = torch.randn(1, 1, 8, 4)
+    return [
+        ("mixed dtypes", lambda: f.flash_attention(x, x.double(), x), TypeError, "dtype"),
+        ("integer tensors", lambda: f.flash_attention(x.long(), x.long(), x.long()), TypeError,
+         "floating"),
+        ("not a tensor", lambda: f.flash_attention(x.tolist(), x, x), TypeError, "q"),
+        ("3-d", lambda: f.flash_attention(x[0], x[0], x[0]), ValueError, "shape"),
+        ("shapes differ", lambda: f.flash_attention(x, x[:, :, :4], x), ValueError, "shape"),
+        ("block_q 0", lambda: f.flash_attention(x, x, x, block_q=0), ValueError, "block_q"),
+        ("block_k float", lambda: f.flash_attention(x, x, x, block_k=2.0), ValueError, "block_k"),
+        ("causal text", lambda: f.flash_attention(x, x, x, causal="yes"), TypeError, "causal"),
+        ("forward mixed", lambda: f.flash_attention_forward(x.half(), x, x), TypeError, "dtype"),
+    ]
+
+
+def _ring_cases():
+    from labkit import ring_attention as r
+
+    x = torch.randn(1, 1, 40, 4)
+    return [
+        ("bytes world 0", lambda: r.ring_bytes_per_rank(1, 1, 40, 4, 0), ValueError, "world_size"),
+        ("bytes world -2", lambda: r.ring_bytes_per_rank(1, 1, 40, 4, -2), ValueError,
+         "world_size"),
+        ("bytes world float", lambda: r.ring_bytes_per_rank(1, 1, 40, 4, 2.0), ValueError,
+         "world_size"),
+        ("bytes uneven", lambda: r.ring_bytes_per_rank(1, 1, 40, 4, 3), ValueError, "seq_len"),
+        ("bytes element 0", lambda: r.ring_bytes_per_rank(1, 1, 40, 4, 2, 0), ValueError,
+         "element_size"),
+        ("worker uneven split", lambda: r.ring_worker(0, 3, x, x, x), ValueError, "seq_len"),
+        ("lse mixed dtypes", lambda: r.attention_with_lse(x, x.double(), x), TypeError, "dtype"),
+        ("lse causal uneven", lambda: r.attention_with_lse(x, x[:, :, :20], x[:, :, :20],
+                                                           causal=True), ValueError, "causal"),
+        ("merge shapes", lambda: r.merge_attention(x, x[..., 0], x[:, :, :20], x[..., 0]),
+         ValueError, "out_a"),
+    ]
+
+
+def _offload_cases():
+    from labkit import offload as o
+
+    return [
+        ("min_bytes negative", lambda: o.ActivationOffloader(min_bytes=-1), ValueError,
+         "min_bytes"),
+        ("min_bytes float", lambda: o.ActivationOffloader(min_bytes=1.5), ValueError, "min_bytes"),
+        ("bandwidth 0", lambda: o.transfer_seconds(10, 0), ValueError, "bandwidth"),
+        ("bytes negative", lambda: o.transfer_seconds(-1, 1e9), ValueError, "nbytes"),
+        ("flops_per_s negative", lambda: o.compute_seconds(10, -1), ValueError, "flops_per_s"),
+        ("flops text", lambda: o.compute_seconds("10", 1e9), ValueError, "flops"),
+    ]
+
+
+@pytest.mark.parametrize("module", ["checkpointing", "flash_attention", "ring_attention",
+                                    "offload"])
+def test_bad_input_is_refused_with_the_argument_named(module):
+    """Check each public function refuses bad input with ValueError/TypeError naming it."""
+    cases = {"checkpointing": _checkpointing_cases, "flash_attention": _flash_cases,
+             "ring_attention": _ring_cases, "offload": _offload_cases}[module]()
+    for label, call, error, name in cases:
+        with pytest.raises(error, match=name):
+            call()
