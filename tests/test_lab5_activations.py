@@ -191,8 +191,15 @@ def test_schedule_cost_matches_a_step_by_step_simulation():
             flops = [rng.randint(1, 9) for _ in range(n_layers)]
             for segments in all_schedules(n_layers):
                 cost = schedule_cost(Schedule(n_layers, segments), act, inp, flops)
-                expected = simulate_schedule(n_layers, segments, act, inp, flops)
-                assert (cost.peak, cost.recompute) == expected, (segments, act, inp, flops)
+                peak, recompute = simulate_schedule(n_layers, segments, act, inp, flops)
+                assert cost.peak == peak, (
+                    f"schedule {segments} (act_bytes={act}, input_bytes={inp}): peak "
+                    f"{cost.peak:g}, the step-by-step walk says {peak:g}: during a segment's "
+                    f"recompute, are the bytes of the layers before it counted? Is a kept "
+                    f"checkpoint charged its input only? Is the end of forward a candidate?")
+                assert cost.recompute == recompute, (
+                    f"schedule {segments} (flops={flops}): recompute {cost.recompute:g}, "
+                    f"expected {recompute:g} = the flops of every layer inside a segment")
 
 
 @pytest.mark.exercise("5.1", points=2)
@@ -203,12 +210,17 @@ def test_sqrt_schedule_cuts_ceil_sqrt_segments_covering_every_layer():
     for n_layers in range(1, 50):
         schedule = sqrt_schedule(n_layers)
         segments = schedule.segments
-        assert schedule.n_layers == n_layers
-        assert len(segments) == math.ceil(math.sqrt(n_layers) - 1e-12), (n_layers, segments)
-        assert segments[0][0] == 0 and segments[-1][1] == n_layers
-        assert all(a[1] == b[0] for a, b in zip(segments, segments[1:])), segments
+        want = math.isqrt(n_layers - 1) + 1  # ⌈√L⌉ in integers, exact for every L
+        assert schedule.n_layers == n_layers, f"L={n_layers}: schedule.n_layers={schedule.n_layers}"
+        assert len(segments) == want, (
+            f"L={n_layers}: {len(segments)} segments {segments}, expected ⌈√L⌉ = {want}: "
+            f"floor instead of ceiling, or float rounding of √L?")
+        assert segments[0][0] == 0 and segments[-1][1] == n_layers and all(
+            a[1] == b[0] for a, b in zip(segments, segments[1:])), (
+            f"L={n_layers}: segments {segments} must cover 0..{n_layers} without gaps")
         lengths = [stop - start for start, stop in segments]
-        assert max(lengths) - min(lengths) <= 1 and lengths == sorted(lengths, reverse=True), lengths
+        assert max(lengths) - min(lengths) <= 1 and lengths == sorted(lengths, reverse=True), (
+            f"L={n_layers}: segment lengths {lengths} must differ by at most one, longer first")
 
 
 @pytest.mark.exercise("5.1", points=1)
@@ -220,8 +232,13 @@ def test_sqrt_schedule_predicts_its_peak_and_one_extra_forward():
         schedule = sqrt_schedule(n_layers)
         ones = [1] * n_layers
         peak, recompute = simulate_schedule(n_layers, schedule.segments, ones, ones, ones)
-        assert schedule.peak == peak and schedule.recompute == recompute == n_layers
-        assert peak <= 2 * math.ceil(math.sqrt(n_layers))
+        assert schedule.peak == peak, (
+            f"L={n_layers}: sqrt_schedule predicts peak {schedule.peak}, the walk gives {peak} "
+            f"(unit layers): predicted with schedule_cost on all-ones costs?")
+        assert schedule.recompute == recompute == n_layers, (
+            f"L={n_layers}: recompute {schedule.recompute}, expected L = {n_layers} (one extra "
+            f"forward)")
+        assert peak <= 2 * math.ceil(math.sqrt(n_layers)), f"L={n_layers}: peak {peak} > 2⌈√L⌉"
 
 
 @pytest.mark.exercise("5.1", points=1)
@@ -304,8 +321,12 @@ def test_activation_bytes_fall_as_the_schedule_predicts(n_layers):
     for label, schedule in schedules.items():
         held, peak = measured[label]
         kept = [i for i in range(n_layers) if i not in schedule.recomputed_layers]
-        assert held - held_none == len(kept) * a + len(schedule.segments) * x - n_layers * a, \
-            f"{label}: bytes held after forward"
+        want = len(kept) * a + len(schedule.segments) * x - n_layers * a
+        assert held - held_none == want, (
+            f"{label}, L={n_layers}: {held - held_none:+,} B held after forward relative to no "
+            f"checkpointing, expected {want:+,} ({len(kept)} whole blocks of {a:,} B + "
+            f"{len(schedule.segments)} kept inputs of {x:,} B): does each segment keep only its "
+            f"input?")
         predicted, _ = simulate_schedule(n_layers, schedule.segments, [a] * n_layers,
                                          [x] * n_layers, [0] * n_layers)
         assert predicted <= peak <= predicted + 2 * x + 64, \
@@ -337,7 +358,11 @@ def test_recompute_flops_equal_the_recomputed_blocks_forward():
     for label, segments in SCHEDULES_4.items():
         schedule = Schedule(4, segments)
         flops = step_flops(apply_checkpointing(small_gpt(4), schedule))
-        assert flops - plain == len(schedule.recomputed_layers) * block_flops, label
+        want = len(schedule.recomputed_layers) * block_flops
+        assert flops - plain == want, (
+            f"{label} {segments}: {flops - plain:,} extra FLOPs, expected {want:,} (one forward "
+            f"of each recomputed block): is a block outside its segment, run twice, or not "
+            f"checkpointed at all?")
 
 
 @pytest.mark.exercise("5.2", points=1)
@@ -345,8 +370,13 @@ def test_apply_checkpointing_rejects_a_schedule_of_another_depth():
     """Check ValueError naming n_layers when the schedule does not match the model's blocks."""
     from labkit.checkpointing import Schedule, apply_checkpointing
 
-    with pytest.raises(ValueError, match="n_layers"):
+    try:
         apply_checkpointing(small_gpt(4), Schedule(3, ((0, 3),)))
+    except ValueError as error:
+        assert "n_layers" in str(error), f"the ValueError must name n_layers, got: {error}"
+    else:
+        raise AssertionError("a 3-layer schedule on a 4-block model must raise ValueError "
+                             "naming n_layers before changing the model")
 
 
 # ------------------------------------------------------------------ 5.3 optimal_schedule
@@ -368,8 +398,17 @@ def test_optimal_schedule_has_the_least_recompute_a_brute_force_search_finds():
         best = min(r for p, r in costs.values() if p <= budget)
         schedule = optimal_schedule(act, inp, flops, budget)
         peak, recompute = simulate_schedule(n_layers, schedule.segments, act, inp, flops)
-        assert peak <= budget and recompute == best, (act, inp, flops, budget, schedule)
-        assert (schedule.peak, schedule.recompute) == (peak, recompute)
+        assert peak <= budget, (
+            f"act={act}, input={inp}, budget={budget}: {schedule.segments} peaks at {peak}, "
+            f"over the budget: is a recompute's peak (held bytes + the segment's activations) "
+            f"or the end of forward left out of the check?")
+        assert recompute == best, (
+            f"act={act}, input={inp}, flops={flops}, budget={budget}: {schedule.segments} "
+            f"recomputes {recompute}, the best schedule that fits recomputes {best}: does the "
+            f"DP keep the cheapest way to reach each held-bytes state?")
+        assert (schedule.peak, schedule.recompute) == (peak, recompute), (
+            f"{schedule.segments}: predicted (peak, recompute) = ({schedule.peak}, "
+            f"{schedule.recompute}), the walk gives ({peak}, {recompute})")
         cases += 1
 
 
@@ -430,10 +469,14 @@ def test_optimal_schedule_beats_uniform_schedules_on_a_deep_gpt():
                     Schedule(n_layers, tuple((s, min(s + 6, 32)) for s in range(0, 32, 6)))):
         peak, recompute = simulate_schedule(n_layers, uniform.segments, act, inp, flops)
         best = optimal_schedule(act, inp, flops, peak)
-        assert best.recompute <= recompute and best.peak <= peak
+        assert best.recompute <= recompute and best.peak <= peak, (
+            f"budget {peak}: optimal_schedule gives peak {best.peak}, recompute {best.recompute}; "
+            f"a uniform schedule does {peak}, {recompute}")
     half = optimal_schedule(act, inp, flops, n_layers * a // 2)  # room for half the layers
     peak, recompute = simulate_schedule(n_layers, half.segments, act, inp, flops)
-    assert peak <= n_layers * a // 2 and recompute < n_layers * f
+    assert peak <= n_layers * a // 2 and recompute < n_layers * f, (
+        f"half the memory: peak {peak} (budget {n_layers * a // 2}), recompute {recompute} "
+        f"(recomputing all would be {n_layers * f})")
 
 
 # ------------------------------------------------------------------ 5.4 selective
@@ -444,10 +487,15 @@ def test_keep_matmuls_policy_saves_gemms_and_recomputes_cheap_ops():
     from labkit.selective_checkpoint import keep_matmuls_policy
 
     for op in (aten.mm.default, aten.addmm.default, aten.bmm.default):
-        assert keep_matmuls_policy(None, op) == CheckpointPolicy.MUST_SAVE, op
+        got = keep_matmuls_policy(None, op)
+        assert got == CheckpointPolicy.MUST_SAVE, (
+            f"{op}: policy says {got}, expected MUST_SAVE: a GEMM's output costs O(n_embd) FLOPs "
+            f"per element to recompute")
     for op in (aten.native_layer_norm.default, aten.gelu.default, aten._softmax.default,
                aten.add.Tensor, aten.masked_fill.Scalar):
-        assert keep_matmuls_policy(None, op) == CheckpointPolicy.PREFER_RECOMPUTE, op
+        got = keep_matmuls_policy(None, op)
+        assert got == CheckpointPolicy.PREFER_RECOMPUTE, (
+            f"{op}: policy says {got}, expected PREFER_RECOMPUTE: a few FLOPs per element")
 
 
 @pytest.mark.exercise("5.4", points=2)
@@ -462,7 +510,9 @@ def test_selective_checkpointing_gradients_equal_the_plain_model():
     model_grads(apply_selective_checkpointing(model), idx, targets)
     expected = {n: p.grad for n, p in reference.named_parameters()}
     for p in model.parameters():
-        torch.testing.assert_close(p.grad, expected[names[id(p)]], **GRAD_TOL)
+        name = names[id(p)]
+        torch.testing.assert_close(p.grad, expected[name], **GRAD_TOL,
+                                   msg=lambda m: f"{name}.grad under selective checkpointing: {m}")
 
 
 @pytest.mark.exercise("5.4", points=2)
@@ -478,7 +528,11 @@ def test_selective_checkpointing_recomputes_no_matmul():
 
     plain = step_flops(small_gpt(3))
     block_flops, _ = count_flops(small_gpt(1).h[0], torch.randn(B, T, C))
-    assert step_flops(apply_selective_checkpointing(small_gpt(3))) == plain
+    got = step_flops(apply_selective_checkpointing(small_gpt(3)))
+    assert got == plain, (
+        f"selective checkpointing runs {got - plain:+,} FLOPs over no checkpointing, expected 0 "
+        f"(FlopCounterMode counts matmuls; one block's forward is {block_flops:,}): is a matmul "
+        f"recomputed (policy not applied, or addmm/bmm missing from the saved ops)?")
     assert step_flops(fully_checkpointed(small_gpt(3))) == plain + 3 * block_flops
 
 
@@ -493,8 +547,14 @@ def test_selective_checkpointing_holds_the_input_and_matmul_outputs():
     held_none, peak_none = blocks_memory(small_gpt(n_layers))
     held_full, _ = blocks_memory(fully_checkpointed(small_gpt(n_layers)))
     held_sel, peak_sel = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers)))
-    assert held_sel - held_full == n_layers * counter.nbytes
-    assert held_sel < held_none and peak_sel < peak_none
+    want = n_layers * counter.nbytes
+    assert held_sel - held_full == want, (
+        f"selective holds {held_sel - held_full:+,} B over full checkpointing after forward, "
+        f"expected {want:,} (the matmul outputs of {n_layers} blocks): "
+        f"{'nothing saved: is the policy applied?' if held_sel == held_full else 'does the policy save more or fewer ops than the GEMMs?'}")
+    assert held_sel < held_none and peak_sel < peak_none, (
+        f"selective holds {held_sel:,} B (peak {peak_sel:,}), no checkpointing {held_none:,} "
+        f"(peak {peak_none:,}): selective must hold less")
 
 
 # ------------------------------------------------------------------ 5.5 offload
@@ -550,7 +610,9 @@ def test_offloaded_gradients_equal_the_plain_model():
         loss = model(idx, targets)
     loss.backward()
     for (name, p), (_, q) in zip(reference.named_parameters(), model.named_parameters()):
-        torch.testing.assert_close(q.grad, p.grad, atol=0, rtol=0, msg=name)
+        torch.testing.assert_close(q.grad, p.grad, atol=0, rtol=0,
+                                   msg=lambda m: f"{name}.grad through the offloader: {m} — "
+                                                 f"does unpack return the tensor pack was given?")
 
 
 @pytest.mark.exercise("5.5", points=2)
@@ -863,9 +925,11 @@ def test_merge_attention_equals_attention_over_all_keys():
     first = attention_with_lse(q, k[:, :, :15], v[:, :, :15])
     second = attention_with_lse(q, k[:, :, 15:], v[:, :, 15:])
     out, lse = merge_attention(*first, *second)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), **ATTN_TOL)
     full_scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
-    torch.testing.assert_close(lse, torch.logsumexp(full_scores, dim=-1), **ATTN_TOL)
+    torch.testing.assert_close(lse, torch.logsumexp(full_scores, dim=-1), **ATTN_TOL,
+                               msg=lambda m: f"merged L: {m} — L = log(e^L1 + e^L2), not a max")
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), **ATTN_TOL,
+                               msg=lambda m: f"merged O: {m} — each part weighted by e^(Li − L)?")
 
 
 RING_B, RING_H, RING_D = 1, 2, 16
@@ -893,8 +957,15 @@ def test_ring_attention_equals_full_attention(ring_runs, world_size, causal):
     """Check the ranks' outputs, concatenated, equal SDPA over the whole sequence."""
     q, k, v, results = ring_runs[128, world_size, causal]
     out = torch.cat([r["out"] for r in results], dim=2)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                               **ATTN_TOL)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    chunk = out.shape[2] // world_size
+    for rank in range(world_size):
+        rows = slice(rank * chunk, (rank + 1) * chunk)
+        torch.testing.assert_close(
+            out[:, :, rows], want[:, :, rows], **ATTN_TOL,
+            msg=lambda m: f"rank {rank}'s output rows (N={world_size}, causal={causal}): {m} — "
+                          f"which source rank's block is held at step t, and which blocks does "
+                          f"causal masking skip or mask?")
 
 
 @pytest.mark.exercise("5.7", points=1)
@@ -903,9 +974,16 @@ def test_ring_bytes_sent_per_rank_match_the_formula(ring_runs):
     for (s, n, causal), (_, _, _, results) in ring_runs.items():
         expected = 2 * (n - 1) * RING_B * RING_H * (s // n) * RING_D * 4
         for rank, r in enumerate(results):
-            assert r["bytes_sent"].get("send", 0) == expected, (s, n, causal, rank, r["bytes_sent"])
-            assert r["bytes_sent"].get("recv", 0) == expected, (s, n, causal, rank)
-            assert set(r["bytes_sent"]) <= {"send", "recv", "barrier"}, r["bytes_sent"]
+            sent = r["bytes_sent"].get("send", 0)
+            assert sent == expected, (
+                f"S={s}, N={n}, causal={causal}: rank {rank} sent {sent:,} B, expected "
+                f"2(N-1)·B·H·(S/N)·D·4 = {expected:,}: one transfer too many (the last step "
+                f"needs none) or too few?")
+            assert r["bytes_sent"].get("recv", 0) == expected, (
+                f"S={s}, N={n}: rank {rank} received {r['bytes_sent'].get('recv', 0):,} B, "
+                f"expected {expected:,}")
+            assert set(r["bytes_sent"]) <= {"send", "recv", "barrier"}, (
+                f"rank {rank} used {sorted(r['bytes_sent'])}: the ring needs only send/recv")
 
 
 @pytest.mark.exercise("5.7", points=2)

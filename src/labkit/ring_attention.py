@@ -11,8 +11,8 @@ score rows,
     L = log(exp(L₁) + exp(L₂)),    O = exp(L₁ - L)·O₁ + exp(L₂ - L)·O₂.
 
 Causal masking skips the blocks that lie entirely after a rank's queries (src > r) and masks
-the diagonal block (src = r). No rank ever holds more than two key/value blocks and one
-(S/N × S/N) tile of scores: memory O(S/N) per rank for the activations, and the sequence length
+the diagonal block (src = r). No rank ever holds more than two key/value blocks (and, where
+no fused kernel is used, one (S/N × S/N) tile of scores): memory O(S/N) per rank for the activations, and the sequence length
 grows with the number of ranks (Liu et al. 2023, https://arxiv.org/abs/2310.01889). Each rank
 sends N - 1 key/value blocks a step: 2·(N-1)·B·H·(S/N)·D elements.
 
@@ -40,6 +40,12 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         (O, L): O (B, H, Sq, D) = softmax(q kᵀ/√D) v and L (B, H, Sq) = logsumexp of the rows.
     """
     _check_chunk(q, k, v, causal)
+    if (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+            and not (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # PyTorch's fused CPU kernel returns the log-sum-exp too: no (Sq × Sk) matrix in memory
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal)
+        return out, lse
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Sq, Sk)
     if causal:
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
