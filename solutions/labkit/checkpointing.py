@@ -55,7 +55,21 @@ class Schedule:
 
     def __post_init__(self) -> None:
         _require_positive_int("n_layers", self.n_layers)
-        segments = tuple((int(s), int(e)) for s, e in self.segments)
+        try:
+            segments = tuple(tuple(segment) for segment in self.segments)
+        except TypeError:
+            raise TypeError(f"Schedule.segments must be a sequence of (start, stop) pairs of ints, "
+                            f"got {self.segments!r}") from None
+        for segment in segments:
+            if len(segment) != 2 or any(isinstance(b, bool) or not isinstance(b, int)
+                                        for b in segment):
+                raise TypeError(f"Schedule.segments must hold (start, stop) pairs of ints (a "
+                                f"layer index is never fractional), got {segment!r}")
+        for name in ("peak", "recompute"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not value >= 0):
+                raise ValueError(f"Schedule.{name} must be None or a number >= 0, got {value!r}")
         object.__setattr__(self, "segments", segments)
         previous_stop = 0
         for start, stop in segments:
@@ -247,6 +261,12 @@ def apply_checkpointing(model: nn.Module, schedule: Schedule) -> nn.Module:
     Raises:
         ValueError: ``schedule.n_layers`` differs from the model's number of blocks.
     """
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a labkit.checkpointing.Schedule (e.g. sqrt_schedule(L), "
+                        f"Schedule.every_layer(L), optimal_schedule(...)), got {schedule!r}")
+    if not isinstance(model, nn.Module) or not isinstance(getattr(model, "h", None), nn.ModuleList):
+        raise TypeError(f"model must be a course GPT (an nn.Module whose blocks are the "
+                        f"nn.ModuleList model.h), got {type(model).__name__}")
     # BEGIN SOLUTION 5.2: rebuild model.h: blocks outside segments as they are, each segment as one CheckpointedSegment
     blocks = blocks_of(model)
     if schedule.n_layers != len(blocks):
@@ -288,6 +308,7 @@ def optimal_schedule(act_bytes: Sequence[float], input_bytes: Sequence[float],
     act, inp, fl = _costs(None, act_bytes=act_bytes, input_bytes=input_bytes, flops=flops)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
         raise ValueError(f"budget must be a number of bytes >= 0, got {budget!r}")
+    budget = float(budget)
     n = len(act)
     # fronts[i]: {bytes m held by layers 0..i-1: (recompute, peak of the recomputes, segments)}
     fronts: list[dict[float, tuple[float, float, tuple]]] = [dict() for _ in range(n + 1)]
@@ -304,9 +325,9 @@ def optimal_schedule(act_bytes: Sequence[float], input_bytes: Sequence[float],
                 continue
             best_r = r
             offer(i + 1, m + act[i], r, p, segments)  # keep layer i
-            inside = m
             for j in range(i + 1, n + 1):  # recompute segment [i, j)
-                inside += act[j - 1]
+                # summed as schedule_cost sums it, so both agree on the boundary to the last bit
+                inside = m + sum(act[i:j])
                 if inside > budget:
                     break
                 offer(j, m + inp[i], r + sum(fl[i:j]), max(p, inside), segments + ((i, j),))

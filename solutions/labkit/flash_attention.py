@@ -22,16 +22,37 @@ import math
 
 import torch
 
-DEFAULT_BLOCK = 64
+DEFAULT_BLOCK = 128  # fastest of 64..512 on the course CPU at S = 2048 (tools/bench/lab5.py)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int,
+           causal: bool = False) -> None:
+    """Refuse bad input before any work (names the argument and what is allowed)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16, float32 "
+                            f"or float64), got {t.dtype}")
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
         raise ValueError("q, k, v must share one shape (batch, heads, seq_len, head_dim); got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
     for name, value in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the running statistics (m, ℓ, L) and accumulators for inputs of ``dtype``:
+    float32 for 16-bit inputs (their range and precision are too small for a running sum),
+    the input's own dtype when it is wider (float64 keeps float64 accuracy)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -47,53 +68,62 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 def _tile_scores(q_blk: torch.Tensor, k_blk: torch.Tensor, q0: int, k0: int, scale: float,
                  causal: bool) -> torch.Tensor:
-    """Scores of one tile, (B, H, bq, bk), with causal positions masked to -inf."""
+    """Scores of one tile, (B, H, bq, bk), with causal positions masked to -inf.
+
+    Only a tile that crosses the diagonal (some key after some query) pays for the mask."""
     s = (q_blk @ k_blk.transpose(-2, -1)) * scale
-    if causal:
-        rows = torch.arange(q0, q0 + q_blk.shape[-2], device=s.device)[:, None]
-        cols = torch.arange(k0, k0 + k_blk.shape[-2], device=s.device)[None, :]
-        s = s.masked_fill(cols > rows, float("-inf"))
+    bq, bk = q_blk.shape[-2], k_blk.shape[-2]
+    if causal and k0 + bk - 1 > q0:
+        above = torch.ones(bq, bk, dtype=torch.bool, device=s.device).triu(q0 - k0 + 1)
+        s = s.masked_fill(above, float("-inf"))
     return s
 
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                             causal: bool = False, block_q: int = DEFAULT_BLOCK,
                             block_k: int = DEFAULT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tiled attention forward with the online softmax.
+    """Tiled attention forward with the online softmax: no (S × S) matrix is ever built.
 
-    For each block of ``block_q`` query rows: m = -inf, ℓ = 0, acc = 0; for each block of
-    ``block_k`` keys (stop at the diagonal when causal): s = q kᵀ/√d (masked), m' = max(m,
-    rowmax s), p = exp(s - m'), ℓ = ℓ·exp(m - m') + rowsum p, acc = acc·exp(m - m') + p v,
-    m = m'. Then O = acc / ℓ and L = m + log ℓ.
+    Contract: at most one (block_q × block_k) tile of scores exists at a time; tiles wholly
+    above the diagonal are skipped when causal; the running statistics are kept in
+    ``stats_dtype(q.dtype)`` (float32 for 16-bit inputs, float64 for float64 inputs).
 
     Args:
-        q, k, v: (B, H, S, D), one dtype and device.
+        q, k, v: (B, H, S, D), one floating dtype and device.
         causal: mask keys after each query.
         block_q, block_k: tile sizes (any S works; the last tile may be shorter).
     Returns:
-        (O, L): the output (B, H, S, D) and the log-sum-exp of each score row (B, H, S), fp32.
+        (O, L): the output (B, H, S, D) in q's dtype, equal to SDPA's, and the log-sum-exp of
+        each score row (B, H, S) in ``stats_dtype(q.dtype)``.
+    Raises:
+        TypeError / ValueError: mixed dtypes or devices, shapes that differ, bad tile sizes.
     """
     # BEGIN SOLUTION 5.6: loop over query tiles, then key tiles, with a running max m, sum l and accumulator; return (acc / l, m + log l)
-    _check(q, k, v, block_q, block_k)
+    _check(q, k, v, block_q, block_k, causal)
     B, H, S, D = q.shape
+    acc_dtype = stats_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D)
+    qa, ka, va = q.to(acc_dtype), k.to(acc_dtype), v.to(acc_dtype)
     out = torch.empty_like(q)
-    lse = torch.empty(B, H, S, dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, H, S, dtype=acc_dtype, device=q.device)
     for q0 in range(0, S, block_q):
-        q_blk = q[:, :, q0:q0 + block_q]  # (B, H, bq, D)
+        q_blk = qa[:, :, q0:q0 + block_q]  # (B, H, bq, D)
         bq = q_blk.shape[-2]
-        m = torch.full((B, H, bq, 1), float("-inf"), dtype=torch.float32, device=q.device)
-        l = torch.zeros(B, H, bq, 1, dtype=torch.float32, device=q.device)
-        acc = torch.zeros(B, H, bq, D, dtype=torch.float32, device=q.device)
+        m = l = acc = None
         k_end = min(S, q0 + bq) if causal else S
         for k0 in range(0, k_end, block_k):
-            k_blk, v_blk = k[:, :, k0:k0 + block_k], v[:, :, k0:k0 + block_k]
-            s = _tile_scores(q_blk, k_blk, q0, k0, scale, causal).float()  # (B, H, bq, bk)
+            k_blk, v_blk = ka[:, :, k0:k0 + block_k], va[:, :, k0:k0 + block_k]
+            s = _tile_scores(q_blk, k_blk, q0, k0, scale, causal)  # (B, H, bq, bk)
+            if m is None:  # first tile: nothing to rescale
+                m = s.amax(dim=-1, keepdim=True)
+                p = torch.exp(s - m)
+                l, acc = p.sum(dim=-1, keepdim=True), p @ v_blk
+                continue
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             p = torch.exp(s - m_new)
             correction = torch.exp(m - m_new)
             l = l * correction + p.sum(dim=-1, keepdim=True)
-            acc = acc * correction + p.to(v.dtype) @ v_blk
+            acc = acc * correction + p @ v_blk
             m = m_new
         out[:, :, q0:q0 + bq] = (acc / l).to(q.dtype)
         lse[:, :, q0:q0 + bq] = (m + torch.log(l)).squeeze(-1)
@@ -108,37 +138,45 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tiled attention backward that recomputes each tile's probabilities from L.
 
-    With Δ = rowsum(dO ∘ O) (B, H, S), for each tile: p = exp(q kᵀ/√d - L) (0 where masked),
-    dV += pᵀ dO, dP = dO vᵀ, dS = p ∘ (dP - Δ), dQ += dS k/√d, dK += dSᵀ q/√d.
+    Contract: the gradients of SDPA's output with respect to q, k, v, computed tile by tile
+    from the forward's O and L (no (S × S) matrix; tiles above the diagonal skipped when
+    causal), accumulated in ``stats_dtype(q.dtype)``.
 
     Args:
         q, k, v, out, lse: the forward's inputs and saved results.
         grad_out: dL/dO, (B, H, S, D).
     Returns:
-        (dq, dk, dv), each shaped like q.
+        (dq, dk, dv), each shaped like q, in q's dtype.
     """
     # BEGIN SOLUTION 5.6: delta = (dO*O).sum(-1); per tile p = exp(s - lse), accumulate dv, dq, dk with ds = p*(dP - delta)
-    _check(q, k, v, block_q, block_k)
+    _check(q, k, v, block_q, block_k, causal)
     B, H, S, D = q.shape
+    acc_dtype = stats_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D)
-    delta = (grad_out.float() * out.float()).sum(dim=-1, keepdim=True)  # (B, H, S, 1)
-    dq = torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
+    qa, ka, va = q.to(acc_dtype), k.to(acc_dtype), v.to(acc_dtype)
+    do = grad_out.to(acc_dtype)
+    delta = (do * out.to(acc_dtype)).sum(dim=-1, keepdim=True)  # (B, H, S, 1)
+    lse = lse.to(acc_dtype)
+    dq = torch.zeros(B, H, S, D, dtype=acc_dtype, device=q.device)
     dk = torch.zeros_like(dq)
     dv = torch.zeros_like(dq)
     for q0 in range(0, S, block_q):
         q1 = min(S, q0 + block_q)
-        q_blk, do_blk = q[:, :, q0:q1], grad_out[:, :, q0:q1]
+        q_blk, do_blk = qa[:, :, q0:q1], do[:, :, q0:q1]
         lse_blk, delta_blk = lse[:, :, q0:q1, None], delta[:, :, q0:q1]
         k_end = q1 if causal else S
+        dq_blk = dq[:, :, q0:q1]
         for k0 in range(0, k_end, block_k):
             k1 = min(S, k0 + block_k)
-            k_blk, v_blk = k[:, :, k0:k1], v[:, :, k0:k1]
-            p = torch.exp(_tile_scores(q_blk, k_blk, q0, k0, scale, causal).float() - lse_blk)
-            dv[:, :, k0:k1] += p.transpose(-2, -1) @ do_blk.float()
-            dp = do_blk.float() @ v_blk.float().transpose(-2, -1)  # (B, H, bq, bk)
+            k_blk, v_blk = ka[:, :, k0:k1], va[:, :, k0:k1]
+            p = torch.exp(_tile_scores(q_blk, k_blk, q0, k0, scale, causal) - lse_blk)
+            dv[:, :, k0:k1] += p.transpose(-2, -1) @ do_blk
+            dp = do_blk @ v_blk.transpose(-2, -1)  # (B, H, bq, bk)
             ds = p * (dp - delta_blk)
-            dq[:, :, q0:q1] += (ds @ k_blk.float()) * scale
-            dk[:, :, k0:k1] += (ds.transpose(-2, -1) @ q_blk.float()) * scale
+            dq_blk += ds @ k_blk
+            dk[:, :, k0:k1] += ds.transpose(-2, -1) @ q_blk
+        dq_blk *= scale
+    dk *= scale
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     # END SOLUTION
 
@@ -165,5 +203,10 @@ class FlashAttention(torch.autograd.Function):
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK) -> torch.Tensor:
     """Attention with O(S) memory: ``FlashAttention.apply``; same result as
-    ``F.scaled_dot_product_attention(q, k, v, is_causal=causal)``."""
+    ``F.scaled_dot_product_attention(q, k, v, is_causal=causal)``.
+
+    Raises:
+        TypeError / ValueError: as ``flash_attention_forward``, before any work.
+    """
+    _check(q, k, v, block_q, block_k, causal)
     return FlashAttention.apply(q, k, v, causal, block_q, block_k)

@@ -19,6 +19,7 @@ Lab 5 (labs/05_activations.ipynb), exercise 5.5; Chapter 5 (book/05_activations.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -26,16 +27,48 @@ import torch
 
 @dataclass
 class _Offloaded:
-    """A saved tensor parked in host memory: the copy, where it came from, when the copy is done."""
+    """One distinct saved tensor parked in host memory (shared by every save of the same data).
+
+    ``host`` is the host copy (on a CPU: the tensor itself); ``shape``/``stride`` rebuild the
+    saved view; ``event`` marks the end of the device-to-host copy (CUDA); ``prefetched`` is the
+    device copy brought back ahead of its use, with ``ready``, the event that ends that copy.
+    """
 
     host: torch.Tensor
     device: torch.device
+    contiguous: bool
+    shape: tuple
     event: object = None  # a torch.cuda.Event on CUDA, None on a CPU
+    prefetched: object = None
+    ready: object = None
+    index: int = 0
+    saves: int = 0
+    unpacked: int = 0
+
+
+@dataclass
+class _Saved:
+    """What autograd stores for one save: the shared record and this save's own shape."""
+
+    record: _Offloaded
+    shape: tuple
 
 
 def is_parameter(tensor: torch.Tensor) -> bool:
     """True for a parameter or a view of one (``Linear`` saves ``weight.t()``, a view)."""
     return isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter)
+
+
+def data_key(tensor: torch.Tensor) -> tuple:
+    """What identifies the data a saved tensor shows: two saves with one key share one copy.
+
+    A dense (contiguous) tensor is its first element's address, its element count and dtype,
+    whatever its shape (softmax's output and the reshaped view ``bmm`` saves are one key);
+    any other view adds its shape and strides.
+    """
+    start = tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
+    key = (tensor.device, tensor.dtype, start, tensor.numel())
+    return key if tensor.is_contiguous() else key + (tuple(tensor.shape), tuple(tensor.stride()))
 
 
 class ActivationOffloader(torch.autograd.graph.saved_tensors_hooks):
@@ -53,9 +86,12 @@ class ActivationOffloader(torch.autograd.graph.saved_tensors_hooks):
         min_bytes: saved tensors smaller than this stay on the device (the copy would cost
             more in launch overhead than it saves).
     Attributes:
-        host_bytes: bytes of saved tensors offloaded to (or, on a CPU, accounted to) the host.
-        device_bytes: bytes of saved tensors left on the device (parameters and small tensors).
-        host_count, device_count: how many saved tensors went each way.
+        host_bytes: bytes copied to (or, on a CPU, accounted to) the host: each distinct saved
+            tensor once (``data_key``), a view by its own elements, not its whole storage.
+        host_count: how many distinct tensors were copied to the host.
+        shared_count: saves that found their data already copied (no second copy).
+        device_bytes, device_count: saved tensors left on the device (parameters, small
+            tensors), every save counted.
     """
 
     def __init__(self, *, min_bytes: int = 1024):
@@ -63,8 +99,16 @@ class ActivationOffloader(torch.autograd.graph.saved_tensors_hooks):
             raise ValueError(f"min_bytes must be an int >= 0, got {min_bytes!r}")
         self.min_bytes = min_bytes
         self.host_bytes = self.device_bytes = self.host_count = self.device_count = 0
-        self._stream = None  # the side stream for device-to-host copies, made on first use
+        self.shared_count = 0
+        self._stream = None  # the side stream for copies, made on first use
+        self._copies: dict[tuple, tuple[weakref.ref, _Offloaded]] = {}
+        self._order: list[_Offloaded] = []  # the host copies, in the order forward made them
         super().__init__(self.pack, self.unpack)
+
+    def __enter__(self):
+        self._copies.clear()  # a new forward: addresses of the last one mean nothing now
+        self._order.clear()
+        return super().__enter__()
 
     def side_stream(self, device: torch.device):
         """The CUDA stream that carries the copies (one per offloader)."""
@@ -75,71 +119,114 @@ class ActivationOffloader(torch.autograd.graph.saved_tensors_hooks):
     def pack(self, tensor: torch.Tensor):
         """Called by autograd for each tensor it saves; returns what autograd stores instead.
 
-        Parameters (and views of them, see ``is_parameter``) and tensors under ``min_bytes``
-        are returned as they are (counted in ``device_bytes``). Any other tensor is counted in ``host_bytes``; on CUDA it is copied
-        into a new pinned host tensor on ``side_stream`` (which first waits for the current
-        stream, so the data is ready), with ``record_stream`` so the allocator does not reuse
-        its device memory before the copy ends and an event recorded after the copy; the
-        result is an ``_Offloaded`` holding the host copy. On a CPU the tensor itself plays
-        the host copy: ``_Offloaded(tensor, tensor.device)``.
+        Contract: parameters (and views of them, see ``is_parameter``) and tensors under
+        ``min_bytes`` are returned as they are (``device_bytes``/``device_count``). Any other
+        tensor is parked on the host once per distinct data (``data_key``): a second save of
+        the same data reuses the first record (``shared_count``). On CUDA the copy goes to
+        pinned host memory on ``side_stream`` without racing the compute stream (the copy
+        must not start before the tensor is written, and the device memory must not be reused
+        before the copy has read it); on a CPU the tensor itself plays the host copy.
 
         Args:
             tensor: a tensor autograd saves for backward.
         Returns:
-            the tensor itself or an ``_Offloaded`` record.
+            the tensor itself or a ``_Saved`` record (its data's ``_Offloaded`` and its shape).
         """
-        # BEGIN SOLUTION 5.5: keep params/small tensors (device_bytes); else count host_bytes and copy to pinned host memory on a side stream (CUDA) or wrap as is (CPU)
+        # BEGIN SOLUTION 5.5: keep params/small tensors (device_bytes); else one host copy per distinct data (pinned, side stream, synchronised on CUDA; the tensor itself on a CPU)
         nbytes = tensor.numel() * tensor.element_size()
         if is_parameter(tensor) or nbytes < self.min_bytes:
             self.device_bytes += nbytes
             self.device_count += 1
             return tensor
+        key = data_key(tensor)
+        if key in self._copies:
+            first, record = self._copies[key]
+            if first() is not None:  # the data is still alive, so the address is still its
+                self.shared_count += 1
+                record.saves += 1
+                return _Saved(record, tuple(tensor.shape))
         self.host_bytes += nbytes
         self.host_count += 1
+        contiguous = tensor.is_contiguous()
         if tensor.device.type != "cuda":
-            return _Offloaded(tensor, tensor.device)
-        stream = self.side_stream(tensor.device)
-        stream.wait_stream(torch.cuda.current_stream(tensor.device))
-        with torch.cuda.stream(stream):
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, layout=tensor.layout,
-                               pin_memory=True)
-            host.copy_(tensor, non_blocking=True)
-            tensor.record_stream(stream)
-            event = torch.cuda.Event()
-            event.record(stream)
-        return _Offloaded(host, tensor.device, event)
+            record = _Offloaded(tensor, tensor.device, contiguous, tuple(tensor.shape))
+        else:
+            stream = self.side_stream(tensor.device)
+            stream.wait_stream(torch.cuda.current_stream(tensor.device))
+            with torch.cuda.stream(stream):
+                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                host.copy_(tensor, non_blocking=True)
+                tensor.record_stream(stream)
+                event = torch.cuda.Event()
+                event.record(stream)
+            record = _Offloaded(host, tensor.device, contiguous, tuple(tensor.shape), event)
+        record.index = len(self._order)
+        self._order.append(record)
+        self._copies[key] = (weakref.ref(tensor), record)
+        record.saves = 1
+        return _Saved(record, tuple(tensor.shape))
         # END SOLUTION
+
+    def _bring_back(self, record: _Offloaded) -> None:
+        """Start copying ``record`` back to its device on the side stream (a prefetch)."""
+        stream = self.side_stream(record.device)
+        stream.wait_event(record.event)  # the host copy must be complete
+        with torch.cuda.stream(stream):
+            record.prefetched = record.host.to(record.device, non_blocking=True)
+            record.ready = torch.cuda.Event()
+            record.ready.record(stream)
 
     def unpack(self, packed) -> torch.Tensor:
         """Called by autograd in backward: turn what ``pack`` returned back into a device tensor.
 
-        On CUDA the current stream waits for the offload copy's event, then copies the host
-        tensor back to its device (non-blocking from pinned memory).
+        Contract: returns a tensor equal to the one saved, on the device it was saved from,
+        safe to read on the current stream. On CUDA, the copy of the saved tensor that
+        backward will need next (the one forward saved just before) starts on the side stream
+        now, so it overlaps this step's compute (a prefetch).
 
         Args:
             packed: what ``pack`` returned.
         Returns:
-            a tensor equal to the one saved, on the device it was saved from.
+            the saved tensor (same values, shape and device).
         """
-        # BEGIN SOLUTION 5.5: return plain tensors as they are; else wait for the copy's event and copy the host tensor back to its device
-        if not isinstance(packed, _Offloaded):
+        # BEGIN SOLUTION 5.5: plain tensors as they are; on CUDA use the prefetched copy (or copy back now) after waiting for its event, then prefetch the previous record
+        if not isinstance(packed, _Saved):
             return packed
-        if packed.event is None:
-            return packed.host
-        torch.cuda.current_stream(packed.device).wait_event(packed.event)
-        return packed.host.to(packed.device, non_blocking=True)
+        record, shape = packed.record, packed.shape
+        if record.event is None:  # CPU: the tensor itself
+            return record.host.view(shape) if record.contiguous else record.host
+        current = torch.cuda.current_stream(record.device)
+        if record.prefetched is None:
+            self._bring_back(record)
+        current.wait_event(record.ready)
+        tensor = record.prefetched
+        tensor.record_stream(current)  # made on the side stream, used on this one
+        record.unpacked += 1
+        if record.unpacked >= record.saves:
+            record.prefetched = None  # the last save of it is back: let backward free it
+        if record.index > 0 and record.index - 1 < len(self._order):
+            previous = self._order[record.index - 1]
+            if previous.prefetched is None and previous.unpacked < previous.saves:
+                self._bring_back(previous)
+        return tensor.view(shape) if record.contiguous else tensor
         # END SOLUTION
 
 
+def _require_number(name: str, value, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if (positive and not value > 0) or (not positive and value < 0):
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
 def transfer_seconds(nbytes: float, bandwidth_bytes_per_s: float) -> float:
-    """Time to move ``nbytes`` over a link of the given bandwidth (one direction)."""
-    if not bandwidth_bytes_per_s > 0:
-        raise ValueError(f"bandwidth_bytes_per_s must be > 0, got {bandwidth_bytes_per_s!r}")
-    return nbytes / bandwidth_bytes_per_s
+    """Time to move ``nbytes`` (>= 0) over a link of the given bandwidth (> 0), one direction."""
+    nbytes = _require_number("nbytes", nbytes, positive=False)
+    return nbytes / _require_number("bandwidth_bytes_per_s", bandwidth_bytes_per_s, positive=True)
 
 
 def compute_seconds(flops: float, flops_per_s: float) -> float:
-    """Time to run ``flops`` at an achieved rate of ``flops_per_s``."""
-    if not flops_per_s > 0:
-        raise ValueError(f"flops_per_s must be > 0, got {flops_per_s!r}")
-    return flops / flops_per_s
+    """Time to run ``flops`` (>= 0) at an achieved rate of ``flops_per_s`` (> 0)."""
+    flops = _require_number("flops", flops, positive=False)
+    return flops / _require_number("flops_per_s", flops_per_s, positive=True)

@@ -11,8 +11,8 @@ score rows,
     L = log(exp(L₁) + exp(L₂)),    O = exp(L₁ - L)·O₁ + exp(L₂ - L)·O₂.
 
 Causal masking skips the blocks that lie entirely after a rank's queries (src > r) and masks
-the diagonal block (src = r). No rank ever holds more than two key/value blocks and one
-(S/N × S/N) tile of scores: memory O(S/N) per rank for the activations, and the sequence length
+the diagonal block (src = r). No rank ever holds more than two key/value blocks (and, where
+no fused kernel is used, one (S/N × S/N) tile of scores): memory O(S/N) per rank for the activations, and the sequence length
 grows with the number of ranks (Liu et al. 2023, https://arxiv.org/abs/2310.01889). Each rank
 sends N - 1 key/value blocks a step: 2·(N-1)·B·H·(S/N)·D elements.
 
@@ -39,12 +39,35 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Returns:
         (O, L): O (B, H, Sq, D) = softmax(q kᵀ/√D) v and L (B, H, Sq) = logsumexp of the rows.
     """
+    _check_chunk(q, k, v, causal)
+    if (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+            and not (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # PyTorch's fused CPU kernel returns the log-sum-exp too: no (Sq × Sk) matrix in memory
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal)
+        return out, lse
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Sq, Sk)
     if causal:
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, Sq)
     return torch.exp(scores - lse[..., None]) @ v, lse
+
+
+def _check_chunk(q, k, v, causal) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 4:
+            raise TypeError(f"{name} must be a floating (B, H, S, D) tensor, got {t!r:.60}")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q (B, H, Sq, D) and k, v (B, H, Sk, D) must agree, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if causal and q.shape[2] != k.shape[2]:
+        raise ValueError(f"causal needs as many keys as queries in a block, got "
+                         f"{q.shape[2]} and {k.shape[2]}")
 
 
 def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
@@ -58,6 +81,10 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
         (O, L): the attention over the union of the keys and its log-sum-exp,
         L = logaddexp(L_a, L_b), O = exp(L_a - L)·O_a + exp(L_b - L)·O_b.
     """
+    if out_a.shape != out_b.shape or lse_a.shape != lse_b.shape or lse_a.shape != out_a.shape[:-1]:
+        raise ValueError(f"out_a, out_b must be (B, H, S, D) and lse_a, lse_b (B, H, S), alike; "
+                         f"got {tuple(out_a.shape)}, {tuple(lse_a.shape)}, {tuple(out_b.shape)}, "
+                         f"{tuple(lse_b.shape)}")
     # BEGIN SOLUTION 5.7: lse = logaddexp(lse_a, lse_b); weight each output by exp(its lse - lse)
     lse = torch.logaddexp(lse_a, lse_b)
     out = torch.exp(lse_a - lse)[..., None] * out_a + torch.exp(lse_b - lse)[..., None] * out_b
@@ -69,7 +96,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """This rank's rows of attention over the whole sequence, keys and values passed round a ring.
 
-    Call it on every rank of ``group`` at once. Rank r holds positions
+    Call it on every rank of ``group`` at once, with chunks of one shape on every rank (the
+    sequence split evenly; ``ring_worker`` refuses an uneven split). Rank r holds positions
     [r·S/N, (r+1)·S/N) of q, k and v. For step t = 0..N-1: if t < N-1, start sending the
     key/value block held now to rank r+1 and receiving the next one from rank r-1
     (``dist.isend`` / ``dist.irecv``, so the transfer overlaps the compute); unless the block
@@ -84,6 +112,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     Returns:
         (B, H, S/N, D): the attention output of this rank's queries.
     """
+    _check_chunk(q, k, v, causal)
     # BEGIN SOLUTION 5.7: N steps; isend/irecv the (k, v) block to rank+1 / from rank-1 while attending to the current one; merge with merge_attention
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     send_to = dist.get_global_rank(group, (rank + 1) % world_size) if group is not None else (rank + 1) % world_size
@@ -114,9 +143,30 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     # END SOLUTION
 
 
+def _require_int(name: str, value, low: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _require_split(seq_len: int, world_size: int) -> None:
+    if seq_len % world_size:
+        raise ValueError(f"seq_len={seq_len} must split evenly over world_size={world_size} "
+                         f"ranks (every rank holds S/N positions); pad the sequence to a "
+                         f"multiple of {world_size}")
+
+
 def ring_bytes_per_rank(batch: int, heads: int, seq_len: int, head_dim: int, world_size: int,
                         element_size: int = 4) -> int:
-    """Bytes each rank sends in one ring pass: N-1 blocks of keys and values, 2·(N-1)·B·H·(S/N)·D elements."""
+    """Bytes each rank sends in one ring pass: N-1 blocks of keys and values, 2·(N-1)·B·H·(S/N)·D elements.
+
+    Raises:
+        ValueError: a size that is not an int >= 1, or ``seq_len`` not a multiple of ``world_size``.
+    """
+    for name, value in (("batch", batch), ("heads", heads), ("seq_len", seq_len),
+                        ("head_dim", head_dim), ("world_size", world_size),
+                        ("element_size", element_size)):
+        _require_int(name, value)
+    _require_split(seq_len, world_size)
     return 2 * (world_size - 1) * batch * heads * (seq_len // world_size) * head_dim * element_size
 
 
@@ -127,6 +177,10 @@ def ring_worker(rank: int, world_size: int, q: torch.Tensor, k: torch.Tensor, v:
     Runs inside :func:`labkit.dist.launch`. Returns ``{"out": (B, H, S/N, D), "peak_bytes": the
     MemTracker peak during the call, "bytes_sent": {op: bytes}, "calls": {op: calls}}``.
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a (B, H, S, D) tensor, got {t!r:.60}")
+    _require_split(q.shape[2], world_size)
     chunk = q.shape[2] // world_size
     rows = slice(rank * chunk, (rank + 1) * chunk)
     q_loc, k_loc, v_loc = (t[:, :, rows].clone() for t in (q, k, v))
