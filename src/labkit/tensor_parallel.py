@@ -1,0 +1,196 @@
+"""Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, arXiv 1909.08053): split each weight
+matrix of a layer over T ranks, so each keeps 1/T of it.
+
+An MLP y = GELU(x A) B is split as A = [A₁ … A_T] by columns (*column-parallel*: rank r computes
+GELU(x A_r), no communication, GELU being elementwise) and B by rows (*row-parallel*: rank r
+computes GELU(x A_r) B_r, a partial sum; an all-reduce adds the T partial sums). Attention
+splits the same way by heads: the q, k, v projections column-parallel (rank r owns H/T heads),
+the output projection row-parallel.
+
+Two conjugate operators make the autograd work (Megatron's f and g):
+
+- f (:func:`copy_to_tp`) sits before the column-parallel layer: identity forward, all-reduce
+  backward (each rank holds only its share of ∂L/∂x);
+- g (:func:`reduce_from_tp`) sits after the row-parallel layer: all-reduce forward, identity
+  backward.
+
+So each MLP and each attention costs exactly one all-reduce of the (B, S, C) activation in
+forward and one in backward: 4 per transformer layer. Lab 3, exercise 3.4; chapter 3
+(book/03_parameters.md). PyTorch's ``torch.distributed.tensor.parallel.parallelize_module``
+(ColwiseParallel / RowwiseParallel) does the same with DTensor; ``run_parallelize_module`` runs
+it for comparison.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from labkit.comm_count import count_comm
+
+__all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "TPMLP",
+           "TPAttention", "run_tp", "run_parallelize_module"]
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Megatron's f: identity in forward, all-reduce (sum) of the gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        raise NotImplementedError("exercise 3.4: f's forward: what reaches every rank unchanged (labs/03_parameters.ipynb)")
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("exercise 3.4: f's backward: combine the ranks' partial gradients (labs/03_parameters.ipynb)")
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Megatron's g: all-reduce (sum) in forward, identity in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        raise NotImplementedError("exercise 3.4: g's forward: combine the ranks' partial sums (labs/03_parameters.ipynb)")
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("exercise 3.4: g's backward: what each rank's partial sum receives (labs/03_parameters.ipynb)")
+
+
+def copy_to_tp(x: torch.Tensor, group=None) -> torch.Tensor:
+    """Megatron's f over ``group``: returns x; in backward, the sum of the ranks' gradients."""
+    return _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: torch.Tensor, group=None) -> torch.Tensor:
+    """Megatron's g over ``group``: returns the sum of the ranks' x; backward passes through."""
+    return _ReduceFromTP.apply(x, group)
+
+
+def _split(name: str, size: int, parts: int) -> int:
+    if size % parts:
+        raise ValueError(f"{name} ({size}) must be divisible by the tensor-parallel size T = {parts}")
+    return size // parts
+
+
+class ColumnParallelLinear(nn.Module):
+    """Rank r's share of ``full`` (a Linear with weight (out, in)), split over output features:
+    it keeps the rows [r·out/T, (r+1)·out/T) of the weight (and that slice of the bias) as its
+    own parameters ``weight`` and ``bias``, copies (not views) of ``full``'s. ``forward(x)``
+    returns this rank's slice of ``full(x)``, (..., out/T); no communication.
+    ``rows`` (optional): the list of output rows to keep instead of the contiguous slice (used
+    by attention to take the same heads from q, k and v)."""
+
+    def __init__(self, full: nn.Linear, group=None, rows: torch.Tensor | None = None):
+        super().__init__()
+        T, r = dist.get_world_size(group), dist.get_rank(group)
+        per = _split("out_features", full.out_features, T)
+        if rows is None:
+            rows = torch.arange(r * per, (r + 1) * per)
+        raise NotImplementedError("exercise 3.4: keep copies of the weight rows (and bias entries) this rank owns as parameters (labs/03_parameters.ipynb)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """Rank r's share of ``full`` split over input features: it keeps the columns
+    [r·in/T, (r+1)·in/T) of the weight (a copy) and the whole bias. ``forward(x_r)`` takes this
+    rank's slice of the input, (..., in/T), and returns ``full(x)`` on every rank, (..., out):
+    the partial products summed over the ranks with :func:`reduce_from_tp`, the bias added once."""
+
+    def __init__(self, full: nn.Linear, group=None):
+        super().__init__()
+        self.group = group
+        T, r = dist.get_world_size(group), dist.get_rank(group)
+        per = _split("in_features", full.in_features, T)
+        raise NotImplementedError("exercise 3.4: keep a copy of this rank's weight columns and the whole bias (labs/03_parameters.ipynb)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("exercise 3.4: partial product, summed over the ranks, then the bias once (labs/03_parameters.ipynb)")
+
+
+class TPMLP(nn.Module):
+    """The tensor-parallel version of ``labkit.models.MLP`` (c_fc column-, c_proj row-parallel).
+
+    ``forward(x)`` takes the full (B, S, C) input on every rank and returns ``mlp(x)`` on every
+    rank, with exactly one all-reduce in forward and one in backward. 4C not divisible by T →
+    ValueError."""
+
+    def __init__(self, mlp: nn.Module, group=None):
+        super().__init__()
+        self.group = group
+        self.c_fc = ColumnParallelLinear(mlp.c_fc, group)
+        self.c_proj = RowParallelLinear(mlp.c_proj, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("exercise 3.4: f, then the column-parallel layer, GELU, the row-parallel layer (labs/03_parameters.ipynb)")
+
+
+class TPAttention(nn.Module):
+    """The tensor-parallel version of ``labkit.models.CausalSelfAttention``: rank r owns heads
+    [r·H/T, (r+1)·H/T) — their rows of q, k and v in the fused ``c_attn`` — and the matching
+    columns of ``c_proj``. ``forward(x)``: full (B, S, C) in, ``attn(x)`` out on every rank; one
+    all-reduce in forward and one in backward. H not divisible by T → ValueError."""
+
+    def __init__(self, attn: nn.Module, group=None):
+        super().__init__()
+        self.group = group
+        T, r = dist.get_world_size(group), dist.get_rank(group)
+        C, H = attn.n_embd, attn.n_head
+        self.heads = _split("n_head", H, T)
+        self.head_size = C // H
+        self.attention = attn.attention
+        raise NotImplementedError("exercise 3.4: pick this rank's heads' rows of q, k and v in c_attn (column-parallel) and c_proj's matching columns (row-parallel) (labs/03_parameters.ipynb)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, _ = x.shape
+        raise NotImplementedError("exercise 3.4: f, local q/k/v for this rank's heads, causal attention, the row-parallel projection (labs/03_parameters.ipynb)")
+
+
+# ---------------------------------------------------------------- per-rank workers (infrastructure)
+
+def _counts(c) -> dict:
+    return {"calls": dict(c.calls), "bytes": dict(c.bytes_sent)}
+
+
+def run_tp(rank: int, world_size: int, kind: str, module: nn.Module, x: torch.Tensor,
+           grad_out: torch.Tensor) -> dict:
+    """Build ``TPMLP`` (kind "mlp") or ``TPAttention`` ("attn") from ``module`` on this rank, run
+    forward on ``x`` and backward with ``grad_out``; run by ``labkit.dist.launch``.
+
+    Returns ``{"out", "x_grad", "grads": {name: grad of this rank's parameter}, "param_bytes",
+    "forward": comm counts, "backward": comm counts}``."""
+    if kind not in ("mlp", "attn"):
+        raise ValueError(f"kind must be 'mlp' or 'attn', got {kind!r}")
+    tp = TPMLP(module) if kind == "mlp" else TPAttention(module)
+    x = x.clone().requires_grad_()
+    with count_comm() as fwd:
+        out = tp(x)
+    with count_comm() as bwd:
+        out.backward(grad_out)
+    return {"out": out.detach(), "x_grad": x.grad, "param_bytes": sum(
+        p.numel() * p.element_size() for p in tp.parameters()),
+        "grads": {n: p.grad for n, p in tp.named_parameters()},
+        "forward": _counts(fwd), "backward": _counts(bwd)}
+
+
+def run_parallelize_module(rank: int, world_size: int, mlp: nn.Module, x: torch.Tensor) -> dict:
+    """Shard a copy of ``mlp`` with PyTorch's ``parallelize_module`` (c_fc ColwiseParallel,
+    c_proj RowwiseParallel) on a CPU DeviceMesh of all ranks; return its output on ``x`` and the
+    forward's comm counts."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    model = parallelize_module(copy.deepcopy(mlp), mesh,
+                               {"c_fc": ColwiseParallel(), "c_proj": RowwiseParallel()})
+    with count_comm() as fwd:
+        out = model(x)
+        out = out.wait() if hasattr(out, "wait") else out  # an AsyncCollectiveTensor
+    dist.barrier()
+    return {"out": torch.Tensor(out.detach()).clone(), "forward": _counts(fwd)}

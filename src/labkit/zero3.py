@@ -1,0 +1,226 @@
+"""ZeRO stage 3 (Rajbhandari et al. 2019, arXiv 1910.02054) / FSDP (Zhao et al. 2023, arXiv
+2304.11277): shard the parameters too.
+
+ZeRO-1 (chapter 2) shards the optimizer states, ZeRO-2 the gradients as well; ZeRO-3 also keeps
+only 1/N of the parameters on each rank. The model is cut into *units* (here: each transformer
+block, plus the *root* unit of the remaining parameters: embeddings, final LayerNorm, head). Each
+unit's parameters are one flat vector, padded to N·S elements (S = ceil(Ψ_unit/N)); rank r keeps
+the slice [r·S, (r+1)·S) (``labkit.flat_params``). Per step:
+
+1. before a unit's forward, **all-gather** its full parameters; after it, free them;
+2. before the unit's backward, all-gather them **again**; after it, free them;
+3. **reduce-scatter** the unit's gradients: rank r receives the sum of slice r; divide by N;
+4. Adam on the owned slices only (states 1/N too).
+
+Persistent parameter bytes per rank: Σ_units ceil(Ψ_unit/N) × 4 (fp32); at any moment one block
+(and the root, which is used at both ends of the step and stays gathered from the start of
+forward to the end of backward) is materialized on top. Communication per step: 2 all-gathers
+and 1 reduce-scatter of each block's Ψ_unit (3Ψ in all, 1.5× data parallelism's 2Ψ of one
+all-reduce); the root is gathered once. PyTorch's FSDP2 (``fully_shard``) does the same;
+``train_fsdp2`` runs it for comparison. Lab 3, exercise 3.7; chapter 3 (book/03_parameters.md).
+Not done here: prefetching the next unit's all-gather while this one computes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labkit.comm_count import CommCounts, count_comm
+from labkit.flat_params import flatten_padded, partition, shard_range
+
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+__all__ = ["Unit", "ZeRO3", "train_zero3", "train_fsdp2"]
+
+
+class Unit:
+    """One unit's bookkeeping on this rank.
+
+    Attributes:
+        module: the module whose forward brackets the unit (the model itself for the root).
+        params: the unit's parameters, in order; their ``.data`` are views into ``full``.
+        numel, shard_size, padding: Ψ_unit, S = ceil(Ψ_unit/N), N·S − Ψ_unit.
+        full: the padded flat fp32 buffer of N·S elements; its storage is resized to 0 bytes
+            while the unit is freed.
+        shard: this rank's fp32 slice of the parameters (S elements), persistent.
+        grad: this rank's averaged fp32 gradient slice after backward (None before).
+        exp_avg, exp_avg_sq: Adam's states for the slice.
+    """
+
+    def __init__(self, module: nn.Module, params: list[nn.Parameter]):
+        self.module, self.params = module, params
+        self.numel = sum(p.numel() for p in params)
+        self.shard_size = self.padding = 0
+        self.full = self.shard = self.grad = self.exp_avg = self.exp_avg_sq = None
+        self.grads_ready = 0
+
+
+class ZeRO3:
+    """ZeRO-3 on ``model`` over a process group: units ``model.h[i]`` and the root.
+
+    Build it on every rank with the same model (same initial weights); it installs hooks, so
+    ``loss = model(x, y); loss.backward(); zero3.step()`` trains with sharded parameters.
+
+    Args:
+        model: a ``labkit.models.GPT`` (anything with a ModuleList ``h`` of blocks).
+        lr, betas, eps: as ``torch.optim.Adam`` (no weight decay).
+        group: the process group (None: the default group).
+
+    Attributes:
+        units: the blocks' units, then the root's.
+        peak_live_bytes: the most bytes of gathered (full) parameter buffers, measured from
+            their storages after every gather the hooks trigger.
+    """
+
+    def __init__(self, model: nn.Module, *, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 group=None):
+        if not isinstance(getattr(model, "h", None), nn.ModuleList) or len(model.h) == 0:
+            raise ValueError("model must have a non-empty ModuleList 'h' of blocks (a labkit GPT)")
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
+        self.model, self.lr, self.betas, self.eps, self.group = model, float(lr), tuple(betas), eps, group
+        self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.step_count = 0
+        self.peak_live_bytes = 0
+        in_blocks = {id(p) for b in model.h for p in b.parameters()}
+        self.units = [Unit(b, list(b.parameters())) for b in model.h]
+        self.units.append(Unit(model, [p for p in model.parameters() if id(p) not in in_blocks]))
+        for u in self.units:
+            self._shard(u)
+        for u in self.units[:-1]:
+            self._install_block_hooks(u)
+        self._install_root_hooks(self.units[-1])
+
+    # ------------------------------------------------------------ the exercise
+    def _shard(self, u: Unit) -> None:
+        """Set up unit ``u``: S and padding; ``u.shard`` = a copy of this rank's slice of the
+        padded flat fp32 parameters; ``u.full`` = an N·S buffer whose pieces become the
+        parameters' ``.data`` (views, in order); Adam states zeros of S; then free ``u``."""
+        raise NotImplementedError("exercise 3.7: partition, keep this rank's slice as the shard, make the params views into one padded full buffer, free it (labs/03_parameters.ipynb)")
+
+    def _gather(self, u: Unit) -> None:
+        """Materialize unit ``u``: give ``u.full`` its storage back and all-gather every rank's
+        shard into it (one all-gather of N·S elements), without bumping its version counter
+        (autograd saved views of it in forward). Nothing to do if it is already gathered."""
+        raise NotImplementedError("exercise 3.7: resize the storage back, all-gather the shards into it (version counter preserved) (labs/03_parameters.ipynb)")
+
+    def _free(self, u: Unit) -> None:
+        """Release the full parameters of ``u``: resize ``u.full``'s storage to 0 bytes."""
+        raise NotImplementedError("exercise 3.7: resize the full buffer's storage to 0 bytes (labs/03_parameters.ipynb)")
+
+    def _reduce_scatter_grads(self, u: Unit) -> None:
+        """After the last gradient of ``u`` arrives: reduce-scatter the padded flat fp32 gradient
+        (one reduce-scatter of N·S elements), ``u.grad`` = this rank's slice / N (added to an
+        existing ``u.grad``); drop the full gradients (``p.grad = None``) and free ``u``."""
+        raise NotImplementedError("exercise 3.7: flatten and pad the grads, reduce-scatter, average into u.grad, drop full grads, free the unit (labs/03_parameters.ipynb)")
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Adam (as ``torch.optim.Adam``) on every unit's shard with its averaged gradient slice;
+        then forget the gradient slices. The full parameters are refreshed by the next gather."""
+        self.step_count += 1
+        raise NotImplementedError("exercise 3.7: Adam with bias correction on each shard, then clear the shard gradients (labs/03_parameters.ipynb)")
+
+    # ------------------------------------------------------------ hooks (infrastructure)
+    def _gather_and_measure(self, u: Unit) -> None:
+        self._gather(u)
+        live = sum(v.full.untyped_storage().nbytes() for v in self.units)
+        self.peak_live_bytes = max(self.peak_live_bytes, live)
+
+    def _on_grad(self, u: Unit) -> None:
+        u.grads_ready += 1
+        if u.grads_ready == len(u.params):
+            u.grads_ready = 0
+            self._reduce_scatter_grads(u)
+
+    def _install_grad_hooks(self, u: Unit) -> None:
+        for p in u.params:
+            p.register_post_accumulate_grad_hook(lambda p, u=u: self._on_grad(u))
+
+    def _install_block_hooks(self, u: Unit) -> None:
+        def pre_forward(module, args):
+            self._gather_and_measure(u)
+
+        def post_forward(module, args, out):
+            self._free(u)
+            if out.requires_grad:  # before this block's backward: gather it again
+                out.register_hook(lambda grad: self._gather_and_measure(u))
+
+        u.module.register_forward_pre_hook(pre_forward)
+        u.module.register_forward_hook(post_forward)
+        self._install_grad_hooks(u)
+
+    def _install_root_hooks(self, u: Unit) -> None:
+        u.module.register_forward_pre_hook(lambda module, args: self._gather_and_measure(u))
+        self._install_grad_hooks(u)
+
+    def full_parameters(self) -> list[torch.Tensor]:
+        """Every parameter of the model, gathered (for checking; one all-gather per unit)."""
+        out = {}
+        for u in self.units:
+            self._gather(u)
+            for p in u.params:
+                out[id(p)] = p.detach().clone()
+            self._free(u)
+        return [out[id(p)] for p in self.model.parameters()]
+
+    def shard_bytes(self) -> int:
+        """Persistent parameter bytes of this rank: the shards."""
+        return sum(u.shard.numel() * u.shard.element_size() for u in self.units)
+
+
+# ---------------------------------------------------------------- per-rank workers (infrastructure)
+
+def _comm(c: CommCounts) -> dict:
+    return {"calls": dict(c.calls), "bytes": dict(c.bytes_sent)}
+
+
+def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float = 1e-3) -> dict:
+    """Train with :class:`ZeRO3` on ``batches[step][rank]``; run by ``labkit.dist.launch``.
+
+    Returns ``{"params", "losses", "shard_bytes", "peak_live_bytes", "unit_numels",
+    "comm": per step {"calls", "bytes"}}``."""
+    z = ZeRO3(model, lr=lr)
+    losses, comm = [], []
+    for step_batches in batches:
+        x, y = step_batches[rank]
+        with count_comm() as c:
+            loss = model(x, y)
+            loss.backward()
+            z.step()
+        losses.append(float(loss.detach()))
+        comm.append(_comm(c))
+    return {"params": z.full_parameters(), "losses": losses, "shard_bytes": z.shard_bytes(),
+            "peak_live_bytes": z.peak_live_bytes, "unit_numels": [u.numel for u in z.units],
+            "comm": comm}
+
+
+def train_fsdp2(rank: int, world_size: int, model: nn.Module, batches, lr: float = 1e-3) -> dict:
+    """The same training with PyTorch's FSDP2: ``fully_shard`` on each block, then the model;
+    ``torch.optim.Adam``. Returns ``{"params", "losses", "shard_bytes", "comm"}``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    for block in model.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    shard_bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+    losses, comm = [], []
+    for step_batches in batches:
+        x, y = step_batches[rank]
+        with count_comm() as c:
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+        comm.append(_comm(c))
+    params = [p.full_tensor().detach().clone() for p in model.parameters()]
+    dist.barrier()  # no rank destroys the group while another still gathers
+    return {"params": params, "losses": losses, "shard_bytes": shard_bytes, "comm": comm}

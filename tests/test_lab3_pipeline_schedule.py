@@ -1,0 +1,159 @@
+"""Graders of Lab 3, exercise 3.5 (labs/03_parameters.ipynb): pipeline schedules.
+
+References nobody in this course wrote: the bubble formula (P−1)/(M+P−1) of Huang et al. (2019)
+with unit costs, exact as a Fraction; the in-flight bounds (M for GPipe, P−s for 1F1B on stage s,
+Narayanan et al. 2021); a brute-force dependency check written here; and the order of actions
+that ``torch.distributed.pipelining``'s ScheduleGPipe and Schedule1F1B *execute* on real gloo
+ranks (recorded by wrapping the stage's forward and backward; in torch 2.13
+``Schedule1F1B.pipeline_order`` is wrong for the last rank, so what runs is the reference).
+Everything is integer or exact rational: no tolerance.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+SIZES = [(1, 1), (2, 1), (2, 4), (4, 4), (4, 8), (3, 7), (8, 3)]
+
+
+def brute_force_violations(spans_by_stage):
+    """Independent check: every dependency of every span, by scanning all spans."""
+    spans = [sp for row in spans_by_stage for sp in row]
+    P = len(spans_by_stage)
+    bad = []
+    for sp in spans:
+        kind, m = sp.action
+        need = [(sp.stage - 1, "F")] if kind == "F" and sp.stage > 0 else []
+        if kind == "B":
+            need = [(sp.stage, "F")] + ([(sp.stage + 1, "B")] if sp.stage < P - 1 else [])
+        for stage, k in need:
+            dep = [d for d in spans if d.stage == stage and d.action == (k, m)]
+            if len(dep) != 1 or dep[0].end > sp.start:
+                bad.append((sp, stage, k))
+    for row in spans_by_stage:
+        for a in row:
+            for b in row:
+                if a is not b and a.start < b.end and b.start < a.end:
+                    bad.append((a, b))
+    return bad
+
+
+@pytest.mark.exercise("3.5", points=1)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_each_stage_runs_every_action_once_in_microbatch_order(kind):
+    """Check each stage's list holds F0..F(M−1) and B0..B(M−1) once each, each kind in order."""
+    from labkit.pipeline_schedule import make_schedule
+
+    for P, M in SIZES:
+        sched = make_schedule(kind, P, M)
+        assert len(sched) == P, f"{kind} P={P} M={M}: {len(sched)} stage lists, expected {P}"
+        for s, actions in enumerate(sched):
+            fs = [m for k, m in actions if k == "F"]
+            bs = [m for k, m in actions if k == "B"]
+            assert fs == list(range(M)) and bs == list(range(M)), (
+                f"{kind} P={P} M={M} stage {s}: forwards {fs}, backwards {bs}, expected 0..{M - 1} "
+                "once each in order")
+
+
+@pytest.mark.exercise("3.5", points=2)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_bubble_is_exactly_p_minus_1_over_m_plus_p_minus_1(kind):
+    """Check the simulated bubble with unit costs (F = B = 1, and F = 1, B = 2) is exactly
+    (P−1)/(M+P−1) and the makespan (M+P−1)(F+B)."""
+    from labkit.pipeline_schedule import make_schedule, simulate
+
+    for P, M in SIZES:
+        for f, b in ((1, 1), (1, 2)):
+            tl = simulate(make_schedule(kind, P, M), f, b)
+            want = Fraction(P - 1, M + P - 1)
+            assert tl.makespan == (M + P - 1) * (f + b), (
+                f"{kind} P={P} M={M} F={f} B={b}: makespan {tl.makespan}, expected (M+P−1)(F+B) = "
+                f"{(M + P - 1) * (f + b)}: does each action start as soon as its stage is free and "
+                "its dependencies have ended?")
+            assert tl.bubble == want, (f"{kind} P={P} M={M} F={f} B={b}: bubble {tl.bubble}, expected "
+                                       f"(P−1)/(M+P−1) = {want}: is the idle share 1 − busy/(P·makespan)?")
+
+
+@pytest.mark.exercise("3.5", points=1)
+def test_in_flight_is_m_for_gpipe_and_p_minus_s_for_1f1b():
+    """Check each stage's peak micro-batches in flight: M under GPipe, min(P−s, M) under 1F1B."""
+    from labkit.pipeline_schedule import make_schedule, simulate
+
+    for P, M in SIZES:
+        g = simulate(make_schedule("gpipe", P, M)).in_flight
+        o = simulate(make_schedule("1f1b", P, M)).in_flight
+        assert g == [M] * P, f"GPipe P={P} M={M}: in flight {g}, expected M on every stage = {[M] * P}"
+        want = [min(P - s, M) for s in range(P)]
+        assert o == want, (f"1F1B P={P} M={M}: in flight {o}, expected min(P−s, M) = {want}: how many "
+                           "forwards does stage s run before its first backward?")
+
+
+@pytest.mark.exercise("3.5", points=1)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_simulated_timelines_respect_every_dependency(kind):
+    """Check the simulated timeline against a brute-force dependency scan written here."""
+    from labkit.pipeline_schedule import make_schedule, simulate
+
+    for P, M in SIZES:
+        tl = simulate(make_schedule(kind, P, M), 1, 2)
+        bad = brute_force_violations(tl.spans)
+        assert not bad, f"{kind} P={P} M={M}: the timeline breaks dependencies: {bad[:3]}"
+        assert sum(len(r) for r in tl.spans) == 2 * P * M, f"{kind}: not every action was placed"
+
+
+@pytest.mark.exercise("3.5", points=1)
+def test_checker_finds_a_broken_dependency_and_accepts_a_good_timeline():
+    """Check check_dependencies: [] on a valid timeline; a violation naming the stage and both
+    actions when F of stage 1 starts before F of stage 0 ends, B before the next stage's B, or
+    two spans overlap."""
+    from labkit.pipeline_schedule import Action, Span, Timeline, check_dependencies, make_schedule, simulate
+
+    good = simulate(make_schedule("1f1b", 3, 4))
+    assert check_dependencies(good) == [], f"a valid timeline reported {check_dependencies(good)}"
+    P0 = [Span(0, Action("F", 0), 0, 1), Span(0, Action("B", 0), 3, 4)]
+    early_f = Timeline([P0, [Span(1, Action("F", 0), 0, 1), Span(1, Action("B", 0), 1, 2)]], 4, 0, [1, 1])
+    early_b = Timeline([[Span(0, Action("F", 0), 0, 1), Span(0, Action("B", 0), 2, 3)],
+                        [Span(1, Action("F", 0), 1, 2), Span(1, Action("B", 0), 2, 3)]], 3, 0, [1, 1])
+    overlap = Timeline([[Span(0, Action("F", 0), 0, 2), Span(0, Action("B", 0), 1, 3)]], 3, 0, [1])
+    for name, tl in (("stage 1 F0 before stage 0 F0 ends", early_f),
+                     ("stage 0 B0 before stage 1 B0 ends", early_b), ("overlapping spans", overlap)):
+        found = check_dependencies(tl)
+        assert found, f"{name}: check_dependencies returned [] for a broken timeline"
+        assert all(isinstance(v, str) for v in found), f"{name}: violations must be strings, got {found}"
+
+
+@pytest.mark.exercise("3.5", points=2)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("P,M", [(2, 3), (4, 6)])
+def test_order_equals_what_torch_pipelining_executes(kind, P, M):
+    """Check each stage's order equals the actions torch.distributed.pipelining's ScheduleGPipe /
+    Schedule1F1B execute on P real gloo ranks (one stage each)."""
+    from labkit.dist import launch
+    from labkit.pipeline_schedule import make_schedule, record_torch_schedule
+
+    ran = launch(record_torch_schedule, P, kind, M, timeout=90)
+    mine = make_schedule(kind, P, M)
+    for s in range(P):
+        fmt = lambda acts: " ".join(f"{k}{m}" for k, m in acts)  # noqa: E731
+        assert list(mine[s]) == ran[s], (f"{kind} P={P} M={M} stage {s}: your order {fmt(mine[s])}, "
+                                         f"torch runs {fmt(ran[s])}")
+
+
+@pytest.mark.parametrize("args,name", [(("zb", 2, 2), "kind"), (("gpipe", 0, 2), "num_stages"),
+                                       (("1f1b", 2, 0), "num_microbatches")])
+def test_bad_arguments_raise_value_error_naming_them(args, name):
+    from labkit.pipeline_schedule import make_schedule
+
+    with pytest.raises(ValueError, match=name):
+        make_schedule(*args)
+
+
+def test_simulate_rejects_bad_costs_and_deadlocks():
+    from labkit.pipeline_schedule import Action, simulate
+
+    with pytest.raises(ValueError, match="forward_cost"):
+        simulate([[Action("F", 0), Action("B", 0)]], 0, 1)
+    # stage 0 runs B0 before F... impossible order: B0 first waits for F0 of its own stage
+    with pytest.raises(ValueError, match="deadlock"):
+        simulate([[Action("B", 0), Action("F", 0)], [Action("F", 0), Action("B", 0)]])

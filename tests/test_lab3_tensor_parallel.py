@@ -1,0 +1,163 @@
+"""Graders of Lab 3, exercise 3.4 (labs/03_parameters.ipynb): tensor-parallel MLP and attention
+over T = 2 and 4 real gloo ranks (``labkit.dist.launch``).
+
+References nobody in this course wrote: the single-device ``labkit.models.MLP`` and
+``CausalSelfAttention`` run here in the test process (outputs, input gradient, parameter
+gradients sliced as Megatron splits them); ``torch.distributed.tensor.parallel.
+parallelize_module`` (ColwiseParallel / RowwiseParallel) on the same weights; ``count_comm`` for
+the collectives, against the formula one all-reduce of B·S·C·4 bytes per direction.
+
+Tolerance: fp32, the same products summed in another order (T partial sums added by the
+all-reduce instead of one long dot product): a few ulps of values ≤ ~1 → atol 1e-5, rtol 1e-5.
+Byte and call counts are exact.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from labkit.models import MLP, CausalSelfAttention, GPTConfig
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+B, S, C, H = 2, 8, 32, 4
+
+
+def setup(kind):
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=64, block_size=S, n_layer=1, n_head=H, n_embd=C)
+    module = MLP(cfg) if kind == "mlp" else CausalSelfAttention(cfg)
+    x, grad_out = torch.randn(B, S, C), torch.randn(B, S, C)
+    xr = x.clone().requires_grad_()
+    ref = module(xr)
+    ref.backward(grad_out)
+    return module, x, grad_out, ref.detach(), xr.grad
+
+
+@functools.lru_cache(maxsize=None)
+def run(kind, T):
+    from labkit.dist import launch
+    from labkit.tensor_parallel import run_tp
+
+    module, x, grad_out, ref, ref_xgrad = setup(kind)
+    return module, launch(run_tp, T, kind, module, x, grad_out, timeout=90), ref, ref_xgrad
+
+
+def shard_of_grad(kind, name, full_grad, rank, T):
+    """The slice of a full gradient that rank r's parameter ``name`` owns (Megatron's split)."""
+    layer, what = name.split(".")
+    if kind == "mlp" and layer == "c_fc":
+        per = full_grad.shape[0] // T
+        return full_grad[rank * per:(rank + 1) * per]
+    if kind == "attn" and layer == "c_attn":
+        per = C // T
+        rows = torch.cat([torch.arange(rank * per, (rank + 1) * per) + k * C for k in range(3)])
+        return full_grad[rows]
+    if what == "bias":  # row-parallel bias: whole
+        return full_grad
+    per = full_grad.shape[1] // T
+    return full_grad[:, rank * per:(rank + 1) * per]
+
+
+CASES = [("mlp", 2), ("mlp", 4), ("attn", 2), ("attn", 4)]
+
+
+@pytest.mark.exercise("3.4", points=2)
+@pytest.mark.parametrize("kind,T", CASES)
+def test_output_and_input_gradient_equal_the_single_device_block(kind, T):
+    """Check every rank's output and ∂L/∂x equal the single-device block's."""
+    _, results, ref, ref_xgrad = run(kind, T)
+    for r, res in enumerate(results):
+        torch.testing.assert_close(res["out"], ref, **TOL, msg=lambda m, r=r: (
+            f"{kind} T={T} rank {r} output: {m} — are the partial sums all-reduced once, and the "
+            "row-parallel bias added once (not T times)?"))
+        torch.testing.assert_close(res["x_grad"], ref_xgrad, **TOL, msg=lambda m, r=r: (
+            f"{kind} T={T} rank {r} input gradient: {m} — does f all-reduce the gradient in backward?"))
+
+
+@pytest.mark.exercise("3.4", points=2)
+@pytest.mark.parametrize("kind,T", CASES)
+def test_every_parameter_gradient_equals_its_slice_of_the_full_gradient(kind, T):
+    """Check each rank's parameter gradients equal the matching slices of the full gradients."""
+    module, results, _, _ = run(kind, T)
+    full = dict(module.named_parameters())
+    for r, res in enumerate(results):
+        assert set(res["grads"]) == set(full), f"rank {r} parameters {sorted(res['grads'])}, expected {sorted(full)}"
+        for name, g in res["grads"].items():
+            want = shard_of_grad(kind, name, full[name].grad, r, T)
+            assert g is not None and g.shape == want.shape, (
+                f"{kind} T={T} rank {r} {name}: gradient shape {None if g is None else tuple(g.shape)}, "
+                f"expected {tuple(want.shape)}")
+            torch.testing.assert_close(g, want, **TOL, msg=lambda m, r=r, name=name: (
+                f"{kind} T={T} rank {r} {name}.grad: {m} — does this rank keep the right rows/columns "
+                "(for attention, the same heads of q, k and v)?"))
+
+
+@pytest.mark.exercise("3.4", points=2)
+@pytest.mark.parametrize("kind,T", CASES)
+def test_one_all_reduce_forward_and_one_backward_of_the_activation_bytes(kind, T):
+    """Check count_comm: exactly one all-reduce in forward and one in backward, each of
+    B·S·C·4 bytes (the (B, S, C) fp32 activation), and nothing else."""
+    _, results, _, _ = run(kind, T)
+    want = {"calls": {"all_reduce": 1}, "bytes": {"all_reduce": B * S * C * 4}}
+    for r, res in enumerate(results):
+        for phase in ("forward", "backward"):
+            assert res[phase] == want, (
+                f"{kind} T={T} rank {r} {phase}: {res[phase]}, expected {want} (one all-reduce of "
+                f"B·S·C·4 = {B * S * C * 4:,} B): is each of f and g applied exactly once per block?")
+
+
+@pytest.mark.exercise("3.4", points=1)
+@pytest.mark.parametrize("kind,T", CASES)
+def test_per_rank_parameter_bytes_are_one_over_t_of_the_split_weights(kind, T):
+    """Check each rank's parameter bytes = (all split weights and column biases)/T + the
+    row-parallel layer's whole bias."""
+    module, results, _, _ = run(kind, T)
+    p = dict(module.named_parameters())
+    split = sum(t.numel() * 4 for n, t in p.items() if n != "c_proj.bias")
+    want = split // T + p["c_proj.bias"].numel() * 4
+    for r, res in enumerate(results):
+        assert res["param_bytes"] == want, (
+            f"{kind} T={T} rank {r}: {res['param_bytes']:,} B of parameters, expected split/T + the "
+            f"row bias = {want:,}: are the shards copies of 1/T of each weight, not views of the full one?")
+
+
+@pytest.mark.exercise("3.4", points=1)
+@pytest.mark.parametrize("T", [2, 4])
+def test_tp_mlp_equals_parallelize_module(T):
+    """Check the TP MLP's output equals PyTorch's parallelize_module (ColwiseParallel c_fc,
+    RowwiseParallel c_proj) on the same weights, and that both do one forward all-reduce."""
+    from labkit.dist import launch
+    from labkit.tensor_parallel import run_parallelize_module
+
+    module, results, _, _ = run("mlp", T)
+    _, x, _, _, _ = setup("mlp")
+    theirs = launch(run_parallelize_module, T, module, x, timeout=90)
+    for r, (mine, ref) in enumerate(zip(results, theirs)):
+        torch.testing.assert_close(mine["out"], ref["out"], **TOL, msg=lambda m, r=r: (
+            f"T={T} rank {r}: TPMLP output vs parallelize_module: {m}"))
+        assert mine["forward"]["calls"] == ref["forward"]["calls"], (
+            f"rank {r}: forward collectives {mine['forward']['calls']}, parallelize_module's "
+            f"{ref['forward']['calls']}")
+
+
+def _build(rank, world_size, kind, cfg):
+    from labkit.tensor_parallel import TPAttention, TPMLP
+
+    module = MLP(cfg) if kind == "mlp" else CausalSelfAttention(cfg)
+    try:
+        (TPMLP if kind == "mlp" else TPAttention)(module)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("kind,name", [("attn", "n_head"), ("mlp", "features")])
+def test_t_that_does_not_divide_raises_value_error(kind, name):
+    """T = 3 does not divide 4 heads nor the 4C = 128 hidden width: ValueError naming it."""
+    from labkit.dist import launch
+
+    cfg = GPTConfig(vocab_size=64, block_size=S, n_layer=1, n_head=H, n_embd=C)
+    messages = launch(_build, 3, kind, cfg)
+    assert all(m is not None and name in m for m in messages), messages

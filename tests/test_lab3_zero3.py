@@ -1,0 +1,165 @@
+"""Graders of Lab 3, exercise 3.7 (labs/03_parameters.ipynb): ZeRO-3 over N = 2 and 3 real gloo
+ranks (``labkit.dist.launch``).
+
+References nobody in this course wrote: unsharded ``torch.optim.Adam`` on the same model, with
+the gradient of the mean of the N ranks' losses (data parallelism), run here in the test
+process; PyTorch's FSDP2 (``fully_shard`` on each block and on the model, ``torch.optim.Adam``)
+on the same model and data over gloo; ``count_comm`` for the collectives, compared with FSDP2's
+and with the formula; the formula Σ ceil(Ψ_unit/N)·4 for the persistent bytes.
+
+Tolerance for parameters: fp32; the same gradients summed in another order (the reduce-scatter
+adds N partial gradients, the reference differentiates the mean loss) differ by ulps, and Adam's
+normalization m/(√v+ε) keeps them relative, except for elements whose gradient is near ε =
+1e-8, where an ulp of the gradient moves the update by up to ~1e-6 (measured 1.5e-6 at N = 3).
+atol 1e-5 = 1% of one step of lr 1e-3 covers that and still catches any wrong step.
+No biases: attention's key bias gets a gradient of pure rounding noise that Adam would amplify
+to full steps in either implementation. Byte and call counts are exact.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import math
+
+import pytest
+import torch
+
+from labkit.models import GPT, GPTConfig, SyntheticData
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+STEPS, LR = 3, 1e-3
+
+
+def setup(N):
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=36, bias=False)
+    model = GPT(cfg)  # n_embd 36: unit sizes that N = 2 and 3 do not all divide (padding)
+    data = SyntheticData(64, 16, 2, seed=1)
+    batches = [[data.batch(s * N + r) for r in range(N)] for s in range(STEPS)]
+    return model, batches
+
+
+@functools.lru_cache(maxsize=None)
+def zero3(N):
+    from labkit.dist import launch
+    from labkit.zero3 import train_zero3
+
+    model, batches = setup(N)
+    return launch(train_zero3, N, model, batches, lr=LR, timeout=120)
+
+
+@functools.lru_cache(maxsize=None)
+def fsdp2(N):
+    from labkit.dist import launch
+    from labkit.zero3 import train_fsdp2
+
+    model, batches = setup(N)
+    return launch(train_fsdp2, N, model, batches, lr=LR, timeout=120)
+
+
+def unsharded(N):
+    model, batches = setup(N)
+    ref = copy.deepcopy(model)
+    opt = torch.optim.Adam(ref.parameters(), lr=LR)
+    for step_batches in batches:
+        loss = sum(ref(x, y) for x, y in step_batches) / N
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return ref
+
+
+def unit_numels(model):
+    blocks = [sum(p.numel() for p in b.parameters()) for b in model.h]
+    return blocks + [sum(p.numel() for p in model.parameters()) - sum(blocks)]
+
+
+@pytest.mark.exercise("3.7", points=2)
+@pytest.mark.parametrize("N", [2, 3])
+def test_parameters_after_adam_steps_equal_unsharded_adam(N):
+    """Check every rank's full parameters after 3 steps equal unsharded torch.optim.Adam on the
+    mean of the N ranks' losses."""
+    ref = unsharded(N)
+    for r, res in enumerate(zero3(N)):
+        for (name, want), got in zip(ref.named_parameters(), res["params"]):
+            torch.testing.assert_close(got, want.detach(), **TOL, msg=lambda m, r=r, name=name: (
+                f"N={N} rank {r} {name} after {STEPS} steps vs unsharded Adam: {m} — is the "
+                "reduce-scattered gradient divided by N, and is the shard gathered again after the step?"))
+
+
+@pytest.mark.exercise("3.7", points=2)
+def test_parameters_and_losses_equal_fsdp2():
+    """Check parameters and losses equal FSDP2 fully_shard's on the same model and data (N = 2)."""
+    for r, (mine, theirs) in enumerate(zip(zero3(2), fsdp2(2))):
+        assert mine["losses"] == pytest.approx(theirs["losses"], rel=1e-6), (
+            f"rank {r} losses {mine['losses']}, FSDP2's {theirs['losses']}")
+        model, _ = setup(2)
+        for (name, _), got, want in zip(model.named_parameters(), mine["params"], theirs["params"]):
+            torch.testing.assert_close(got, want, **TOL, msg=lambda m, r=r, name=name: (
+                f"rank {r} {name} vs FSDP2: {m}"))
+
+
+@pytest.mark.exercise("3.7", points=1)
+@pytest.mark.parametrize("N", [2, 3])
+def test_persistent_parameter_bytes_are_the_padded_shards(N):
+    """Check each rank's persistent parameter bytes = Σ_units ceil(Ψ_unit/N)·4 exactly."""
+    model, _ = setup(N)
+    want = sum(math.ceil(n / N) * 4 for n in unit_numels(model))
+    for r, res in enumerate(zero3(N)):
+        assert res["shard_bytes"] == want, (
+            f"N={N} rank {r}: {res['shard_bytes']:,} B of parameter shards, expected Σ ceil(Ψ_unit/N)·4 "
+            f"= {want:,}: is each unit padded to N·S and sliced into S = ceil(Ψ_unit/N)?")
+
+
+@pytest.mark.exercise("3.7", points=2)
+@pytest.mark.parametrize("N", [2, 3])
+def test_peak_gathered_bytes_are_the_root_and_one_block(N):
+    """Check the measured peak of gathered parameter buffers = the root unit + the largest block
+    (N·S·4 each): blocks are freed after forward and after backward."""
+    model, _ = setup(N)
+    sizes = [math.ceil(n / N) * N * 4 for n in unit_numels(model)]
+    want = sizes[-1] + max(sizes[:-1])
+    for r, res in enumerate(zero3(N)):
+        assert res["peak_live_bytes"] == want, (
+            f"N={N} rank {r}: peak gathered parameters {res['peak_live_bytes']:,} B, expected root + "
+            f"largest block = {want:,}: is each block's full buffer freed (storage resized to 0) "
+            "after its forward and after its gradients are reduce-scattered?")
+
+
+@pytest.mark.exercise("3.7", points=2)
+@pytest.mark.parametrize("N", [2, 3])
+def test_collectives_per_step_two_all_gathers_and_one_reduce_scatter_per_block(N):
+    """Check count_comm per step: all-gathers 2 per block + 1 for the root, one reduce-scatter
+    per unit, with bytes Σ N·S·4 of each (the formula), every step."""
+    model, _ = setup(N)
+    padded = [math.ceil(n / N) * N * 4 for n in unit_numels(model)]
+    blocks = len(padded) - 1
+    want = {"calls": {"all_gather_into_tensor": 2 * blocks + 1, "reduce_scatter_tensor": blocks + 1},
+            "bytes": {"all_gather_into_tensor": 2 * sum(padded[:-1]) + padded[-1],
+                      "reduce_scatter_tensor": sum(padded)}}
+    for r, res in enumerate(zero3(N)):
+        for step, got in enumerate(res["comm"]):
+            assert got == want, (
+                f"N={N} rank {r} step {step}: collectives {got}, expected {want}: is each block gathered "
+                "before forward and again before backward (and not more), and its gradient "
+                "reduce-scattered once?")
+
+
+@pytest.mark.exercise("3.7", points=1)
+def test_collectives_equal_fsdp2s():
+    """Check the collectives per step (calls and bytes) equal what FSDP2 does on the same model."""
+    for r, (mine, theirs) in enumerate(zip(zero3(2), fsdp2(2))):
+        assert mine["comm"] == theirs["comm"], f"rank {r}: {mine['comm'][0]} vs FSDP2's {theirs['comm'][0]}"
+
+
+def test_model_without_blocks_raises_value_error():
+    from labkit.dist import launch
+
+    with pytest.raises(Exception, match="'h'"):
+        launch(_build_bad, 1)
+
+
+def _build_bad(rank, world_size):
+    from labkit.zero3 import ZeRO3
+
+    ZeRO3(torch.nn.Linear(2, 2))
