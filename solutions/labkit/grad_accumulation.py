@@ -66,10 +66,10 @@ def accumulate_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
         ValueError: ``k`` not an int in [1, batch size]; ``weight`` not "tokens" or "samples";
             no counted target token in the batch.
     """
+    # BEGIN SOLUTION 4.1: check the arguments; for each micro-batch: forward, scale its loss by its share (per `weight`), backward; skip DDP's sync on all but the last
     if weight not in WEIGHTS:
         raise ValueError(f"weight must be one of {WEIGHTS}, got {weight!r}")
     micro = split_batch(x, y, k)
-    # BEGIN SOLUTION 4.1: for each micro-batch: forward, scale its loss by its share (per `weight`), backward; skip DDP's sync on all but the last
     if weight == "tokens":
         sizes = [int((yi != IGNORE_INDEX).sum()) for _, yi in micro]
     else:

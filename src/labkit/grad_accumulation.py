@@ -66,10 +66,7 @@ def accumulate_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
         ValueError: ``k`` not an int in [1, batch size]; ``weight`` not "tokens" or "samples";
             no counted target token in the batch.
     """
-    if weight not in WEIGHTS:
-        raise ValueError(f"weight must be one of {WEIGHTS}, got {weight!r}")
-    micro = split_batch(x, y, k)
-    raise NotImplementedError("exercise 4.1: for each micro-batch: forward, scale its loss by its share (per `weight`), backward; skip DDP's sync on all but the last (labs/04_gradients.ipynb)")
+    raise NotImplementedError("exercise 4.1: check the arguments; for each micro-batch: forward, scale its loss by its share (per `weight`), backward; skip DDP's sync on all but the last (labs/04_gradients.ipynb)")
 
 
 # ---------------------------------------------------------------- per-rank worker (infrastructure)
