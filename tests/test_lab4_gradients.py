@@ -204,3 +204,98 @@ def test_accumulation_under_ddp_all_reduces_once():
             torch.testing.assert_close(g4, g1, **F64_TOL, msg=lambda m, i=i: (
                 f"rank {rank}, parameter {i}: {m} — the averaged gradient with k = 4 differs "
                 "from k = 1's: is the last micro-batch's backward outside no_sync?"))
+
+
+# =================================================================== 4.3 ZeRO-2
+
+def zero2_gpt() -> GPT:
+    """Ψ = 32,935 parameters: divisible by none of N = 2, 3, 4, so the last shard is padded.
+    No biases: the attention key bias gets a gradient of pure rounding noise (softmax ignores
+    it), which Adam's normalisation would turn into full-size steps that differ by order of sum."""
+    model = tiny_gpt(vocab_size=64, n_head=5, n_embd=35, bias=False)
+    psi = sum(p.numel() for p in model.parameters())
+    assert psi % 2 and psi % 3 and psi % 4, psi
+    return model
+
+
+def run_zero2(world_size, steps=3, bucket_cap_bytes=16_384, **kwargs):
+    model = zero2_gpt()
+    data = SyntheticData(64, 32, 4, seed=1)
+    batches = [[data.batch(s * world_size + r) for r in range(world_size)] for s in range(steps)]
+    from labkit.zero2 import train_zero2
+
+    return model, launch(train_zero2,
+                         world_size, model, batches, lr=1e-3,
+                         bucket_cap_bytes=bucket_cap_bytes, **kwargs)
+
+
+@pytest.mark.exercise("4.3", points=1)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_zero2_matches_ddp_and_adam(world_size):
+    """Check that 3 steps of ZeRO2Adam on N real gloo ranks give, on every rank, the parameters
+    of DistributedDataParallel + torch.optim.Adam run on the same ranks and batches."""
+    model, results = run_zero2(world_size)
+    names = [n for n, _ in model.named_parameters()]
+    for rank, res in enumerate(results):
+        for name, got, want in zip(names, res["params"], res["ref_params"]):
+            torch.testing.assert_close(got, want, **UPDATE_TOL, msg=lambda m, name=name, rank=rank: (
+                f"rank {rank}, {name} after 3 steps on {world_size} ranks: {m} — compared with "
+                "DDP + Adam: is every bucket reduce-scattered (the last, partial one too), each "
+                "piece added at its place in grad_shard, and the sum divided by N?"))
+
+
+@pytest.mark.exercise("4.3", points=2)
+def test_zero2_holds_a_shard_and_one_bucket_of_gradients():
+    """Check on 4 ranks, by reading the .grad tensors alive after every gradient-ready event:
+    at most bucket_cap_bytes + the largest gradient's bytes of full gradients at any moment (the
+    bucket that is filling and the gradient that fills it), beside grad_shard of exactly 4·S
+    bytes; DDP (ZeRO-1's gradients) holds all 4Ψ."""
+    cap = 16_384
+    model, results = run_zero2(4, steps=1, bucket_cap_bytes=cap, reference=True)
+    psi = sum(p.numel() for p in model.parameters())
+    shard = 4 * math.ceil(psi / 4)
+    for rank, res in enumerate(results):
+        assert res["shard_bytes"] == shard, (
+            f"rank {rank}: grad_shard holds {res['shard_bytes']:,} B, expected 4·S = {shard:,} "
+            "(float32, S = ceil(Ψ/N) elements)")
+        bound = cap + res["largest_grad_bytes"]
+        assert res["peak_grad_bytes"] <= bound, (
+            f"rank {rank}: up to {res['peak_grad_bytes']:,} B of full gradients were alive during "
+            f"backward, expected ≤ bucket cap + largest gradient = {bound:,} (4Ψ = {4 * psi:,}): "
+            "send a bucket as soon as it reaches the cap, and set its parameters' .grad to None")
+        assert res["ref_peak_grad_bytes"] == 4 * psi, (
+            f"rank {rank}: DDP held {res['ref_peak_grad_bytes']:,} B of gradients, 4Ψ = {4 * psi:,}")
+
+
+@pytest.mark.exercise("4.3", points=1)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_zero2_sends_what_data_parallelism_sends(world_size):
+    """Check the collectives of one step (counted by labkit.comm_count): reduce-scatters of
+    exactly 4Ψ bytes in all (each fp32 gradient element once), one all-gather of N·4S bytes,
+    no all-reduce: the volume of DDP's all-reduce."""
+    model, results = run_zero2(world_size, steps=2, reference=False)
+    psi = sum(p.numel() for p in model.parameters())
+    shard = math.ceil(psi / world_size)
+    for rank, res in enumerate(results):
+        for step, comm in enumerate(res["comm"]):
+            sent, calls = comm["bytes_sent"], comm["calls"]
+            where = f"rank {rank}, step {step}"
+            assert "all_reduce" not in calls, (
+                f"{where}: {calls['all_reduce']} all-reduce call(s): ZeRO-2 reduce-scatters")
+            got = sent.get("reduce_scatter", 0) + sent.get("reduce_scatter_tensor", 0)
+            assert got == 4 * psi, (
+                f"{where}: reduce-scatters carried {got:,} B, expected 4Ψ = {4 * psi:,}: every "
+                "fp32 gradient element once (is a bucket sent twice, or a gradient in two buckets?)")
+            gathered = sent.get("all_gather_into_tensor", 0)
+            assert gathered == 4 * world_size * shard, (
+                f"{where}: all-gather of {gathered:,} B, expected N·4S = {4 * world_size * shard:,}")
+
+
+def test_zero2_rejects_a_bad_bucket_cap():
+    """Not graded (the check is given): bucket_cap_bytes must be an int > 0."""
+    from labkit.zero2 import ZeRO2Adam
+
+    params = list(torch.nn.Linear(3, 2).parameters())
+    for bad in (0, -5, 1.5, True):
+        with pytest.raises(ValueError, match="bucket_cap_bytes"):
+            ZeRO2Adam(params, bucket_cap_bytes=bad)
