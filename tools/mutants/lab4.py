@@ -64,4 +64,27 @@ MUTANTS = [
         work = dist.reduce_scatter(output, inputs, group=self.group, async_op=True)
         self.in_flight.append((work, output, mine))""",
            why="sends a bucket twice (e.g. a retry left in)"),
+    # ---------------------------------------------------------------- 4.2 bucketed DDP
+    Mutant("4.2", "bucketed_ddp.py", find="            flat /= self.world_size\n", replace="",
+           why="sums the gradients over the ranks instead of averaging"),
+    Mutant("4.2", "bucketed_ddp.py", find="""        self._send_bucket()
+        for work, flat, params in self.in_flight:""", replace="""        for work, flat, params in self.in_flight:""",
+           why="never sends the last, partial bucket"),
+    Mutant("4.2", "bucketed_ddp.py", find="""        if self.bucket_bytes >= self.bucket_cap_bytes:
+            self._send_bucket()""", replace="        pass",
+           why="sends everything in finish(): no overlap with backward"),
+    Mutant("4.2", "bucketed_ddp.py", find="""        with torch.no_grad():
+            for p in module.parameters():
+                dist.broadcast(p, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+""", replace="",
+           why="forgets the initial broadcast: replicas start from different parameters"),
+    Mutant("4.2", "bucketed_ddp.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:",
+           replace="        if self.bucket_bytes > 2 * self.bucket_cap_bytes:",
+           why="closes buckets past the cap (off by a whole bucket)"),
+    Mutant("4.2", "bucketed_ddp.py", find="        work = dist.all_reduce(flat, group=self.group, async_op=True)",
+           replace="        work = dist.all_reduce(flat, group=self.group, async_op=True)\n        work.wait()\n        work = dist.all_reduce(flat, group=self.group, async_op=True)",
+           why="all-reduces a bucket twice"),
+    Mutant("4.2", "bucketed_ddp.py", find="                    p.grad.copy_(piece)",
+           replace="                    p.grad.add_(piece)",
+           why="adds the average to the local gradient instead of replacing it"),
 ]
