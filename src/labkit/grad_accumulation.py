@@ -1,0 +1,130 @@
+"""Gradient accumulation: the gradient of a batch of B samples from k micro-batches of ≈ B/k.
+
+Backward of a loss that is a weighted sum of k terms gives the same weighted sum of their
+gradients, and ``.grad`` adds up over successive backward calls. So k forward/backward passes
+over the k pieces of a batch, each loss scaled by the share of the batch it stands for, leave in
+``.grad`` exactly the gradient of the whole batch's loss, while only one micro-batch's
+activations exist at a time. The compute batch (what fits in memory) is decoupled from the
+statistical batch (what the optimizer sees); the price is k smaller, less efficient passes.
+
+The share must be measured in what the loss averages over. The course GPT's loss is the mean
+cross-entropy over every target token that is not ``ignore_index`` (-100), so with padded or
+masked targets a micro-batch stands for (its counted tokens) / (the batch's counted tokens), not
+for 1/k, nor for (its samples) / B. With equal micro-batches and no masked tokens all three agree.
+
+Under data parallelism the gradients are averaged over the ranks once per optimizer step, not
+once per micro-batch: DDP's ``no_sync()`` context skips the all-reduce for the first k − 1
+backward passes.
+
+Chapter 4 (book/04_gradients.md); Lab 4, exercise 4.1 (labs/04_gradients.ipynb).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from labkit.comm_count import count_comm
+
+IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it count for nothing
+WEIGHTS = ("tokens", "samples")
+
+
+def split_batch(x: torch.Tensor, y: torch.Tensor, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Cut ``(x, y)`` along dim 0 into ``k`` consecutive micro-batches whose sizes differ by at
+    most one (the first ``B mod k`` get one more sample), as ``torch.tensor_split`` does."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y must have the same batch size, got {x.shape[0]} and {y.shape[0]}")
+    if k > x.shape[0]:
+        raise ValueError(f"k must be at most the batch size {x.shape[0]}, got {k}")
+    return list(zip(torch.tensor_split(x, k), torch.tensor_split(y, k)))
+
+
+def accumulate_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, k: int, *,
+                         weight: str = "tokens") -> float:
+    """Accumulate into ``.grad`` the gradient of ``model(x, y)`` using ``k`` micro-batches.
+
+    Contract:
+        * ``model(xi, yi)`` returns the mean loss of a micro-batch over its target tokens that
+          are not ``IGNORE_INDEX``; the micro-batches are those of ``split_batch(x, y, k)``.
+        * Afterwards every parameter's ``.grad`` has grown by the gradient of ``model(x, y)``
+          (the whole batch at once), up to rounding. Only one micro-batch's activations are
+          alive at any time.
+        * ``weight="tokens"``: each micro-batch stands for its share of the counted target
+          tokens (exact for any mask); ``weight="samples"``: its share of the samples (exact
+          when every sample has the same number of counted tokens).
+        * If ``model`` is a ``DistributedDataParallel``, gradients are synchronised across the
+          ranks once, on the last micro-batch, not k times.
+
+    Returns:
+        The whole batch's loss as a float (the weighted sum of the micro-batch losses).
+
+    Raises:
+        ValueError: ``k`` not an int in [1, batch size]; ``weight`` not "tokens" or "samples";
+            no counted target token in the batch.
+    """
+    raise NotImplementedError("exercise 4.1: check the arguments; for each micro-batch: forward, scale its loss by its share (per `weight`), backward; skip DDP's sync on all but the last (labs/04_gradients.ipynb)")
+
+
+# ---------------------------------------------------------------- per-rank worker (infrastructure)
+
+def ddp_accumulation_worker(rank: int, world_size: int, model: torch.nn.Module, batches,
+                            ks) -> dict:
+    """For each k in ``ks``: wrap a fresh copy of ``model`` in DDP, call
+    ``accumulate_gradients(ddp, x, y, k)`` on this rank's batch ``batches[rank]`` under
+    ``count_comm``; return ``{k: {"grads": [...], "calls": {op: n}, "bytes": {op: B}}}``."""
+    import copy
+
+    out = {}
+    x, y = batches[rank]
+    for k in ks:
+        replica = copy.deepcopy(model)
+        ddp = DistributedDataParallel(replica)
+        with count_comm() as counts:
+            accumulate_gradients(ddp, x, y, k)
+        out[k] = {"grads": [p.grad.detach().clone() for p in replica.parameters()],
+                  "calls": dict(counts.calls), "bytes": dict(counts.bytes_sent)}
+    return out
+
+
+def peak_saved_bytes(fn) -> int:
+    """Run ``fn()``; return the most bytes autograd held saved for backward at any moment.
+
+    A ``saved_tensors_hooks`` pack hook sees every tensor autograd saves (parameters and views
+    of them skipped: they live anyway) and wraps it in a small object that autograd keeps until
+    backward frees the graph; ``weakref.finalize`` on that object subtracts its bytes. Each
+    storage counts once while any saved view of it is alive. (``labkit.measure.measure_step``
+    cannot be used for accumulation: MemTracker refuses a root module called k times per step.)
+    """
+    import weakref
+
+    live, refs, peak = {}, {}, [0]
+
+    class _Saved:
+        __slots__ = ("t", "__weakref__")
+
+        def __init__(self, t):
+            self.t = t
+
+    def release(key):
+        refs[key] -= 1
+        if refs[key] == 0:
+            del refs[key], live[key]
+
+    def pack(t):
+        box = _Saved(t)
+        base = t._base if t._base is not None else t
+        if not isinstance(base, torch.nn.Parameter):
+            key = t.untyped_storage().data_ptr()
+            live[key] = t.untyped_storage().nbytes()
+            refs[key] = refs.get(key, 0) + 1
+            weakref.finalize(box, release, key)
+            peak[0] = max(peak[0], sum(live.values()))
+        return box
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda box: box.t):
+        fn()
+    return peak[0]

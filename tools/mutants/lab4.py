@@ -1,0 +1,90 @@
+"""Plausible student bugs in Lab 4's exercises; the graders must catch them (tools/mutants)."""
+from tools.mutants.mutant import Mutant
+
+MUTANTS = [
+    # ---------------------------------------------------------------- 4.1 gradient accumulation
+    Mutant("4.1", "grad_accumulation.py", find="loss = model(xi, yi) * (size / total)",
+           replace="loss = model(xi, yi)",
+           why="forgets to scale each micro-batch's loss (gradient k times too large)"),
+    Mutant("4.1", "grad_accumulation.py", find="loss = model(xi, yi) * (size / total)",
+           replace="loss = model(xi, yi) / len(micro)",
+           why="scales by 1/k, wrong when k does not divide the batch"),
+    Mutant("4.1", "grad_accumulation.py",
+           find="sizes = [int((yi != IGNORE_INDEX).sum()) for _, yi in micro]",
+           replace="sizes = [yi.numel() for _, yi in micro]",
+           why="counts every target token, masked ones too"),
+    Mutant("4.1", "grad_accumulation.py",
+           find="sync = model.no_sync() if (is_ddp and i != last) else contextlib.nullcontext()",
+           replace="sync = contextlib.nullcontext()",
+           why="all-reduces after every micro-batch under DDP (no no_sync)"),
+    Mutant("4.1", "grad_accumulation.py",
+           find="sync = model.no_sync() if (is_ddp and i != last) else contextlib.nullcontext()",
+           replace="sync = model.no_sync() if is_ddp else contextlib.nullcontext()",
+           why="wraps every micro-batch in no_sync, so DDP never averages the gradients"),
+    Mutant("4.1", "grad_accumulation.py",
+           find="""            loss = model(xi, yi) * (size / total)
+            loss.backward()
+        loss_sum += float(loss.detach())
+    return loss_sum""",
+           replace="""            loss = model(xi, yi) * (size / total)
+        loss_sum = loss_sum + loss
+    loss_sum.backward()
+    return float(loss_sum)""",
+           why="sums the k losses and runs one backward at the end (all k activations alive)"),
+    Mutant("4.1", "grad_accumulation.py", find="        loss_sum += float(loss.detach())",
+           replace="        loss_sum = float(loss.detach())",
+           why="returns the last micro-batch's loss instead of the batch's"),
+    # ---------------------------------------------------------------- 4.3 ZeRO-2
+    Mutant("4.3", "zero2.py", find="        g = self.grad_shard / self.world_size",
+           replace="        g = self.grad_shard",
+           why="forgets to average over the ranks (sum instead of mean)"),
+    Mutant("4.3", "zero2.py", find="""        self._send_bucket()
+        for work, output, mine in self.in_flight:""",
+           replace="""        for work, output, mine in self.in_flight:""",
+           why="never sends the last, partial bucket"),
+    Mutant("4.3", "zero2.py", find="""        for p in self.bucket:
+            p.grad = None
+""", replace="",
+           why="keeps the full gradients after reducing them (no memory saved)"),
+    Mutant("4.3", "zero2.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:\n            self._send_bucket()",
+           replace="        pass",
+           why="sends everything as one bucket at the step (all gradients alive at the end of backward)"),
+    Mutant("4.3", "zero2.py", find="        self.grad_shard.zero_()\n",
+           replace="",
+           why="forgets to reset the gradient shard after the step (gradients leak into the next step)"),
+    Mutant("4.3", "zero2.py",
+           find="self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]",
+           replace="self.grad_shard[offset:offset + length] += output[offset:offset + length]",
+           why="puts a received piece at its offset in the bucket instead of its place in the shard"),
+    Mutant("4.3", "zero2.py", find="        self.bucket_bytes += 4 * param.numel()",
+           replace="        self.bucket_bytes += 1",
+           why="counts gradients instead of bytes, so buckets grow far past the cap"),
+    Mutant("4.3", "zero2.py", find="""        self.in_flight.append((work, output, mine))""",
+           replace="""        work.wait()
+        work = dist.reduce_scatter(output, inputs, group=self.group, async_op=True)
+        self.in_flight.append((work, output, mine))""",
+           why="sends a bucket twice (e.g. a retry left in)"),
+    # ---------------------------------------------------------------- 4.2 bucketed DDP
+    Mutant("4.2", "bucketed_ddp.py", find="            flat /= self.world_size\n", replace="",
+           why="sums the gradients over the ranks instead of averaging"),
+    Mutant("4.2", "bucketed_ddp.py", find="""        self._send_bucket()
+        for work, flat, params in self.in_flight:""", replace="""        for work, flat, params in self.in_flight:""",
+           why="never sends the last, partial bucket"),
+    Mutant("4.2", "bucketed_ddp.py", find="""        if self.bucket_bytes >= self.bucket_cap_bytes:
+            self._send_bucket()""", replace="        pass",
+           why="sends everything in finish(): no overlap with backward"),
+    Mutant("4.2", "bucketed_ddp.py", find="""        with torch.no_grad():
+            for p in module.parameters():
+                dist.broadcast(p, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+""", replace="",
+           why="forgets the initial broadcast: replicas start from different parameters"),
+    Mutant("4.2", "bucketed_ddp.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:",
+           replace="        if self.bucket_bytes > 2 * self.bucket_cap_bytes:",
+           why="closes buckets past the cap (off by a whole bucket)"),
+    Mutant("4.2", "bucketed_ddp.py", find="        work = dist.all_reduce(flat, group=self.group, async_op=True)",
+           replace="        work = dist.all_reduce(flat, group=self.group, async_op=True)\n        work.wait()\n        work = dist.all_reduce(flat, group=self.group, async_op=True)",
+           why="all-reduces a bucket twice"),
+    Mutant("4.2", "bucketed_ddp.py", find="                    p.grad.copy_(piece)",
+           replace="                    p.grad.add_(piece)",
+           why="adds the average to the local gradient instead of replacing it"),
+]
