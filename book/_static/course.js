@@ -9,3 +9,16 @@ document.addEventListener("DOMContentLoaded", function () {
     if (menu && menu.querySelectorAll("a").length === 0) menu.remove();
   });
 });
+
+// An inline SVG chart drawn with fixed width/height attributes (the page calculator's) keeps
+// its drawing when course.css narrows it to the column on a phone: give it the viewBox of its
+// own size, so it scales instead of being cut.
+document.addEventListener("DOMContentLoaded", function () {
+  document.querySelectorAll(".bd-article svg[width][height]:not([viewBox])").forEach(function (svg) {
+    if (svg.closest("mjx-container")) return;
+    var w = parseFloat(svg.getAttribute("width")), h = parseFloat(svg.getAttribute("height"));
+    if (!(w > 0 && h > 0) || /%/.test(svg.getAttribute("width"))) return;
+    svg.setAttribute("viewBox", "0 0 " + w + " " + h);
+    svg.setAttribute("preserveAspectRatio", "xMinYMin meet");
+  });
+});
