@@ -63,6 +63,7 @@ PAGES = {
     "widget.html": ("", '<div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">'
                         '{"model_id": "x", "version_major": 2}</script></div>'),
     "offsite.html": ("", '<img src="https://example.com/x.png" alt="from another host">'),
+    "filealt.html": ("", '<img src="pic.png" alt="../_images/pic.png" style="background: #fff; width: 40px">'),
     "dark.html": ("", '<img src="pic.png" alt="a transparent figure" style="width: 40px">'),
     "cjk.html": ("", "<blockquote>不存、少存、分存</blockquote>"),
     "cjk-font.html": ("@font-face { font-family: 'WTMG CJK'; src: url('wtmg-cjk.woff') format('woff'); }"
@@ -80,6 +81,7 @@ EXPECTED = {
     "links.html": r"broken link: /nowhere\.html",
     "widget.html": r"widget 1 did not draw",
     "offsite.html": r"request to another host: https://example\.com/x\.png",
+    "filealt.html": None,  # a warning only (test below)
     "dark.html": r"\[\d+-dark\] dark mode: image pic\.png sits on a dark backdrop",
     "cjk.html": r"CJK text \"不存、少存、分存\" has no web font",
     "cjk-font.html": None,
@@ -98,8 +100,10 @@ def results(tmp_path_factory):
     old = site_check.SETTLE_S
     site_check.SETTLE_S = 1.5  # the undrawn widget is given up on after this long
     try:
+        lines = []
         found = site_check.run(site, site / "_shots", list(PAGES), [700], binary=CHROMIUM,
-                               echo=lambda line: None)
+                               echo=lines.append)
+        found["_lines"] = lines
         found["_shots"] = sorted(p.name for p in (site / "_shots").glob("clean@*.png"))
         return found
     finally:
@@ -130,6 +134,14 @@ def test_checker_sees_cross_page_and_same_page_anchors(results):
 def test_checker_saves_a_screenshot_per_view(results):
     shots = results["_shots"]
     assert shots == ["clean@700-dark.png", "clean@700.png"], shots
+
+
+@needs_chromium
+def test_an_alt_text_that_is_a_file_name_is_a_warning(results):
+    lines = results["_lines"]
+    start = next(i for i, line in enumerate(lines) if "filealt.html" in line)
+    assert "  0 problem(s)    1 warning(s)" in lines[start], lines[start]
+    assert "warning: image whose alt text is its file name: pic.png" in lines[start + 1], lines[start + 1]
 
 
 def test_links_are_checked_against_the_files_and_their_ids(tmp_path):

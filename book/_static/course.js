@@ -22,3 +22,16 @@ document.addEventListener("DOMContentLoaded", function () {
     svg.setAttribute("preserveAspectRatio", "xMinYMin meet");
   });
 });
+
+// A chart that an ipywidget drew (its starting state, saved with the page) comes back from the
+// widget embedder as an <img> without alt text: say what it is.
+document.addEventListener("DOMContentLoaded", function () {
+  var label = function () {
+    document.querySelectorAll(".jupyter-widgets img:not([alt])").forEach(function (img) {
+      img.setAttribute("alt", "Chart drawn by the interactive widget above (its starting " +
+                       "state; run the notebook to change it)");
+    });
+  };
+  label();
+  new MutationObserver(label).observe(document.body, {childList: true, subtree: true});
+});
