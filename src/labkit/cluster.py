@@ -1,0 +1,256 @@
+"""Run the course's distributed techniques on a real cluster: ``torchrun ... -m labkit.cluster <demo>``.
+
+    torchrun --standalone --nproc-per-node 2 -m labkit.cluster zero1 --steps 3
+    torchrun --standalone --nproc-per-node 4 -m labkit.cluster ring_attention --seq 4096
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+        -m labkit.cluster zero1 --n-layer 24 --n-embd 2048
+
+Each rank reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (set by torchrun), joins one process
+group (NCCL on CUDA, gloo on CPU; ``--device``), is placed on its local GPU, and runs the demo
+through :func:`labkit.dist.launch`, which inside torchrun runs the function on this existing
+group instead of starting processes: the very calls the labs make in a notebook. The exercise
+modules are whatever ``labkit`` is installed: in the student edition, the student's own code.
+
+Rank 0 prints one row per rank: the measured bytes next to the chapter's prediction, the bytes
+this rank communicated, and the step time, then a line ``json: {...}`` with the same figures
+(what the tests compare against an in-process :func:`labkit.dist.launch` run).
+
+Demos (``DEMOS``):
+
+- ``zero1``: data-parallel training of the course GPT with ZeRO-1 (``labkit.zero1``, lab 2):
+  each rank's optimizer state next to 8Ψ/N (Adam's two fp32 moments, 1/N each), the
+  MemTracker peak of the run, and bytes sent per step in units of the fp32 model, 4Ψ.
+- ``ring_attention``: attention over a sequence split into N chunks (``labkit.ring_attention``,
+  lab 5): each rank's peak next to one device's peak over the whole sequence, bytes sent next
+  to the ring's 2(N-1)·B·H·(S/N)·D elements.
+
+Bad input (an unknown demo, a world size the demo cannot use, ``--device cuda`` without a GPU,
+no torchrun) ends with a message and exit status 2 before any collective starts.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+DEMOS = ("zero1", "ring_attention")
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit status 2."""
+
+
+# ------------------------------------------------------------------ the demos (one rank each)
+
+def _peak_over_steps(model: torch.nn.Module, fn, *args, **kwargs):
+    """(MemTracker peak bytes, result) of ``fn(*args, **kwargs)``, which calls ``model`` once per
+    step: MemTracker refuses a second forward unless its module statistics are reset before it,
+    so ``model``'s calls reset them first (its class is swapped for the run, then restored)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker, cls = MemTracker(), type(model)
+
+    class _ResetEachCall(cls):
+        def __call__(self, *a, **k):
+            tracker.reset_mod_stats()
+            return super().__call__(*a, **k)
+
+    model.__class__ = _ResetEachCall
+    try:
+        with tracker:
+            result = fn(*args, **kwargs)
+    finally:
+        model.__class__ = cls
+    peak = tracker.get_tracker_snapshot("peak")
+    return int(sum(snap.get("Total", 0) for snap in peak.values())), result
+
+
+def zero1_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_head: int,
+               vocab_size: int, seq: int, batch: int, steps: int, device: str) -> dict:
+    """Train the course GPT for ``steps`` steps with ZeRO-1 on this rank; measure it."""
+    from labkit.models import GPT, GPTConfig, SyntheticData
+    from labkit.zero1 import train_data_parallel
+
+    torch.manual_seed(0)  # the same initial model on every rank
+    cfg = GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head,
+                    n_embd=n_embd)
+    model = GPT(cfg).to(device)
+    data = SyntheticData(vocab_size, seq, batch, seed=0, device=device)
+    batches = [[data.batch(step * world_size + r) for r in range(world_size)] for step in range(steps)]
+    psi = sum(p.numel() for p in model.parameters())
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    peak, out = _peak_over_steps(model, train_data_parallel, rank, world_size, model, batches,
+                                 optimizer="zero1")
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    sent = sum(out["comm"]["bytes_sent"].values())
+    return {"rank": rank, "psi": psi, "peak_bytes": peak, "state_bytes": int(out["state_bytes"]),
+            "predicted_state_bytes": 8 * -(-psi // world_size),
+            "bytes_sent_per_step": sent // steps, "sent_over_4psi": sent / steps / (4 * psi),
+            "calls": out["comm"]["calls"], "final_loss": out["losses"][-1],
+            "step_seconds": seconds / steps}
+
+
+def ring_attention_demo(rank: int, world_size: int, *, batch: int, heads: int, seq: int,
+                        head_dim: int, causal: bool, device: str) -> dict:
+    """Ring attention over a sequence of ``seq`` positions split over the ranks; measure it."""
+    from labkit.ring_attention import ring_bytes_per_rank, ring_worker, single_device_peak_bytes
+
+    gen = torch.Generator().manual_seed(0)  # the same q, k, v on every rank
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, generator=gen).to(device) for _ in range(3))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    out = ring_worker(rank, world_size, q, k, v, causal=causal)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    single = single_device_peak_bytes(q, k, v, causal=causal) if rank == 0 else None
+    return {"rank": rank, "peak_bytes": int(out["peak_bytes"]), "single_device_peak_bytes": single,
+            "bytes_sent": int(out["bytes_sent"].get("send", 0)),  # (recv counts what arrives)
+            "predicted_bytes_sent": ring_bytes_per_rank(batch, heads, seq, head_dim, world_size,
+                                                        element_size=q.element_size()),
+            "calls": out["calls"], "step_seconds": seconds}
+
+
+# ------------------------------------------------------------------ command line
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m labkit.cluster",
+                                description="Run a distributed demo of the course under torchrun.")
+    p.add_argument("demo", help=f"one of: {', '.join(DEMOS)}")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto: each rank's local GPU if there is one, else the CPU")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds before a rank stuck in a collective gives up (default 300)")
+    p.add_argument("--steps", type=int, default=3, help="zero1: training steps (default 3)")
+    p.add_argument("--n-layer", type=int, default=None, help="zero1: layers (default: the lab's)")
+    p.add_argument("--n-embd", type=int, default=None, help="zero1: width (default: the lab's)")
+    p.add_argument("--n-head", type=int, default=None, help="zero1: heads (default: the lab's)")
+    p.add_argument("--vocab-size", type=int, default=None, help="zero1: vocabulary (default: the lab's)")
+    p.add_argument("--batch", type=int, default=None, help="sequences per rank (default 4; ring: 1)")
+    p.add_argument("--seq", type=int, default=None,
+                   help="sequence length (zero1: the lab's block size; ring_attention: 256)")
+    p.add_argument("--heads", type=int, default=4, help="ring_attention: heads (default 4)")
+    p.add_argument("--head-dim", type=int, default=32, help="ring_attention: head size (default 32)")
+    p.add_argument("--causal", action="store_true", help="ring_attention: causal attention")
+    return p
+
+
+def demo_call(args: argparse.Namespace, world_size: int, device: str):
+    """(function, keyword arguments) of the demo, after checking what it needs."""
+    positive = {name: getattr(args, name) for name in
+                ("steps", "n_layer", "n_embd", "n_head", "vocab_size", "batch", "seq", "heads", "head_dim")}
+    bad = {k: v for k, v in positive.items() if v is not None and v < 1}
+    if bad:
+        raise UsageError(f"--{next(iter(bad)).replace('_', '-')} must be >= 1, got {next(iter(bad.values()))}")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.demo == "zero1":
+        from labkit.models import lab_config
+
+        cfg = lab_config(device)
+        kwargs = dict(n_layer=args.n_layer or cfg.n_layer, n_embd=args.n_embd or cfg.n_embd,
+                      n_head=args.n_head or cfg.n_head, vocab_size=args.vocab_size or cfg.vocab_size,
+                      seq=args.seq or cfg.block_size, batch=args.batch or 4, steps=args.steps,
+                      device=device)
+        if kwargs["n_embd"] % kwargs["n_head"]:
+            raise UsageError(f"--n-embd {kwargs['n_embd']} must be a multiple of --n-head {kwargs['n_head']}")
+        return zero1_demo, kwargs
+    if args.demo == "ring_attention":
+        seq = args.seq or 256
+        if seq % world_size:
+            raise UsageError(f"ring_attention splits --seq {seq} into {world_size} equal chunks: "
+                             f"use a multiple of the world size {world_size}, e.g. {seq - seq % world_size or world_size}")
+        return ring_attention_demo, dict(batch=args.batch or 1, heads=args.heads, seq=seq,
+                                         head_dim=args.head_dim, causal=args.causal, device=device)
+    raise UsageError(f"unknown demo {args.demo!r}: choose one of {', '.join(DEMOS)}")
+
+
+def table(demo: str, results: list[dict], world_size: int, backend: str, device: str) -> str:
+    """Rank 0's report: one row per rank, then ``json: {...}``."""
+    lines = [f"{demo} on {world_size} rank(s), {backend} on {device.split(':')[0]}"]
+    if demo == "zero1":
+        psi = results[0]["psi"]
+        lines.append(f"model: {psi:,} parameters (Ψ); Adam's fp32 moments 8Ψ = {8 * psi:,} B in all")
+        lines.append(f"{'rank':>4} {'optimizer state B':>18} {'predicted 8Ψ/N':>15} {'peak B':>12} "
+                     f"{'sent B/step':>12} {'sent/(4Ψ)':>9} {'step s':>8}")
+        for r in results:
+            lines.append(f"{r['rank']:>4} {r['state_bytes']:>18,} {r['predicted_state_bytes']:>15,} "
+                         f"{r['peak_bytes']:>12,} {r['bytes_sent_per_step']:>12,} "
+                         f"{r['sent_over_4psi']:>9.2f} {r['step_seconds']:>8.3f}")
+    else:
+        single = results[0]["single_device_peak_bytes"]
+        lines.append(f"one device over the whole sequence: peak {single:,} B")
+        lines.append(f"{'rank':>4} {'peak B':>12} {'of one device':>13} {'sent B':>12} "
+                     f"{'predicted':>12} {'step s':>8}")
+        for r in results:
+            lines.append(f"{r['rank']:>4} {r['peak_bytes']:>12,} {r['peak_bytes'] / single:>13.2f} "
+                         f"{r['bytes_sent']:>12,} {r['predicted_bytes_sent']:>12,} {r['step_seconds']:>8.3f}")
+    lines.append("json: " + json.dumps({"demo": demo, "world_size": world_size, "ranks": results}))
+    return "\n".join(lines)
+
+
+def _torchrun_env() -> tuple[int, int, int]:
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+               if k not in os.environ]
+    if missing:
+        raise UsageError(f"not started by torchrun ({', '.join(missing)} unset): run "
+                         "`torchrun --standalone --nproc-per-node 2 -m labkit.cluster <demo>`")
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+
+
+def _device(choice: str, local_rank: int) -> str:
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda, but torch.cuda.is_available() is False on this node "
+                             f"(torch {torch.__version__}); use --device cpu")
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise UsageError(f"local rank {local_rank} has no GPU: this node has {count}; "
+                             f"start at most {count} processes per node (--nproc-per-node)")
+        torch.cuda.set_device(local_rank)
+        return f"cuda:{local_rank}"
+    return "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.demo not in DEMOS:
+            raise UsageError(f"unknown demo {args.demo!r}: choose one of {', '.join(DEMOS)}")
+        rank, world_size, local_rank = _torchrun_env()
+        device = _device(args.device, local_rank)
+        fn, kwargs = demo_call(args, world_size, device)
+    except UsageError as exc:
+        print(f"labkit.cluster: {exc}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1) if device == "cpu" else None
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
+                            **({"device_id": torch.device(device)} if backend == "nccl" else {}))
+    try:
+        from labkit.dist import launch
+
+        mine = launch(fn, world_size, **kwargs)[0]  # inside torchrun: runs here, on this group
+        gathered = [None] * world_size
+        dist.all_gather_object(gathered, mine)
+        if rank == 0:
+            print(table(args.demo, gathered, world_size, backend, device), flush=True)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

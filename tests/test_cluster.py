@@ -1,0 +1,95 @@
+"""`torchrun ... -m labkit.cluster <demo>`: the same figures as the in-process launch, a clear
+exit on bad input, a failing rank's traceback on the terminal, and never a hang."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit import cluster
+from labkit.dist import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+DEADLINE = 240  # seconds for a whole torchrun job: it never hangs the suite
+
+SMALL = {  # demo -> (command-line options, the demo function's keyword arguments)
+    "zero1": (["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--vocab-size", "64",
+               "--seq", "16", "--batch", "2", "--steps", "2"],
+              dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64, seq=16, batch=2, steps=2, device="cpu")),
+    "ring_attention": (["--seq", "32", "--heads", "2", "--head-dim", "8"],
+                       dict(batch=1, heads=2, seq=32, head_dim=8, causal=False, device="cpu")),
+}
+EXACT = {"zero1": ("psi", "state_bytes", "predicted_state_bytes", "peak_bytes", "bytes_sent_per_step",
+                   "calls"),
+         "ring_attention": ("peak_bytes", "bytes_sent", "predicted_bytes_sent", "calls")}
+
+
+def _torchrun(*args, env=None):
+    if TORCHRUN is None:
+        pytest.skip("torchrun is not installed next to this Python")
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "labkit.cluster", *args,
+           "--device", "cpu", "--timeout", "60"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+@pytest.mark.parametrize("demo", cluster.DEMOS)
+def test_torchrun_demo_prints_the_figures_of_the_in_process_run(demo):
+    """Run the demo under torchrun (gloo, 2 ranks) and with labkit.dist.launch in this process:
+    bytes, peaks and message counts must be the same numbers."""
+    options, kwargs = SMALL[demo]
+    result = _torchrun(demo, *options)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("json: "))
+    printed = json.loads(line[len("json: "):])
+    assert printed["world_size"] == 2 and [r["rank"] for r in printed["ranks"]] == [0, 1]
+    here = launch(getattr(cluster, f"{demo}_demo"), 2, **kwargs)
+    for got, want in zip(printed["ranks"], here):
+        for key in EXACT[demo]:
+            assert got[key] == want[key], f"rank {got['rank']} {key}: torchrun {got[key]}, launch {want[key]}"
+    if demo == "zero1":
+        assert printed["ranks"][0]["final_loss"] == pytest.approx(here[0]["final_loss"], rel=1e-5)
+    assert f"{demo} on 2 rank(s), gloo on cpu" in result.stdout
+
+
+def test_a_failing_rank_shows_its_traceback_and_the_job_fails():
+    """With the student stubs (no solutions), the exercise's NotImplementedError reaches the terminal."""
+    env = {k: v for k, v in os.environ.items() if k != "LABKIT_SOLUTIONS"}
+    result = subprocess.run(
+        [TORCHRUN or "torchrun", "--standalone", "--nproc-per-node", "2", "-m", "labkit.cluster",
+         "ring_attention", *SMALL["ring_attention"][0], "--device", "cpu", "--timeout", "30"],
+        cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE, env={**env, "OMP_NUM_THREADS": "1"})
+    assert result.returncode != 0
+    assert "NotImplementedError: exercise" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("args, env, words", [
+    (["nope"], {"RANK": "0"}, "unknown demo 'nope': choose one of zero1, ring_attention"),
+    (["zero1"], {}, "not started by torchrun"),
+    (["ring_attention", "--seq", "64"], {"WORLD_SIZE": "3"}, "use a multiple of the world size 3"),
+    (["zero1", "--steps", "0"], {}, "--steps must be >= 1"),
+    (["zero1", "--device", "cuda"], {}, "--device cuda, but torch.cuda.is_available() is False"),
+])
+def test_bad_input_is_a_message_and_exit_status_2(args, env, words):
+    """Checked before any process group exists: nothing to hang on."""
+    torchrun_env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": "29999"}
+    if args == ["zero1"]:
+        torchrun_env = {}
+    if "cuda" in args:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    result = subprocess.run([sys.executable, "-m", "labkit.cluster", *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60,
+                            env={**base, **torchrun_env, **env})
+    assert result.returncode == 2, result.stderr
+    assert words in result.stderr
