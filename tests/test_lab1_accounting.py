@@ -104,10 +104,12 @@ def _params_cause(cfg: GPTConfig, diff: int) -> str:
         return "the position embedding (block_size × n_embd) is missing"
     if diff == -cfg.vocab_size * C:
         return "the token embedding (vocab_size × n_embd) is missing"
+    if 0 < abs(diff) < C:
+        return "off by a few parameters: compute in exact integers, never through a float"
+    if diff in (-2 * C, -C, C, 2 * C) and cfg.n_layer > 2:
+        return "the final LayerNorm (ln_f) is off"
     if diff % cfg.n_layer == 0 and abs(diff) < cfg.n_layer * 12 * C:
         return "a per-block count of biases or LayerNorm weights is off (what does bias=False remove?)"
-    if abs(diff) <= 2 * C:
-        return "the final LayerNorm (ln_f) is off"
     return "a block's matrices are off: count the qkv, output, up and down projections"
 
 

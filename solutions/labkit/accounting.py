@@ -191,14 +191,12 @@ def activation_bytes(cfg: GPTConfig, batch_size: int, seq_len: int,
                      dtype: torch.dtype = torch.float32) -> int:
     """Bytes of activations alive when backward begins: what the forward pass kept for it.
 
-    Counted for the course's GPT op by op, in ``dtype`` (the model's dtype, ``model.to(dtype)``).
-    With B = batch_size, T = seq_len, C = n_embd, a = n_head, each block keeps 16·B·T·C
-    elements (LayerNorm inputs and outputs, the copies of q, k and v that the batched matmuls
-    make, the attention output, the MLP's 4C-wide GELU input and output) plus the a·T×T
-    softmax of naive attention per sequence, the norms' statistics and the causal mask.  The
-    head keeps the log-probabilities (B·T·vocab_size).  The result is compared with
-    ``measured_activation_bytes(measure_step(...))`` (MemTracker counts every tensor made in
-    forward as an activation).
+    Counted for the course's GPT from its config alone, operator by operator, for a model
+    whose floating-point tensors are all ``dtype`` (``model.to(dtype)``); integer and bool
+    tensors keep their own sizes.  The result must equal, to within a few bytes,
+    ``measured_activation_bytes(measure_step(model, None, batch))``: every tensor that
+    MemTracker counts as an activation at the last operator before backward starts (what
+    autograd saved, plus whatever else the forward pass left alive, the loss included).
 
     Args:
         cfg: a ``GPTConfig`` with ``attention="naive"`` and ``dropout=0.0``.
