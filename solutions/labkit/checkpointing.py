@@ -159,7 +159,7 @@ def schedule_cost(schedule: Schedule, act_bytes: Sequence[float], input_bytes: S
         ValueError: the arrays have the wrong length, negative entries, or an input larger
             than what its layer saves.
     """
-    # BEGIN SOLUTION 5.1: walk forward adding held bytes; peak = max(held at the end, held before each segment + its act_bytes)
+    # BEGIN SOLUTION 5.1: predict the schedule's peak and recompute under the module's cost model
     act, inp, fl = _costs(schedule.n_layers, act_bytes=act_bytes, input_bytes=input_bytes,
                           flops=flops)
     segment_at = dict(schedule.segments)  # start -> stop
@@ -195,7 +195,7 @@ def sqrt_schedule(n_layers: int) -> Schedule:
     Raises:
         ValueError: ``n_layers`` is not an int >= 1.
     """
-    # BEGIN SOLUTION 5.1: split range(n_layers) into ceil(sqrt(L)) near-equal segments, longer first; predict with schedule_cost
+    # BEGIN SOLUTION 5.1: build the segments the docstring describes and attach their predicted cost
     _require_positive_int("n_layers", n_layers)
     n_segments = math.isqrt(n_layers - 1) + 1  # ⌈√L⌉ for L >= 1
     base, extra = divmod(n_layers, n_segments)
@@ -232,7 +232,7 @@ class CheckpointedSegment(nn.Module):
         Returns:
             the segment's output, same shape; backward recomputes ``run`` from ``x``.
         """
-        # BEGIN SOLUTION 5.2: return torch.utils.checkpoint.checkpoint(self.run, x, use_reentrant=False)
+        # BEGIN SOLUTION 5.2: run the segment so that backward recomputes it from its input alone
         return checkpoint(self.run, x, use_reentrant=False)
         # END SOLUTION
 
@@ -267,7 +267,7 @@ def apply_checkpointing(model: nn.Module, schedule: Schedule) -> nn.Module:
     if not isinstance(model, nn.Module) or not isinstance(getattr(model, "h", None), nn.ModuleList):
         raise TypeError(f"model must be a course GPT (an nn.Module whose blocks are the "
                         f"nn.ModuleList model.h), got {type(model).__name__}")
-    # BEGIN SOLUTION 5.2: rebuild model.h: blocks outside segments as they are, each segment as one CheckpointedSegment
+    # BEGIN SOLUTION 5.2: make model.h run the schedule: its segments checkpointed, the other blocks as they are
     blocks = blocks_of(model)
     if schedule.n_layers != len(blocks):
         raise ValueError(f"schedule.n_layers={schedule.n_layers} must equal the model's "
@@ -287,13 +287,11 @@ def optimal_schedule(act_bytes: Sequence[float], input_bytes: Sequence[float],
                      flops: Sequence[float], budget: float) -> Schedule:
     """The schedule with the least recompute whose predicted peak fits in ``budget``.
 
-    Dynamic programming over prefixes of the chain: after deciding layers 0..i-1, what matters
-    for the rest is only m, the bytes the prefix holds, so for each i keep the Pareto front of
-    (m, recompute) pairs (no pair with both more bytes and more recompute than another). From
-    (m, r) at layer i, either keep layer i (m + act_bytes[i], r) or recompute a segment
-    [i, j) when m + act_bytes[i] + ... + act_bytes[j-1] <= budget
-    (m + input_bytes[i], r + flops[i] + ... + flops[j-1]). At i = L the pairs with m <= budget
-    fit; take the least recompute. O(L² · front) time.
+    Contract: among all schedules (each layer recomputed at most once) whose
+    ``schedule_cost(...).peak <= budget``, one with the least ``recompute``; its ``peak`` and
+    ``recompute`` equal what ``schedule_cost`` says of it, to the last bit, so
+    ``optimal_schedule(..., budget=schedule_cost(s, ...).peak)`` succeeds for every schedule s.
+    Polynomial time in L (a dynamic programme over prefixes of the chain; lab 5 explains it).
 
     Args:
         act_bytes, input_bytes, flops: per-layer costs, as in ``schedule_cost``.
@@ -304,7 +302,7 @@ def optimal_schedule(act_bytes: Sequence[float], input_bytes: Sequence[float],
         ValueError: bad costs, ``budget`` < 0, or no schedule fits (the message gives the
             smallest peak any schedule reaches).
     """
-    # BEGIN SOLUTION 5.3: DP over prefixes keeping Pareto fronts of (held bytes, recompute); raise ValueError when nothing fits
+    # BEGIN SOLUTION 5.3: find the least-recompute schedule whose predicted peak fits the budget (ValueError when none does)
     act, inp, fl = _costs(None, act_bytes=act_bytes, input_bytes=input_bytes, flops=flops)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
         raise ValueError(f"budget must be a number of bytes >= 0, got {budget!r}")

@@ -85,7 +85,7 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
         raise ValueError(f"out_a, out_b must be (B, H, S, D) and lse_a, lse_b (B, H, S), alike; "
                          f"got {tuple(out_a.shape)}, {tuple(lse_a.shape)}, {tuple(out_b.shape)}, "
                          f"{tuple(lse_b.shape)}")
-    # BEGIN SOLUTION 5.7: lse = logaddexp(lse_a, lse_b); weight each output by exp(its lse - lse)
+    # BEGIN SOLUTION 5.7: combine the two partial results exactly
     lse = torch.logaddexp(lse_a, lse_b)
     out = torch.exp(lse_a - lse)[..., None] * out_a + torch.exp(lse_b - lse)[..., None] * out_b
     return out, lse
@@ -113,7 +113,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         (B, H, S/N, D): the attention output of this rank's queries.
     """
     _check_chunk(q, k, v, causal)
-    # BEGIN SOLUTION 5.7: N steps; isend/irecv the (k, v) block to rank+1 / from rank-1 while attending to the current one; merge with merge_attention
+    # BEGIN SOLUTION 5.7: attend to the block held while the key/value blocks travel round the ring; merge the partial results
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     send_to = dist.get_global_rank(group, (rank + 1) % world_size) if group is not None else (rank + 1) % world_size
     recv_from = (dist.get_global_rank(group, (rank - 1) % world_size) if group is not None

@@ -57,7 +57,7 @@ def keep_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     Returns:
         ``CheckpointPolicy.MUST_SAVE`` for a matmul, ``CheckpointPolicy.PREFER_RECOMPUTE`` otherwise.
     """
-    # BEGIN SOLUTION 5.4: MUST_SAVE when op is in MATMUL_OPS, PREFER_RECOMPUTE otherwise
+    # BEGIN SOLUTION 5.4: decide whether this operator's output is kept for backward or recomputed
     return CheckpointPolicy.MUST_SAVE if op in MATMUL_OPS else CheckpointPolicy.PREFER_RECOMPUTE
     # END SOLUTION
 
@@ -77,7 +77,7 @@ class SelectiveCheckpointBlock(nn.Module):
         Returns:
             the block's output, same shape.
         """
-        # BEGIN SOLUTION 5.4: checkpoint(self.block, x, use_reentrant=False, context_fn=partial(create_selective_checkpoint_contexts, keep_matmuls_policy))
+        # BEGIN SOLUTION 5.4: run the block under checkpointing that consults the policy for every operator
         context_fn = partial(create_selective_checkpoint_contexts, keep_matmuls_policy)
         return checkpoint(self.block, x, use_reentrant=False, context_fn=context_fn)
         # END SOLUTION

@@ -98,7 +98,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     Raises:
         TypeError / ValueError: mixed dtypes or devices, shapes that differ, bad tile sizes.
     """
-    raise NotImplementedError("exercise 5.6: loop over query tiles, then key tiles, with a running max m, sum l and accumulator; return (acc / l, m + log l) (labs/05_activations.ipynb)")
+    raise NotImplementedError("exercise 5.6: the tiled forward with the online softmax; return O and L (labs/05_activations.ipynb)")
 
 
 def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -118,7 +118,7 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns:
         (dq, dk, dv), each shaped like q, in q's dtype.
     """
-    raise NotImplementedError("exercise 5.6: delta = (dO*O).sum(-1); per tile p = exp(s - lse), accumulate dv, dq, dk with ds = p*(dP - delta) (labs/05_activations.ipynb)")
+    raise NotImplementedError("exercise 5.6: the tiled backward that recomputes each tile's probabilities from L (labs/05_activations.ipynb)")
 
 
 class FlashAttention(torch.autograd.Function):

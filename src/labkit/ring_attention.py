@@ -85,7 +85,7 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
         raise ValueError(f"out_a, out_b must be (B, H, S, D) and lse_a, lse_b (B, H, S), alike; "
                          f"got {tuple(out_a.shape)}, {tuple(lse_a.shape)}, {tuple(out_b.shape)}, "
                          f"{tuple(lse_b.shape)}")
-    raise NotImplementedError("exercise 5.7: lse = logaddexp(lse_a, lse_b); weight each output by exp(its lse - lse) (labs/05_activations.ipynb)")
+    raise NotImplementedError("exercise 5.7: combine the two partial results exactly (labs/05_activations.ipynb)")
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -109,7 +109,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         (B, H, S/N, D): the attention output of this rank's queries.
     """
     _check_chunk(q, k, v, causal)
-    raise NotImplementedError("exercise 5.7: N steps; isend/irecv the (k, v) block to rank+1 / from rank-1 while attending to the current one; merge with merge_attention (labs/05_activations.ipynb)")
+    raise NotImplementedError("exercise 5.7: attend to the block held while the key/value blocks travel round the ring; merge the partial results (labs/05_activations.ipynb)")
 
 
 def _require_int(name: str, value, low: int = 1) -> None:

@@ -57,7 +57,7 @@ def keep_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     Returns:
         ``CheckpointPolicy.MUST_SAVE`` for a matmul, ``CheckpointPolicy.PREFER_RECOMPUTE`` otherwise.
     """
-    raise NotImplementedError("exercise 5.4: MUST_SAVE when op is in MATMUL_OPS, PREFER_RECOMPUTE otherwise (labs/05_activations.ipynb)")
+    raise NotImplementedError("exercise 5.4: decide whether this operator's output is kept for backward or recomputed (labs/05_activations.ipynb)")
 
 
 class SelectiveCheckpointBlock(nn.Module):
@@ -75,7 +75,7 @@ class SelectiveCheckpointBlock(nn.Module):
         Returns:
             the block's output, same shape.
         """
-        raise NotImplementedError("exercise 5.4: checkpoint(self.block, x, use_reentrant=False, context_fn=partial(create_selective_checkpoint_contexts, keep_matmuls_policy)) (labs/05_activations.ipynb)")
+        raise NotImplementedError("exercise 5.4: run the block under checkpointing that consults the policy for every operator (labs/05_activations.ipynb)")
 
 
 def apply_selective_checkpointing(model: nn.Module) -> nn.Module:
