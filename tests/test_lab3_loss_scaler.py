@@ -17,6 +17,8 @@ import torch
 # step -> what is written into one gradient element after backward (before unscaling)
 INJECT = {2: math.inf, 3: math.nan, 7: -math.inf, 8: math.inf}
 SETTINGS = dict(init_scale=2.0 ** 10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+# scales that are not powers of two: dividing by S and multiplying by float32(1/S) then differ
+ODD = dict(init_scale=1000.0, growth_factor=3.0, backoff_factor=0.7, growth_interval=2)
 
 
 def lockstep(settings, steps=14, inject=INJECT, optimizer=torch.optim.SGD):
@@ -70,11 +72,12 @@ def test_scale_multiplies_the_loss_by_the_current_scale():
                                              "still part of the autograd graph?")
 
 
-@pytest.mark.exercise("3.1", points=2)
-def test_scale_sequence_equals_gradscaler():
-    """Check the scale before each of 14 steps (with inf/NaN injected at 2, 3, 7, 8 and growth
-    every 3 good steps) equals torch.amp.GradScaler's, exactly."""
-    records = lockstep(SETTINGS)
+@pytest.mark.exercise("3.1", points=1)
+@pytest.mark.parametrize("settings", [SETTINGS, ODD], ids=["powers-of-2", "odd-factors"])
+def test_scale_sequence_equals_gradscaler(settings):
+    """Check the scale before each of 14 steps (with inf/NaN injected at 2, 3, 7, 8; growth
+    every 3 or 2 good steps) equals torch.amp.GradScaler's, exactly."""
+    records = lockstep(settings)
     got = [r["scale"] for r in records["mine"]]
     want = [r["scale"] for r in records["ref"]]
     for step, (a, b) in enumerate(zip(got, want)):
@@ -96,10 +99,11 @@ def test_skipped_steps_equal_gradscaler():
 
 @pytest.mark.exercise("3.1", points=1)
 @pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam], ids=["sgd", "adam"])
-def test_parameters_equal_gradscaler_bit_for_bit(optimizer):
+@pytest.mark.parametrize("settings", [SETTINGS, ODD], ids=["powers-of-2", "odd-factors"])
+def test_parameters_equal_gradscaler_bit_for_bit(optimizer, settings):
     """Check the parameters after every step equal GradScaler's run, bit for bit (both multiply
     by the same float32 reciprocal, so tolerance 0)."""
-    records = lockstep(SETTINGS, optimizer=optimizer)
+    records = lockstep(settings, optimizer=optimizer)
     for step, (a, b) in enumerate(zip(records["mine"], records["ref"])):
         for i, (p, q) in enumerate(zip(a["params"], b["params"])):
             torch.testing.assert_close(

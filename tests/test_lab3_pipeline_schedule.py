@@ -115,7 +115,8 @@ def test_checker_finds_a_broken_dependency_and_accepts_a_good_timeline():
     early_f = Timeline([P0, [Span(1, Action("F", 0), 0, 1), Span(1, Action("B", 0), 1, 2)]], 4, 0, [1, 1])
     early_b = Timeline([[Span(0, Action("F", 0), 0, 1), Span(0, Action("B", 0), 2, 3)],
                         [Span(1, Action("F", 0), 1, 2), Span(1, Action("B", 0), 2, 3)]], 3, 0, [1, 1])
-    overlap = Timeline([[Span(0, Action("F", 0), 0, 2), Span(0, Action("B", 0), 1, 3)]], 3, 0, [1])
+    overlap = Timeline([[Span(0, Action("F", 0), 0, 1), Span(0, Action("F", 1), 0, 1),  # F0 ∥ F1
+                         Span(0, Action("B", 0), 1, 2), Span(0, Action("B", 1), 2, 3)]], 3, 0, [2])
     for name, tl in (("stage 1 F0 before stage 0 F0 ends", early_f),
                      ("stage 0 B0 before stage 1 B0 ends", early_b), ("overlapping spans", overlap)):
         found = check_dependencies(tl)
