@@ -62,6 +62,9 @@ PAGES = {
     "links.html": ("", '<a href="nowhere.html">a</a> <a href="other.html#nope">b</a> <a href="#nope-here">c</a>'),
     "widget.html": ("", '<div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">'
                         '{"model_id": "x", "version_major": 2}</script></div>'),
+    "widgeterror.html": ("", '<div class="cell_output"><div class="jupyter-widgets" style="height: 2em">'
+                             'Error displaying widget: model not found</div><script '
+                             'type="application/vnd.jupyter.widget-view+json">{"model_id": "y"}</script></div>'),
     "offsite.html": ("", '<img src="https://example.com/x.png" alt="from another host">'),
     "filealt.html": ("", '<img src="pic.png" alt="../_images/pic.png" style="background: #fff; width: 40px">'),
     "dark.html": ("", '<img src="pic.png" alt="a transparent figure" style="width: 40px">'),
@@ -80,6 +83,7 @@ EXPECTED = {
     "console.html": r"console error: boom",
     "links.html": r"broken link: /nowhere\.html",
     "widget.html": r"widget 1 did not draw",
+    "widgeterror.html": r"widget 1: Error displaying widget: model not found",
     "offsite.html": r"request to another host: https://example\.com/x\.png",
     "filealt.html": None,  # a warning only (test below)
     "dark.html": r"\[\d+-dark\] dark mode: image pic\.png sits on a dark backdrop",

@@ -337,7 +337,11 @@ PAGE_CHECK_JS = r"""
   await sleep(150);  // fonts, last reflows
   if (document.fonts) await Promise.race([document.fonts.ready, sleep(2000)]);
 
-  widgetScripts().forEach((s, i) => { if (!drawn(s)) problems.push(`widget ${i + 1} did not draw`); });
+  widgetScripts().forEach((s, i) => {
+    if (!drawn(s)) problems.push(`widget ${i + 1} did not draw`);
+    const error = s.parentElement && /Error displaying widget[^\n]*/.exec(s.parentElement.textContent);
+    if (error) problems.push(`widget ${i + 1}: ${error[0].slice(0, 120)}`);
+  });
   calculators().forEach((c) => {
     if (!calcDrawn(c)) problems.push(`calculator #${c.id} did not draw its chart`);
     const msg = c.querySelector(".wtmg-msg");
