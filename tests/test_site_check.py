@@ -62,6 +62,9 @@ PAGES = {
     "links.html": ("", '<a href="nowhere.html">a</a> <a href="other.html#nope">b</a> <a href="#nope-here">c</a>'),
     "widget.html": ("", '<div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">'
                         '{"model_id": "x", "version_major": 2}</script></div>'),
+    "widgeterror.html": ("", '<div class="cell_output"><div class="jupyter-widgets" style="height: 2em">'
+                             'Error displaying widget: model not found</div><script '
+                             'type="application/vnd.jupyter.widget-view+json">{"model_id": "y"}</script></div>'),
     "offsite.html": ("", '<img src="https://example.com/x.png" alt="from another host">'),
     "filealt.html": ("", '<img src="pic.png" alt="../_images/pic.png" style="background: #fff; width: 40px">'),
     "dark.html": ("", '<img src="pic.png" alt="a transparent figure" style="width: 40px">'),
@@ -80,6 +83,7 @@ EXPECTED = {
     "console.html": r"console error: boom",
     "links.html": r"broken link: /nowhere\.html",
     "widget.html": r"widget 1 did not draw",
+    "widgeterror.html": r"widget 1: Error displaying widget: model not found",
     "offsite.html": r"request to another host: https://example\.com/x\.png",
     "filealt.html": None,  # a warning only (test below)
     "dark.html": r"\[\d+-dark\] dark mode: image pic\.png sits on a dark backdrop",
@@ -277,13 +281,14 @@ def test_calculator_draws_what_labkit_memory_model_computes(calculator_tab):
             tab.evaluate(SET_JS % (json.dumps(name), json.dumps(value)))
         now = tab.evaluate(CONTROLS_JS)
         drawn = tab.evaluate(DRAWN_JS)
-        assert drawn["msg"] == "", f"after setting {name}={value} the calculator says {drawn['msg']!r}"
+        where = "at the page's defaults" if name is None else f"after setting {name}={value}"
+        assert drawn["msg"] == "", f"{where} the calculator says {drawn['msg']!r}"
         kwargs = _model_kwargs(now)
         titles = drawn["titles"]
         consumers = list(memory_model.CONSUMERS)
         stages = list(memory_model.ZERO_STAGES)
         assert len(titles) == len(stages) * len(consumers), \
-            f"after setting {name}={value} the chart has {len(titles)} bar segments, " \
+            f"{where} the chart has {len(titles)} bar segments, " \
             f"expected {len(stages)} stages × {len(consumers)} consumers"
         for i, title in enumerate(titles):
             stage, consumer = stages[i // len(consumers)], consumers[i % len(consumers)]
@@ -292,7 +297,7 @@ def test_calculator_draws_what_labkit_memory_model_computes(calculator_tab):
             want = memory_model.per_gpu_bytes(**{**kwargs, "zero_stage": stage})[consumer] / 1e9
             # the page prints GB with two decimals: it is right if it is the rounding of the model
             assert abs(float(gb) - want) <= 0.005 + 1e-9 * want, (
-                f"after setting {name}={value}: the chart draws {consumer} at stage {stage} as "
+                f"{where}: the chart draws {consumer} at stage {stage} as "
                 f"{gb} GB, labkit.memory_model.per_gpu_bytes({kwargs}) gives {want:.4f} GB: "
                 f"is the page's JavaScript out of step with memory_model?")
             checked += 1
@@ -300,5 +305,5 @@ def test_calculator_draws_what_labkit_memory_model_computes(calculator_tab):
         sel = memory_model.per_gpu_bytes(**kwargs)
         total = sum(sel.values()) / 1e9
         assert f"total {total:.2f} GB" in drawn["summary"], \
-            f"after setting {name}={value}: summary {drawn['summary']!r} lacks total {total:.2f} GB"
+            f"{where}: summary {drawn['summary']!r} lacks total {total:.2f} GB"
     assert checked >= 16 * 5, f"only {checked} drawn numbers compared: did the controls move?"

@@ -14,6 +14,7 @@ width in the theme's dark mode. A page fails on:
   wider than the window;
 - an image without alt text (an alt text that is the image's file name, as myst-nb writes for
   a cell's output, is a warning; ``--strict`` fails it too);
+- (warning) a display equation that fits its column only by scrolling sideways;
 - a broken internal link or anchor (the target file or the ``#id`` in it does not exist);
 - math that MathJax did not typeset, an ipywidget or a calculator that did not draw;
 - (dark mode) an image whose backdrop is dark: figures are drawn for white paper.
@@ -336,7 +337,11 @@ PAGE_CHECK_JS = r"""
   await sleep(150);  // fonts, last reflows
   if (document.fonts) await Promise.race([document.fonts.ready, sleep(2000)]);
 
-  widgetScripts().forEach((s, i) => { if (!drawn(s)) problems.push(`widget ${i + 1} did not draw`); });
+  widgetScripts().forEach((s, i) => {
+    if (!drawn(s)) problems.push(`widget ${i + 1} did not draw`);
+    const error = s.parentElement && /Error displaying widget[^\n]*/.exec(s.parentElement.textContent);
+    if (error) problems.push(`widget ${i + 1}: ${error[0].slice(0, 120)}`);
+  });
   calculators().forEach((c) => {
     if (!calcDrawn(c)) problems.push(`calculator #${c.id} did not draw its chart`);
     const msg = c.querySelector(".wtmg-msg");
@@ -395,18 +400,18 @@ PAGE_CHECK_JS = r"""
                   document.querySelector("article") || document.querySelector("main");
   if (article) {
     const col = article.getBoundingClientRect();
-    const clips = new Map();
-    const boxOf = (el) => {  // the nearest box below the article that scrolls or clips x
-      const chain = [];
-      let e = el.parentElement, answer = null;
-      for (; e && e !== article; e = e.parentElement) {
-        if (clips.has(e)) { answer = clips.get(e); break; }
-        chain.push(e);
+    // Past the column, el is fine inside a box that scrolls x; a box that clips x (hidden)
+    // and that el reaches past cuts it off; with neither up to the article, it sticks out.
+    const fate = (el, r) => {
+      for (let e = el.parentElement; e && e !== article; e = e.parentElement) {
         const ox = getComputedStyle(e).overflowX;
-        if (ox !== "visible") { answer = {el: e, scrolls: ox === "auto" || ox === "scroll"}; break; }
+        if (ox === "auto" || ox === "scroll") return "scrolls";
+        if (ox !== "visible") {
+          const b = e.getBoundingClientRect();
+          if (r.right > b.right + 1 || r.left < b.left - 1) return "cut";
+        }
       }
-      chain.forEach((c) => clips.set(c, answer));
-      return answer;
+      return "sticks out";
     };
     const reported = new Set();
     for (const el of article.querySelectorAll("*")) {
@@ -414,8 +419,8 @@ PAGE_CHECK_JS = r"""
       const r = el.getBoundingClientRect();
       if (r.width === 0 || r.height === 0) continue;
       if (r.right <= col.right + 1 && r.left >= col.left - 1) continue;
-      const box = boxOf(el);
-      if (box && box.scrolls) continue;
+      const how = fate(el, r);
+      if (how === "scrolls") continue;
       let parentReported = false;
       for (let p = el.parentElement; p && p !== article; p = p.parentElement)
         if (reported.has(p)) { parentReported = true; break; }
@@ -423,9 +428,17 @@ PAGE_CHECK_JS = r"""
       if (parentReported) continue;
       const over = Math.round(Math.max(r.right - col.right, col.left - r.left));
       problems.push(`${describe(el)} reaches ${over} px past its column (${Math.round(col.width)} px) and ` +
-                    (box ? `is cut off (a box with overflow-x: hidden, not a scrolling one)` : `does not scroll`));
+                    (how === "cut" ? `is cut off (a box with overflow-x: hidden, not a scrolling one)` : `does not scroll`));
     }
   }
+
+  // An equation that fits only by scrolling sideways is readable but awkward: a warning, so that
+  // the chapter can break it (aligned) where it is too wide.
+  document.querySelectorAll("article mjx-container[display='true']").forEach((m) => {
+    if (m.scrollWidth > m.clientWidth + 1 && m.clientWidth > 0)
+      problems.push(`${WARN}equation scrolls sideways (${m.scrollWidth} px in ${m.clientWidth} px): ` +
+                    describe(m.firstElementChild || m));
+  });
 
   // 5. CJK text must have a web font of the site (a reader may have no CJK font installed)
   const CJK = /[\u2E80-\u2FDF\u3000-\u303F\u3040-\u30FF\u3100-\u31FF\u3200-\u4DBF\u4E00-\u9FFF\uAC00-\uD7AF\uF900-\uFAFF\uFE30-\uFE4F\uFF00-\uFFEF]+/;
@@ -562,8 +575,8 @@ def run(site: Path, out: Path, pages: list[str], widths: list[int], binary: str 
         screenshots: bool = True, echo=print, strict: bool = False) -> dict[str, list[str]]:
     """Check every page at every view; returns {page: [problem, ...]} and prints a line per page.
 
-    Warnings (an image whose alt text is its file name) are printed, and count as problems
-    only when strict.
+    Warnings (an image whose alt text is its file name, an equation that fits only by scrolling
+    sideways) are printed, and count as problems only when strict.
     """
     server, base = serve(site)
     results: dict[str, list[str]] = {}
@@ -614,7 +627,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pages", nargs="*", help="paths inside --site (default: every page of _toc.yml)")
     ap.add_argument("--chromium", help="the browser binary (default: chromium on PATH)")
     ap.add_argument("--strict", action="store_true",
-                    help="warnings (an image whose alt text is its file name) fail the page")
+                    help="warnings (an image whose alt text is its file name, an equation "
+                         "that scrolls sideways) fail the page")
     args = ap.parse_args(argv)
     try:
         widths = [int(w) for w in args.widths.split(",")]

@@ -35,3 +35,32 @@ document.addEventListener("DOMContentLoaded", function () {
   label();
   new MutationObserver(label).observe(document.body, {childList: true, subtree: true});
 });
+
+// A display equation a little wider than the column (up to 1/0.8 = 25 % wider) is set in a
+// smaller size so that it fits; a wider one keeps its size and scrolls sideways in its own box
+// (course.css). Redone when the window's width changes (a phone turned sideways).
+(function () {
+  var MIN_SCALE = 0.8;
+  function fit() {
+    document.querySelectorAll(".bd-article mjx-container[display='true']").forEach(function (m) {
+      if (m.dataset.wtmgSize === undefined) m.dataset.wtmgSize = m.style.fontSize || "";
+      m.style.fontSize = m.dataset.wtmgSize;
+      m.classList.remove("wtmg-scrolls");
+      if (!(m.clientWidth > 0) || m.scrollWidth <= m.clientWidth + 1) return;
+      var scale = (m.clientWidth - 2) / m.scrollWidth;
+      if (scale < MIN_SCALE) { m.classList.add("wtmg-scrolls"); return; }
+      var base = parseFloat(m.dataset.wtmgSize) || 100;   // MathJax writes e.g. "127.3%"
+      m.style.fontSize = (base * scale).toFixed(1) + "%";
+    });
+  }
+  var width = window.innerWidth, timer = null;
+  window.addEventListener("resize", function () {
+    if (window.innerWidth === width) return;
+    width = window.innerWidth;
+    clearTimeout(timer);
+    timer = setTimeout(fit, 150);
+  });
+  document.addEventListener("DOMContentLoaded", function () {
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) MathJax.startup.promise.then(fit);
+  });
+})();
