@@ -96,3 +96,52 @@ def test_student_edition_has_no_solutions(tmp_path):
     assert copied and not any(p.startswith("solutions/") for p in copied)
     assert (tmp_path / "edition" / "src" / "labkit" / "__init__.py").exists()
     assert not (tmp_path / "edition" / "solutions").exists()
+
+
+PAGE = """---
+jupytext:
+  text_representation:
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+# A page
+
+```{code-cell} python
+print(6 * 7)
+```
+"""
+
+
+def test_student_edition_ships_every_notebook_page_precomputed(tmp_path):
+    """The edition's `make book` must find each notebook page's outputs without executing it:
+    precompute() executes what the source cache lacks and writes a cache in which every page,
+    read from the edition's own copy as myst-nb reads it, has a match holding its outputs."""
+    from jupyter_cache import get_cache
+
+    edition = _tool("student_edition")
+    execute = edition._execute_notebooks_module()
+    course = tmp_path / "course"
+    (course / "book").mkdir(parents=True)
+    (course / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: book/page\n")
+    (course / "book" / "intro.md").write_text("# Intro\n")
+    (course / "book" / "page.md").write_text(PAGE)
+    dest = tmp_path / "edition"
+    (dest / "book").mkdir(parents=True)
+    (dest / "book" / "page.md").write_text(PAGE)
+    pages = edition.precompute(dest, root=course, source_cache=tmp_path / "cache")
+    assert pages == ["book/page.md"]
+    cache = get_cache(str(dest / edition.PRECOMPUTED))
+    nb = execute.read_notebook(dest / "book" / "page.md")[0]
+    cached = cache.get_cache_bundle(cache.match_cache_notebook(nb).pk).nb
+    outputs = [o for c in cached.cells if c.cell_type == "code" for o in c.outputs]
+    assert outputs and outputs[0]["text"].strip() == "42"
+    assert (dest / "precomputed" / "README.md").is_file()
+
+
+def test_edition_book_target_explains_a_missing_output():
+    """Without solutions/, a failing `make book` says why (the chapters need the solutions)."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert "precomputed/.jupyter_cache" in makefile and "does not include" in makefile

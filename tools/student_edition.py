@@ -5,6 +5,13 @@
 The exercise modules in src/labkit are already the stubs (see tools/make_stubs.py), so the copy
 is complete for students: labs, book, tests (graders) and labkit.  It refuses to write into a
 non-empty folder and checks that no solution marker leaked into the copy.
+
+The chapters and the labs' pages run the reference solutions, which the edition does not have,
+so their outputs ship precomputed: ``precomputed/.jupyter_cache`` holds every notebook page of
+the book, executed here with the solutions (taken from ``_build/.jupyter_cache`` when ``make
+test`` or ``make notebooks`` already ran them, executed now otherwise). The edition's ``make
+book`` copies it to ``_build/.jupyter_cache`` and builds the site without executing anything;
+a page whose code cells were changed afterwards fails with a message that says why.
 """
 from __future__ import annotations
 
@@ -44,12 +51,71 @@ def write_student_edition(dest: Path, root: Path = ROOT) -> list[str]:
     return copied
 
 
+PRECOMPUTED = "precomputed/.jupyter_cache"
+
+
+def _execute_notebooks_module():
+    """tools.execute_notebooks, imported by name (its spawned workers import it again)."""
+    import importlib
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module("tools.execute_notebooks")
+
+
+def precompute(dest: Path, root: Path = ROOT, source_cache: Path | None = None) -> list[str]:
+    """Write ``dest/precomputed/.jupyter_cache`` with every notebook page of ``root``'s book,
+    executed with ``root``'s solutions; return the pages (relative paths)."""
+
+    from jupyter_cache import get_cache
+
+    ex = _execute_notebooks_module()
+    source_cache = Path(source_cache or root / "_build" / ".jupyter_cache")
+    pages = [p for p in ex.toc_files(root) if ex.read_notebook(p) is not None]
+    source = get_cache(str(source_cache))
+
+    def match(path):
+        try:
+            return source.match_cache_notebook(ex.read_notebook(path)[0])
+        except KeyError:
+            return None
+
+    missing = [p for p in pages if match(p) is None]
+    if missing:
+        solutions = root / "solutions"
+        env = {"LABKIT_SOLUTIONS": str(solutions)} if (solutions / "labkit").is_dir() else {}
+        print(f"executing {len(missing)} page(s) not in {source_cache} ...", flush=True)
+        results = ex.execute_all(missing, cache_path=source_cache, env=env)
+        failed = [r for r in results if not r["ok"]]
+        if failed:
+            raise RuntimeError(f"{failed[0]['path']} does not execute:\n{failed[0]['error']}")
+    target = get_cache(str(Path(dest) / PRECOMPUTED))
+    from jupyter_cache.base import CacheBundleIn
+
+    for page in pages:
+        record = match(page)
+        bundle = source.get_cache_bundle(record.pk)
+        target.cache_notebook_bundle(CacheBundleIn(bundle.nb, page.relative_to(root).as_posix(),
+                                                   data=record.data or {}),
+                                     check_validity=False, overwrite=True)
+    readme = Path(dest) / "precomputed" / "README.md"
+    readme.write_text(
+        "# Precomputed outputs\n\nThe book's chapters and lab pages run the reference solutions, "
+        "which this edition does not include. Their outputs, computed with the solutions, are in "
+        "`.jupyter_cache`; `make book` copies them to `_build/` and builds the site from them "
+        "without executing anything. Do not edit the pages' code cells: a changed cell has no "
+        "precomputed output, and `make book` then stops and says so.\n")
+    return [p.relative_to(root).as_posix() for p in pages]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__)
         return 2
     copied = write_student_edition(Path(argv[0]))
-    print(f"wrote {len(copied)} files to {Path(argv[0]).resolve()} (no solutions/)")
+    pages = precompute(Path(argv[0]))
+    print(f"wrote {len(copied)} files to {Path(argv[0]).resolve()} (no solutions/), and the "
+          f"precomputed outputs of {len(pages)} notebook pages in {PRECOMPUTED}")
     return 0
 
 

@@ -8,6 +8,7 @@ so the ratio means something on a shared machine even when the absolute times do
 
     .venv/bin/python -m tools.bench              # every lab
     .venv/bin/python -m tools.bench --lab 2      # one lab
+    .venv/bin/python -m tools.bench --strict     # exit 1 if a ratio is above 1.5 (the target)
 Writes ``_build/bench/bench.json`` and ``_build/bench/bench.md`` (a table the book can include).
 """
 from __future__ import annotations
@@ -37,15 +38,23 @@ def time_case(case) -> dict:
             "ref_s": mr, "ratio": mo / mr, "repeat": case.repeat, "note": case.note}
 
 
+TARGET = 1.5
+"""The ratio ours / ref a reference solution should stay within on CPU."""
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lab", type=int, default=None)
     parser.add_argument("--out", default=str(ROOT / "_build" / "bench"))
+    parser.add_argument("--strict", action="store_true",
+                        help=f"exit 1 if a ratio is above {TARGET} (default: only mark it)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     labs = sorted(int(p.stem[3:]) for p in (ROOT / "tools" / "bench").glob("lab*.py"))
     if args.lab is not None:
-        labs = [lab for lab in labs if lab == args.lab]
+        if args.lab not in labs:
+            raise SystemExit(f"--lab {args.lab}: no tools/bench/lab{args.lab}.py (have {labs})")
+        labs = [args.lab]
     rows = []
     for lab in labs:
         for case in importlib.import_module(f"tools.bench.lab{lab}").cases():
@@ -53,6 +62,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"lab {lab}  {row['label']:<44} {row['ours_s'] * 1e3:9.2f} ms  vs "
                   f"{row['reference']:<32} {row['ref_s'] * 1e3:9.2f} ms  ratio {row['ratio']:5.2f}"
+                  + ("  ABOVE TARGET" if row["ratio"] > TARGET else "")
                   + (f"  ({row['note']})" if row["note"] else ""), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,7 +72,11 @@ def main(argv=None) -> int:
               f"{r['ref_s'] * 1e3:.2f} | {r['ratio']:.2f} |" for r in rows]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
-    return 0
+    above = [r for r in rows if r["ratio"] > TARGET]
+    if above:
+        print(f"{len(above)} row(s) above the target ratio {TARGET}: "
+              + "; ".join(f"lab {r['lab']} {r['label']} ({r['ratio']:.2f})" for r in above))
+    return 1 if above and args.strict else 0
 
 
 if __name__ == "__main__":

@@ -14,13 +14,14 @@ a temporary folder, applies the replacement, runs that exercise's graded tests
 (``tests/test_labN_*.py -m exercise --exercise ID``) with ``LABKIT_SOLUTIONS`` pointing at the
 copy, and counts the mutant *caught* when at least one graded test fails. It prints one line
 per mutant with the first failure message the student would see (what ``labkit.check`` prints),
-and the catch rate per lab.
+and the catch rate per exercise and per lab; it exits 1 if a lab is below ``--min-rate`` (95%).
+Two mutants are graded at a time (``--workers``), one per core.
 
     .venv/bin/python -m tools.mutants            # every lab that has a list
     .venv/bin/python -m tools.mutants --lab 2    # one lab
     .venv/bin/python -m tools.mutants --lab 2 --only 2.5
 
-Not part of ``make test`` (it runs the graders once per mutant); ``make mutants`` runs it.
+Not part of ``make test`` (it runs the graders once per mutant); ``make mutants [LAB=N]`` runs it.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools.mutants.mutant import Mutant  # noqa: F401  (the lists import it from here too)
@@ -80,31 +82,55 @@ def run_mutant(lab: int, mutant, timeout: float = 900) -> dict:
     return {"status": "SURVIVED", "message": f"{len(tests)} graded tests passed"}
 
 
+def _order(ex_id: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in ex_id.split("."))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lab", type=int, default=None)
     parser.add_argument("--only", default=None, help="one exercise id, e.g. 2.5")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="mutants graded at the same time (default 2: one per core)")
+    parser.add_argument("--min-rate", type=float, default=0.95,
+                        help="exit 1 if a lab's catch rate is below this (default 0.95)")
     args = parser.parse_args(argv)
-    report, bad = {}, 0
+    if args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
+    report, bad, low = {}, 0, []
     for lab in _labs(args.lab):
         mutants = importlib.import_module(f"tools.mutants.lab{lab}").MUTANTS
         if args.only:
             mutants = [m for m in mutants if m.exercise == args.only]
-        caught = 0
-        rows = []
-        for m in mutants:
-            r = run_mutant(lab, m)
-            caught += r["status"] == "caught"
+        with ThreadPoolExecutor(max_workers=args.workers) as pool:  # each mutant is a subprocess
+            results = list(pool.map(lambda m: run_mutant(lab, m), mutants))
+        rows, per_exercise = [], {}
+        for m, r in zip(mutants, results):
             bad += r["status"] == "error"
             rows.append({"exercise": m.exercise, "file": m.file, "why": m.why, **r})
+            tally = per_exercise.setdefault(m.exercise, [0, 0])
+            tally[0] += r["status"] == "caught"
+            tally[1] += 1
             print(f"[{r['status']:>8}] {m.exercise} {m.why}\n           {r['message']}", flush=True)
+        caught = sum(c for c, _ in per_exercise.values())
         rate = caught / len(mutants) if mutants else float("nan")
+        for ex_id in sorted(per_exercise, key=_order):
+            c, n = per_exercise[ex_id]
+            print(f"  exercise {ex_id:<6} {c:>3} / {n:<3} caught ({c / n:.0%})")
         print(f"lab {lab}: {caught} / {len(mutants)} mutants caught ({rate:.0%})\n", flush=True)
-        report[lab] = {"caught": caught, "total": len(mutants), "mutants": rows}
+        if mutants and rate < args.min_rate:
+            low.append(lab)
+        report[lab] = {"caught": caught, "total": len(mutants), "rate": rate,
+                       "per_exercise": {k: {"caught": c, "total": n} for k, (c, n) in per_exercise.items()},
+                       "mutants": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
-    return 1 if bad else 0
+    if low:
+        print(f"below the {args.min_rate:.0%} catch rate: lab(s) {', '.join(map(str, low))}")
+    if bad:
+        print(f"{bad} mutant(s) could not be applied or graded (see 'error' lines)")
+    return 1 if bad or low else 0
 
 
 if __name__ == "__main__":
