@@ -39,9 +39,17 @@ class LOMO:
         if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr >= 0):
             raise ValueError(f"lr must be a number >= 0, got {lr!r}")
         self.lr = float(lr)
-        self.params = list(params)
-        if not self.params or not all(isinstance(p, torch.Tensor) and p.requires_grad
-                                      for p in self.params):
+        if isinstance(params, torch.Tensor):
+            raise TypeError("params must be an iterable of tensors, got a single tensor")
+        unique: dict[int, torch.Tensor] = {}
+        for p in params:  # a tied parameter listed twice is one parameter: one hook, one update
+            if not (isinstance(p, torch.Tensor) and p.requires_grad):
+                raise ValueError("params must be a non-empty iterable of tensors that require grad, "
+                                 f"got {type(p).__name__}" + ("" if not isinstance(p, torch.Tensor)
+                                                             else " with requires_grad=False"))
+            unique.setdefault(id(p), p)
+        self.params = list(unique.values())
+        if not self.params:
             raise ValueError("params must be a non-empty iterable of tensors that require grad")
         self.handles = []
         raise NotImplementedError("exercise 2.4: register self._update as a post-accumulate-grad hook on every parameter; keep the handles in self.handles (labs/02_optimizer_states.ipynb)")
