@@ -45,16 +45,20 @@ class Adafactor(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-2, beta2_decay: float = -0.8,
                  eps: tuple[float | None, float] = (None, 1e-3), d: float = 1.0,
                  weight_decay: float = 0.0):
-        if not (isinstance(lr, (int, float)) and lr >= 0):
+        def number(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+        if not (number(lr) and lr >= 0):
             raise ValueError(f"lr must be a number >= 0, got {lr!r}")
-        if not (isinstance(beta2_decay, (int, float)) and beta2_decay <= 0):
+        if not (number(beta2_decay) and beta2_decay <= 0):
             raise ValueError(f"beta2_decay must be a number <= 0, got {beta2_decay!r}")
         if not (isinstance(eps, (tuple, list)) and len(eps) == 2
-                and (eps[0] is None or eps[0] >= 0) and eps[1] >= 0):
+                and (eps[0] is None or (number(eps[0]) and eps[0] >= 0))
+                and number(eps[1]) and eps[1] >= 0):
             raise ValueError(f"eps must be a pair (eps1 >= 0 or None, eps2 >= 0), got {eps!r}")
-        if not (isinstance(d, (int, float)) and d >= 1):
+        if not (number(d) and d >= 1):
             raise ValueError(f"d (the clipping threshold) must be a number >= 1, got {d!r}")
-        if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
+        if not (number(weight_decay) and weight_decay >= 0):
             raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
         defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=tuple(eps), d=d,
                         weight_decay=weight_decay)
@@ -64,18 +68,14 @@ class Adafactor(torch.optim.Optimizer):
     def step(self, closure=None):
         """Take one Adafactor step for every parameter that has a gradient.
 
-        For each parameter θ with gradient G, at step t (counted per parameter from 1):
-
-        1. w = t^τ, the weight of the new G² (τ = ``beta2_decay``; the decay is β̂₂ = 1 − w,
-           and w = 1 at t = 1); ρ = min(lr, 1/√t); α = max(ε₂, RMS(θ))·ρ, with
-           RMS(θ) = ‖θ‖₂/√numel taken before weight decay.
-        2. Weight decay: θ ← θ·(1 − lr·λ) when λ ≠ 0.
-        3. Second moment. ≥2-D: R ← lerp(R, mean(G², last dim), w) and
-           C ← lerp(C, mean(G², second-to-last dim), w); V̂ = R @ C / max(mean of R over
-           its rows, ε₁). 1-D: V ← lerp(V, G², w); V̂ = V (never written through).
-        4. U = G / √max(V̂, ε₁²); θ ← θ − α/max(1, RMS(U)/d) · U.
-
-        Here lerp(a, b, w) = a + w·(b − a) is ``Tensor.lerp_``.
+        Contract: after each call, every parameter with a gradient and its state equal what
+        ``torch.optim.Adafactor`` (same options) gives, to rounding: the same relative step
+        (capped by ``lr``, scaled by the parameter's RMS but never below ε₂), the same decoupled
+        weight decay, the same β̂₂ schedule for the running means of G², the same variance
+        estimate rebuilt from the row and column factors (≥2-D) or kept whole (1-D), and the
+        same update clipping at ``d``. The state holds only the factors (or the vector's
+        variance) and the step counter; the full estimate V̂ is a temporary. The lab and the
+        chapter derive each piece.
         """
         loss = None
         if closure is not None:
@@ -90,7 +90,7 @@ class Adafactor(torch.optim.Optimizer):
 
     def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
         """One Adafactor step of parameter ``p`` (see ``step``); creates its state on first use."""
-        # BEGIN SOLUTION 2.1: create the state (step, row_var/col_var or variance) on first use, then take one step as in step()'s docstring
+        # BEGIN SOLUTION 2.1: create the state (step, row_var/col_var or variance) on first use, then take one step as torch.optim.Adafactor does (the lab lists its pieces)
         lr, d, weight_decay = group["lr"], group["d"], group["weight_decay"]
         eps1, eps2 = group["eps"]
         if eps1 is None:
@@ -130,8 +130,11 @@ def factored_state_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.floa
     ≥2-D (..., m, n): (prod(...)·(m + n)) elements; 1-D (n,): n elements; plus a 4-byte float32
     step counter. Compare Adam's 2·numel elements.
     """
-    if len(shape) < 1 or any(not isinstance(s, int) or s < 1 for s in shape):
+    if (not isinstance(shape, (tuple, list, torch.Size)) or len(shape) < 1
+            or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape)):
         raise ValueError(f"shape must be a non-empty tuple of positive ints, got {shape!r}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
     item = torch.empty((), dtype=dtype).element_size()
     if len(shape) == 1:
         return item * shape[0] + 4

@@ -8,9 +8,9 @@ gradient at once: θ ← θ − lr·g, then ``g`` is freed. Plain SGD keeps no s
 at most about one parameter's gradient is alive: the peak of gradient bytes falls from the sum
 of all gradients to the largest single one.
 
-Mechanism: ``Tensor.register_post_accumulate_grad_hook(hook)`` calls ``hook(param)`` right
-after autograd has accumulated the parameter's complete gradient into ``param.grad`` (for a
-parameter used twice, such as a tied embedding, after both contributions). The result is SGD
+Mechanism: autograd can call a function on a leaf tensor right after it has accumulated that
+parameter's complete gradient into ``param.grad`` (for a parameter used twice, such as a tied
+embedding, after both contributions); finding that hook is part of exercise 2.4. The result is SGD
 with the same parameters as ``torch.optim.SGD(lr=lr)`` after an ordinary backward. What it
 cannot do in one backward is anything that needs every gradient first, such as clipping by the
 global gradient norm (the paper computes the norm in a first backward, updates in a second).
@@ -39,18 +39,27 @@ class LOMO:
         if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr >= 0):
             raise ValueError(f"lr must be a number >= 0, got {lr!r}")
         self.lr = float(lr)
-        self.params = list(params)
-        if not self.params or not all(isinstance(p, torch.Tensor) and p.requires_grad
-                                      for p in self.params):
+        if isinstance(params, torch.Tensor):
+            raise TypeError("params must be an iterable of tensors, got a single tensor")
+        unique: dict[int, torch.Tensor] = {}
+        for p in params:  # a tied parameter listed twice is one parameter: one hook, one update
+            if not (isinstance(p, torch.Tensor) and p.requires_grad):
+                raise ValueError("params must be a non-empty iterable of tensors that require grad, "
+                                 f"got {type(p).__name__}" + ("" if not isinstance(p, torch.Tensor)
+                                                             else " with requires_grad=False"))
+            unique.setdefault(id(p), p)
+        self.params = list(unique.values())
+        if not self.params:
             raise ValueError("params must be a non-empty iterable of tensors that require grad")
         self.handles = []
-        # BEGIN SOLUTION 2.4: register self._update as a post-accumulate-grad hook on every parameter; keep the handles in self.handles
+        # BEGIN SOLUTION 2.4: make self._update run on each parameter once its gradient is complete; keep in self.handles what remove() needs
         for p in self.params:
             self.handles.append(p.register_post_accumulate_grad_hook(self._update))
         # END SOLUTION
 
     def _update(self, param: torch.Tensor) -> None:
-        """The hook: θ ← θ − lr·θ.grad (not recorded by autograd), then free ``θ.grad``."""
+        """Called with a parameter whose gradient is complete: apply SGD's update to it (autograd
+        must not record it) and release its gradient, so that no ``.grad`` outlives its use."""
         # BEGIN SOLUTION 2.4: update the parameter in place without autograd recording it, then set its .grad to None
         with torch.no_grad():
             param.add_(param.grad, alpha=-self.lr)

@@ -75,7 +75,11 @@ def _check_args(code: torch.Tensor, block_size: int) -> None:
 
 def num_blocks(numel: int, block_size: int) -> int:
     """Blocks of ``block_size`` that cover ``numel`` elements: ceil(numel / block_size)."""
-    return math.ceil(numel / block_size)
+    if not isinstance(numel, int) or isinstance(numel, bool) or numel < 0:
+        raise ValueError(f"numel must be an int >= 0, got {numel!r}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    return -(-numel // block_size)
 
 
 def quantize_blockwise(x: torch.Tensor, code: torch.Tensor,
@@ -106,11 +110,30 @@ def quantize_blockwise(x: torch.Tensor, code: torch.Tensor,
     flat = flat.view(blocks, block_size)  # (blocks, B)
     absmax = flat.abs().amax(dim=1)  # (blocks,)
     scale = torch.where(absmax > 0, absmax, torch.ones_like(absmax))  # all-zero block: divide by 1
-    normalized = (flat / scale[:, None]).clamp_(-1.0, 1.0)  # (blocks, B) in [-1, 1]
-    code = code.to(x.device)
-    midpoints = (code[1:] + code[:-1]) / 2  # (255,): the boundaries between nearest entries
-    codes = torch.bucketize(normalized, midpoints)  # (blocks, B) int64 in 0..255
-    return codes.reshape(-1)[:n].to(torch.uint8).view(x.shape), absmax
+    normalized = (flat / scale[:, None]).clamp_(-1.0, 1.0).reshape(-1)[:n]  # (n,) in [-1, 1]
+    # Nearest entry = number of midpoints (boundaries between neighbours) below the value. A
+    # binary search over 255 midpoints per element is slow; instead, a table indexed by the top
+    # 16 bits of the float32 (sign, exponent, 7 mantissa bits) gives the answer for the lowest
+    # value of that bit-bucket, and a comparison with the next midpoint finishes the count
+    # (repeated as often as a bucket can hold midpoints: once for the linear and dynamic codes).
+    tables = quantize_blockwise.__dict__.setdefault("_tables", {})
+    key = (code.cpu().numpy().tobytes(), str(x.device))
+    if key not in tables:
+        mid = (code[1:] + code[:-1]) / 2  # (255,)
+        bucket = torch.arange(65536, dtype=torch.int64)
+        low = torch.where(bucket >= 32768, (bucket << 16) | 0xFFFF, bucket << 16)  # lowest value
+        high = torch.where(bucket >= 32768, bucket << 16, (bucket << 16) | 0xFFFF)  # highest
+        low_f, high_f = low.to(torch.int32).view(torch.float32), high.to(torch.int32).view(torch.float32)
+        first = torch.bucketize(low_f, mid)  # midpoints < lowest value of the bucket
+        inside = (torch.bucketize(high_f, mid, right=True) - first)[low_f.isfinite() & high_f.isfinite()]
+        mid_inf = torch.cat([mid, torch.tensor([math.inf])])  # idx + 1 never passes entry 255
+        tables[key] = (first.to(torch.int32).to(x.device), mid_inf.to(x.device), int(inside.max()))
+    first, mid_inf, refinements = tables[key]
+    bits = normalized.view(torch.int32).bitwise_right_shift(16).bitwise_and_(0xFFFF)
+    index = first.index_select(0, bits)  # (n,) int32
+    for _ in range(refinements):
+        index += normalized > mid_inf.index_select(0, index)
+    return index.to(torch.uint8).view(x.shape), absmax
     # END SOLUTION
 
 
@@ -141,8 +164,4 @@ def dequantize_blockwise(codes: torch.Tensor, absmax: torch.Tensor, code: torch.
 
 def quantized_bytes(numel: int, block_size: int = 256) -> int:
     """Bytes of a block-wise 8-bit tensor of ``numel`` elements: numel + 4·ceil(numel / B)."""
-    if not isinstance(numel, int) or numel < 0:
-        raise ValueError(f"numel must be an int >= 0, got {numel!r}")
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     return numel + 4 * num_blocks(numel, block_size)

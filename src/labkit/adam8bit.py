@@ -44,12 +44,12 @@ class Adam8bit(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, block_size: int = 256):
-        if not (isinstance(lr, (int, float)) and lr >= 0):
+        if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr >= 0):
             raise ValueError(f"lr must be a number >= 0, got {lr!r}")
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2
-                and all(0.0 <= b < 1.0 for b in betas)):
+                and all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas)):
             raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
-        if not (isinstance(eps, (int, float)) and eps >= 0):
+        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
             raise ValueError(f"eps must be a number >= 0, got {eps!r}")
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -61,12 +61,13 @@ class Adam8bit(torch.optim.Optimizer):
     def step(self, closure=None):
         """One Adam step for every parameter with a gradient, moments kept in 8 bits.
 
-        For a parameter θ with gradient g, at step t (from 1):
-
-        1. m, v ← dequantize the stored codes (zeros before the first step);
-        2. m ← β₁·m + (1 − β₁)·g;  v ← β₂·v + (1 − β₂)·g²  (fp32 temporaries);
-        3. θ ← θ − lr/(1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε), exactly ``torch.optim.Adam``;
-        4. store quantize(m) with ``code_m`` and quantize(v) with ``code_v``, blocks of B.
+        Contract, per parameter with a gradient: the parameter moves as ``torch.optim.Adam``
+        (same lr, betas, eps, bias correction) would move it from the moments that were
+        stored, the only difference being the moments' rounding to 8 bits; afterwards
+        ``state`` holds this step's m and v quantized block-wise (blocks of B, ``code_m`` for m,
+        ``code_v`` for v, as ``labkit.quantize8bit`` does), the fp32 moments being temporaries
+        of this parameter's update only; and a v that is not zero is never stored as the
+        code's 0 (it would leave ε alone under m).
         """
         loss = None
         if closure is not None:
@@ -85,6 +86,12 @@ class Adam8bit(torch.optim.Optimizer):
 
 def adam8bit_state_bytes(numels, block_size: int = 256) -> int:
     """State bytes of ``Adam8bit`` for parameters of these sizes: Σ 2·n + 8·ceil(n/B)."""
-    if not isinstance(block_size, int) or block_size < 1:
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if isinstance(numels, (int, torch.Tensor)):
+        raise TypeError("numels must be an iterable of ints (parameter sizes), e.g. [p.numel() for p in params]")
+    numels = list(numels)
+    for n in numels:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"numels must hold ints >= 0, got {n!r}")
     return sum(2 * n + 8 * math.ceil(n / block_size) for n in numels)

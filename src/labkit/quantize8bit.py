@@ -75,7 +75,11 @@ def _check_args(code: torch.Tensor, block_size: int) -> None:
 
 def num_blocks(numel: int, block_size: int) -> int:
     """Blocks of ``block_size`` that cover ``numel`` elements: ceil(numel / block_size)."""
-    return math.ceil(numel / block_size)
+    if not isinstance(numel, int) or isinstance(numel, bool) or numel < 0:
+        raise ValueError(f"numel must be an int >= 0, got {numel!r}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    return -(-numel // block_size)
 
 
 def quantize_blockwise(x: torch.Tensor, code: torch.Tensor,
@@ -123,8 +127,4 @@ def dequantize_blockwise(codes: torch.Tensor, absmax: torch.Tensor, code: torch.
 
 def quantized_bytes(numel: int, block_size: int = 256) -> int:
     """Bytes of a block-wise 8-bit tensor of ``numel`` elements: numel + 4·ceil(numel / B)."""
-    if not isinstance(numel, int) or numel < 0:
-        raise ValueError(f"numel must be an int >= 0, got {numel!r}")
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     return numel + 4 * num_blocks(numel, block_size)
