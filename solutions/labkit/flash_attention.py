@@ -71,7 +71,9 @@ def _tile_scores(q_blk: torch.Tensor, k_blk: torch.Tensor, q0: int, k0: int, sca
     """Scores of one tile, (B, H, bq, bk), with causal positions masked to -inf.
 
     Only a tile that crosses the diagonal (some key after some query) pays for the mask."""
-    s = (q_blk @ k_blk.transpose(-2, -1)) * scale
+    s = q_blk @ k_blk.transpose(-2, -1)
+    if scale != 1.0:
+        s = s.mul_(scale)
     bq, bk = q_blk.shape[-2], k_blk.shape[-2]
     if causal and k0 + bk - 1 > q0:
         above = torch.ones(bq, bk, dtype=torch.bool, device=s.device).triu(q0 - k0 + 1)
@@ -103,7 +105,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     B, H, S, D = q.shape
     acc_dtype = stats_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D)
-    qa, ka, va = q.to(acc_dtype), k.to(acc_dtype), v.to(acc_dtype)
+    qa, ka, va = q.to(acc_dtype) * scale, k.to(acc_dtype), v.to(acc_dtype)  # q pre-scaled once
     out = torch.empty_like(q)
     lse = torch.empty(B, H, S, dtype=acc_dtype, device=q.device)
     for q0 in range(0, S, block_q):
@@ -113,17 +115,17 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
         k_end = min(S, q0 + bq) if causal else S
         for k0 in range(0, k_end, block_k):
             k_blk, v_blk = ka[:, :, k0:k0 + block_k], va[:, :, k0:k0 + block_k]
-            s = _tile_scores(q_blk, k_blk, q0, k0, scale, causal)  # (B, H, bq, bk)
+            s = _tile_scores(q_blk, k_blk, q0, k0, 1.0, causal)  # (B, H, bq, bk)
             if m is None:  # first tile: nothing to rescale
                 m = s.amax(dim=-1, keepdim=True)
                 p = torch.exp(s - m)
                 l, acc = p.sum(dim=-1, keepdim=True), p @ v_blk
                 continue
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - m_new)
-            correction = torch.exp(m - m_new)
-            l = l * correction + p.sum(dim=-1, keepdim=True)
-            acc = acc * correction + p @ v_blk
+            p = s.sub_(m_new).exp_()  # in place: the tile's scores are not needed again
+            correction = (m - m_new).exp_()
+            l = l.mul_(correction).add_(p.sum(dim=-1, keepdim=True))
+            acc = acc.mul_(correction).add_(p @ v_blk)
             m = m_new
         out[:, :, q0:q0 + bq] = (acc / l).to(q.dtype)
         lse[:, :, q0:q0 + bq] = (m + torch.log(l)).squeeze(-1)
@@ -153,7 +155,7 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, H, S, D = q.shape
     acc_dtype = stats_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D)
-    qa, ka, va = q.to(acc_dtype), k.to(acc_dtype), v.to(acc_dtype)
+    qa, ka, va = q.to(acc_dtype) * scale, k.to(acc_dtype), v.to(acc_dtype)  # q pre-scaled
     do = grad_out.to(acc_dtype)
     delta = (do * out.to(acc_dtype)).sum(dim=-1, keepdim=True)  # (B, H, S, 1)
     lse = lse.to(acc_dtype)
@@ -169,14 +171,13 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         for k0 in range(0, k_end, block_k):
             k1 = min(S, k0 + block_k)
             k_blk, v_blk = ka[:, :, k0:k1], va[:, :, k0:k1]
-            p = torch.exp(_tile_scores(q_blk, k_blk, q0, k0, scale, causal) - lse_blk)
+            p = _tile_scores(q_blk, k_blk, q0, k0, 1.0, causal).sub_(lse_blk).exp_()
             dv[:, :, k0:k1] += p.transpose(-2, -1) @ do_blk
             dp = do_blk @ v_blk.transpose(-2, -1)  # (B, H, bq, bk)
-            ds = p * (dp - delta_blk)
+            ds = dp.sub_(delta_blk).mul_(p)
             dq_blk += ds @ k_blk
-            dk[:, :, k0:k1] += ds.transpose(-2, -1) @ q_blk
+            dk[:, :, k0:k1] += ds.transpose(-2, -1) @ q_blk  # q_blk carries the 1/√d
         dq_blk *= scale
-    dk *= scale
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     # END SOLUTION
 

@@ -71,7 +71,9 @@ def _tile_scores(q_blk: torch.Tensor, k_blk: torch.Tensor, q0: int, k0: int, sca
     """Scores of one tile, (B, H, bq, bk), with causal positions masked to -inf.
 
     Only a tile that crosses the diagonal (some key after some query) pays for the mask."""
-    s = (q_blk @ k_blk.transpose(-2, -1)) * scale
+    s = q_blk @ k_blk.transpose(-2, -1)
+    if scale != 1.0:
+        s = s.mul_(scale)
     bq, bk = q_blk.shape[-2], k_blk.shape[-2]
     if causal and k0 + bk - 1 > q0:
         above = torch.ones(bq, bk, dtype=torch.bool, device=s.device).triu(q0 - k0 + 1)

@@ -24,8 +24,11 @@ def per_layer_breakdown(parts: dict[str, dict[str, float]], *, title: str = "",
         for name, value in tensors.items():
             ax.barh(row, value, left=left, color=palette[colour % len(palette)],
                     edgecolor="white")
-            if value >= 1.5:
+            if value >= 6:
                 ax.text(left + value / 2, row, f"{name}\n{value:g}", ha="center", va="center",
+                        fontsize=7)
+            elif value >= 1.5:
+                ax.text(left + value / 2, row, f"{value:g}", ha="center", va="center",
                         fontsize=7)
             left += value
             colour += 1
