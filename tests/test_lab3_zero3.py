@@ -88,6 +88,31 @@ def test_parameters_after_adam_steps_equal_unsharded_adam(N):
 
 
 @pytest.mark.exercise("3.7", points=2)
+@pytest.mark.parametrize("N", [2, 3])
+def test_gradient_slices_are_the_data_parallel_average(N):
+    """Check each rank's gradient slice of every unit after the first backward equals its slice
+    of the gradient of the mean of the N ranks' losses (the padded flat gradient, unsharded).
+    Tolerance: fp32 gradients of magnitude ≤ ~1 summed in another order: atol 1e-6."""
+    from labkit.flat_params import flatten_padded, partition, shard_range
+
+    model, batches = setup(N)
+    ref = copy.deepcopy(model)
+    (sum(ref(x, y) for x, y in batches[0]) / N).backward()
+    in_blocks = {id(p) for b in ref.h for p in b.parameters()}
+    units = [list(b.parameters()) for b in ref.h]
+    units.append([p for p in ref.parameters() if id(p) not in in_blocks])
+    for r, res in enumerate(zero3(N)):
+        for i, params in enumerate(units):
+            S, pad = partition(sum(p.numel() for p in params), N)
+            want = flatten_padded([p.grad for p in params], pad, torch.float32)[shard_range(r, S)]
+            got = res["first_grads"][i]
+            assert got is not None, f"N={N} rank {r} unit {i}: no gradient slice after backward"
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5, msg=lambda m, r=r, i=i: (
+                f"N={N} rank {r} unit {i} gradient slice vs the data-parallel mean: {m} — is the "
+                "reduce-scattered sum divided by N, and is this rank's slice the r-th?"))
+
+
+@pytest.mark.exercise("3.7", points=2)
 def test_parameters_and_losses_equal_fsdp2():
     """Check parameters and losses equal FSDP2 fully_shard's on the same model and data (N = 2)."""
     for r, (mine, theirs) in enumerate(zip(zero3(2), fsdp2(2))):

@@ -223,20 +223,23 @@ def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float
     """Train with :class:`ZeRO3` on ``batches[step][rank]``; run by ``labkit.dist.launch``.
 
     Returns ``{"params", "losses", "shard_bytes", "peak_live_bytes", "unit_numels",
+    "first_grads": this rank's gradient slice per unit after the first backward,
     "comm": per step {"calls", "bytes"}}``."""
     z = ZeRO3(model, lr=lr)
-    losses, comm = [], []
+    losses, comm, first_grads = [], [], None
     for step_batches in batches:
         x, y = step_batches[rank]
         with count_comm() as c:
             loss = model(x, y)
             loss.backward()
+            if first_grads is None:  # this rank's gradient slices of the first step, per unit
+                first_grads = [None if u.grad is None else u.grad.clone() for u in z.units]
             z.step()
         losses.append(float(loss.detach()))
         comm.append(_comm(c))
     return {"params": z.full_parameters(), "losses": losses, "shard_bytes": z.shard_bytes(),
             "peak_live_bytes": z.peak_live_bytes, "unit_numels": [u.numel for u in z.units],
-            "comm": comm}
+            "first_grads": first_grads, "comm": comm}
 
 
 def train_fsdp2(rank: int, world_size: int, model: nn.Module, batches, lr: float = 1e-3) -> dict:

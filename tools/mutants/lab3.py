@@ -29,6 +29,20 @@ MUTANTS = [
             self.unscale_(optimizer)""", replace="""        self._found_inf = None
         self.unscale_(optimizer)""",
            why="unscales again in step() after an explicit unscale_()"),
+    # ------------------------------------------------------------ 3.2 mixed-precision Adam
+    Mutant("3.2", "mixed_precision.py", find="""                master.addcdiv_(m, denom, value=-lr / (1 - beta1 ** t))
+                p.copy_(master)""", replace="""                p.addcdiv_(m.to(p.dtype), denom.to(p.dtype), value=-lr / (1 - beta1 ** t))""",
+           why="updates the 16-bit parameter directly; the master never moves"),
+    Mutant("3.2", "mixed_precision.py", find='state["exp_avg"] = torch.zeros_like(state["master"])',
+           replace='state["exp_avg"] = torch.zeros_like(p)', why="keeps the first moment in 16 bits"),
+    Mutant("3.2", "mixed_precision.py", find="denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(eps)",
+           replace="denom = v.sqrt().add_(eps)", why="forgets the second moment's bias correction"),
+    Mutant("3.2", "mixed_precision.py", find="                p.copy_(master)\n",
+           replace="", why="never copies the master back into the 16-bit parameter"),
+    Mutant("3.2", "mixed_precision.py", find='state["step"] = 0',
+           replace='state["step"] = torch.tensor(0.0)', why="keeps the step count as a tensor (4 more bytes per parameter tensor)"),
+    Mutant("3.2", "mixed_precision.py", find="g = p.grad.float()",
+           replace="g = p.grad.float() * (1 - beta1)", why="scales the gradient twice by (1 − β1)"),
     # ------------------------------------------------------------ 3.4 tensor parallel
     Mutant("3.4", "tensor_parallel.py", find="""        grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
@@ -91,9 +105,9 @@ MUTANTS = [
            why="S = floor(Ψ/N) + 1 instead of ceil(Ψ/N): one element too many when N divides Ψ"),
     Mutant("3.7", "zero3.py", find="        u.full.untyped_storage().resize_(0)\n",
            replace="        pass\n", why="never frees the gathered parameters"),
-    Mutant("3.7", "zero3.py", find="""        if u.full.untyped_storage().nbytes() == nbytes:
-            return  # already gathered""", replace="",
-           why="gathers again even when the unit is already gathered"),
+    Mutant("3.7", "zero3.py", find="            _all_gather_flat(u.full, u.shard, group=self.group)",
+           replace="            u.full = torch.empty_like(u.full)\n            _all_gather_flat(u.full, u.shard, group=self.group)",
+           why="gathers into a fresh buffer, which the parameters do not view"),
     Mutant("3.7", "zero3.py", find="denom = (u.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** t)).add_(self.eps)",
            replace="denom = u.exp_avg_sq.sqrt().add_(self.eps)",
            why="forgets Adam's bias correction of the second moment"),

@@ -1,0 +1,132 @@
+"""Graders of Lab 3, exercise 3.2 (labs/03_parameters.ipynb): mixed-precision Adam with fp32
+master weights.
+
+References nobody in this course wrote: ``torch.optim.Adam`` on an fp32 copy of the weights fed
+the same gradients (cast to fp32), then cast to the 16-bit dtype; ``MemTracker`` (via
+``labkit.measure.measure_step``) and ``labkit.optimizer_states.state_bytes`` for the bytes,
+against the formula 2 + 2 + 12 bytes per parameter.
+
+Tolerances: the master after 5 steps agrees with torch's fp32 Adam to fp32 rounding of the same
+formula (atol 1e-6 for weights ≤ ~1, rtol 1e-5); the 16-bit parameter is the master rounded to
+16 bits, so it must equal the *reference* master rounded except where the two masters straddle a
+rounding boundary: at most one 16-bit ulp apart (checked), on a tiny share of elements. Byte
+counts are exact.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from labkit.measure import measure_step
+from labkit.models import GPT, GPTConfig, SyntheticData
+from labkit.optimizer_states import state_bytes
+
+
+def tiny_gpt(dtype):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False)).to(dtype)
+
+
+def lockstep(dtype, steps=5, lr=1e-3):
+    """Train a 16-bit GPT with MixedPrecisionAdam; feed the same fp32-cast gradients to
+    torch.optim.Adam on fp32 copies. Returns (model, opt, fp32 reference params)."""
+    from labkit.mixed_precision import MixedPrecisionAdam
+
+    model = tiny_gpt(dtype)
+    ref = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
+    opt = MixedPrecisionAdam(model.parameters(), lr=lr)
+    ref_opt = torch.optim.Adam(ref, lr=lr)
+    data = SyntheticData(64, 16, 4, seed=1)
+    for i in range(steps):
+        x, y = data.batch(i)
+        model(x, y).backward()
+        for p, q in zip(model.parameters(), ref):
+            q.grad = p.grad.float()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, opt, ref
+
+
+@pytest.mark.exercise("3.2", points=2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_master_weights_equal_fp32_adam(dtype):
+    """Check the fp32 master after 5 steps equals torch.optim.Adam on fp32 copies fed the same
+    gradients."""
+    model, opt, ref = lockstep(dtype)
+    for (name, p), q in zip(model.named_parameters(), ref):
+        master = opt.state[p].get("master")
+        assert master is not None and master.dtype == torch.float32, (
+            f"{name}: state['master'] is {None if master is None else master.dtype}, expected an fp32 tensor")
+        torch.testing.assert_close(master, q.detach(), atol=1e-6, rtol=1e-5, msg=lambda m, name=name: (
+            f"{name} master vs fp32 Adam: {m} — is the update applied to the fp32 master (not to the "
+            "16-bit parameter), with the gradient cast to fp32 and bias correction?"))
+
+
+@pytest.mark.exercise("3.2", points=2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_16bit_parameters_are_the_reference_rounded(dtype):
+    """Check each 16-bit parameter equals the fp32 reference cast to its dtype (at most one
+    16-bit ulp off, on ≤ 1% of elements, where the two masters straddle a rounding boundary)."""
+    model, _, ref = lockstep(dtype)
+    for (name, p), q in zip(model.named_parameters(), ref):
+        assert p.dtype == dtype, f"{name} has dtype {p.dtype}, expected it to stay {dtype}"
+        want = q.detach().to(dtype)
+        off = p != want
+        ulp = (want.float().abs() * torch.finfo(dtype).eps).clamp_min(torch.finfo(dtype).tiny)
+        far = ((p.float() - want.float()).abs() > ulp * 1.01) & off
+        assert not far.any(), (f"{name}: {int(far.sum())} elements differ from fp32 Adam rounded to {dtype} by "
+                               "more than one ulp: is p set to the master rounded after every step?")
+        assert off.float().mean() <= 0.01, f"{name}: {off.float().mean():.1%} of elements differ by an ulp"
+
+
+@pytest.mark.exercise("3.2", points=2)
+def test_bytes_per_parameter_are_2_2_12():
+    """Check MemTracker's bytes after a step of a bf16 GPT: parameters 2Ψ, gradients 2Ψ,
+    optimizer states 12Ψ exactly (state_bytes as well)."""
+    from labkit.mixed_precision import MixedPrecisionAdam
+
+    model = tiny_gpt(torch.bfloat16)
+    psi = sum(p.numel() for p in model.parameters())
+    opt = MixedPrecisionAdam(model.parameters(), lr=1e-3)
+    data = SyntheticData(64, 16, 4, seed=1)
+    step = measure_step(model, opt, data.batch(0))
+    assert state_bytes(opt) == 12 * psi, (
+        f"state_bytes = {state_bytes(opt):,}, expected 12Ψ = {12 * psi:,}: fp32 master, m and v, "
+        "nothing else as a tensor (keep 'step' a Python int)")
+    got = {k: step.after[k] for k in ("parameters", "optimizer states")}
+    want = {"parameters": 2 * psi, "optimizer states": 12 * psi}
+    assert got == want, f"MemTracker after the step: {got}, expected {want}"
+    assert step.peak_of("gradients") == 2 * psi, (
+        f"gradients at their peak {step.peak_of('gradients'):,} B, expected 2Ψ = {2 * psi:,}")
+
+
+@pytest.mark.exercise("3.2", points=1)
+def test_small_updates_survive_in_the_master():
+    """Check updates far below a bf16 ulp accumulate in the master and eventually move the bf16
+    weight, where adding them to the bf16 weight directly loses all of them."""
+    from labkit.mixed_precision import MixedPrecisionAdam
+
+    w = torch.nn.Parameter(torch.ones(64, dtype=torch.bfloat16))
+    opt = MixedPrecisionAdam([w], lr=1e-3)  # bf16 ulp at 1 is 2^-7 ≈ 0.0078: 8 steps < one ulp
+    for _ in range(20):
+        w.grad = torch.ones_like(w)
+        opt.step()
+    assert (w < 1).all(), (f"after 20 steps of -1e-3 the bf16 weight is {w[0].item()}, expected < 1 "
+                           "(master ≈ 0.98): are the updates accumulated in the fp32 master?")
+    plain = torch.nn.Parameter(torch.ones(64, dtype=torch.bfloat16))
+    ref = torch.optim.Adam([plain], lr=1e-3)
+    for _ in range(20):
+        plain.grad = torch.ones_like(plain)
+        ref.step()
+    assert (plain == 1).all()  # the plain bf16 Adam loses every update (the contrast the lab shows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_non_16bit_params_raise_value_error(dtype):
+    from labkit.mixed_precision import MixedPrecisionAdam
+
+    with pytest.raises(ValueError, match="params"):
+        MixedPrecisionAdam([torch.nn.Parameter(torch.ones(2, dtype=dtype))])
