@@ -1,0 +1,152 @@
+"""Static memory planning: every tensor of a step gets a fixed offset in one pre-allocated arena.
+
+A training step allocates the same tensors, in the same order, with the same sizes, every
+step. Instead of asking an allocator at run time (and paying its rounding, caching and
+fragmentation), a planner can read the lifetimes once and give each tensor an offset in one
+buffer, so that two tensors alive at the same time never overlap. Megatron-LM and DeepSpeed
+do a simple form of this with contiguous buffers for gradients and parameters; inference
+runtimes (TFLite's planner, Pisarchyk & Lee 2020, arXiv 2001.03288) do it for every
+intermediate. No plan can use less than the *peak of live bytes* (the most bytes alive at one
+moment): that is the lower bound a plan is measured against. Finding the optimum is NP-hard
+(dynamic storage allocation), but placing tensors largest first, each at the lowest offset
+that fits, lands close to the bound on real networks.
+
+A tensor lives over the events ``[start, end]`` of a trace (inclusive; ``end`` is the event
+that frees it, or one past the last event if it is never freed). Two tensors *conflict* when
+their lifetimes intersect; conflicting tensors need disjoint ``[offset, offset + size)``.
+
+Chapter 6 (book/06_system.md); Lab 6, exercise 6.2 (labs/06_system.ipynb).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TensorLife:
+    """One tensor of a trace: ``size`` bytes alive over events ``start`` … ``end`` (inclusive)."""
+    id: int
+    size: int
+    start: int
+    end: int
+
+
+def lifetimes(trace, *, round_to: int = 1) -> list[TensorLife]:
+    """The tensors of an allocation trace (``labkit.caching_allocator`` format), sizes rounded
+    up to a multiple of ``round_to`` bytes (512 to compare with the CUDA allocator)."""
+    from labkit.caching_allocator import check_trace
+
+    check_trace(trace)
+    if not isinstance(round_to, int) or round_to < 1:
+        raise ValueError(f"round_to must be an int >= 1, got {round_to!r}")
+    start, size, end = {}, {}, {}
+    for k, (op, ident, nbytes) in enumerate(trace):
+        if op == "alloc":
+            start[ident], size[ident] = k, max(round_to, -(-nbytes // round_to) * round_to)
+        else:
+            end[ident] = k
+    return [TensorLife(i, size[i], start[i], end.get(i, len(trace))) for i in start]
+
+
+def conflict(a: TensorLife, b: TensorLife) -> bool:
+    """True when the lifetimes of ``a`` and ``b`` intersect."""
+    return a.start <= b.end and b.start <= a.end
+
+
+def peak_live(tensors) -> int:
+    """The lower bound of any plan: the largest sum of sizes of tensors alive at one event."""
+    deltas = {}
+    for t in tensors:
+        deltas[t.start] = deltas.get(t.start, 0) + t.size
+        deltas[t.end + 1] = deltas.get(t.end + 1, 0) - t.size
+    live = peak = 0
+    for k in sorted(deltas):
+        live += deltas[k]
+        peak = max(peak, live)
+    return peak
+
+
+def arena_size(tensors, offsets: dict) -> int:
+    """Bytes of the arena a plan needs: the highest ``offset + size``."""
+    return max((offsets[t.id] + t.size for t in tensors), default=0)
+
+
+def _check_tensors(tensors) -> list[TensorLife]:
+    tensors = list(tensors)
+    if not all(isinstance(t, TensorLife) for t in tensors):
+        raise TypeError("tensors must be TensorLife objects (see lifetimes(trace))")
+    for t in tensors:
+        if t.size < 0 or t.end < t.start:
+            raise ValueError(f"tensor {t.id}: size must be >= 0 and end >= start, got {t}")
+    if len({t.id for t in tensors}) != len(tensors):
+        raise ValueError("tensors must have distinct ids")
+    return tensors
+
+
+def place(tensors, order) -> dict[int, int]:
+    """Place the tensors one by one in ``order`` (a sequence of ids): each at the lowest offset
+    where it overlaps no already placed tensor whose lifetime intersects its own.
+
+    Returns ``{id: offset}`` for every tensor.
+    """
+    tensors = _check_tensors(tensors)
+    by_id = {t.id: t for t in tensors}
+    order = list(order)
+    if sorted(order, key=repr) != sorted(by_id, key=repr):
+        raise ValueError("order must list every tensor id exactly once")
+    offsets: dict[int, int] = {}
+    placed: list[TensorLife] = []
+    # BEGIN SOLUTION 6.2: for each tensor in order, the lowest gap among the placed tensors it conflicts with
+    for ident in order:
+        t = by_id[ident]
+        busy = sorted((offsets[p.id], offsets[p.id] + p.size) for p in placed if conflict(p, t))
+        offset = 0
+        for lo, hi in busy:
+            if lo - offset >= t.size:
+                break
+            offset = max(offset, hi)
+        offsets[ident] = offset
+        placed.append(t)
+    # END SOLUTION
+    return offsets
+
+
+def plan_greedy_by_size(tensors) -> dict[int, int]:
+    """Largest first (ties: longer lifetime first, then lower id), each at the lowest offset."""
+    tensors = _check_tensors(tensors)
+    # BEGIN SOLUTION 6.2: order by size (largest first; ties by longer lifetime, then id) and place
+    order = sorted(tensors, key=lambda t: (-t.size, -(t.end - t.start), t.id))
+    return place(tensors, [t.id for t in order])
+    # END SOLUTION
+
+
+def plan_in_order_of_allocation(tensors) -> dict[int, int]:
+    """First allocated first (by ``start``, then id), each at the lowest offset: what an
+    allocator that never moves anything and always takes the lowest gap would do, knowing the
+    future frees."""
+    tensors = _check_tensors(tensors)
+    # BEGIN SOLUTION 6.2: order by start (then id) and place
+    order = sorted(tensors, key=lambda t: (t.start, t.id))
+    return place(tensors, [t.id for t in order])
+    # END SOLUTION
+
+
+def plan_optimal(tensors, max_tensors: int = 8) -> dict[int, int]:
+    """The smallest arena, by brute force over every order (at most ``max_tensors`` tensors).
+
+    Any plan can be pushed down, tensor by tensor in order of offset, until each sits at the
+    lowest offset its placed neighbours allow; so some order of ``place`` reaches the optimum.
+    """
+    tensors = _check_tensors(tensors)
+    if len(tensors) > max_tensors:
+        raise ValueError(f"brute force is for at most max_tensors = {max_tensors} tensors, got {len(tensors)}")
+    # BEGIN SOLUTION 6.2: try every order with place and keep the smallest arena
+    best, best_size = None, None
+    for order in itertools.permutations([t.id for t in tensors]):
+        offsets = place(tensors, order)
+        size = arena_size(tensors, offsets)
+        if best_size is None or size < best_size:
+            best, best_size = offsets, size
+    return best if best is not None else {}
+    # END SOLUTION
