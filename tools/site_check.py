@@ -626,6 +626,7 @@ def main(argv=None) -> int:
                     help="comma-separated window widths in CSS px (dark mode at the first)")
     ap.add_argument("--pages", nargs="*", help="paths inside --site (default: every page of _toc.yml)")
     ap.add_argument("--chromium", help="the browser binary (default: chromium on PATH)")
+    ap.add_argument("--no-screenshots", action="store_true", help="check only (faster)")
     ap.add_argument("--strict", action="store_true",
                     help="warnings (an image whose alt text is its file name, an equation "
                          "that scrolls sideways) fail the page")
@@ -642,7 +643,8 @@ def main(argv=None) -> int:
         return 2
     pages = args.pages or toc_pages()
     t0 = time.monotonic()
-    results = run(args.site, args.out, pages, widths, args.chromium, strict=args.strict)
+    results = run(args.site, args.out, pages, widths, args.chromium,
+                  screenshots=not args.no_screenshots, strict=args.strict)
     bad = [p for p, probs in results.items() if probs]
     print(f"site-check: {len(pages) - len(bad)}/{len(pages)} pages ok at "
           f"{', '.join(_tags(widths))} in {time.monotonic() - t0:.0f} s; "
