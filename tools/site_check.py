@@ -523,11 +523,16 @@ def toc_pages(root: Path = ROOT) -> list[str]:
         for entry in entries:
             if "file" in entry:
                 files.append(entry["file"])
-            walk(entry.get("sections", []))
+            elif "glob" in entry:  # e.g. "labs/*": every .md / .ipynb it matches, sorted
+                files.extend(sorted(str(p.relative_to(root).with_suffix(""))
+                                    for p in root.glob(entry["glob"])
+                                    if p.suffix in (".md", ".ipynb")))
+            walk(entry.get("sections", []))  # ("url" entries are other sites: not checked)
 
     for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
         walk(part.get("chapters", []))
-    return [str(Path(f).with_suffix("")) + ".html" for f in files]
+    pages = [str(Path(f).with_suffix("")) + ".html" for f in files]
+    return list(dict.fromkeys(pages))
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
