@@ -307,3 +307,16 @@ def test_calculator_draws_what_labkit_memory_model_computes(calculator_tab):
         assert f"total {total:.2f} GB" in drawn["summary"], \
             f"{where}: summary {drawn['summary']!r} lacks total {total:.2f} GB"
     assert checked >= 16 * 5, f"only {checked} drawn numbers compared: did the controls move?"
+
+
+def test_toc_globs_and_sections_are_followed(tmp_path):
+    (tmp_path / "labs").mkdir()
+    for name in ("labs/02_b.ipynb", "labs/01_a.ipynb", "labs/notes.txt", "book/x.md", "intro.md"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / "_toc.yml").write_text(
+        "format: jb-book\nroot: intro\nparts:\n  - chapters:\n"
+        "      - file: book/x\n        sections:\n          - url: https://example.com\n"
+        "      - glob: labs/*\n")
+    assert site_check.toc_pages(tmp_path) == [
+        "intro.html", "book/x.html", "labs/01_a.html", "labs/02_b.html"]

@@ -523,11 +523,16 @@ def toc_pages(root: Path = ROOT) -> list[str]:
         for entry in entries:
             if "file" in entry:
                 files.append(entry["file"])
-            walk(entry.get("sections", []))
+            elif "glob" in entry:  # e.g. "labs/*": every .md / .ipynb it matches, sorted
+                files.extend(sorted(str(p.relative_to(root).with_suffix(""))
+                                    for p in root.glob(entry["glob"])
+                                    if p.suffix in (".md", ".ipynb")))
+            walk(entry.get("sections", []))  # ("url" entries are other sites: not checked)
 
     for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
         walk(part.get("chapters", []))
-    return [str(Path(f).with_suffix("")) + ".html" for f in files]
+    pages = [str(Path(f).with_suffix("")) + ".html" for f in files]
+    return list(dict.fromkeys(pages))
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -626,6 +631,7 @@ def main(argv=None) -> int:
                     help="comma-separated window widths in CSS px (dark mode at the first)")
     ap.add_argument("--pages", nargs="*", help="paths inside --site (default: every page of _toc.yml)")
     ap.add_argument("--chromium", help="the browser binary (default: chromium on PATH)")
+    ap.add_argument("--no-screenshots", action="store_true", help="check only (faster)")
     ap.add_argument("--strict", action="store_true",
                     help="warnings (an image whose alt text is its file name, an equation "
                          "that scrolls sideways) fail the page")
@@ -642,7 +648,8 @@ def main(argv=None) -> int:
         return 2
     pages = args.pages or toc_pages()
     t0 = time.monotonic()
-    results = run(args.site, args.out, pages, widths, args.chromium, strict=args.strict)
+    results = run(args.site, args.out, pages, widths, args.chromium,
+                  screenshots=not args.no_screenshots, strict=args.strict)
     bad = [p for p, probs in results.items() if probs]
     print(f"site-check: {len(pages) - len(bad)}/{len(pages)} pages ok at "
           f"{', '.join(_tags(widths))} in {time.monotonic() - t0:.0f} s; "

@@ -4,10 +4,11 @@ Found by tools/site_check.py (`make site-check`), fixed here rather than in each
 
 - ``book/_static/course.css`` is added to every page (the CJK font, wide equations and
   outputs, tables and figures on a phone, figures in dark mode).
-- An inline script registered twice is written once. Jupyter Book runs sphinx-thebe's
-  ``env-before-read-docs`` handler twice, so every page declared ``const THEBE_JS_URL`` twice:
+- An inline script registered twice is written once. sphinx-thebe and sphinx-book-theme both
+  add thebe's settings (one with filename None, one with ""), so every page declared
+  ``const THEBE_JS_URL`` twice:
   "SyntaxError: Identifier 'THEBE_JS_URL' has already been declared" in the console.
-- The theme's ``default_mode`` is "auto" unless _config.yml sets one: with the theme's empty
+- The theme's ``default_mode`` (``html_context``) is "auto" unless _config.yml sets one: with the theme's empty
   default, a first visit logged "Got invalid theme mode: . Resetting to auto." as an error.
 
 Loaded from _config.yml: ``sphinx.local_extensions: {site_fixes: book/_ext}``.
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 
 def _default_mode(app, config):
-    options = config.html_theme_options
-    if not options.get("default_mode"):
-        options["default_mode"] = "auto"
+    # pydata-sphinx-theme reads it from html_context (not a theme option)
+    if not (config.html_context or {}).get("default_mode"):
+        config.html_context = {**(config.html_context or {}), "default_mode": "auto"}
 
 
 def _add_css(app):
@@ -31,7 +32,7 @@ def _unique_scripts(app, pagename, templatename, context, doctree):
         return
     seen, unique = set(), []
     for js in scripts:
-        key = (str(getattr(js, "filename", js)),
+        key = (str(getattr(js, "filename", js) or ""),  # inline: None from one, "" from another
                tuple(sorted((getattr(js, "attributes", None) or {}).items())))
         if key not in seen:
             seen.add(key)
