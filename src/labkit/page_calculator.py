@@ -57,7 +57,6 @@ _WIDGET_JS = r"""
   function draw() {
     const v = settings(), msg = root.querySelector(".wtmg-msg");
     const bad = Object.entries(v).filter(([k, x]) => typeof x === "number" && k !== "zero_stage" && !(x > 0));
-    const bad = Object.entries(v).filter(([k, x]) => k !== "zero_stage" && typeof x === "number" && !(x > 0));
     if (bad.length || v.hidden %% v.n_head) {
       msg.textContent = bad.length ? bad[0][0] + " must be a positive number"
                                    : "n_head must divide hidden";
