@@ -198,7 +198,7 @@ def test_oom_releases_cached_segments_and_retries():
 
 @pytest.mark.exercise("6.1", points=1)
 def test_max_split_size_keeps_oversize_blocks_whole():
-    """max_split_size = 24 MiB (PyTorch requires more than 20 MiB), hand-derived.
+    """max_split_size = 24 MiB (PyTorch requires at least 20 MiB), hand-derived.
 
     a = malloc(30 MiB) → 30 MiB segment (≥ 24 MiB: oversize); free(a). malloc(4 MiB) may not
     take an oversize block (request < 24 MiB, block ≥ 24 MiB) → a new 20 MiB segment:
@@ -223,7 +223,7 @@ def test_max_split_size_keeps_oversize_blocks_whole():
         (f"reserved {mib(alloc.reserved_bytes)}, allocated {mib(alloc.allocated_bytes)}; expected 50 and 34 MiB "
          f"(4 + the whole 30 MiB block): an oversize request may take a block < 20 MiB larger, unsplit")
     with pytest.raises(ValueError, match="max_split_size"):
-        CachingAllocator(max_split_size=20 * MiB)
+        CachingAllocator(max_split_size=19 * MiB)
 
 
 @pytest.mark.exercise("6.1", points=1)
@@ -478,6 +478,11 @@ def test_place_takes_the_lowest_gap():
     got = place([A, B, C, D], [0, 1, 2, 3])
     assert got == {0: 0, 1: 4096, 2: 4096, 3: 5120}, \
         f"place gave {got}, expected {{0: 0, 1: 4096, 2: 4096, 3: 5120}}: C may reuse B's bytes (their lifetimes do not intersect)"
+    # An exact gap: P (1 KiB, 0–3) at 0, Q (2 KiB, 0–9) at 1024; R (1 KiB, 5–9) conflicts
+    # only with Q, and the gap [0, 1024) below Q is exactly R's size → R at 0.
+    P, Q, R = TensorLife(10, 1024, 0, 3), TensorLife(11, 2048, 0, 9), TensorLife(12, 1024, 5, 9)
+    got = place([P, Q, R], [10, 11, 12])
+    assert got == {10: 0, 11: 1024, 12: 0}, f"place gave {got}, expected {{10: 0, 11: 1024, 12: 0}}: a gap exactly as large as the tensor fits"
 
 
 @pytest.mark.exercise("6.2", points=1)
@@ -495,12 +500,32 @@ def test_greedy_by_size_orders_largest_first():
     assert arena_size(tensors, got) == peak_live(tensors) == 7168
 
 
+@pytest.mark.exercise("6.2", points=1)
+def test_order_of_allocation_places_by_start():
+    """Hand-derived, the same A, B, C, D: by start (then id) the order is A, B, D, C: A at 0,
+    B at 4096, D (alive with A and B) at 5120, C (alive with A and D; B has ended) in the
+    1 KiB gap at 4096. (By end of life it would be B, D, C, A: a different plan.)"""
+    from labkit.memory_planner import TensorLife, plan_in_order_of_allocation
+
+    tensors = [TensorLife(0, 4096, 0, 9), TensorLife(1, 1024, 0, 2), TensorLife(2, 1024, 3, 5),
+               TensorLife(3, 2048, 1, 4)]
+    got = plan_in_order_of_allocation(tensors)
+    assert got == {0: 0, 1: 4096, 3: 5120, 2: 4096}, \
+        f"order of allocation gave {got}, expected A 0, B 4096, D 5120, C 4096: place in order of start, ties by id"
+
+
 @pytest.mark.exercise("6.2", points=2)
 def test_plan_optimal_matches_brute_force():
     """On 12 random instances of 6 tensors, plan_optimal's arena equals an independent brute
     force, and greedy by size is never smaller than that optimum (sanity)."""
-    from labkit.memory_planner import arena_size, plan_greedy_by_size, plan_optimal
+    from labkit.memory_planner import TensorLife, arena_size, plan_greedy_by_size, plan_optimal
 
+    # Hand-derived first: X (1 KiB, 0–1), Y (1 KiB, 0–9), Z (2 KiB, 2–9). In the given order
+    # X 0, Y 1024, Z 2048 (the 1 KiB hole under Y is too small): 4 KiB. Optimal: Y 0, X and Z
+    # at 1024 (they never live together): 3 KiB.
+    xyz = [TensorLife(0, 1024, 0, 1), TensorLife(1, 1024, 0, 9), TensorLife(2, 2048, 2, 9)]
+    got = arena_size(xyz, plan_optimal(xyz))
+    assert got == 3072, f"plan_optimal's arena for X, Y, Z is {got:,} B, expected 3,072: is every order tried?"
     for seed in range(12):
         tensors = random_instance(100 + seed)
         want = brute_force_arena(tensors)

@@ -113,8 +113,8 @@ class CachingAllocator:
             _check_size(capacity, "capacity")
         if max_split_size is not None:
             _check_size(max_split_size, "max_split_size")
-            if max_split_size <= LARGE_BUFFER:  # as PyTorch's parser: max_split_size_mb > 20
-                raise ValueError(f"max_split_size must be > 20 MiB ({LARGE_BUFFER} B), got {max_split_size}")
+            if max_split_size < LARGE_BUFFER:  # as PyTorch's parser: max_split_size_mb >= 20
+                raise ValueError(f"max_split_size must be >= 20 MiB ({LARGE_BUFFER} B), got {max_split_size}")
         if not isinstance(expandable_segments, bool):
             raise TypeError(f"expandable_segments must be a bool, got {expandable_segments!r}")
         self.capacity = capacity

@@ -92,9 +92,18 @@ MUTANTS = [
     Mutant("6.3", DM, find="        if c[dim] != 0:\n            continue\n", replace="",
            why="emits one group per rank (duplicates)"),
     # ------------------------------------------------------------------ 6.5 fusion
-    Mutant("6.5", FU, find="        ctx.save_for_backward(x)\n        t = torch.tanh(K * (x + A * x * x * x))\n        return 0.5 * x * (1 + t)",
-           replace="        t = torch.tanh(K * (x + A * x * x * x))\n        ctx.save_for_backward(x, t)\n        return 0.5 * x * (1 + t)",
-           why="saves tanh's output as well as x"),
+    Mutant("6.5", FU, find=("        ctx.save_for_backward(x)\n        t = torch.tanh(K * (x + A * x * x * x))\n"
+                            "        return 0.5 * x * (1 + t)\n        # END SOLUTION\n\n    @staticmethod\n"
+                            "    def backward(ctx, grad_out: torch.Tensor) -> torch.Tensor:\n"
+                            "        \"\"\"Return grad_out · dy/dx, recomputing what forward did not save.\"\"\"\n"
+                            "        # BEGIN SOLUTION 6.5: recompute tanh from the saved input, then the chain rule of y\n"
+                            "        (x,) = ctx.saved_tensors\n        t = torch.tanh(K * (x + A * x * x * x))\n"),
+           replace=("        t = torch.tanh(K * (x + A * x * x * x))\n        ctx.save_for_backward(x, t)\n"
+                    "        return 0.5 * x * (1 + t)\n        # END SOLUTION\n\n    @staticmethod\n"
+                    "    def backward(ctx, grad_out: torch.Tensor) -> torch.Tensor:\n"
+                    "        # BEGIN SOLUTION 6.5: recompute tanh from the saved input, then the chain rule of y\n"
+                    "        x, t = ctx.saved_tensors\n"),
+           why="saves tanh's output as well as x (and does not recompute it)"),
     Mutant("6.5", FU, find="        (x,) = ctx.saved_tensors\n        t = torch.tanh(K * (x + A * x * x * x))",
            replace="        (x,) = ctx.saved_tensors\n        t = torch.tanh(K * (x + A * x))",
            why="drops the cubic term in the recomputed tanh"),
