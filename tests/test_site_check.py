@@ -46,7 +46,7 @@ def _png(w=4, h=4, rgba=(0, 0, 0, 0)):
 HEAD = """<!doctype html><html><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <script>if (matchMedia("(prefers-color-scheme: dark)").matches) document.documentElement.dataset.theme = "dark";</script>
-<style>html[data-theme=dark] body {{ background: #121212; color: #ddd }} {style}</style>
+<style>html[data-theme=dark] body {{ background: #121212; color: #ddd }} html[data-theme=dark] a {{ color: #8ab4f8 }} {style}</style>
 </head><body><main><article class="bd-article" style="max-width: 600px">
 <section id="top">{body}</section></article></main></body></html>"""
 
@@ -68,6 +68,7 @@ PAGES = {
     "offsite.html": ("", '<img src="https://example.com/x.png" alt="from another host">'),
     "filealt.html": ("", '<img src="pic.png" alt="../_images/pic.png" style="background: #fff; width: 40px">'),
     "dark.html": ("", '<img src="pic.png" alt="a transparent figure" style="width: 40px">'),
+    "darktext.html": ("", '<p style="color: #333">text in a fixed dark colour</p>'),
     "cjk.html": ("", "<blockquote>不存、少存、分存</blockquote>"),
     "cjk-font.html": ("@font-face { font-family: 'WTMG CJK'; src: url('wtmg-cjk.woff') format('woff'); }"
                       " body { font-family: 'WTMG CJK', sans-serif }",
@@ -87,6 +88,7 @@ EXPECTED = {
     "offsite.html": r"request to another host: https://example\.com/x\.png",
     "filealt.html": None,  # a warning only (test below)
     "dark.html": r"\[\d+-dark\] dark mode: image pic\.png sits on a dark backdrop",
+    "darktext.html": r"\[700-dark\] dark mode: text with contrast 1\.\d+ < 3 .*text in a fixed dark colour",
     "cjk.html": r"CJK text \"不存、少存、分存\" has no web font",
     "cjk-font.html": None,
 }

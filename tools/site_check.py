@@ -17,7 +17,8 @@ width in the theme's dark mode. A page fails on:
 - (warning) a display equation that fits its column only by scrolling sideways;
 - a broken internal link or anchor (the target file or the ``#id`` in it does not exist);
 - math that MathJax did not typeset, an ipywidget or a calculator that did not draw;
-- (dark mode) an image whose backdrop is dark: figures are drawn for white paper.
+- (dark mode) an image whose backdrop is dark (figures are drawn for white paper), or text
+  whose contrast with its backdrop is below 3.
 
 Screenshots go to ``_build/site-check/<page>@<width>[-dark].png``; one summary line per page.
 Exit status 1 when a page fails.
@@ -390,6 +391,37 @@ PAGE_CHECK_JS = r"""
       if (r.width >= 100 && backdrop(svg) < 0.6)
         problems.push(`dark mode: figure <svg> sits on a dark backdrop (luminance ${backdrop(svg).toFixed(2)} < 0.6)`);
     });
+  }
+
+  // (dark mode) text against its backdrop: contrast ratio at least 3 (WCAG's floor, large text)
+  if (DARK) {
+    const rel = (rgb) => {
+      const v = rgb.match(/[\d.]+/g).map(Number);
+      if (v.length === 4 && v[3] === 0) return null;
+      const c = v.slice(0, 3).map((x) => (x /= 255) <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4);
+      return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+    };
+    const behind = (el) => {
+      for (let e = el; e && e.nodeType === 1; e = e.parentElement) {
+        const l = rel(getComputedStyle(e).backgroundColor);
+        if (l !== null) return l;
+      }
+      return rel(getComputedStyle(document.body).backgroundColor) ?? 1;
+    };
+    const seen = new Set(), walker = document.createTreeWalker(
+      document.querySelector("article") || document.body, NodeFilter.SHOW_TEXT);
+    let low = 0;
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      const el = n.parentElement;
+      if (!n.data.trim() || !el || seen.has(el)) continue;
+      seen.add(el);
+      if (el.closest(".headerlink, mjx-assistive-mml, script, style") || !el.getClientRects().length) continue;
+      const fg = rel(getComputedStyle(el).color);
+      if (fg === null) continue;
+      const bg = behind(el), ratio = (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+      if (ratio < 3 && low++ < 5)
+        problems.push(`dark mode: text with contrast ${ratio.toFixed(2)} < 3 against its backdrop: ${describe(el)}`);
+    }
   }
 
   // 4. horizontal overflow: past the article's column and not inside a scrolling/clipping box
