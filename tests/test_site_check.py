@@ -5,7 +5,6 @@ nothing on the clean page. The last tests drive the book's JS calculator in the 
 compare the numbers it draws with labkit.memory_model. The browser tests skip without Chromium
 (tools/ensure_chromium.sh installs it); the font and link tests need no browser.
 """
-import importlib.util
 import re
 import shutil
 import struct
@@ -18,16 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-site_check = _load("site_check")
-make_cjk_font = _load("make_cjk_font")
+sys.path.insert(0, str(ROOT / "tools"))  # the tools are scripts: site_check imports site_check_cdp
+import make_cjk_font  # noqa: E402
+import site_check  # noqa: E402
 
 CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(b)), None)
