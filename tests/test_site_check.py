@@ -5,7 +5,6 @@ nothing on the clean page. The last tests drive the book's JS calculator in the 
 compare the numbers it draws with labkit.memory_model. The browser tests skip without Chromium
 (tools/ensure_chromium.sh installs it); the font and link tests need no browser.
 """
-import importlib.util
 import re
 import shutil
 import struct
@@ -18,16 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-site_check = _load("site_check")
-make_cjk_font = _load("make_cjk_font")
+sys.path.insert(0, str(ROOT / "tools"))  # the tools are scripts: site_check imports site_check_cdp
+import make_cjk_font  # noqa: E402
+import site_check  # noqa: E402
 
 CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(b)), None)
@@ -46,7 +38,7 @@ def _png(w=4, h=4, rgba=(0, 0, 0, 0)):
 HEAD = """<!doctype html><html><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <script>if (matchMedia("(prefers-color-scheme: dark)").matches) document.documentElement.dataset.theme = "dark";</script>
-<style>html[data-theme=dark] body {{ background: #121212; color: #ddd }} {style}</style>
+<style>html[data-theme=dark] body {{ background: #121212; color: #ddd }} html[data-theme=dark] a {{ color: #8ab4f8 }} {style}</style>
 </head><body><main><article class="bd-article" style="max-width: 600px">
 <section id="top">{body}</section></article></main></body></html>"""
 
@@ -68,6 +60,7 @@ PAGES = {
     "offsite.html": ("", '<img src="https://example.com/x.png" alt="from another host">'),
     "filealt.html": ("", '<img src="pic.png" alt="../_images/pic.png" style="background: #fff; width: 40px">'),
     "dark.html": ("", '<img src="pic.png" alt="a transparent figure" style="width: 40px">'),
+    "darktext.html": ("", '<p style="color: #333">text in a fixed dark colour</p>'),
     "cjk.html": ("", "<blockquote>不存、少存、分存</blockquote>"),
     "cjk-font.html": ("@font-face { font-family: 'WTMG CJK'; src: url('wtmg-cjk.woff') format('woff'); }"
                       " body { font-family: 'WTMG CJK', sans-serif }",
@@ -87,6 +80,7 @@ EXPECTED = {
     "offsite.html": r"request to another host: https://example\.com/x\.png",
     "filealt.html": None,  # a warning only (test below)
     "dark.html": r"\[\d+-dark\] dark mode: image pic\.png sits on a dark backdrop",
+    "darktext.html": r"\[700-dark\] dark mode: text with contrast 1\.\d+ < 3 .*text in a fixed dark colour",
     "cjk.html": r"CJK text \"不存、少存、分存\" has no web font",
     "cjk-font.html": None,
 }
