@@ -481,21 +481,92 @@ def test_optimal_schedule_beats_uniform_schedules_on_a_deep_gpt():
 
 # ------------------------------------------------------------------ 5.4 selective
 
-@pytest.mark.exercise("5.4", points=1)
-def test_keep_matmuls_policy_saves_gemms_and_recomputes_cheap_ops():
-    """Check MUST_SAVE for mm/addmm/bmm and PREFER_RECOMPUTE for norm, GELU, softmax, add."""
-    from labkit.selective_checkpoint import keep_matmuls_policy
+class _OpRecorder(TorchDispatchMode):
+    """Every operator call of a forward: (op, args, kwargs, output)."""
 
-    for op in (aten.mm.default, aten.addmm.default, aten.bmm.default):
-        got = keep_matmuls_policy(None, op)
-        assert got == CheckpointPolicy.MUST_SAVE, (
-            f"{op}: policy says {got}, expected MUST_SAVE: a GEMM's output costs O(n_embd) FLOPs "
-            f"per element to recompute")
-    for op in (aten.native_layer_norm.default, aten.gelu.default, aten._softmax.default,
-               aten.add.Tensor, aten.masked_fill.Scalar):
-        got = keep_matmuls_policy(None, op)
-        assert got == CheckpointPolicy.PREFER_RECOMPUTE, (
-            f"{op}: policy says {got}, expected PREFER_RECOMPUTE: a few FLOPs per element")
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls.append((func, args, kwargs or {}, out))
+        return out
+
+
+def _block_ops():
+    with _OpRecorder() as recorder:
+        small_gpt(1).h[0](torch.randn(B, T, C))
+    return recorder.calls
+
+
+def _plain_flops_and_bytes(func, args, kwargs, out):
+    """The reference numbers: FlopCounterMode on the call run again, and the output's bytes."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        func(*args, **kwargs)  # no_grad: an in-place op on a leaf may run again
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    nbytes = sum(o.numel() * o.element_size() for o in outs if isinstance(o, torch.Tensor))
+    return counter.get_total_flops(), nbytes
+
+
+@pytest.mark.exercise("5.4", points=2)
+@pytest.mark.parametrize("threshold", [0, 20, 64, 1e9])
+def test_policy_keeps_what_costs_more_flops_per_byte_than_the_threshold(threshold):
+    """Check the policy on every operator of a block against FlopCounterMode and the output's bytes."""
+    from types import SimpleNamespace
+
+    from labkit.selective_checkpoint import FlopsPerBytePolicy
+
+    policy = FlopsPerBytePolicy(threshold)
+    for func, args, kwargs, out in _block_ops():
+        flops, nbytes = _plain_flops_and_bytes(func, args, kwargs, out)
+        want = (CheckpointPolicy.MUST_SAVE if nbytes > 0 and flops > threshold * nbytes
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+        for recompute in (False, True):
+            got = policy(SimpleNamespace(op_output=out, is_recompute=recompute), func, *args,
+                         **kwargs)
+            assert got == want, (
+                f"threshold {threshold:g} FLOPs/B, {func} (recompute={recompute}): policy says "
+                f"{got}, expected {want}: it costs {flops:,} FLOPs to recompute and keeps "
+                f"{nbytes:,} B ({flops / max(nbytes, 1):.1f} FLOPs/B). Compare FLOPs with "
+                f"threshold × bytes; FLOPs as FlopCounterMode counts them (0 for element-wise)")
+
+
+@pytest.mark.exercise("5.4", points=2)
+def test_a_threshold_above_attention_recomputes_exactly_its_matmuls():
+    """Check the measured trade at 20 FLOPs/B: extra FLOPs = the attention bmm's, bytes drop by their outputs.
+
+    On the test block the attention matmuls do 16 FLOPs per byte of output (2·d/4 with d = 32),
+    the weight GEMMs 32 and 128: at 20 only the attention core is recomputed.
+    """
+    from labkit.selective_checkpoint import FlopsPerBytePolicy, apply_selective_checkpointing
+
+    n_layers = 3
+    idx, targets = data()
+    bmm_flops = bmm_bytes = 0
+    for func, args, kwargs, out in _block_ops():
+        if func == aten.bmm.default:
+            flops, nbytes = _plain_flops_and_bytes(func, args, kwargs, out)
+            bmm_flops, bmm_bytes = bmm_flops + flops, bmm_bytes + nbytes
+
+    def step_flops(model):
+        with set_checkpoint_early_stop(False):
+            return count_flops(lambda: model(idx, targets).backward())[0]
+
+    plain = step_flops(small_gpt(n_layers))
+    got = step_flops(apply_selective_checkpointing(small_gpt(n_layers), FlopsPerBytePolicy(20)))
+    assert got - plain == n_layers * bmm_flops, (
+        f"threshold 20: {got - plain:,} extra FLOPs, expected {n_layers * bmm_flops:,} (the two "
+        f"attention matmuls of {n_layers} blocks, 16 FLOPs/B): is the policy passed on to the "
+        f"blocks, and are FLOPs compared with threshold × bytes?")
+    held_default, _ = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers)))
+    held_20, _ = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers),
+                                                             FlopsPerBytePolicy(20)))
+    assert held_default - held_20 == n_layers * bmm_bytes, (
+        f"threshold 20 holds {held_default - held_20:,} B less than threshold 0 after forward, "
+        f"expected {n_layers * bmm_bytes:,} (the attention matmuls' outputs)")
 
 
 @pytest.mark.exercise("5.4", points=2)

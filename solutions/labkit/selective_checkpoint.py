@@ -6,7 +6,9 @@ masking, whose outputs cost a few FLOPs per element to recompute, while a GEMM's
 O(n_embd). Korthikanti et al. 2022 (https://arxiv.org/abs/2205.05198, §4.2) recompute only the
 attention core, whose (seq_len × seq_len) tensors are most of the bytes at long sequences and
 few of the FLOPs ("selective activation recomputation"). The policy here applies the same rule
-to every operator: keep the matmul outputs, recompute everything cheap.
+to every operator, from its numbers: keep an output when recomputing it costs many FLOPs per
+byte it would keep (``FlopsPerBytePolicy``); the default threshold keeps the matmul outputs and
+recomputes everything cheap.
 
 PyTorch expresses this with a *policy*: ``torch.utils.checkpoint.create_selective_checkpoint_contexts``
 calls ``policy(ctx, op, *args, **kwargs)`` for every operator run inside a checkpointed
@@ -24,6 +26,7 @@ from functools import partial
 
 import torch
 import torch.nn as nn
+from torch.utils.flop_counter import flop_registry
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -45,32 +48,88 @@ MATMUL_OPS = frozenset({
 """Operators whose outputs are expensive to recompute (GEMMs and fused attention)."""
 
 
-def keep_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """The selective policy: save the outputs of ``MATMUL_OPS``, recompute every other op.
+def recompute_flops(op, args: tuple, kwargs: dict, out) -> int:
+    """FLOPs of running ``op(*args, **kwargs)`` again, as ``FlopCounterMode`` counts them.
 
-    Called by PyTorch for each operator that runs inside a selectively checkpointed region.
+    ``FlopCounterMode`` counts matrix products (mm, addmm, bmm, convolutions, fused attention);
+    element-wise and reduction operators count 0: a few FLOPs per element, negligible next to
+    a GEMM's 2k per element.
+    """
+    count = flop_registry.get(getattr(op, "overloadpacket", op))
+    return int(count(*args, **(kwargs or {}), out_val=out)) if count is not None else 0
+
+
+def output_bytes(out) -> int:
+    """Bytes of an operator's output: a tensor, or the tensors of a tuple/list of outputs."""
+    if isinstance(out, torch.Tensor):
+        return out.numel() * out.element_size()
+    if isinstance(out, (tuple, list)):
+        return sum(output_bytes(o) for o in out)
+    return 0
+
+
+class FlopsPerBytePolicy:
+    """Korthikanti et al.'s selective recomputation as a rule on each operator's numbers.
+
+    Keep an operator's output for backward when recomputing it would cost more than
+    ``min_flops_per_byte`` FLOPs per byte kept; recompute it otherwise. ``min_flops_per_byte
+    = 0`` keeps every matrix product and recomputes every element-wise operator; a threshold
+    between the attention core's intensity and the weight GEMMs' also recomputes the attention
+    core (its two matmuls over a head's d columns: few FLOPs per byte of their s × s outputs).
 
     Args:
-        ctx: a ``torch.utils.checkpoint.SelectiveCheckpointContext`` (unused here).
-        op: the operator (an ``OpOverload`` such as ``torch.ops.aten.mm.default``).
-        args, kwargs: the operator's arguments (unused here).
-    Returns:
-        ``CheckpointPolicy.MUST_SAVE`` for a matmul, ``CheckpointPolicy.PREFER_RECOMPUTE`` otherwise.
+        min_flops_per_byte: the threshold, a number >= 0.
     """
-    # BEGIN SOLUTION 5.4: decide whether this operator's output is kept for backward or recomputed
-    return CheckpointPolicy.MUST_SAVE if op in MATMUL_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-    # END SOLUTION
+
+    def __init__(self, min_flops_per_byte: float = 0.0):
+        if (isinstance(min_flops_per_byte, bool) or not isinstance(min_flops_per_byte, (int, float))
+                or not min_flops_per_byte >= 0):
+            raise ValueError(f"min_flops_per_byte must be a number >= 0, got {min_flops_per_byte!r}")
+        self.min_flops_per_byte = float(min_flops_per_byte)
+
+    def __call__(self, ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        """Decide for one operator run inside a selectively checkpointed region.
+
+        Contract: ``CheckpointPolicy.MUST_SAVE`` when the operator's recompute FLOPs
+        (``recompute_flops``) exceed ``min_flops_per_byte`` times the bytes of its output
+        (``output_bytes`` of ``ctx.op_output``), ``CheckpointPolicy.PREFER_RECOMPUTE``
+        otherwise (an output of 0 bytes is recomputed). The same answer in forward and in the
+        recompute (``ctx.is_recompute``).
+
+        Args:
+            ctx: a ``torch.utils.checkpoint.SelectiveCheckpointContext``; ``ctx.op_output`` is
+                the operator's output.
+            op: the operator (an ``OpOverload`` such as ``torch.ops.aten.mm.default``).
+            args, kwargs: the operator's arguments.
+        """
+        # BEGIN SOLUTION 5.4: compare the operator's recompute FLOPs with the bytes its output would keep
+        out = ctx.op_output
+        nbytes = output_bytes(out)
+        flops = recompute_flops(op, args, kwargs, out)
+        if nbytes > 0 and flops > self.min_flops_per_byte * nbytes:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+        # END SOLUTION
+
+
+keep_matmuls_policy = FlopsPerBytePolicy(0.0)
+"""The default policy: keep every matrix product's output, recompute everything else."""
 
 
 class SelectiveCheckpointBlock(nn.Module):
-    """One transformer block under selective checkpointing with ``keep_matmuls_policy``."""
+    """One transformer block under selective checkpointing with a per-operator policy."""
 
-    def __init__(self, block: nn.Module):
+    def __init__(self, block: nn.Module, policy=None):
         super().__init__()
+        if policy is not None and not callable(policy):
+            raise TypeError(f"policy must be callable (ctx, op, *args, **kwargs) -> "
+                            f"CheckpointPolicy, e.g. FlopsPerBytePolicy(...), got {policy!r}")
         self.block = block
+        self.policy = policy if policy is not None else keep_matmuls_policy
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``block(x)`` under non-reentrant checkpointing whose ``context_fn`` applies the policy.
+        """``block(x)`` under non-reentrant checkpointing that asks ``self.policy`` about every
+        operator (keep its output or recompute it in backward).
 
         Args:
             x: (batch_size, seq_len, n_embd).
@@ -78,17 +137,22 @@ class SelectiveCheckpointBlock(nn.Module):
             the block's output, same shape.
         """
         # BEGIN SOLUTION 5.4: run the block under checkpointing that consults the policy for every operator
-        context_fn = partial(create_selective_checkpoint_contexts, keep_matmuls_policy)
+        context_fn = partial(create_selective_checkpoint_contexts, self.policy)
         return checkpoint(self.block, x, use_reentrant=False, context_fn=context_fn)
         # END SOLUTION
 
 
-def apply_selective_checkpointing(model: nn.Module) -> nn.Module:
+def apply_selective_checkpointing(model: nn.Module, policy=None) -> nn.Module:
     """Wrap every block of ``model.h`` in a ``SelectiveCheckpointBlock``, in place; return the model.
 
     The parameters stay the same objects in the same order (names gain ``.block``).
+    ``policy``: None for ``keep_matmuls_policy``, or any policy such as ``FlopsPerBytePolicy``.
     """
+    if not isinstance(getattr(model, "h", None), nn.ModuleList):
+        raise TypeError(f"model must be a course GPT (blocks in the nn.ModuleList model.h), got "
+                        f"{type(model).__name__}")
     for i, block in enumerate(model.h):
-        if not isinstance(block, SelectiveCheckpointBlock):
-            model.h[i] = SelectiveCheckpointBlock(block)
+        if isinstance(block, SelectiveCheckpointBlock):
+            block = block.block
+        model.h[i] = SelectiveCheckpointBlock(block, policy)
     return model
