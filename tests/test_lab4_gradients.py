@@ -50,7 +50,7 @@ def assert_grads_equal(model, want, cause, **tol):
     for name, p in model.named_parameters():
         assert p.grad is not None, f"{name}.grad is None after accumulation: {cause}"
         torch.testing.assert_close(p.grad, want[name], **tol,
-                                   msg=lambda m, name=name: f"{name}.grad: {m} — {cause}")
+                                   msg=lambda m, name=name: f"{name}.grad differs from the full batch's — {cause}\n{m}")
 
 
 # =================================================================== 4.1 gradient accumulation
@@ -202,8 +202,8 @@ def test_accumulation_under_ddp_all_reduces_once():
         assert b4 == b1, f"rank {rank}: all-reduce bytes with k = 4: {b4:,}, expected {b1:,}"
         for i, (g1, g4) in enumerate(zip(one["grads"], four["grads"])):
             torch.testing.assert_close(g4, g1, **F64_TOL, msg=lambda m, i=i: (
-                f"rank {rank}, parameter {i}: {m} — the averaged gradient with k = 4 differs "
-                "from k = 1's: is the last micro-batch's backward outside no_sync?"))
+                f"rank {rank}, parameter {i}: the averaged gradient with k = 4 differs from "
+                f"k = 1's — is the last micro-batch's backward outside no_sync?\n{m}"))
 
 
 # =================================================================== 4.3 ZeRO-2
@@ -239,9 +239,9 @@ def test_zero2_matches_ddp_and_adam(world_size):
     for rank, res in enumerate(results):
         for name, got, want in zip(names, res["params"], res["ref_params"]):
             torch.testing.assert_close(got, want, **UPDATE_TOL, msg=lambda m, name=name, rank=rank: (
-                f"rank {rank}, {name} after 3 steps on {world_size} ranks: {m} — compared with "
-                "DDP + Adam: is every bucket reduce-scattered (the last, partial one too), each "
-                "piece added at its place in grad_shard, and the sum divided by N?"))
+                f"rank {rank}, {name} after 3 steps on {world_size} ranks differs from DDP + "
+                "Adam's — is every bucket reduce-scattered (the last, partial one too), each "
+                f"piece added at its place in grad_shard, and the sum divided by N?\n{m}"))
 
 
 @pytest.mark.exercise("4.3", points=2)
@@ -337,8 +337,8 @@ def test_bucketed_ddp_starts_from_rank_0s_parameters():
     for rank, res in enumerate(results):
         for i, (got, want) in enumerate(zip(res["params"], res["ref_params"])):
             torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m, i=i, rank=rank: (
-                f"rank {rank}, parameter {i} after wrapping: {m} — replicas must start from "
-                "rank 0's parameters (broadcast them in __init__)"))
+                f"rank {rank}, parameter {i} after wrapping differs from DDP's — replicas must "
+                f"start from rank 0's parameters (broadcast them in __init__)\n{m}"))
         assert res["init_bytes"].get("broadcast", 0) == 4 * psi, (
             f"rank {rank}: {res['init_bytes']} sent at construction, expected one broadcast "
             f"of every parameter, 4Ψ = {4 * psi:,} B")
@@ -354,8 +354,8 @@ def test_bucketed_ddp_gradients_equal_ddps(world_size):
     for rank, res in enumerate(results):
         for name, got, want in zip(names, res["grads"], res["ref_grads"]):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=lambda m, name=name, rank=rank: (
-                f"rank {rank}, {name}.grad: {m} — compared with DDP's average over {world_size} "
-                "ranks: is every bucket sent (the last one in finish()), and divided by N?"))
+                f"rank {rank}, {name}.grad differs from DDP's average over {world_size} ranks — "
+                f"is every bucket sent (the last one in finish()), and divided by N?\n{m}"))
 
 
 @pytest.mark.exercise("4.2", points=2)
