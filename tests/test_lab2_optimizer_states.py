@@ -91,9 +91,9 @@ def test_adafactor_matches_torch_adafactor(settings):
         train(ref, opt_ref, data, 1, start=i)
         for (name, a), b in zip(mine.named_parameters(), ref.parameters()):
             torch.testing.assert_close(a, b, **tol, msg=lambda m, name=name, i=i: (
-                f"{name} after step {i + 1} with {settings or 'defaults'}: {m} — check the relative "
-                "step ρ_t = min(lr, 1/√t), the scale max(ε₂, RMS(θ)), the decay factor 1 − lr·λ "
-                "and the update clipping by max(1, RMS(U)/d)"))
+                f"{name} after step {i + 1} with {settings or 'defaults'} — check the relative "
+                "step ρ_t = min(lr, 1/√t), the scale max(ε₂, RMS(θ)), the decay factor 1 − lr·λ, "
+                f"the β̂₂ = 1 − t^τ schedule and the update clipping by max(1, RMS(U)/d)\n{m}"))
     for (name, p), q in zip(mine.named_parameters(), ref.parameters()):
         s_mine, s_ref = opt_mine.state[p], opt_ref.state[q]
         assert set(s_mine) == set(s_ref), f"{name}: state keys {set(s_mine)} != torch's {set(s_ref)}"
@@ -104,7 +104,7 @@ def test_adafactor_matches_torch_adafactor(settings):
                 "the second-to-last")
             # running means of G²: relative agreement to ulps of the gradients
             torch.testing.assert_close(s_mine[key], s_ref[key], rtol=1e-4, atol=1e-20, msg=lambda m, name=name, key=key: (
-                f"{name}[{key!r}]: {m} — the running mean of G² uses the weight 1 − β̂₂ = t^beta2_decay"))
+                f"{name}[{key!r}] — the running mean of G² uses the weight 1 − β̂₂ = t^beta2_decay\n{m}"))
 
 
 @pytest.mark.exercise("2.1", points=1)
@@ -552,7 +552,7 @@ def assert_same_params(model, results, reference, tol, cause):
     for rank, result in enumerate(results):
         for name, got, want in zip(names, result["params"], reference):
             torch.testing.assert_close(got.float(), want.float(), **tol, msg=lambda m, name=name, rank=rank:
-                                       f"rank {rank}, parameter {name}: {m} — {cause}")
+                                       f"rank {rank}, parameter {name} — {cause}\n{m}")
 
 
 @pytest.mark.exercise("2.5", points=1)

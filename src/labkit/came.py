@@ -1,0 +1,136 @@
+"""CAME: Adafactor's factored second moment plus a factored *confidence* of the update.
+
+Adafactor (``labkit.adafactor``) saves Adam's second moment by storing its row and column means,
+but its updates are unstable without a first moment. CAME (Luo et al. 2023, "CAME:
+Confidence-guided Adaptive Memory Efficient Optimization", arXiv 2307.02047) keeps a first
+moment m of the normalized update and measures how far each new update strays from it,
+U = (u − m)²: the *instability*. That matrix too is stored factored (row and column means), and
+the step is m scaled down where the instability is large: low confidence, small step.
+
+Per m×n weight, state: m (m·n floats, the first moment), the row and column factors of v and
+of the instability (2·(m + n) floats): 4·(m·n + 2(m + n)) bytes, about 4 bytes per parameter
+next to Adam's 8. Vectors keep their v and instability whole.
+
+Algorithm (the paper's Algorithm 1, with ε₁ inside the squared gradient and ε₂ inside the
+instability, β = (β₁, β₂, β₃)):
+
+    r ← β₂ r + (1 − β₂) rowmean(g² + ε₁);  c ← β₂ c + (1 − β₂) colmean(g² + ε₁)
+    v = r c / mean(r);  u = g / √v;  u ← u / max(1, RMS(u)/d)
+    m ← β₁ m + (1 − β₁) u
+    U = (u − m)²;  R ← β₃ R + (1 − β₃) rowmean(U + ε₂);  C ← β₃ C + (1 − β₃) colmean(U + ε₂)
+    S = R C / mean(R);  θ ← θ − lr · m / √S     (plus decoupled weight decay θ ← θ(1 − lr·λ))
+
+Chapter 2 (book/02_optimizer_states.md); Lab 2 (labs/02_optimizer_states.ipynb).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+class CAME(torch.optim.Optimizer):
+    """CAME for ≥2-D weights (factored over the last two dims) and vectors (unfactored).
+
+    State of a parameter: ``"step"`` (int), ``"exp_avg"`` (its shape), and for a weight of shape
+    (..., m, n): ``"exp_avg_sq_row"`` (..., m), ``"exp_avg_sq_col"`` (..., n),
+    ``"exp_avg_res_row"`` (..., m), ``"exp_avg_res_col"`` (..., n); for a vector:
+    ``"exp_avg_sq"`` (its shape) and no instability (the paper's vectors use Adafactor's rule).
+
+    Args:
+        lr: the step size. betas: (β₁, β₂, β₃). eps: (ε₁, ε₂). d: update clipping threshold.
+        weight_decay: decoupled, θ ← θ(1 − lr·λ).
+    """
+
+    def __init__(self, params, lr: float = 2e-4, betas=(0.9, 0.999, 0.9999),
+                 eps=(1e-30, 1e-16), d: float = 1.0, weight_decay: float = 0.0):
+        if not (_number(lr) and lr >= 0):
+            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 3
+                and all(_number(b) and 0.0 <= b < 1.0 for b in betas)):
+            raise ValueError(f"betas must be three numbers in [0, 1) (β₁, β₂, β₃), got {betas!r}")
+        if not (isinstance(eps, (tuple, list)) and len(eps) == 2
+                and all(_number(e) and e >= 0 for e in eps)):
+            raise ValueError(f"eps must be a pair of numbers >= 0 (ε₁, ε₂), got {eps!r}")
+        if not (_number(d) and d >= 1):
+            raise ValueError(f"d (the clipping threshold) must be a number >= 1, got {d!r}")
+        if not (_number(weight_decay) and weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=tuple(eps), d=d,
+                                      weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One CAME step (the module's algorithm) for every parameter with a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, p.grad.float(), self.state[p], group)
+        return loss
+
+    def _update(self, p, g, state, group) -> None:
+        beta1, beta2, beta3 = group["betas"]
+        eps1, eps2 = group["eps"]
+        factored = g.dim() >= 2
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(g)
+            if factored:
+                state["exp_avg_sq_row"] = g.new_zeros(g.shape[:-1])
+                state["exp_avg_sq_col"] = g.new_zeros(g.shape[:-2] + g.shape[-1:])
+                state["exp_avg_res_row"] = g.new_zeros(g.shape[:-1])
+                state["exp_avg_res_col"] = g.new_zeros(g.shape[:-2] + g.shape[-1:])
+            else:
+                state["exp_avg_sq"] = torch.zeros_like(g)
+        state["step"] += 1
+        g2 = g * g + eps1
+        if factored:
+            r, c = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
+            r.mul_(beta2).add_(g2.mean(dim=-1), alpha=1 - beta2)
+            c.mul_(beta2).add_(g2.mean(dim=-2), alpha=1 - beta2)
+            u = g * _factored_rsqrt(r, c)
+        else:
+            v = state["exp_avg_sq"]
+            v.mul_(beta2).add_(g2, alpha=1 - beta2)
+            u = g * v.rsqrt()
+        u.div_(max(1.0, (u.norm() / u.numel() ** 0.5).item() / group["d"]))
+        m = state["exp_avg"]
+        m.mul_(beta1).add_(u, alpha=1 - beta1)
+        if factored:
+            res = (u - m).square_().add_(eps2)
+            rr, cc = state["exp_avg_res_row"], state["exp_avg_res_col"]
+            rr.mul_(beta3).add_(res.mean(dim=-1), alpha=1 - beta3)
+            cc.mul_(beta3).add_(res.mean(dim=-2), alpha=1 - beta3)
+            update = m * _factored_rsqrt(rr, cc)
+        else:
+            update = m.clone()
+        if group["weight_decay"]:
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.add_(update.to(p.dtype), alpha=-group["lr"])
+
+
+def _factored_rsqrt(row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    """1/√(r c / mean(r)) as a (..., m, n) tensor from r (..., m) and c (..., n)."""
+    r = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)  # (..., m, 1)
+    return r * col.rsqrt().unsqueeze(-2)  # (..., m, n)
+
+
+def came_state_bytes(shape) -> int:
+    """Bytes of CAME's state for one fp32 parameter of ``shape`` (step counter not counted:
+    a Python int): m·n + 2(m + n) floats for (..., m, n), 2n for a vector."""
+    if (not isinstance(shape, (tuple, list, torch.Size)) or len(shape) < 1
+            or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape)):
+        raise ValueError(f"shape must be a non-empty tuple of positive ints, got {shape!r}")
+    numel = 1
+    for s in shape:
+        numel *= s
+    if len(shape) == 1:
+        return 4 * 2 * numel
+    lead = numel // (shape[-1] * shape[-2])
+    return 4 * (numel + 2 * lead * (shape[-2] + shape[-1]))
