@@ -91,8 +91,11 @@ compat-venv:
 
 test-compat: compat-venv
 	@$(COMPAT)/bin/python -c "import torch, labkit; print('torch', torch.__version__, '| labkit imports')"
-	$(SOLUTIONS) $(COMPAT)/bin/python -m pytest -p no:cacheprovider -q tests
-	$(SOLUTIONS) $(COMPAT)/bin/python -m pytest -p no:cacheprovider -q --nbval-lax --timeout=900 labs
+	@$(SOLUTIONS) $(COMPAT)/bin/python -m pytest -p no:cacheprovider -q tests; tests=$$?; \
+	$(SOLUTIONS) $(COMPAT)/bin/python tools/execute_notebooks.py labs/*.ipynb \
+	  --cache _build/compat/torch-$(TORCH)/.jupyter_cache; labs=$$?; \
+	echo "make test-compat TORCH=$(TORCH): tests exit $$tests, labs exit $$labs"; \
+	test $$tests -eq 0 -a $$labs -eq 0
 
 # make bench [LAB=N]: reference solutions vs the libraries, as time ratios (target <= 1.5 on CPU).
 bench: setup

@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", help="notebooks (default: every notebook of the book)")
     parser.add_argument("--workers", type=int, default=2, help="parallel kernels (default 2)")
     parser.add_argument("--json", help="also write the results (without notebooks) here")
+    parser.add_argument("--cache", default=str(CACHE),
+                        help="the jupyter-cache to store the executed notebooks in "
+                             "(default: the book's, _build/.jupyter_cache)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         parser.error(f"no such notebook: {', '.join(missing)}")
-    results = execute_all(paths, workers=args.workers)
+    results = execute_all(paths, workers=args.workers, cache_path=Path(args.cache))
     print(report(results))
     for r in results:
         if not r["ok"]:
