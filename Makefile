@@ -15,7 +15,7 @@ SOLUTIONS := $(if $(wildcard solutions/labkit),LABKIT_SOLUTIONS=$(CURDIR)/soluti
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 # (the student edition's `make grade` is the instructor's score table)
-.PHONY: test-compat compat-venv grade setup book test test-solutions test-stubs test-notebooks test-book notebooks lab stubs student-edition clean bench mutants test-gpu
+.PHONY: site-check test-compat compat-venv grade setup book test test-solutions test-stubs test-notebooks test-book notebooks lab stubs student-edition clean bench mutants test-gpu
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ test-notebooks: setup
 
 test-book: setup
 	$(PY) tools/make_test.py --only book
+
+# Every page of the built site in headless Chromium (1300 px, 390 px, dark mode), offline;
+# screenshots in _build/site-check/. Installs Debian's chromium (apt) when none is on PATH.
+site-check:
+	tools/ensure_chromium.sh
+	$(PY) tools/site_check.py
 
 # Execute every notebook once (2 kernels) into the book's cache; `make book` then runs nothing.
 notebooks: setup

@@ -1,6 +1,6 @@
 """`make test`: the four checks of the course, two cores kept busy, and the time of each part.
 
-    python tools/make_test.py [--only stubs,solutions,notebooks,book]
+    python tools/make_test.py [--only stubs,solutions,notebooks,book,site]
 
 Parts, in three rounds (a round starts when the previous one has passed):
 
@@ -11,6 +11,8 @@ Parts, in three rounds (a round starts when the previous one has passed):
    jupyter-cache (_build/.jupyter_cache, emptied first so nothing stale is reused).
 3. ``book``: the strict site build (-W -n --keep-going), which takes every page from that
    cache and executes nothing (it says so if it had to execute a page).
+4. ``site``: every page of the built site in headless Chromium at a laptop and a phone width and
+   in dark mode, offline (tools/site_check.py; Debian's chromium installed if missing).
 
 Each part's output goes to _build/test-logs/<part>.log; the end of it is printed, the whole of
 it when the part fails. At the end: a table of wall and CPU seconds per part (CPU: the part's
@@ -44,10 +46,11 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
         "solutions": (pytest + ["-q", "tests"], with_solutions),
         "notebooks": (pytest + ["-q", "-rA", "tests/notebooks/check_notebooks.py"], with_solutions),
         "book": ([jb, "build", ".", "-W", "-n", "--keep-going"], with_solutions),
+        "site": (["bash", "-c", f"tools/ensure_chromium.sh && {python} tools/site_check.py"], {}),
     }
 
 
-ROUNDS = (("stubs", "solutions"), ("notebooks",), ("book",))
+ROUNDS = (("stubs", "solutions"), ("notebooks",), ("book",), ("site",))
 
 
 class Part:
