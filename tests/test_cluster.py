@@ -25,8 +25,7 @@ SMALL = {  # demo -> (command-line options, the demo function's keyword argument
     "ring_attention": (["--seq", "32", "--heads", "2", "--head-dim", "8"],
                        dict(batch=1, heads=2, seq=32, head_dim=8, causal=False, device="cpu")),
 }
-EXACT = {"zero1": ("psi", "state_bytes", "predicted_state_bytes", "peak_bytes", "bytes_sent_per_step",
-                   "calls"),
+EXACT = {"zero1": ("psi", "state_bytes", "predicted_state_bytes", "bytes_sent_per_step", "calls"),
          "ring_attention": ("peak_bytes", "bytes_sent", "predicted_bytes_sent", "calls")}
 
 
@@ -54,6 +53,15 @@ def test_torchrun_demo_prints_the_figures_of_the_in_process_run(demo):
         for key in EXACT[demo]:
             assert got[key] == want[key], f"rank {got['rank']} {key}: torchrun {got[key]}, launch {want[key]}"
     if demo == "zero1":
+        # The peak may differ by one flat fp32 gradient buffer (4Ψ): gloo's worker thread holds a
+        # collective's tensor until the work completes, so when MemTracker sees that buffer freed
+        # depends on thread timing (under load a launch from the test process measured 4Ψ more
+        # than torchrun; alone the two are equal to the byte).
+        for got, want in zip(printed["ranks"], here):
+            slack = 4 * got["psi"]
+            assert abs(got["peak_bytes"] - want["peak_bytes"]) <= slack, (
+                f"rank {got['rank']} peak_bytes: torchrun {got['peak_bytes']:,}, launch "
+                f"{want['peak_bytes']:,}: more apart than one flat gradient buffer ({slack:,} B)")
         assert printed["ranks"][0]["final_loss"] == pytest.approx(here[0]["final_loss"], rel=1e-5)
     assert f"{demo} on 2 rank(s), gloo on cpu" in result.stdout
 
