@@ -138,6 +138,23 @@ def test_gradients_are_e5m2_products():
 
 
 @pytest.mark.exercise("3.3", points=1)
+def test_small_gradient_rows_use_e5m2_range():
+    """Check grad_x row by row when grad_out spans 24 binades (row 0 large, the rest 2^-24 of
+    it): each row equals the fp32 product of the dequantised operands (rtol 1e-5 of the row's
+    norm), which holds only if grad_out's scale puts its amax on E5M2's max (57344)."""
+    lin = layer()
+    x, gy = data()
+    gy[1:] *= 2.0 ** -24
+    lin(x).backward(gy)
+    want_x, _ = _dequant_grads(lin, x, gy)
+    err = (x.grad - want_x).norm(dim=1) / want_x.norm(dim=1)
+    worst = int(err.argmax())
+    assert err.max() <= 1e-5, (
+        f"grad_x row {worst}: relative error {err[worst].item():.2e} vs E5M2(grad_out) @ E4M3(weight), expected "
+        "≤ 1e-5: is grad_out scaled to E5M2's max (57344), not E4M3's (448)? Its small rows fall into subnormals")
+
+
+@pytest.mark.exercise("3.3", points=1)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gradients_close_to_fp32_linear(dtype):
     """Check the fp8 gradients are within a norm-wise relative error of 0.12 of fp32 nn.Linear's

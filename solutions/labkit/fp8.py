@@ -46,7 +46,7 @@ def amax_scale(amax, fmt=torch.float8_e4m3fn, margin: int = 0) -> torch.Tensor:
     amax = amax.reshape(())
     # BEGIN SOLUTION 3.3: the scale that maps amax onto the format's largest value (margin binades below); 1.0 when amax is 0
     if amax == 0:
-        return torch.ones((), dtype=torch.float32)
+        return torch.ones((), dtype=torch.float32, device=amax.device)
     return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)
     # END SOLUTION
 
@@ -94,7 +94,7 @@ class DelayedScaling:
         """The scale to quantise ``x`` with now (see the class); records x's amax afterwards."""
         # BEGIN SOLUTION 3.3: scale from the history's max (x's own amax if the history is empty), then record x's amax, keep the last history_len
         amax = float(x.detach().abs().max()) if x.numel() else 0.0
-        scale = amax_scale(max(self.history) if self.history else amax, self.fmt, self.margin)
+        scale = amax_scale(max(self.history) if self.history else amax, self.fmt, self.margin).to(x.device)
         self.history.append(amax)
         del self.history[:-self.history_len]
         return scale
@@ -102,7 +102,8 @@ class DelayedScaling:
 
 
 def _current(x: torch.Tensor, fmt) -> torch.Tensor:
-    return amax_scale(x.detach().abs().max().float() if x.numel() else 0.0, fmt)
+    """Current scaling: the scale from x's own amax, on x's device."""
+    return amax_scale(x.detach().abs().max().float() if x.numel() else 0.0, fmt).to(x.device)
 
 
 class Fp8Matmul(torch.autograd.Function):

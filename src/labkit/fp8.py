@@ -89,7 +89,8 @@ class DelayedScaling:
 
 
 def _current(x: torch.Tensor, fmt) -> torch.Tensor:
-    return amax_scale(x.detach().abs().max().float() if x.numel() else 0.0, fmt)
+    """Current scaling: the scale from x's own amax, on x's device."""
+    return amax_scale(x.detach().abs().max().float() if x.numel() else 0.0, fmt).to(x.device)
 
 
 class Fp8Matmul(torch.autograd.Function):
