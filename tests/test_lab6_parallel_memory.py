@@ -17,6 +17,7 @@ and ZeroRedundancyOptimizer's whole-tensor partition and step counters; stated i
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -68,22 +69,19 @@ def test_seed_worked_numbers(stage, consumer, want, cause):
 
 @pytest.mark.exercise("6.4", points=1)
 @pytest.mark.parametrize("recipe", list(memory_model.RECIPES))
-@pytest.mark.parametrize("optimizer", list(memory_model.OPTIMIZERS))
-def test_agrees_with_memory_model_for_data_parallelism(recipe, optimizer):
+def test_agrees_with_memory_model_for_data_parallelism(recipe):
     """D = N only, no recomputation, one micro-batch: equal to labkit.memory_model."""
     from labkit.parallel_memory import per_gpu_bytes
 
     shape = dict(n_layer=4, hidden=256, n_head=8, seq_len=128)
-    for stage in range(4):
-        for n in (1, 8):
-            want = memory_model.per_gpu_bytes(3e9, recipe, optimizer, stage, n, batch_size=2, **{
-                "n_layer": 4, "hidden": 256, "n_head": 8, "seq_len": 128})
-            got = per_gpu_bytes(3e9, world_size=n, dp=n, zero_stage=stage, recipe=recipe,
-                                optimizer=optimizer, micro_batch=2, **shape)
-            for c in memory_model.CONSUMERS:
-                assert close(got[c], want[c]), (
-                    f"{c}, {recipe} {optimizer}, ZeRO-{stage}, N = {n}: {got[c]:,.0f} B, memory_model says "
-                    f"{want[c]:,.0f}: with T = P = C = 1 the two models must agree")
+    for optimizer, stage, n in itertools.product(memory_model.OPTIMIZERS, range(4), (1, 8)):
+        want = memory_model.per_gpu_bytes(3e9, recipe, optimizer, stage, n, batch_size=2, **shape)
+        got = per_gpu_bytes(3e9, world_size=n, dp=n, zero_stage=stage, recipe=recipe,
+                            optimizer=optimizer, micro_batch=2, **shape)
+        for c in memory_model.CONSUMERS:
+            assert close(got[c], want[c]), (
+                f"{c}, {recipe} {optimizer}, ZeRO-{stage}, N = {n}: {got[c]:,.0f} B, memory_model says "
+                f"{want[c]:,.0f}: with T = P = C = 1 the two models must agree")
 
 
 @pytest.mark.exercise("6.4", points=1)
@@ -132,7 +130,7 @@ def test_first_pipeline_stage_holds_min_p_m_micro_batches(pp, n_micro):
     got = per_gpu_bytes(175e9, world_size=8 * pp, tp=8, pp=pp, micro_batch=1, n_micro=n_micro,
                         sequence_parallel=True, **GPT3)["activations"]
     assert close(got, want), (f"activations of stage 0, P = {pp}, m = {n_micro}: {got:,.0f} B, expected "
-                              f"L/P · min(P, m) · per layer = {want:,.0f}: how many micro-batches does 1F1B keep in flight?")
+                              f"L/P · min(P, m) · per layer = {want:,.0f}: does a stage hold L/P layers, and how many micro-batches does 1F1B keep in flight?")
 
 
 @pytest.mark.exercise("6.4", points=1)
