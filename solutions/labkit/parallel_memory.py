@@ -186,3 +186,36 @@ def fsdp2_step(rank: int, world_size: int, model: torch.nn.Module, batch) -> dic
     return {"parameters": sum(_local_bytes(p) for p in params),
             "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
             "optimizer states": sum(_local_bytes(v) for v in states)}
+
+
+def tensor_parallel_mlp_step(rank: int, world_size: int, model: torch.nn.Module, x: torch.Tensor) -> dict:
+    """One Adam step of the MLPs of ``model``'s blocks under tensor parallelism on gloo ranks.
+
+    ``parallelize_module`` shards each block's ``mlp.c_fc`` column-wise and ``mlp.c_proj``
+    row-wise (Megatron's MLP: one all-reduce in forward) over a 1-D CPU mesh of ``world_size``;
+    the MLPs run on the hidden states ``x`` (the same on every rank) and take one Adam step.
+    Returns this rank's bytes of the MLPs' parameters, gradients and optimizer states (local
+    shards; Adam's step counters excluded) and the number of MLP parameters.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    mlps = [block.mlp for block in model.h]
+    n_params = sum(p.numel() for m in mlps for p in m.parameters())
+    for mlp in mlps:
+        parallelize_module(mlp, mesh, {"c_fc": ColwiseParallel(), "c_proj": RowwiseParallel()})
+    params = [p for m in mlps for p in m.parameters()]
+    opt = torch.optim.Adam(params, lr=1e-3)
+    h = x
+    for mlp in mlps:
+        h = h + mlp(h)
+    h.pow(2).mean().backward()
+    opt.step()
+    states = [v for st in opt.state.values() for k, v in st.items()
+              if k != "step" and isinstance(v, torch.Tensor)]
+    return {"n_params": n_params,
+            "parameters": sum(_local_bytes(p) for p in params),
+            "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer states": sum(_local_bytes(v) for v in states)}
