@@ -95,7 +95,8 @@ def test_tensor_and_pipeline_parallelism_divide_the_static_state():
                         (3, 16 * local / 16)]:
         got = sum(static_bytes(PSI, world_size=512, dp=16, tp=8, pp=4, zero_stage=stage).values())
         assert close(got, want), (f"ZeRO-{stage}, D×T×P = 16×8×4: {got:,.0f} B, expected {want:,.0f} "
-                                  f"(Ψ/(T·P) parameters per GPU, ZeRO over D = 16): do T and P split the parameters?")
+                                  f"(Ψ/(T·P) parameters per GPU, ZeRO over D = 16): do T and P split the parameters, "
+                                  f"and does ZeRO shard over the D ranks that hold the same weights (not all GPUs)?")
 
 
 @pytest.mark.exercise("6.4", points=1)
