@@ -2,6 +2,7 @@
 from tools.mutants.mutant import Mutant
 
 CA, MP, DM, FU = "caching_allocator.py", "memory_planner.py", "device_mesh.py", "fusion.py"
+PM = "parallel_memory.py"
 
 MUTANTS = [
     # ------------------------------------------------------------------ 6.1 allocator
@@ -91,6 +92,34 @@ MUTANTS = [
            why="counts the axis from the innermost dimension"),
     Mutant("6.3", DM, find="        if c[dim] != 0:\n            continue\n", replace="",
            why="emits one group per rank (duplicates)"),
+    # ------------------------------------------------------------------ 6.4 parallel memory model
+    Mutant("6.4", PM, find="    local = n_params / (tp * pp)", replace="    local = n_params / tp",
+           why="forgets that pipeline parallelism splits the layers (parameters ÷ T only)"),
+    Mutant("6.4", PM, find="    n = dp * cp\n", replace="    n = world_size\n",
+           why="shards ZeRO over all GPUs instead of the ranks that hold the same weights"),
+    Mutant("6.4", PM, find='"gradients": zero_stage >= 2', replace='"gradients": zero_stage >= 1',
+           why="shards the gradients from stage 1 (stage 1 = stage 2)"),
+    Mutant("6.4", PM, find='"parameters": zero_stage >= 3', replace='"parameters": zero_stage >= 2',
+           why="shards the parameters already at stage 2"),
+    Mutant("6.4", PM, find="    unsplit = sbh * e if checkpointing == \"full\" else sbh * (4 * e + 2)",
+           replace="    unsplit = sbh * e if checkpointing == \"full\" else sbh * 5 * e",
+           why="counts the dropout masks at the activation element size instead of 1 byte"),
+    Mutant("6.4", PM, find="        split += a * s * s * b * (2 * e + 1)", replace="        split += a * s * s * b * 2 * e",
+           why="forgets the attention-dropout mask (1 byte per score)"),
+    Mutant("6.4", PM, find="    return (unsplit + split) / tp if sequence_parallel else unsplit + split / tp",
+           replace="    return (unsplit + split) / tp",
+           why="divides everything by T even without sequence parallelism"),
+    Mutant("6.4", PM, find="    if checkpointing == \"none\":\n        split +=", replace="    if checkpointing != \"full\":\n        split +=",
+           why="selective recomputation still keeps the attention scores"),
+    Mutant("6.4", PM, find="    s, b, h, a, e = seq_len // cp,", replace="    s, b, h, a, e = seq_len,",
+           why="context parallelism does not split the sequence"),
+    Mutant("6.4", PM, find="    in_flight = min(pp, n_micro)", replace="    in_flight = n_micro",
+           why="keeps all m micro-batches in flight (GPipe, not 1F1B)"),
+    Mutant("6.4", PM, find="    in_flight = min(pp, n_micro)", replace="    in_flight = 1",
+           why="forgets the micro-batches in flight under 1F1B"),
+    Mutant("6.4", PM, find="    out[\"activations\"] = (n_layer // pp) * in_flight * per_layer",
+           replace="    out[\"activations\"] = n_layer * in_flight * per_layer",
+           why="counts all layers on every pipeline stage"),
     # ------------------------------------------------------------------ 6.5 fusion
     Mutant("6.5", FU, find=("        ctx.save_for_backward(x)\n        t = torch.tanh(K * (x + A * x * x * x))\n"
                             "        return 0.5 * x * (1 + t)\n        # END SOLUTION\n\n    @staticmethod\n"
