@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from labkit.dist import launch
+from labkit.measure import peak_saved_bytes
 from labkit.models import GPT, GPTConfig, SyntheticData
 
 # float64: the same sum in another order (k partial sums instead of one) differs by a few ulps
@@ -122,45 +123,6 @@ def test_accumulation_rejects_bad_input():
     with pytest.raises(ValueError, match="weight"):
         accumulate_gradients(model, x, y, 2, weight="mean")
     assert all(p.grad is None for p in model.parameters()), "a gradient was computed before the error"
-
-
-def peak_saved_bytes(fn):
-    """Run ``fn()``; return the most bytes autograd held saved for backward at any moment.
-
-    A ``saved_tensors_hooks`` pack hook sees every tensor autograd saves (parameters and views
-    of them skipped: they live anyway) and wraps it in a small object that autograd keeps until
-    the graph is freed by backward; ``weakref.finalize`` on that object subtracts its bytes.
-    Each storage counts once while any saved view of it is alive. (MemTracker cannot be used
-    here: it refuses a root module called k times in one step.)"""
-    import weakref
-
-    live, refs, peak = {}, {}, [0]
-
-    class Saved:
-        __slots__ = ("t", "__weakref__")
-
-        def __init__(self, t):
-            self.t = t
-
-    def release(key):
-        refs[key] -= 1
-        if refs[key] == 0:
-            del refs[key], live[key]
-
-    def pack(t):
-        box = Saved(t)
-        base = t._base if t._base is not None else t
-        if not isinstance(base, torch.nn.Parameter):
-            key = t.untyped_storage().data_ptr()
-            live[key] = t.untyped_storage().nbytes()
-            refs[key] = refs.get(key, 0) + 1
-            weakref.finalize(box, release, key)
-            peak[0] = max(peak[0], sum(live.values()))
-        return box
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda box: box.t):
-        fn()
-    return peak[0]
 
 
 @pytest.mark.exercise("4.1", points=1)

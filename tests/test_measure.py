@@ -167,3 +167,21 @@ def test_measure_refuses_bad_input(call, error, words):
     """Every public function of labkit.measure names the bad argument and what is allowed."""
     with pytest.raises(error, match=words):
         call(torch.nn.Linear(2, 2))
+
+
+def test_peak_saved_bytes_counts_what_autograd_holds_at_its_most():
+    """Two chained products of a (64, 64) fp32 tensor: autograd saves x, w-free activations and
+    frees them in backward; the peak is what one forward saved (each storage once)."""
+    from labkit.measure import peak_saved_bytes
+
+    w = torch.nn.Parameter(torch.randn(64, 64))
+    x = torch.randn(64, 64, requires_grad=True)
+
+    def step():
+        h = x @ w          # saves x (w is a parameter: skipped)
+        y = (h * h).sum()  # saves h once (both operands are the same storage)
+        y.backward()
+
+    assert peak_saved_bytes(step) == 2 * 64 * 64 * 4
+    with pytest.raises(TypeError, match="fn"):
+        peak_saved_bytes(3)

@@ -26,6 +26,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from labkit.comm_count import count_comm
+from labkit.measure import peak_saved_bytes  # noqa: F401  (the lab and chapter import it from here)
 
 IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it count for nothing
 WEIGHTS = ("tokens", "samples")
@@ -111,43 +112,3 @@ def ddp_accumulation_worker(rank: int, world_size: int, model: torch.nn.Module, 
         out[k] = {"grads": [p.grad.detach().clone() for p in replica.parameters()],
                   "calls": dict(counts.calls), "bytes": dict(counts.bytes_sent)}
     return out
-
-
-def peak_saved_bytes(fn) -> int:
-    """Run ``fn()``; return the most bytes autograd held saved for backward at any moment.
-
-    A ``saved_tensors_hooks`` pack hook sees every tensor autograd saves (parameters and views
-    of them skipped: they live anyway) and wraps it in a small object that autograd keeps until
-    backward frees the graph; ``weakref.finalize`` on that object subtracts its bytes. Each
-    storage counts once while any saved view of it is alive. (``labkit.measure.measure_step``
-    cannot be used for accumulation: MemTracker refuses a root module called k times per step.)
-    """
-    import weakref
-
-    live, refs, peak = {}, {}, [0]
-
-    class _Saved:
-        __slots__ = ("t", "__weakref__")
-
-        def __init__(self, t):
-            self.t = t
-
-    def release(key):
-        refs[key] -= 1
-        if refs[key] == 0:
-            del refs[key], live[key]
-
-    def pack(t):
-        box = _Saved(t)
-        base = t._base if t._base is not None else t
-        if not isinstance(base, torch.nn.Parameter):
-            key = t.untyped_storage().data_ptr()
-            live[key] = t.untyped_storage().nbytes()
-            refs[key] = refs.get(key, 0) + 1
-            weakref.finalize(box, release, key)
-            peak[0] = max(peak[0], sum(live.values()))
-        return box
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda box: box.t):
-        fn()
-    return peak[0]
