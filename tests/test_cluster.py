@@ -18,15 +18,31 @@ ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
 DEADLINE = 240  # seconds for a whole torchrun job: it never hangs the suite
 
-SMALL = {  # demo -> (command-line options, the demo function's keyword arguments)
-    "zero1": (["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--vocab-size", "64",
-               "--seq", "16", "--batch", "2", "--steps", "2"],
-              dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64, seq=16, batch=2, steps=2, device="cpu")),
-    "ring_attention": (["--seq", "32", "--heads", "2", "--head-dim", "8"],
-                       dict(batch=1, heads=2, seq=32, head_dim=8, causal=False, device="cpu")),
+# Every demo in ONE torchrun job (one set of options; three fresh interpreters cost ~8 s CPU, so
+# one job instead of five keeps the file within its CPU budget) and in ONE in-process launch.
+OPTIONS = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--vocab-size", "64", "--seq", "16",
+           "--batch", "2", "--steps", "2", "--bucket-kb", "8", "--heads", "2", "--head-dim", "8",
+           "--layer", "attn"]
+GPT_KW = dict(n_layer=2, n_embd=32, n_head=2, vocab_size=64, seq=16, batch=2, steps=2, device="cpu")
+SMALL = {  # demo -> the demo function's keyword arguments that OPTIONS stand for
+    "zero1": GPT_KW,
+    "ring_attention": dict(batch=2, heads=2, seq=16, head_dim=8, causal=False, device="cpu"),
+    "tensor_parallel": dict(layer="attn", n_embd=32, n_head=2, seq=16, batch=2, device="cpu"),
+    "zero2": {**GPT_KW, "bucket_kb": 8},
+    "zero3": GPT_KW,
 }
 EXACT = {"zero1": ("psi", "state_bytes", "predicted_state_bytes", "bytes_sent_per_step", "calls"),
-         "ring_attention": ("peak_bytes", "bytes_sent", "predicted_bytes_sent", "calls")}
+         "ring_attention": ("peak_bytes", "bytes_sent", "predicted_bytes_sent", "calls"),
+         "tensor_parallel": ("param_bytes", "predicted_param_bytes", "bytes_sent", "predicted_bytes_sent",
+                             "forward_calls", "backward_calls"),
+         "zero2": ("psi", "shard_bytes", "predicted_shard_bytes", "peak_grad_bytes",
+                   "bytes_sent_per_step", "calls"),
+         "zero3": ("psi", "shard_bytes", "predicted_shard_bytes", "peak_live_bytes",
+                   "predicted_peak_live_bytes", "bytes_sent_per_step", "calls")}
+
+PREDICTED = {"tensor_parallel": (("param_bytes", "predicted_param_bytes"), ("bytes_sent", "predicted_bytes_sent")),
+             "zero2": (("shard_bytes", "predicted_shard_bytes"),),
+             "zero3": (("shard_bytes", "predicted_shard_bytes"), ("peak_live_bytes", "predicted_peak_live_bytes"))}
 
 
 def _torchrun(*args, env=None):
@@ -38,17 +54,30 @@ def _torchrun(*args, env=None):
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
+@pytest.fixture(scope="module")
+def torchrun_all():
+    """(completed process, {demo: printed json}) of one torchrun job running every demo."""
+    result = _torchrun(*cluster.DEMOS, *OPTIONS)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    printed = [json.loads(ln[len("json: "):]) for ln in result.stdout.splitlines() if ln.startswith("json: ")]
+    return result, {p["demo"]: p for p in printed}
+
+
+@pytest.fixture(scope="module")
+def launched_all():
+    """{demo: per-rank results} of the same demos under labkit.dist.launch in this process."""
+    results = launch(cluster.run_demos, 2, calls=[(d, SMALL[d]) for d in cluster.DEMOS], timeout=120)
+    return {d: [rank[i] for rank in results] for i, d in enumerate(cluster.DEMOS)}
+
+
 @pytest.mark.parametrize("demo", cluster.DEMOS)
-def test_torchrun_demo_prints_the_figures_of_the_in_process_run(demo):
+def test_torchrun_demo_prints_the_figures_of_the_in_process_run(demo, torchrun_all, launched_all):
     """Run the demo under torchrun (gloo, 2 ranks) and with labkit.dist.launch in this process:
     bytes, peaks and message counts must be the same numbers."""
-    options, kwargs = SMALL[demo]
-    result = _torchrun(demo, *options)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("json: "))
-    printed = json.loads(line[len("json: "):])
+    result, by_demo = torchrun_all
+    assert demo in by_demo, f"no json line for {demo}: " + result.stdout[-3000:]
+    printed, here = by_demo[demo], launched_all[demo]
     assert printed["world_size"] == 2 and [r["rank"] for r in printed["ranks"]] == [0, 1]
-    here = launch(getattr(cluster, f"{demo}_demo"), 2, **kwargs)
     for got, want in zip(printed["ranks"], here):
         for key in EXACT[demo]:
             assert got[key] == want[key], f"rank {got['rank']} {key}: torchrun {got[key]}, launch {want[key]}"
@@ -62,6 +91,11 @@ def test_torchrun_demo_prints_the_figures_of_the_in_process_run(demo):
             assert abs(got["peak_bytes"] - want["peak_bytes"]) <= slack, (
                 f"rank {got['rank']} peak_bytes: torchrun {got['peak_bytes']:,}, launch "
                 f"{want['peak_bytes']:,}: more apart than one flat gradient buffer ({slack:,} B)")
+    for got in printed["ranks"]:  # the chapter's prediction, exact at these sizes
+        for measured, predicted in PREDICTED.get(demo, ()):
+            assert got[measured] == got[predicted], (
+                f"rank {got['rank']} {measured} {got[measured]:,}, predicted {got[predicted]:,}")
+    if demo in ("zero1", "zero2", "zero3"):
         assert printed["ranks"][0]["final_loss"] == pytest.approx(here[0]["final_loss"], rel=1e-5)
     assert f"{demo} on 2 rank(s), gloo on cpu" in result.stdout
 
@@ -71,18 +105,21 @@ def test_a_failing_rank_shows_its_traceback_and_the_job_fails():
     env = {k: v for k, v in os.environ.items() if k != "LABKIT_SOLUTIONS"}
     result = subprocess.run(
         [TORCHRUN or "torchrun", "--standalone", "--nproc-per-node", "2", "-m", "labkit.cluster",
-         "ring_attention", *SMALL["ring_attention"][0], "--device", "cpu", "--timeout", "30"],
+         "ring_attention", "--seq", "32", "--heads", "2", "--head-dim", "8", "--device", "cpu", "--timeout", "30"],
         cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE, env={**env, "OMP_NUM_THREADS": "1"})
     assert result.returncode != 0
     assert "NotImplementedError: exercise" in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("args, env, words", [
-    (["nope"], {"RANK": "0"}, "unknown demo 'nope': choose one of zero1, ring_attention"),
+    (["nope"], {"RANK": "0"}, "unknown demo 'nope': choose one of zero1, ring_attention, tensor_parallel, zero2, zero3"),
     (["zero1"], {}, "not started by torchrun"),
     (["ring_attention", "--seq", "64"], {"WORLD_SIZE": "3"}, "use a multiple of the world size 3"),
     (["zero1", "--steps", "0"], {}, "--steps must be >= 1"),
     (["zero1", "--device", "cuda"], {}, "--device cuda, but torch.cuda.is_available() is False"),
+    (["tensor_parallel", "--layer", "attn", "--n-embd", "48", "--n-head", "3"], {},
+     "splits --n-head 3 heads over 2 ranks: use a multiple of the world size 2"),
+    (["zero2", "--bucket-kb", "0"], {}, "--bucket-kb must be >= 1"),
 ])
 def test_bad_input_is_a_message_and_exit_status_2(args, env, words):
     """Checked before any process group exists: nothing to hang on."""

@@ -23,6 +23,19 @@ Demos (``DEMOS``):
 - ``ring_attention``: attention over a sequence split into N chunks (``labkit.ring_attention``,
   lab 5): each rank's peak next to one device's peak over the whole sequence, bytes sent next
   to the ring's 2(N-1)·B·H·(S/N)·D elements.
+- ``tensor_parallel``: one layer of the course GPT (its MLP, or its attention with ``--layer
+  attn``) split over the N ranks (``labkit.tensor_parallel``, lab 3), forward and backward:
+  each rank's parameter bytes next to 1/N of the layer's (the row-parallel bias stays whole),
+  bytes sent next to two all-reduces of the (B, S, C) activation, one in forward, one in backward.
+- ``zero2``: data-parallel training with ZeRO-2 (``labkit.zero2``, lab 4): each rank's gradient
+  shard next to 4⌈Ψ/N⌉ B, the most ``.grad`` bytes alive during backward (full gradients are
+  freed bucket by bucket, ``--bucket-kb``) next to the full 4Ψ, bytes sent per step over 4Ψ.
+- ``zero3``: data-parallel training with ZeRO-3 (``labkit.zero3``, lab 3; CPU only: its buffers
+  live on the CPU): each rank's parameter shards next to Σ_units 4⌈Ψ_unit/N⌉ B, the most
+  gathered bytes next to the root unit plus the largest block, bytes sent per step over 4Ψ.
+
+Several demos in one job (``-m labkit.cluster zero1 zero2 zero3``) run one after another with
+the same options, each printing its table.
 
 Bad input (an unknown demo, a world size the demo cannot use, ``--device cuda`` without a GPU,
 no torchrun) ends with a message and exit status 2 before any collective starts.
@@ -39,7 +52,7 @@ import time
 import torch
 import torch.distributed as dist
 
-DEMOS = ("zero1", "ring_attention")
+DEMOS = ("zero1", "ring_attention", "tensor_parallel", "zero2", "zero3")
 
 
 class UsageError(Exception):
@@ -122,40 +135,142 @@ def ring_attention_demo(rank: int, world_size: int, *, batch: int, heads: int, s
             "calls": out["calls"], "step_seconds": seconds}
 
 
+def _gpt_and_batches(world_size: int, *, n_layer: int, n_embd: int, n_head: int, vocab_size: int,
+                     seq: int, batch: int, steps: int, device: str):
+    """The same initial course GPT on every rank and ``batches[step][rank]``."""
+    from labkit.models import GPT, GPTConfig, SyntheticData
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head,
+                    n_embd=n_embd)
+    model = GPT(cfg).to(device)
+    data = SyntheticData(vocab_size, seq, batch, seed=0, device=device)
+    return model, [[data.batch(step * world_size + r) for r in range(world_size)] for step in range(steps)]
+
+
+def _timed(device: str, fn, *args, **kwargs):
+    """(seconds, result) of ``fn(*args, **kwargs)``, the GPU's queue drained at both ends."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    result = fn(*args, **kwargs)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - started, result
+
+
+def tensor_parallel_demo(rank: int, world_size: int, *, layer: str, n_embd: int, n_head: int,
+                         seq: int, batch: int, device: str) -> dict:
+    """Forward and backward of one GPT layer (``layer``: "mlp" or "attn") split over the ranks."""
+    from labkit.models import GPTConfig, MLP, CausalSelfAttention
+    from labkit.tensor_parallel import run_tp
+
+    torch.manual_seed(0)  # the same full layer, input and output gradient on every rank
+    cfg = GPTConfig(vocab_size=16, block_size=seq, n_layer=1, n_head=n_head, n_embd=n_embd)
+    module = (MLP(cfg) if layer == "mlp" else CausalSelfAttention(cfg)).to(device)
+    x = torch.randn(batch, seq, n_embd, device=device)
+    grad_out = torch.randn(batch, seq, n_embd, device=device)
+    seconds, out = _timed(device, run_tp, rank, world_size, layer, module, x, grad_out)
+    full = sum(p.numel() for p in module.parameters())
+    whole = 0 if module.c_proj.bias is None else module.c_proj.bias.numel()  # replicated
+    size = x.element_size()
+    sent = sum(out["forward"]["bytes"].values()) + sum(out["backward"]["bytes"].values())
+    return {"rank": rank, "layer": layer, "full_param_bytes": size * full,
+            "param_bytes": int(out["param_bytes"]),
+            "predicted_param_bytes": size * ((full - whole) // world_size + whole),
+            "bytes_sent": int(sent), "predicted_bytes_sent": 2 * size * batch * seq * n_embd,
+            "forward_calls": out["forward"]["calls"], "backward_calls": out["backward"]["calls"],
+            "step_seconds": seconds}
+
+
+def zero2_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_head: int,
+               vocab_size: int, seq: int, batch: int, steps: int, bucket_kb: int, device: str) -> dict:
+    """Train the course GPT for ``steps`` steps with ZeRO-2 on this rank; measure it."""
+    from labkit.zero2 import train_zero2
+
+    model, batches = _gpt_and_batches(world_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                                      vocab_size=vocab_size, seq=seq, batch=batch, steps=steps,
+                                      device=device)
+    psi = sum(p.numel() for p in model.parameters())
+    seconds, out = _timed(device, train_zero2, rank, world_size, model, batches,
+                          bucket_cap_bytes=bucket_kb * 1024, reference=False)
+    sent = sum(sum(c["bytes_sent"].values()) for c in out["comm"])
+    calls = {}
+    for c in out["comm"]:
+        for op, n in c["calls"].items():
+            calls[op] = calls.get(op, 0) + n
+    return {"rank": rank, "psi": psi, "shard_bytes": int(out["shard_bytes"]),
+            "predicted_shard_bytes": 4 * -(-psi // world_size),
+            "peak_grad_bytes": int(out["peak_grad_bytes"]), "full_grad_bytes": 4 * psi,
+            "bytes_sent_per_step": sent // steps, "sent_over_4psi": sent / steps / (4 * psi),
+            "calls": calls, "final_loss": out["losses"][-1], "step_seconds": seconds / steps}
+
+
+def zero3_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_head: int,
+               vocab_size: int, seq: int, batch: int, steps: int, device: str) -> dict:
+    """Train the course GPT for ``steps`` steps with ZeRO-3 on this rank; measure it."""
+    from labkit.zero3 import train_zero3
+
+    model, batches = _gpt_and_batches(world_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                                      vocab_size=vocab_size, seq=seq, batch=batch, steps=steps,
+                                      device=device)
+    psi = sum(p.numel() for p in model.parameters())
+    seconds, out = _timed(device, train_zero3, rank, world_size, model, batches)
+    padded = [world_size * -(-n // world_size) for n in out["unit_numels"]]  # blocks, then root
+    sent = sum(sum(c["bytes"].values()) for c in out["comm"])
+    calls = {}
+    for c in out["comm"]:
+        for op, n in c["calls"].items():
+            calls[op] = calls.get(op, 0) + n
+    return {"rank": rank, "psi": psi, "shard_bytes": int(out["shard_bytes"]),
+            "predicted_shard_bytes": sum(4 * (n // world_size) for n in padded),
+            "peak_live_bytes": int(out["peak_live_bytes"]),
+            "predicted_peak_live_bytes": 4 * (padded[-1] + max(padded[:-1])),
+            "bytes_sent_per_step": sent // steps, "sent_over_4psi": sent / steps / (4 * psi),
+            "calls": calls, "final_loss": out["losses"][-1], "step_seconds": seconds / steps}
+
+
 # ------------------------------------------------------------------ command line
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m labkit.cluster",
                                 description="Run a distributed demo of the course under torchrun.")
-    p.add_argument("demo", help=f"one of: {', '.join(DEMOS)}")
+    p.add_argument("demo", nargs="+",
+                   help=f"one or more of: {', '.join(DEMOS)} (several: run one after another "
+                        "in the same job, with the same options)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto: each rank's local GPU if there is one, else the CPU")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds before a rank stuck in a collective gives up (default 300)")
-    p.add_argument("--steps", type=int, default=3, help="zero1: training steps (default 3)")
-    p.add_argument("--n-layer", type=int, default=None, help="zero1: layers (default: the lab's)")
-    p.add_argument("--n-embd", type=int, default=None, help="zero1: width (default: the lab's)")
-    p.add_argument("--n-head", type=int, default=None, help="zero1: heads (default: the lab's)")
-    p.add_argument("--vocab-size", type=int, default=None, help="zero1: vocabulary (default: the lab's)")
+    p.add_argument("--steps", type=int, default=3, help="zero1/2/3: training steps (default 3)")
+    p.add_argument("--n-layer", type=int, default=None, help="zero1/2/3: layers (default: the lab's)")
+    p.add_argument("--n-embd", type=int, default=None, help="zero1/2/3, tensor_parallel: width (default: the lab's)")
+    p.add_argument("--n-head", type=int, default=None, help="zero1/2/3, tensor_parallel: heads (default: the lab's)")
+    p.add_argument("--vocab-size", type=int, default=None, help="zero1/2/3: vocabulary (default: the lab's)")
     p.add_argument("--batch", type=int, default=None, help="sequences per rank (default 4; ring: 1)")
     p.add_argument("--seq", type=int, default=None,
-                   help="sequence length (zero1: the lab's block size; ring_attention: 256)")
+                   help="sequence length (default: the lab's block size; ring_attention: 256)")
     p.add_argument("--heads", type=int, default=4, help="ring_attention: heads (default 4)")
     p.add_argument("--head-dim", type=int, default=32, help="ring_attention: head size (default 32)")
     p.add_argument("--causal", action="store_true", help="ring_attention: causal attention")
+    p.add_argument("--layer", default="mlp", choices=("mlp", "attn"),
+                   help="tensor_parallel: the layer to split (default mlp)")
+    p.add_argument("--bucket-kb", type=int, default=25 * 1024,
+                   help="zero2: gradient bucket size in KiB (default 25600, DDP's 25 MiB)")
     return p
 
 
 def demo_call(args: argparse.Namespace, world_size: int, device: str):
     """(function, keyword arguments) of the demo, after checking what it needs."""
     positive = {name: getattr(args, name) for name in
-                ("steps", "n_layer", "n_embd", "n_head", "vocab_size", "batch", "seq", "heads", "head_dim")}
+                ("steps", "n_layer", "n_embd", "n_head", "vocab_size", "batch", "seq", "heads", "head_dim",
+                 "bucket_kb")}
     bad = {k: v for k, v in positive.items() if v is not None and v < 1}
     if bad:
         raise UsageError(f"--{next(iter(bad)).replace('_', '-')} must be >= 1, got {next(iter(bad.values()))}")
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    if args.demo == "zero1":
+    if args.demo in ("zero1", "zero2", "zero3", "tensor_parallel"):
         from labkit.models import lab_config
 
         cfg = lab_config(device)
@@ -165,7 +280,24 @@ def demo_call(args: argparse.Namespace, world_size: int, device: str):
                       device=device)
         if kwargs["n_embd"] % kwargs["n_head"]:
             raise UsageError(f"--n-embd {kwargs['n_embd']} must be a multiple of --n-head {kwargs['n_head']}")
-        return zero1_demo, kwargs
+        if args.demo == "zero1":
+            return zero1_demo, kwargs
+        if args.demo == "zero2":
+            return zero2_demo, {**kwargs, "bucket_kb": args.bucket_kb}
+        if args.demo == "zero3":
+            if device != "cpu":
+                raise UsageError("zero3 runs on the CPU only (labkit.zero3 keeps its shards and "
+                                 "buffers on the CPU): use --device cpu")
+            return zero3_demo, kwargs
+        n_embd, n_head = kwargs["n_embd"], kwargs["n_head"]
+        if args.layer == "mlp" and (4 * n_embd) % world_size:
+            raise UsageError(f"tensor_parallel splits the MLP's 4·--n-embd = {4 * n_embd} columns "
+                             f"over {world_size} ranks: use a multiple of the world size {world_size}")
+        if args.layer == "attn" and n_head % world_size:
+            raise UsageError(f"tensor_parallel splits --n-head {n_head} heads over {world_size} "
+                             f"ranks: use a multiple of the world size {world_size}")
+        return tensor_parallel_demo, dict(layer=args.layer, n_embd=n_embd, n_head=n_head,
+                                          seq=kwargs["seq"], batch=kwargs["batch"], device=device)
     if args.demo == "ring_attention":
         seq = args.seq or 256
         if seq % world_size:
@@ -188,6 +320,35 @@ def table(demo: str, results: list[dict], world_size: int, backend: str, device:
             lines.append(f"{r['rank']:>4} {r['state_bytes']:>18,} {r['predicted_state_bytes']:>15,} "
                          f"{r['peak_bytes']:>12,} {r['bytes_sent_per_step']:>12,} "
                          f"{r['sent_over_4psi']:>9.2f} {r['step_seconds']:>8.3f}")
+    elif demo == "tensor_parallel":
+        r0 = results[0]
+        lines.append(f"one {r0['layer']} layer: {r0['full_param_bytes']:,} B of parameters in all; "
+                     f"all-reduces forward {r0['forward_calls']}, backward {r0['backward_calls']}")
+        lines.append(f"{'rank':>4} {'param B':>12} {'predicted':>12} {'sent B':>12} "
+                     f"{'predicted 2·BSC·4':>18} {'step s':>8}")
+        for r in results:
+            lines.append(f"{r['rank']:>4} {r['param_bytes']:>12,} {r['predicted_param_bytes']:>12,} "
+                         f"{r['bytes_sent']:>12,} {r['predicted_bytes_sent']:>18,} {r['step_seconds']:>8.3f}")
+    elif demo == "zero2":
+        psi = results[0]["psi"]
+        lines.append(f"model: {psi:,} parameters (Ψ); full fp32 gradient 4Ψ = {4 * psi:,} B; "
+                     f"calls over all steps {results[0]['calls']}")
+        lines.append(f"{'rank':>4} {'grad shard B':>13} {'predicted 4Ψ/N':>15} {'peak .grad B':>13} "
+                     f"{'of 4Ψ':>6} {'sent B/step':>12} {'sent/(4Ψ)':>9} {'step s':>8}")
+        for r in results:
+            lines.append(f"{r['rank']:>4} {r['shard_bytes']:>13,} {r['predicted_shard_bytes']:>15,} "
+                         f"{r['peak_grad_bytes']:>13,} {r['peak_grad_bytes'] / r['full_grad_bytes']:>6.2f} "
+                         f"{r['bytes_sent_per_step']:>12,} {r['sent_over_4psi']:>9.2f} {r['step_seconds']:>8.3f}")
+    elif demo == "zero3":
+        psi = results[0]["psi"]
+        lines.append(f"model: {psi:,} parameters (Ψ); fp32 parameters 4Ψ = {4 * psi:,} B; "
+                     f"calls over all steps {results[0]['calls']}")
+        lines.append(f"{'rank':>4} {'param shards B':>15} {'predicted':>12} {'peak gathered B':>16} "
+                     f"{'root+block':>12} {'sent B/step':>12} {'sent/(4Ψ)':>9} {'step s':>8}")
+        for r in results:
+            lines.append(f"{r['rank']:>4} {r['shard_bytes']:>15,} {r['predicted_shard_bytes']:>12,} "
+                         f"{r['peak_live_bytes']:>16,} {r['predicted_peak_live_bytes']:>12,} "
+                         f"{r['bytes_sent_per_step']:>12,} {r['sent_over_4psi']:>9.2f} {r['step_seconds']:>8.3f}")
     else:
         single = results[0]["single_device_peak_bytes"]
         lines.append(f"one device over the whole sequence: peak {single:,} B")
@@ -223,14 +384,26 @@ def _device(choice: str, local_rank: int) -> str:
     return "cpu"
 
 
+def run_demos(rank: int, world_size: int, calls: list) -> list[dict]:
+    """Run the demos ``calls = [(name, keyword arguments), ...]`` one after another on this rank."""
+    return [globals()[f"{name}_demo"](rank, world_size, **kwargs) for name, kwargs in calls]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        if args.demo not in DEMOS:
-            raise UsageError(f"unknown demo {args.demo!r}: choose one of {', '.join(DEMOS)}")
+        for demo in args.demo:
+            if demo not in DEMOS:
+                raise UsageError(f"unknown demo {demo!r}: choose one of {', '.join(DEMOS)}")
         rank, world_size, local_rank = _torchrun_env()
-        device = _device(args.device, local_rank)
-        fn, kwargs = demo_call(args, world_size, device)
+        # zero3's buffers live on the CPU: there "auto" means the CPU (an explicit cuda is refused)
+        choice = "cpu" if "zero3" in args.demo and args.device == "auto" else args.device
+        device = _device(choice, local_rank)
+        calls = []
+        for demo in args.demo:
+            args_one = argparse.Namespace(**{**vars(args), "demo": demo})
+            fn, kwargs = demo_call(args_one, world_size, device)
+            calls.append((demo, kwargs))
     except UsageError as exc:
         print(f"labkit.cluster: {exc}", file=sys.stderr)
         return 2
@@ -241,11 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from labkit.dist import launch
 
-        mine = launch(fn, world_size, **kwargs)[0]  # inside torchrun: runs here, on this group
+        mine = launch(run_demos, world_size, calls=calls)[0]  # inside torchrun: runs here, on this group
         gathered = [None] * world_size
         dist.all_gather_object(gathered, mine)
         if rank == 0:
-            print(table(args.demo, gathered, world_size, backend, device), flush=True)
+            for i, (demo, _) in enumerate(calls):
+                print(table(demo, [g[i] for g in gathered], world_size, backend, device), flush=True)
         dist.barrier()
     finally:
         dist.destroy_process_group()
