@@ -151,4 +151,43 @@ MUTANTS = [
     Mutant("5.7", "ring_attention.py", find="        src = (rank - step) % world_size",
            replace="        src = (rank + step) % world_size",
            why="wrong direction: thinks the block came from rank r+t"),
+    # ---- 5.8 sequence parallelism (g / ḡ)
+    Mutant("5.8", "sequence_parallel.py",
+           find="        return _reduce_scatter_seq(grad, ctx.dim, ctx.group), None, None",
+           replace="        per = grad.shape[ctx.dim] // dist.get_world_size(ctx.group)\n"
+                   "        return grad.narrow(ctx.dim, dist.get_rank(ctx.group) * per, per).contiguous(), None, None",
+           why="g's backward slices the gradient without summing the ranks' partial gradients"),
+    Mutant("5.8", "sequence_parallel.py",
+           find="        return _all_gather_seq(grad, ctx.dim, ctx.group), None, None",
+           replace="        return grad.repeat_interleave(dist.get_world_size(ctx.group), dim=ctx.dim), None, None",
+           why="ḡ's backward repeats its own gradient instead of gathering the ranks' slices"),
+    Mutant("5.8", "sequence_parallel.py",
+           find="        h = h + self.proj_bias\n        return x + self.dropout(h)",
+           replace="        h = h + self.proj_bias\n        return self.dropout(h)",
+           why="forgets the residual connection"),
+    Mutant("5.8", "sequence_parallel.py",
+           find="        h = F.linear(F.gelu(F.linear(h, self.fc_weight, self.fc_bias)), self.proj_weight)\n"
+                "        h = reduce_scatter_to_sp(h, 1, self.group)\n        if self.proj_bias is not None:\n"
+                "            h = h + self.proj_bias",
+           replace="        h = F.linear(F.gelu(F.linear(h, self.fc_weight, self.fc_bias)), self.proj_weight, self.proj_bias)\n"
+                   "        h = reduce_scatter_to_sp(h, 1, self.group)\n        if False:\n            pass",
+           why="adds the row-parallel bias before the reduce-scatter: T times"),
+    Mutant("5.8", "sequence_parallel.py",
+           find="        h = gather_from_sp(self.ln(x), 1, self.group)",
+           replace="        h = self.ln(gather_from_sp(x, 1, self.group))",
+           why="gathers before the LayerNorm: the norm runs on the whole sequence (plain tensor parallelism)"),
+    Mutant("5.8", "sequence_parallel.py",
+           find="    x0 = x.movedim(dim, 0).contiguous()\n    out = x0.new_empty((T * x0.shape[0],)",
+           replace="    x0 = x.contiguous()\n    out = x0.new_empty((T * x0.shape[0],)",
+           why="gathers along the batch dimension, not the sequence"),
+    Mutant("5.8", "sequence_parallel.py",
+           find="    if x.shape[dim] % T:\n",
+           replace="    if x.shape[dim] < T:\n",
+           why="checks only that the sequence is at least T long, not that it divides"),
+    Mutant("5.8", "sequence_parallel.py",
+           find="        return _reduce_scatter_seq(grad, ctx.dim, ctx.group), None, None",
+           replace="        grad = grad.contiguous().clone()\n        dist.all_reduce(grad, group=ctx.group)\n"
+                   "        per = grad.shape[ctx.dim] // dist.get_world_size(ctx.group)\n"
+                   "        return grad.narrow(ctx.dim, dist.get_rank(ctx.group) * per, per).contiguous(), None, None",
+           why="all-reduces then slices in g's backward: right values, twice the ring bytes"),
 ]
