@@ -1,0 +1,188 @@
+"""A real pipeline: the course GPT cut into P stages on P ranks, micro-batches sent with send/recv.
+
+Pipeline parallelism (Huang et al. 2019, arXiv 1811.06965; Narayanan et al. 2021, arXiv
+2104.04473) keeps on each of P devices only a slice of consecutive layers. A batch is cut into M
+micro-batches; stage s receives a micro-batch's activation from stage s−1, runs its layers and
+sends the output to stage s+1; in backward it receives the gradient of its output from stage
+s+1 and sends the gradient of its input to stage s−1. Which action a stage runs when is the
+*schedule* (exercise 3.5): this module's runner executes any given per-stage action list.
+
+A stage must keep each micro-batch's input and output (and the graph autograd saved between
+them) from its forward until its backward, so the activations a stage holds are proportional to
+the number of micro-batches in flight: M under GPipe, at most P−s under 1F1B.
+
+Lab 3, exercise 3.6 (:func:`run_stage`); :func:`split_gpt` and :func:`pipeline_worker` are
+infrastructure. Chapter 3 (book/03_parameters.md).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from labkit.comm_count import count_comm
+from labkit.measure import peak_saved_bytes
+from labkit.models import GPT, GPTConfig
+
+__all__ = ["GPTStage", "split_gpt", "check_actions", "run_stage", "pipeline_worker"]
+
+
+class GPTStage(nn.Module):
+    """Blocks ``first``..``last−1`` of a GPT; stage 0 also has the embeddings, the last stage
+    ``ln_f`` and ``lm_head``. Parameter names are the full model's (``h.2.attn.c_attn.weight``).
+
+    ``n_embd``: the width C of the activations between stages. ``forward(x)``: token ids (B, T) on the first stage, activations (B, T, C) elsewhere;
+    returns activations (B, T, C), or logits (B, T, V) on the last stage."""
+
+    def __init__(self, model: GPT, first: int, last: int, is_first: bool, is_last: bool):
+        super().__init__()
+        model = copy.deepcopy(model)
+        self.is_first, self.is_last = is_first, is_last
+        self.n_embd = model.config.n_embd
+        if is_first:
+            self.wte, self.wpe, self.drop = model.wte, model.wpe, model.drop
+        self.h = nn.ModuleDict({str(i): model.h[i] for i in range(first, last)})
+        if is_last:
+            self.ln_f, self.lm_head = model.ln_f, model.lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_first:
+            pos = torch.arange(x.shape[1], device=x.device)
+            x = self.drop(self.wte(x) + self.wpe(pos))
+        for block in self.h.values():
+            x = block(x)
+        if self.is_last:
+            x = self.lm_head(self.ln_f(x))
+        return x
+
+
+def split_gpt(model: GPT, num_stages: int) -> list[GPTStage]:
+    """Cut ``model`` into ``num_stages`` stages of n_layer / num_stages blocks each (copies).
+
+    The tied embedding / output weight becomes two parameters (``wte.weight`` on stage 0,
+    ``lm_head.weight`` on the last stage) when num_stages > 1: its gradient is their sum."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a labkit.models.GPT, got {type(model).__name__}")
+    n = model.config.n_layer
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1 \
+            or n % num_stages:
+        raise ValueError(f"num_stages must be an int >= 1 dividing n_layer = {n}, got {num_stages!r}")
+    k = n // num_stages
+    return [GPTStage(model, s * k, (s + 1) * k, s == 0, s == num_stages - 1)
+            for s in range(num_stages)]
+
+
+def check_actions(actions, num_microbatches: int) -> list[tuple[str, int]]:
+    """Validate one stage's action list: each ``("F", m)`` and ``("B", m)`` for m in 0..M−1
+    exactly once, every B after its F. Returns the list as ``(kind, m)`` tuples."""
+    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) \
+            or num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be an int >= 1, got {num_microbatches!r}")
+    if not isinstance(actions, (list, tuple)):
+        raise ValueError(f"actions must be a list of ('F' | 'B', micro-batch) pairs, got "
+                         f"{type(actions).__name__}")
+    out, seen = [], set()
+    for a in actions:
+        if not isinstance(a, (list, tuple)) or len(a) != 2 or a[0] not in ("F", "B") \
+                or isinstance(a[1], bool) or not isinstance(a[1], int) \
+                or not 0 <= a[1] < num_microbatches:
+            raise ValueError(f"actions: each action must be ('F' | 'B', m) with m in "
+                             f"0..{num_microbatches - 1}, got {a!r}")
+        kind, m = a[0], a[1]
+        if (kind, m) in seen or (kind == "B" and ("F", m) not in seen):
+            raise ValueError(f"actions: {a!r} repeated, or a backward before its forward")
+        seen.add((kind, m))
+        out.append((kind, m))
+    if len(seen) != 2 * num_microbatches:
+        raise ValueError(f"actions must hold F and B of micro-batches 0..{num_microbatches - 1} "
+                         f"once each, got {len(seen)} of {2 * num_microbatches}")
+    return out
+
+
+def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
+              targets: list[torch.Tensor], *, rank: int, world_size: int):
+    """Run one pipeline step of this rank's ``stage``, action by action, over real send/recv.
+
+    Rank r holds stage r of ``world_size``; ``inputs``/``targets`` are the M micro-batches of
+    token ids and targets (every rank gets them: rank 0 feeds ``inputs[m]`` to its stage, the
+    last rank uses ``targets[m]``, the others only their shapes). For ``("F", m)``: a rank other
+    than 0 receives micro-batch m's activation (float32, (b, T, n_embd)) from rank r−1; the stage
+    runs; a rank other than the last sends the output to rank r+1, the last rank computes
+    loss_m = cross-entropy(logits, targets[m]) / M. For ``("B", m)``: the last rank backpropagates
+    loss_m, another rank receives the gradient of its output of m from rank r+1 and
+    backpropagates it; a rank other than 0 then sends the gradient of its input to rank r−1.
+
+    Guarantees: the stage's parameters' ``.grad`` accumulate the gradient of the batch's mean
+    loss (equal micro-batches); each F and B moves exactly one tensor each way it must; what is
+    kept for micro-batch m is released by its backward; a send never waits for its receiver
+    (both neighbours may be sending at the same time), and all sends have completed on return.
+
+    Returns the batch's loss (a 0-dim tensor, sum of the loss_m) on the last rank, None elsewhere.
+    """
+    M = len(inputs)
+    actions = check_actions(actions, M)
+    if len(targets) != M:
+        raise ValueError(f"targets must hold M = {M} micro-batches like inputs, got {len(targets)}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1 \
+            or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in 0..world_size−1, got rank={rank!r}, "
+                         f"world_size={world_size!r}")
+    # BEGIN SOLUTION 3.6: execute each action: receive, run, send; keep what backward needs per micro-batch until its backward
+    first, last = rank == 0, rank == world_size - 1
+    stash, pending, total = {}, [], None
+    for kind, m in actions:
+        if kind == "F":
+            if first:
+                x = inputs[m]
+            else:
+                b, t = inputs[m].shape
+                x = torch.empty(b, t, stage.n_embd)
+                dist.recv(x, src=rank - 1)
+                x.requires_grad_()
+            out = stage(x)
+            if last:
+                out = F.cross_entropy(out.reshape(-1, out.shape[-1]), targets[m].reshape(-1)) / M
+                total = out.detach() if total is None else total + out.detach()
+            else:
+                pending.append(dist.isend(out.detach(), dst=rank + 1))
+            stash[m] = (x, out)
+        else:
+            x, out = stash.pop(m)
+            if last:
+                out.backward()
+            else:
+                grad = torch.empty_like(out)
+                dist.recv(grad, src=rank + 1)
+                out.backward(grad)
+            if not first:
+                pending.append(dist.isend(x.grad, dst=rank - 1))
+            del x, out
+    for work in pending:
+        work.wait()
+    return total
+    # END SOLUTION
+
+
+def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, actions_by_stage,
+                    x: torch.Tensor, y: torch.Tensor, num_microbatches: int) -> dict:
+    """Run by ``labkit.dist.launch``: build the GPT from ``state``, take stage ``rank``, run
+    :func:`run_stage` on the batch (x, y) cut into ``num_microbatches`` with this rank's actions.
+
+    Returns ``{"loss", "grads": {name: grad}, "peak_saved": bytes autograd held at most
+    (labkit.measure.peak_saved_bytes), "calls": {op: n}, "bytes": {op: B}}`` (count_comm)."""
+    model = GPT(cfg)
+    model.load_state_dict(state)
+    stage = split_gpt(model, world_size)[rank]
+    inputs = [t.clone() for t in x.chunk(num_microbatches)]  # own storages: counted apart
+    targets = [t.clone() for t in y.chunk(num_microbatches)]
+    box = {}
+    with count_comm() as c:
+        peak = peak_saved_bytes(lambda: box.setdefault("loss", run_stage(
+            stage, actions_by_stage[rank], inputs, targets, rank=rank, world_size=world_size)))
+    dist.barrier()
+    return {"loss": box["loss"], "peak_saved": peak,
+            "grads": {n: p.grad for n, p in stage.named_parameters()},
+            "calls": dict(c.calls), "bytes": dict(c.bytes_sent)}

@@ -1,0 +1,200 @@
+"""Graders of Lab 3, exercise 3.6 (labs/03_parameters.ipynb): a pipeline over send/recv.
+
+The course GPT (``lab_config("cpu")``, 4 blocks) is cut into P = 2 stages on 2 real gloo ranks
+(``labkit.dist.launch``); a batch of M micro-batches of b = 2 sequences runs under a GPipe or a
+1F1B action list WRITTEN OUT HERE (not taken from exercise 3.5: each exercise is graded alone).
+
+References nobody in this course wrote: the single-device GPT's ``loss.backward()`` on the whole
+batch (gradients and loss); the activation bytes autograd saves for ONE micro-batch's forward
+on the same stage, measured here by ``labkit.measure.peak_saved_bytes`` (a stage with k
+micro-batches in flight must hold k times that: k = M under GPipe, min(P−s, M) under 1F1B,
+Narayanan et al. 2021); and the formula for the point-to-point traffic (``count_comm``).
+
+Tolerances: gradients and loss are float32 sums of the same terms in another order (M
+micro-batch means of 1/M weight instead of one batch mean): rtol 1e-5, atol 1e-7 (measured
+relative error ~1e-6 of the largest entry). Saved bytes, calls and bytes sent are exact.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+P, B_MICRO, T = 2, 2, 32
+
+# Per-stage action lists for P = 2 (stage 0, stage 1), written out by hand.
+GPIPE = {
+    2: [[("F", 0), ("F", 1), ("B", 0), ("B", 1)]] * 2,
+    4: [[("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("B", 1), ("B", 2), ("B", 3)]] * 2,
+}
+ONE_F_ONE_B = {
+    2: [[("F", 0), ("F", 1), ("B", 0), ("B", 1)],
+        [("F", 0), ("B", 0), ("F", 1), ("B", 1)]],
+    4: [[("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)],
+        [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3)]],
+}
+SCHEDULES = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B}
+
+
+def setup(M):
+    from labkit.models import GPT, SyntheticData, lab_config
+
+    torch.manual_seed(0)
+    cfg = lab_config("cpu")
+    model = GPT(cfg)
+    x, y = SyntheticData(cfg.vocab_size, T, B_MICRO * M, seed=1).batch(0)
+    return cfg, model, x, y
+
+
+@functools.lru_cache(maxsize=None)
+def run(kind, M):
+    from labkit.dist import launch
+    from labkit.pipeline import pipeline_worker
+
+    cfg, model, x, y = setup(M)
+    return launch(pipeline_worker, P, cfg, model.state_dict(), SCHEDULES[kind][M], x, y, M,
+                  timeout=60.0)
+
+
+@functools.lru_cache(maxsize=None)
+def one_microbatch_saved_bytes(stage_index, M):
+    """Bytes autograd saves for one micro-batch's forward on this stage (loss included on the
+    last), with its output kept alive: the unit of activation memory of a micro-batch in flight."""
+    from labkit.measure import peak_saved_bytes
+    from labkit.pipeline import split_gpt
+
+    cfg, model, x, y = setup(M)
+    stage = split_gpt(model, P)[stage_index]
+    xin = x[:B_MICRO].clone() if stage_index == 0 else torch.randn(
+        B_MICRO, T, cfg.n_embd, requires_grad=True)
+    keep = []
+
+    def fwd():
+        out = stage(xin)
+        if stage_index == P - 1:
+            out = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                                    y[:B_MICRO].clone().reshape(-1)) / M
+        keep.append(out)
+    return peak_saved_bytes(fwd)
+
+
+@pytest.mark.exercise("3.6", points=3)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_gradients_equal_the_single_device_model(kind):
+    """Check every parameter's gradient (tied wte/lm_head: the sum of both stages') equals the
+    single-device GPT's on the whole batch, P = 2, M = 4."""
+    M = 4
+    cfg, model, x, y = setup(M)
+    loss = model(x, y)
+    loss.backward()
+    res = run(kind, M)
+    got = {}
+    for r in res:
+        for name, g in r["grads"].items():
+            assert g is not None, (f"{kind}: {name} has no gradient after the step: did every "
+                                   "micro-batch's backward run on this stage?")
+            name = "wte.weight" if name == "lm_head.weight" else name
+            got[name] = got[name] + g if name in got else g
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7, msg=lambda m: (
+            f"{kind}, gradient of {name}: {m} — is loss_m divided by M, is the received gradient "
+            "the one of this micro-batch's output, and is the input's gradient sent back?"))
+
+
+@pytest.mark.exercise("3.6", points=1)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_last_rank_returns_the_batch_loss(kind):
+    """Check the last rank returns the whole batch's mean loss (the single-device model's), the
+    other ranks None."""
+    M = 4
+    cfg, model, x, y = setup(M)
+    res = run(kind, M)
+    assert all(r["loss"] is None for r in res[:-1]), f"{kind}: only the last rank returns a loss"
+    assert res[-1]["loss"] is not None, f"{kind}: the last rank returned no loss"
+    with torch.no_grad():
+        want = model(x, y)
+    torch.testing.assert_close(res[-1]["loss"], want, rtol=1e-5, atol=1e-7, msg=lambda m: (
+        f"{kind}, loss: {m} — the last rank must return the sum of loss_m = CE/M over micro-batches"))
+
+
+@pytest.mark.exercise("3.6", points=2)
+def test_gpipe_holds_the_activations_of_all_m_microbatches():
+    """Check under GPipe each stage's peak of saved activations is M × one micro-batch's,
+    for M = 2 and M = 4 (it grows with M)."""
+    for M in (2, 4):
+        res = run("gpipe", M)
+        for s in range(P):
+            one = one_microbatch_saved_bytes(s, M)
+            got = res[s]["peak_saved"]
+            assert got == M * one, (
+                f"GPipe M={M}, stage {s}: peak saved activations {got:,} B, expected M × "
+                f"{one:,} = {M * one:,} B: does each forward run on the micro-batch's own input "
+                "and keep its graph until its backward, and nothing more?")
+
+
+@pytest.mark.exercise("3.6", points=2)
+def test_1f1b_holds_at_most_p_minus_s_microbatches():
+    """Check under 1F1B stage s's peak of saved activations is min(P−s, M) × one micro-batch's
+    for M = 2 and 4 (bounded by P, not M)."""
+    for M in (2, 4):
+        res = run("1f1b", M)
+        for s in range(P):
+            one, k = one_microbatch_saved_bytes(s, M), min(P - s, M)
+            got = res[s]["peak_saved"]
+            assert got == k * one, (
+                f"1F1B M={M}, stage {s}: peak saved activations {got:,} B, expected min(P−s, M) "
+                f"× {one:,} = {k * one:,} B: is micro-batch m's graph freed by its backward "
+                "(nothing kept in a list after B), and are the actions run in the given order?")
+
+
+@pytest.mark.exercise("3.6", points=1)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_send_recv_counts_equal_the_formula(kind):
+    """Check each rank's point-to-point calls: M sends and M receives per neighbour link (stage
+    s: M·[s<P−1] + M·[s>0] of each), and nothing else."""
+    M = 4
+    for s, r in enumerate(run(kind, M)):
+        n = M * ((s < P - 1) + (s > 0))
+        want = {"send": n, "recv": n}
+        assert r["calls"] == want, (
+            f"{kind}, rank {s}: calls {r['calls']}, expected {want}: one activation per forward "
+            "to the next stage and one gradient per backward to the previous, no collectives")
+
+
+@pytest.mark.exercise("3.6", points=1)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_send_recv_bytes_equal_the_formula(kind):
+    """Check each rank's point-to-point bytes: every message is one float32 activation or
+    gradient of b·T·C·4 bytes."""
+    M = 4
+    cfg = setup(M)[0]
+    msg = B_MICRO * T * cfg.n_embd * 4
+    for s, r in enumerate(run(kind, M)):
+        n = M * ((s < P - 1) + (s > 0))
+        want = {"send": n * msg, "recv": n * msg}
+        assert r["bytes"] == want, (
+            f"{kind}, rank {s}: bytes {r['bytes']}, expected {want} (each message b·T·C·4 = "
+            f"{msg:,} B): is a float32 (b, T, C) tensor sent, not the logits or a whole batch?")
+
+
+def test_bad_actions_are_refused_before_any_work():
+    from labkit.pipeline import check_actions
+
+    with pytest.raises(ValueError, match="actions"):
+        check_actions([("B", 0), ("F", 0)], 1)
+    with pytest.raises(ValueError, match="actions"):
+        check_actions([("F", 0), ("X", 0)], 1)
+    with pytest.raises(ValueError, match="actions"):
+        check_actions([("F", 0)], 1)
+    with pytest.raises(ValueError, match="num_microbatches"):
+        check_actions([], 0)
+    assert check_actions(ONE_F_ONE_B[2][0], 2) == ONE_F_ONE_B[2][0]
+
+
+def test_split_gpt_refuses_a_stage_count_that_does_not_divide_n_layer():
+    from labkit.pipeline import split_gpt
+
+    cfg, model, _, _ = setup(2)
+    with pytest.raises(ValueError, match="num_stages"):
+        split_gpt(model, 3)
