@@ -87,4 +87,41 @@ MUTANTS = [
     Mutant("4.2", "bucketed_ddp.py", find="                    p.grad.copy_(piece)",
            replace="                    p.grad.add_(piece)",
            why="adds the average to the local gradient instead of replacing it"),
+    # ---------------------------------------------------------------- 4.5 PowerSGD
+    Mutant("4.5", "powersgd.py", find="        buf.add_(state.error[index])",
+           replace="        pass",
+           why="keeps the error but never adds it back (no error feedback)"),
+    Mutant("4.5", "powersgd.py", find="    state.error[index] = before - buf",
+           replace="    state.error[index] = buf - before",
+           why="stores the error with the wrong sign"),
+    Mutant("4.5", "powersgd.py", find="        if index in state.q:",
+           replace="        if False:",
+           why="no warm start: draws a fresh random Q every step"),
+    Mutant("4.5", "powersgd.py", find="        q_flat.div_(world)",
+           replace="        pass",
+           why="forgets to divide the all-reduced Q by the number of ranks"),
+    Mutant("4.5", "powersgd.py", find="            ps[i] = orthogonalize_(p_flat[off:off + p.numel()].view_as(p))",
+           replace="            ps[i] = p_flat[off:off + p.numel()].view_as(p)",
+           why="does not orthonormalise P after the all-reduce"),
+    # (Not a mutant: skipping the orthonormalisation of the starting Q changes nothing, since
+    # Gram–Schmidt of M·Q·R, R upper triangular, equals Gram–Schmidt of M·Q.)
+    Mutant("4.5", "powersgd.py", find="""    if index in state.error:
+        buf.add_(state.error[index])
+    before = buf.detach().clone()""",
+           replace="""    before = buf.detach().clone()
+    if index in state.error:
+        buf.add_(state.error[index])""",
+           why="copies the gradient before adding the old error: the new error forgets the old one"),
+    Mutant("4.5", "powersgd.py", find="    flat.div_(world)",
+           replace="    pass",
+           why="sums the uncompressed vectors instead of averaging them"),
+    Mutant("4.5", "powersgd.py", find="        if should_compress(n, m, min(n, m, state.rank)):",
+           replace="        if True:",
+           why="compresses vectors too (n×1 factors cost more than the vector)"),
+    Mutant("4.5", "powersgd.py", find="""        for mat, p, q in zip(mats, ps, qs):
+            mat.copy_(p @ q.t())""",
+           replace="""        for mat, p, q in zip(mats, ps, qs):
+            dist.all_reduce(p, group=group)
+            mat.copy_(p @ q.t())""",
+           why="all-reduces each P again before decompressing (extra calls, wrong scale)"),
 ]

@@ -1,0 +1,168 @@
+"""PowerSGD: send a rank-r approximation of each gradient matrix instead of the matrix.
+
+Vogels, Karimireddy and Jaggi (2019, arXiv 1905.13727) compress an n×m gradient matrix M to two
+thin factors with one step of power iteration: P = M Q (n×r), all-reduce P, orthogonalise its
+columns, Q = Mᵀ P (m×r), all-reduce Q and divide by the number of ranks, and M̂ = P Qᵀ. Each rank
+sends (n + m)·r numbers per matrix instead of n·m. Two details make it train as well as plain
+all-reduce: *error feedback* (what the approximation left out of this step's gradient, M - M̂, is
+added to the next step's) and a *warm start* (the next step starts its power iteration from this
+step's Q, so one iteration per step keeps improving the same subspace). Vectors (biases, layer-norm
+weights) would not shrink and are all-reduced as they are.
+
+``powersgd_hook(state, bucket)`` has the signature of a ``DistributedDataParallel``
+communication hook (``ddp.register_comm_hook(state, powersgd_hook)``), like PyTorch's
+``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.powerSGD_hook``.
+
+Chapter 4 (book/04_gradients.md); Lab 4, exercise 4.5 (labs/04_gradients.ipynb).
+"""
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+class PowerSGDState:
+    """What PowerSGD keeps between steps, per bucket of a DDP model.
+
+    Args:
+        rank: int ≥ 1, the rank r of the approximation (capped at min(n, m) per matrix).
+        process_group: the group to all-reduce over (None: the default group).
+        seed: int, seeds the random starting Q (the same on every rank).
+
+    Attributes the hook uses: ``rank``, ``process_group``, ``error`` (bucket index → flat tensor
+    of the error left by the last step), ``q`` (bucket index → list of the last Q of each
+    compressed matrix, for the warm start), ``rng`` (NumPy RandomState; see ``initial_qs``).
+    """
+
+    def __init__(self, rank: int, process_group=None, *, seed: int = 0):
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise ValueError(f"rank must be an int >= 1 (the rank r of the approximation), got {rank!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        self.rank, self.process_group, self.seed = rank, process_group, seed
+        self.error: dict[int, torch.Tensor] = {}
+        self.q: dict[int, list[torch.Tensor]] = {}
+        self.rng = np.random.RandomState(seed)
+
+
+def should_compress(n: int, m: int, r: int) -> bool:
+    """True when the factors of an n×m matrix at rank r are smaller than the matrix: (n+m)·r < n·m.
+
+    A vector (m = 1) never is, so biases and norm weights go uncompressed.
+    """
+    return (n + m) * r < n * m
+
+
+def initial_qs(state: PowerSGDState, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """The random starting Q (m×r, fp32, standard normal, not yet orthogonalised) of each matrix.
+
+    ``shapes`` are the (n, m) of the matrices to compress, in bucket order, r = min(n, m, rank).
+    Draws exactly as PyTorch's PowerSGD hook does (one seed per call from ``state.rng``, then the
+    matrices grouped by shape in order of first appearance), so that both start from the same Q.
+    Every rank draws the same numbers.
+    """
+    order: dict[tuple[int, int], list[int]] = {}
+    for i, shape in enumerate(shapes):
+        order.setdefault(tuple(shape), []).append(i)
+    qs: list[torch.Tensor | None] = [None] * len(shapes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(state.rng.randint(1_000_000_000))
+        for (n, m), idx in order.items():
+            r = min(n, m, state.rank)
+            for i in idx:
+                qs[i] = torch.randn(m, r, dtype=torch.float32)
+    return qs
+
+
+def orthogonalize_(a: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """Orthonormalise the columns of the n×r matrix ``a`` in place (Gram–Schmidt); returns ``a``."""
+    for i in range(a.shape[1]):
+        col = a[:, i:i + 1]
+        col /= torch.linalg.vector_norm(col) + eps
+        if i + 1 < a.shape[1]:
+            rest = a[:, i + 1:]
+            rest -= (col * rest).sum(dim=0, keepdim=True) * col
+    return a
+
+
+def _done(value):
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """A DDP communication hook: all-reduce the bucket's gradients with PowerSGD.
+
+    Contract (``bucket`` is a ``dist.GradBucket``: ``bucket.buffer()`` the flat fp32 gradients,
+    ``bucket.gradients()`` views of it per parameter, ``bucket.index()``):
+        * Error feedback: the error this bucket kept from the last step is added to the gradients
+          first; afterwards ``state.error[index]`` holds (gradients + old error) − what was
+          returned, on this rank.
+        * Each gradient viewed as an n×m matrix (first dimension × the rest) with
+          r = min(n, m, state.rank) is compressed when ``should_compress(n, m, r)``, otherwise
+          (vectors) it is all-reduced as it is and divided by the world size.
+        * A compressed matrix M: one power-iteration step from Q (the warm start: this bucket's
+          last Q, orthonormalised; on the bucket's first call, ``initial_qs``, orthonormalised);
+          P = M Q, all-reduce P (sum), orthonormalise P's columns (``orthogonalize_``),
+          Q = Mᵀ P, all-reduce Q and divide by the world size, M̂ = P Qᵀ. M̂ replaces M in the
+          buffer and Q is kept in ``state.q[index]``.
+        * Communication: one all-reduce of the uncompressed gradients, one of all the P's, one of
+          all the Q's (each a single flat fp32 tensor): (n + m)·r·4 bytes per compressed matrix.
+        * Returns a completed ``torch.futures.Future`` whose value is ``bucket.buffer()``.
+    """
+    raise NotImplementedError("exercise 4.5: error feedback, split compressed/uncompressed, one power-iteration step with the warm-started Q, three all-reduces, new error and Q (labs/04_gradients.ipynb)")
+
+
+def compare_with_torch(rank: int, world_size: int, model, batches, r: int, seed: int = 0,
+                       model_computes_loss: bool = False):
+    """Worker (run by ``labkit.dist.launch``): DDP + ``powersgd_hook`` next to DDP + PyTorch's hook.
+
+    Both wrap copies of ``model`` in one bucket, take one uncompressed step on ``batches[0]``
+    (DDP settles its bucket order), then register the hooks, which compress from their first
+    step on, with the same seed. The loss is ``model(x, y)`` if ``model_computes_loss`` (the
+    course's GPT), else the mean squared error of ``model(x)`` and ``y``; ``batches[s][rank]`` is
+    this rank's (x, y) at step s. Returns, per step, both
+    models' gradients (name → tensor) and the communication of the step with ``powersgd_hook``
+    (calls and bytes of all-reduce, as ``count_comm`` counts them).
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ref
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from labkit.comm_count import count_comm
+
+    def loss(ddp, x, y):
+        return ddp(x, y) if model_computes_loss else torch.nn.functional.mse_loss(ddp(x), y)
+
+    ours = DDP(model, bucket_cap_mb=1024)
+    theirs = DDP(_copy(model), bucket_cap_mb=1024)
+    # One plain step first: DDP reorders its buckets after its first backward (in the order the
+    # gradients became ready), which would shuffle the matrices under the kept Q and error.
+    x, y = batches[0][rank]
+    for ddp in (ours, theirs):
+        loss(ddp, x, y).backward()
+        ddp.zero_grad(set_to_none=True)
+    ours.register_comm_hook(PowerSGDState(r, seed=seed), powersgd_hook)
+    ref_state = ref.PowerSGDState(None, matrix_approximation_rank=r, start_powerSGD_iter=2,
+                                  min_compression_rate=1, use_error_feedback=True,
+                                  warm_start=True, random_seed=seed)
+    ref_state.iter = ref_state.start_powerSGD_iter  # compress from the first step
+    theirs.register_comm_hook(ref_state, ref.powerSGD_hook)
+    out = []
+    for step in batches:
+        x, y = step[rank]
+        with count_comm() as counts:
+            loss(ours, x, y).backward()
+        loss(theirs, x, y).backward()
+        out.append({
+            "ours": {n: p.grad.clone() for n, p in ours.module.named_parameters()},
+            "torch": {n: p.grad.clone() for n, p in theirs.module.named_parameters()},
+            "calls": counts.calls["all_reduce"], "bytes": counts.bytes_sent["all_reduce"],
+        })
+        for p in list(ours.parameters()) + list(theirs.parameters()):
+            p.grad = None
+    return out
+
+
+def _copy(model):
+    import copy
+    return copy.deepcopy(model)

@@ -1,0 +1,133 @@
+"""Graders of Lab 4, exercise 4.5 (labs/04_gradients.ipynb): PowerSGD as a DDP communication hook.
+
+The reference nobody in this course wrote: PyTorch's own
+``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.powerSGD_hook``, run next to the
+student's hook on the same real gloo ranks (``labkit.dist.launch``), both registered on a
+``DistributedDataParallel`` of the same model with one bucket, the same seed of the starting Q,
+error feedback and warm start on, ``min_compression_rate=1`` (compress a matrix when its factors
+are smaller than it, so vectors go uncompressed) and its step counter set past
+``start_powerSGD_iter`` so that it compresses from the first step. Bytes and calls are counted
+by ``labkit.comm_count`` (a dispatch mode that sees every c10d operator) and compared with the
+formula (n + m)·r·4 B per compressed matrix plus 4 B per element of every vector.
+
+Tolerance: the same fp32 algorithm; the two differ only in the order of the sums in norms and,
+for r > 2, in PyTorch's QR against Gram–Schmidt (columns may flip sign in P and Q together, which
+cancels in P Qᵀ). Measured: ≤ 2e-8 absolute on gradients of order 1e-2..1, so atol 1e-6,
+rtol 1e-4; every planted bug (tools/mutants/lab4.py) is off by ≥ 1e-3.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from labkit.dist import launch
+
+TOL = dict(atol=1e-6, rtol=1e-4)
+STEPS = 3
+RANKS = [2, 4]  # r = 2: Gram–Schmidt in PyTorch's hook; r = 4: its QR branch
+
+
+def mlp(seed: int = 0) -> torch.nn.Sequential:
+    """Two 48×48 matrices (the reference groups equal shapes), a 48×32, an 8×48 and four biases."""
+    torch.manual_seed(seed)
+    L = torch.nn.Linear
+    return torch.nn.Sequential(L(32, 48), torch.nn.ReLU(), L(48, 48), torch.nn.ReLU(),
+                               L(48, 48), torch.nn.ReLU(), L(48, 8))
+
+
+@functools.lru_cache(maxsize=None)  # one launch per r for all 4.5 tests (not cached if it raises)
+def run(r: int, world_size: int = 2):
+    from labkit.powersgd import compare_with_torch
+
+    model = mlp()
+    g = torch.Generator().manual_seed(1)
+    batches = [[(torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g))
+                for _ in range(world_size)] for _ in range(STEPS)]
+    return model, launch(compare_with_torch, world_size, model, batches, r)
+
+
+def assert_step_equal(r, steps, cause):
+    _, results = run(r)
+    for rank, res in enumerate(results):
+        for step in steps:
+            got, want = res[step]["ours"], res[step]["torch"]
+            for name in want:
+                torch.testing.assert_close(got[name], want[name], **TOL, msg=lambda m, name=name, step=step, rank=rank: (
+                    f"r = {r}, rank {rank}, step {step}: {name}.grad differs from PyTorch's "
+                    f"powerSGD_hook — {cause}\n{m}"))
+
+
+@pytest.mark.exercise("4.5", points=1)
+@pytest.mark.parametrize("r", RANKS)
+def test_powersgd_first_step_equals_torchs_hook(r):
+    """Check the first compressed step (no error kept yet, Q from ``initial_qs``) against
+    PyTorch's hook: one power-iteration step, the averages of the vectors."""
+    assert_step_equal(r, [0], "check the power-iteration step: orthonormalise Q, P = M Q, "
+                      "all-reduce P, orthonormalise P, Q = Mᵀ P, all-reduce Q and divide by the "
+                      "number of ranks, M̂ = P Qᵀ; vectors all-reduced and divided")
+
+
+@pytest.mark.exercise("4.5", points=2)
+@pytest.mark.parametrize("r", RANKS)
+def test_powersgd_later_steps_equal_torchs_hook(r):
+    """Check steps 2 and 3 against PyTorch's hook: error feedback (what the approximation left out
+    is added to the next gradient) and the warm start (the next step starts from this Q)."""
+    assert_step_equal(r, list(range(1, STEPS)), "the first step matched: is the error "
+                      "(gradient + old error − M̂) kept and added next step, and the last "
+                      "all-reduced Q (divided by the ranks) kept as the next starting Q?")
+
+
+def expected_bytes(model, r):
+    """The formula: (n + m)·min(n, m, r)·4 B per matrix whose factors are smaller, else 4 B per element."""
+    total = 0
+    for p in model.parameters():
+        n, m = p.shape[0], p.numel() // p.shape[0]
+        k = min(n, m, r)
+        total += 4 * ((n + m) * k if (n + m) * k < n * m else n * m)
+    return total
+
+
+@pytest.mark.exercise("4.5", points=1)
+def test_powersgd_sends_the_factors():
+    """Check the bytes all-reduced per step: (n + m)·r·4 per compressed matrix plus the vectors."""
+    for r in RANKS:
+        model, results = run(r)
+        want = expected_bytes(model, r)
+        full = 4 * sum(p.numel() for p in model.parameters())
+        for rank, res in enumerate(results):
+            for step, st in enumerate(res):
+                assert st["bytes"] == want, (
+                    f"r = {r}, rank {rank}, step {step}: {st['bytes']:,} B all-reduced, expected "
+                    f"{want:,} B ((n + m)·r·4 per matrix, 4 B per vector element; uncompressed "
+                    f"{full:,} B): are vectors compressed, a matrix sent whole, or a factor sent twice?")
+
+
+@pytest.mark.exercise("4.5", points=1)
+def test_powersgd_makes_three_all_reduces():
+    """Check the number of all-reduces per step: one for the vectors, one for all P's, one for all Q's."""
+    _, results = run(RANKS[0])
+    for rank, res in enumerate(results):
+        for step, st in enumerate(res):
+            assert st["calls"] == 3, (
+                f"rank {rank}, step {step}: {st['calls']} all-reduce calls, expected 3 (vectors, "
+                f"all P's in one flat tensor, all Q's in one): is one matrix sent per call?")
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_powersgd_state_rejects_a_bad_rank(bad):
+    from labkit.powersgd import PowerSGDState
+
+    with pytest.raises(ValueError, match="rank"):
+        PowerSGDState(bad)
+
+
+def test_orthogonalize_gives_orthonormal_columns():
+    from labkit.powersgd import orthogonalize_
+
+    a = torch.randn(20, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    q = orthogonalize_(a.clone())
+    torch.testing.assert_close(q.T @ q, torch.eye(4, dtype=torch.float64))
+    ref, _ = torch.linalg.qr(a)  # the same subspace: the projections agree
+    torch.testing.assert_close(q @ q.T, ref @ ref.T)
