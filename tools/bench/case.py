@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch.distributed as dist
+
 
 @dataclass
 class Case:
@@ -21,3 +23,14 @@ class Case:
     repeat: int = 15
     note: str = ""
     """Anything the reader needs to read the ratio (e.g. FLOPs ratio next to a time ratio)."""
+
+
+def one_rank_group() -> None:
+    """A one-rank gloo group in this process (once), for rows that time a distributed mechanism
+    (hooks, copies, collective calls) without a network: the runner is a single process."""
+    if dist.is_initialized():
+        return
+    from labkit.dist import _free_port
+
+    dist.init_process_group("gloo", rank=0, world_size=1,
+                            init_method=f"tcp://127.0.0.1:{_free_port()}")

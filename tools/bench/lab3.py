@@ -9,24 +9,10 @@ no row.
 from __future__ import annotations
 
 import copy
-import os
-import socket
 
 import torch
-import torch.distributed as dist
 
-from tools.bench.case import Case
-
-
-def _one_rank_group() -> None:
-    if dist.is_initialized():
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
+from tools.bench.case import Case, one_rank_group
 
 
 def cases():
@@ -39,7 +25,7 @@ def cases():
     from labkit.tensor_parallel import TPMLP
     from labkit.zero3 import ZeRO3
 
-    _one_rank_group()
+    one_rank_group()
     cfg = lab_config("cpu")
     torch.manual_seed(0)
     rows = []

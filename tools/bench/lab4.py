@@ -7,23 +7,10 @@ they time the mechanism (hooks, bucket copies, the collective calls, the sharded
 from __future__ import annotations
 
 import copy
-import os
-import socket
 
 import torch
-import torch.distributed as dist
 
-from tools.bench.case import Case
-
-
-def _one_rank_group() -> None:
-    if dist.is_initialized():
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+from tools.bench.case import Case, one_rank_group
 
 
 def cases() -> list[Case]:
@@ -34,7 +21,7 @@ def cases() -> list[Case]:
     from labkit.models import GPT, SyntheticData, lab_config
     from labkit.zero2 import ZeRO2Adam
 
-    _one_rank_group()
+    one_rank_group()
     torch.manual_seed(0)
     cfg = lab_config("cpu")
     base = GPT(cfg)
