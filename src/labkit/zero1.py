@@ -38,7 +38,7 @@ from labkit.optimizer_states import state_bytes
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-__all__ = ["ZeRO1", "ZeRO1Adam", "train_data_parallel", "partition"]
+__all__ = ["ZeRO1", "train_data_parallel", "partition"]
 
 
 def _param_groups(params) -> list[dict]:
@@ -185,11 +185,6 @@ class ZeRO1:
                      else torch.zeros_like(piece) for piece in self.pieces]
             out[name] = torch.cat([t.reshape(-1) for t in parts])
         return out
-
-
-def ZeRO1Adam(params, *, group=None, **defaults) -> ZeRO1:
-    """``ZeRO1(params, torch.optim.Adam, ...)``."""
-    return ZeRO1(params, torch.optim.Adam, group=group, **defaults)
 
 
 # ---------------------------------------------------------------- per-rank workers (infrastructure)
