@@ -209,7 +209,7 @@ def calculator_html(element_id: str = "wtmg-calculator", gpu_bytes: float = 80e9
 <div style="margin:0.4em 0">{stages}</div>
 <div>{numbers(("world_size", "dp", "tp", "pp", "cp", "n_micro"))}</div>
 <div><label><input type="checkbox" name="sequence_parallel"{" checked" if d["sequence_parallel"] else ""}> sequence parallelism (with T)</label>
-<label>recomputation <select name="checkpointing">{options(recompute, d["checkpointing"])}</select></label></div>
+<label style="margin-left:1em">recomputation <select name="checkpointing">{options(recompute, d["checkpointing"])}</select></label></div>
 <div>{numbers(("n_layer", "hidden", "n_head", "batch_size", "seq_len", "vocab_size"))}</div>
 <div class="wtmg-msg" role="status" style="color:{COLORS['activations']};font-weight:bold"></div>
 <svg width="580" height="250" role="img" aria-label="bytes per GPU by consumer for ZeRO stages 0 to 3"></svg>
