@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import torch
 
-CONSUMERS = ("parameters", "gradients", "optimizer states")
-
 
 def storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind ``tensors`` (None skipped; a view counts its whole

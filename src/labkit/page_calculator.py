@@ -24,7 +24,7 @@ import json
 
 from labkit import memory_model
 from labkit.plot import COLORS
-from labkit.widgets import CHECKPOINTING, DEFAULTS, STAGE_NAMES, settings
+from labkit.widgets import CHECKPOINTING, STAGE_NAMES, settings
 
 JS_CHECK = r"""
 function wtmgCheck(v) {
