@@ -316,10 +316,12 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, recipes=("mix
     Returns a ``PlanResult``: ``best`` the first fitting configuration in that order and
     ``runners_up`` the next ``n_runners_up`` (fewer if fewer fit). Any pruning is allowed that
     never changes this answer. Raises ``ValueError`` when no layout is valid (saying which
-    constraints), when even the static state fits in no configuration (saying how many GPUs of
-    this memory it would need, at least ⌈bytes of the most compact recipe × Ψ / memory⌉, e.g.
-    "needs at least 20 GPUs of 80 GB for the static state alone"), or when the static state fits
-    but the activations never do (saying the smallest total found and the usable memory).
+    constraints), when even the static state (a configuration's total minus its activations)
+    fits in no configuration (saying how many GPUs of this memory it would need fully sharded:
+    at least ⌈(fewest bytes per parameter that stay on the GPU over ``recipes`` × ``optimizers``;
+    with offload allowed, only the parameters' and gradients') × Ψ / memory⌉, e.g. "needs at
+    least 20 GPUs of 80 GB for the static state alone"), or when the static state fits but the
+    activations never do (a message that names the activations).
     """
     if not isinstance(model, ModelSpec):
         raise TypeError(f"model must be a ModelSpec, got {type(model).__name__}")
