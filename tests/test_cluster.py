@@ -13,6 +13,7 @@ import pytest
 
 from labkit import cluster
 from labkit.dist import launch
+from labkit.models import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
@@ -30,6 +31,7 @@ SMALL = {  # demo -> the demo function's keyword arguments that OPTIONS stand fo
     "tensor_parallel": dict(layer="attn", n_embd=32, n_head=2, seq=16, batch=2, device="cpu"),
     "zero2": {**GPT_KW, "bucket_kb": 8},
     "zero3": GPT_KW,
+    "plan": {**GPT_KW, "config": "zero3"},  # --config's default
 }
 EXACT = {"zero1": ("psi", "state_bytes", "predicted_state_bytes", "bytes_sent_per_step", "calls"),
          "ring_attention": ("peak_bytes", "bytes_sent", "predicted_bytes_sent", "calls"),
@@ -38,7 +40,8 @@ EXACT = {"zero1": ("psi", "state_bytes", "predicted_state_bytes", "bytes_sent_pe
          "zero2": ("psi", "shard_bytes", "predicted_shard_bytes", "peak_grad_bytes",
                    "bytes_sent_per_step", "calls"),
          "zero3": ("psi", "shard_bytes", "predicted_shard_bytes", "peak_live_bytes",
-                   "predicted_peak_live_bytes", "bytes_sent_per_step", "calls")}
+                   "predicted_peak_live_bytes", "bytes_sent_per_step", "calls"),
+         "plan": ("coords", "predicted_peak_bytes", "bytes_sent_per_step", "calls")}
 
 PREDICTED = {"tensor_parallel": (("param_bytes", "predicted_param_bytes"), ("bytes_sent", "predicted_bytes_sent")),
              "zero2": (("shard_bytes", "predicted_shard_bytes"),),
@@ -97,6 +100,13 @@ def test_torchrun_demo_prints_the_figures_of_the_in_process_run(demo, torchrun_a
                 f"rank {got['rank']} {measured} {got[measured]:,}, predicted {got[predicted]:,}")
     if demo in ("zero1", "zero2", "zero3"):
         assert printed["ranks"][0]["final_loss"] == pytest.approx(here[0]["final_loss"], rel=1e-5)
+    if demo == "plan":  # the same losses; the peak as zero1's, up to one flat gradient buffer
+        for got, want in zip(printed["ranks"], here):
+            assert got["losses"] == pytest.approx(want["losses"], rel=1e-5)
+            slack = 4 * sum(p.numel() for p in GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2,
+                                                                n_head=2, n_embd=32)).parameters())
+            assert abs(got["peak_bytes"] - want["peak_bytes"]) <= slack, (
+                f"rank {got['rank']} peak_bytes: torchrun {got['peak_bytes']:,}, launch {want['peak_bytes']:,}")
     assert f"{demo} on 2 rank(s), gloo on cpu" in result.stdout
 
 
@@ -120,6 +130,9 @@ def test_a_failing_rank_shows_its_traceback_and_the_job_fails():
     (["tensor_parallel", "--layer", "attn", "--n-embd", "48", "--n-head", "3"], {},
      "splits --n-head 3 heads over 2 ranks: use a multiple of the world size 2"),
     (["zero2", "--bucket-kb", "0"], {}, "--bucket-kb must be >= 1"),
+    (["plan", "--config", "tp3"], {}, "--config 'tp3': tp·pp = 3 does not divide the world size 2"),
+    (["plan", "--config", "tp2xdp2"], {}, "needs dp·pp·tp = 4 ranks, the job has 2"),
+    (["plan", "--config", "tp2xfoo"], {}, "unknown part 'foo'"),
 ])
 def test_bad_input_is_a_message_and_exit_status_2(args, env, words):
     """Checked before any process group exists: nothing to hang on."""
