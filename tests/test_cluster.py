@@ -23,7 +23,7 @@ DEADLINE = 240  # seconds for a whole torchrun job: it never hangs the suite
 # one job instead of five keeps the file within its CPU budget) and in ONE in-process launch.
 OPTIONS = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--vocab-size", "64", "--seq", "16",
            "--batch", "2", "--steps", "2", "--bucket-kb", "8", "--heads", "2", "--head-dim", "8",
-           "--layer", "attn"]
+           "--layer", "attn", "--microbatches", "4", "--schedule", "1f1b"]
 GPT_KW = dict(n_layer=2, n_embd=32, n_head=2, vocab_size=64, seq=16, batch=2, steps=2, device="cpu")
 SMALL = {  # demo -> the demo function's keyword arguments that OPTIONS stand for
     "zero1": GPT_KW,
@@ -31,6 +31,9 @@ SMALL = {  # demo -> the demo function's keyword arguments that OPTIONS stand fo
     "tensor_parallel": dict(layer="attn", n_embd=32, n_head=2, seq=16, batch=2, device="cpu"),
     "zero2": {**GPT_KW, "bucket_kb": 8},
     "zero3": GPT_KW,
+    "pipeline": dict(n_layer=2, n_embd=32, n_head=2, vocab_size=64, seq=16, batch=2, microbatches=4,
+                     schedule="1f1b", device="cpu"),
+    "sequence_parallel": dict(n_embd=32, seq=16, batch=2, device="cpu"),
     "plan": {**GPT_KW, "config": "zero3"},  # --config's default
 }
 EXACT = {"zero1": ("psi", "state_bytes", "predicted_state_bytes", "bytes_sent_per_step", "calls"),
@@ -41,11 +44,20 @@ EXACT = {"zero1": ("psi", "state_bytes", "predicted_state_bytes", "bytes_sent_pe
                    "bytes_sent_per_step", "calls"),
          "zero3": ("psi", "shard_bytes", "predicted_shard_bytes", "peak_live_bytes",
                    "predicted_peak_live_bytes", "bytes_sent_per_step", "calls"),
+         "pipeline": ("peak_saved_bytes", "one_microbatch_bytes", "in_flight", "predicted_peak_saved_bytes",
+                      "bytes_sent", "predicted_bytes_sent", "calls"),
+         "sequence_parallel": ("ln_saved_bytes", "predicted_ln_saved_bytes", "forward_ring_bytes",
+                               "backward_ring_bytes", "all_reduce_ring_bytes", "forward_calls",
+                               "backward_calls"),
          "plan": ("coords", "predicted_peak_bytes", "bytes_sent_per_step", "calls")}
 
 PREDICTED = {"tensor_parallel": (("param_bytes", "predicted_param_bytes"), ("bytes_sent", "predicted_bytes_sent")),
              "zero2": (("shard_bytes", "predicted_shard_bytes"),),
-             "zero3": (("shard_bytes", "predicted_shard_bytes"), ("peak_live_bytes", "predicted_peak_live_bytes"))}
+             "zero3": (("shard_bytes", "predicted_shard_bytes"), ("peak_live_bytes", "predicted_peak_live_bytes")),
+             "pipeline": (("peak_saved_bytes", "predicted_peak_saved_bytes"), ("bytes_sent", "predicted_bytes_sent")),
+             "sequence_parallel": (("ln_saved_bytes", "predicted_ln_saved_bytes"),
+                                   ("forward_ring_bytes", "all_reduce_ring_bytes"),
+                                   ("backward_ring_bytes", "all_reduce_ring_bytes"))}
 
 
 def _torchrun(*args, env=None):
@@ -100,6 +112,8 @@ def test_torchrun_demo_prints_the_figures_of_the_in_process_run(demo, torchrun_a
                 f"rank {got['rank']} {measured} {got[measured]:,}, predicted {got[predicted]:,}")
     if demo in ("zero1", "zero2", "zero3"):
         assert printed["ranks"][0]["final_loss"] == pytest.approx(here[0]["final_loss"], rel=1e-5)
+    if demo == "pipeline":  # the loss lives on the last stage
+        assert printed["ranks"][-1]["loss"] == pytest.approx(here[-1]["loss"], rel=1e-6)
     if demo == "plan":  # the same losses; the peak as zero1's, up to one flat gradient buffer
         for got, want in zip(printed["ranks"], here):
             assert got["losses"] == pytest.approx(want["losses"], rel=1e-5)
@@ -122,7 +136,8 @@ def test_a_failing_rank_shows_its_traceback_and_the_job_fails():
 
 
 @pytest.mark.parametrize("args, env, words", [
-    (["nope"], {"RANK": "0"}, "unknown demo 'nope': choose one of zero1, ring_attention, tensor_parallel, zero2, zero3"),
+    (["nope"], {"RANK": "0"}, "unknown demo 'nope': choose one of zero1, ring_attention, tensor_parallel, "
+     "zero2, zero3, pipeline, sequence_parallel"),
     (["zero1"], {}, "not started by torchrun"),
     (["ring_attention", "--seq", "64"], {"WORLD_SIZE": "3"}, "use a multiple of the world size 3"),
     (["zero1", "--steps", "0"], {}, "--steps must be >= 1"),
@@ -130,6 +145,10 @@ def test_a_failing_rank_shows_its_traceback_and_the_job_fails():
     (["tensor_parallel", "--layer", "attn", "--n-embd", "48", "--n-head", "3"], {},
      "splits --n-head 3 heads over 2 ranks: use a multiple of the world size 2"),
     (["zero2", "--bucket-kb", "0"], {}, "--bucket-kb must be >= 1"),
+    (["pipeline", "--n-layer", "3"], {}, "cuts --n-layer 3 blocks into 2 stages: use a multiple of the world size 2"),
+    (["pipeline", "--microbatches", "1"], {}, "needs --microbatches >= the world size 2, got 1"),
+    (["sequence_parallel", "--seq", "15", "--device", "cpu"], {},
+     "--seq 15 positions over 2 ranks: use multiples of the world size 2"),
     (["plan", "--config", "tp3"], {}, "--config 'tp3': tp·pp = 3 does not divide the world size 2"),
     (["plan", "--config", "tp2xdp2"], {}, "needs dp·pp·tp = 4 ranks, the job has 2"),
     (["plan", "--config", "tp2xfoo"], {}, "unknown part 'foo'"),

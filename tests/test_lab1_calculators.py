@@ -9,7 +9,7 @@ import torch
 
 from labkit import memory_model as mm
 from labkit import plot
-from labkit.widgets import MemoryCalculator
+from labkit.widgets import MemoryCalculator, calculator_bytes, settings
 
 KEYS = ("parameters", "gradients", "optimizer states")
 SHAPE = dict(n_layer=80, hidden=10240, n_head=80, batch_size=1, seq_len=2048)
@@ -66,6 +66,79 @@ def test_memory_calculator_widget_redraws_from_its_controls():
     plt.close("all")
 
 
+def _needs_6_4():
+    try:
+        calculator_bytes(**settings(world_size=64, tp=8))
+    except NotImplementedError:
+        pytest.skip("needs labkit.parallel_memory (exercise 6.4): run with LABKIT_SOLUTIONS")
+
+
+def test_memory_calculator_widget_draws_a_3d_layout():
+    """D, T, P, C, sequence parallelism, recomputation and m are controls; the widget shows
+    labkit.parallel_memory's bytes for GPT-3 175B on 1024 GPUs = 16 × 8 × 8; an invalid layout
+    is a message naming the product, not a chart."""
+    from labkit.parallel_memory import per_gpu_bytes
+
+    _needs_6_4()
+    calc = MemoryCalculator(n_params=175e9, world_size=1024, tp=8, pp=8, n_layer=96,
+                            hidden=12288, n_head=96)
+    assert calc.controls["dp"].value == 16  # D fills the GPUs when only N is given
+    calc.controls["sequence_parallel"].value = True
+    calc.controls["n_micro"].value = 16
+    calc.controls["checkpointing"].value = "selective"
+    want = per_gpu_bytes(175e9, world_size=1024, dp=16, tp=8, pp=8, zero_stage=1, n_layer=96,
+                         hidden=12288, n_head=96, seq_len=2048, micro_batch=1, n_micro=16,
+                         checkpointing="selective", sequence_parallel=True)
+    for c in mm.CONSUMERS:
+        assert calc.result[c] == pytest.approx(want[c], rel=1e-12), c
+    assert "first pipeline stage" in calc.summary.value
+    calc.controls["dp"].value = 8  # 8·8·8 = 512 GPUs, not 1024
+    assert calc.result == {} and "world_size" in calc.summary.value
+    calc.controls["dp"].value = 16
+    calc.controls["tp"].value = 5  # 16·5·8 ≠ 1024 and 5 does not divide 96 heads
+    assert calc.result == {}
+    calc.controls["world_size"].value = 640
+    assert calc.result == {} and "n_head" in calc.summary.value
+    plt.close("all")
+
+
+def test_calculator_bytes_equals_memory_model_for_data_parallelism():
+    """With T = P = C = 1 and no recomputation the calculator is labkit.memory_model, for every
+    recipe × optimizer × gradient buffer × fp32 logits × ZeRO stage (the exact same bytes up to
+    float rounding: relative 1e-12)."""
+    import itertools
+
+    for recipe, opt, buf, logits, stage in itertools.product(
+            mm.RECIPES, mm.OPTIMIZERS, mm.GRAD_BUFFERS, (False, True), mm.ZERO_STAGES):
+        v = settings(recipe=recipe, optimizer=opt, grad_buffer=buf, fp32_logits=logits,
+                     zero_stage=stage)
+        got = calculator_bytes(**v)
+        want = mm.per_gpu_bytes(100e9, recipe, opt, stage, 64, **SHAPE, grad_buffer=buf,
+                                vocab_size=50257, fp32_logits=logits)
+        for c in mm.CONSUMERS:
+            assert got[c] == pytest.approx(want[c], rel=1e-12), (recipe, opt, buf, logits, stage, c)
+
+
+def test_calculator_works_while_exercise_6_4_is_a_stub(monkeypatch):
+    """In the student edition labkit.parallel_memory raises NotImplementedError until 6.4 is
+    written: data parallelism still computes (from labkit.memory_model), other layouts say
+    that they need 6.4, and the widget shows that sentence instead of a chart."""
+    from labkit import parallel_memory
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError("exercise 6.4: ...")
+
+    monkeypatch.setattr(parallel_memory, "per_gpu_bytes", stub)
+    assert calculator_bytes(**settings())["optimizer states"] == pytest.approx(18.75e9)
+    with pytest.raises(NotImplementedError, match="6.4"):
+        calculator_bytes(**settings(world_size=64, tp=8))
+    calc = MemoryCalculator()
+    assert calc.result["optimizer states"] == pytest.approx(18.75e9)
+    calc.controls["checkpointing"].value = "full"
+    assert calc.result == {} and "exercise 6.4" in calc.summary.value
+    plt.close("all")
+
+
 def test_torch_optim_keeps_bf16_states_for_bf16_parameters():
     """Why "bf16-fp32-moments" cannot be realised with torch.optim.Adam: its moments take the
     parameter's dtype."""
@@ -107,6 +180,11 @@ def test_memory_model_refuses_bad_input(call, name):
     (dict(fp32_logits=1), "fp32_logits"),
     (dict(colour="red"), "colour"),
     (dict(gpu_bytes=-1), "gpu_bytes"),
+    (dict(dp=32), "world_size"),
+    (dict(world_size=64, dp=2, tp=32), "n_head"),
+    (dict(checkpointing="some"), "checkpointing"),
+    (dict(sequence_parallel=1), "sequence_parallel"),
+    (dict(n_micro=0), "n_micro"),
 ])
 def test_memory_calculator_refuses_bad_settings(kwargs, name):
     with pytest.raises(ValueError, match=name):

@@ -1,9 +1,14 @@
-"""CAME (labkit.came) against the paper's Algorithm 1 written out as the plain computation.
+"""Graders of Lab 2, exercise 2.8 (labs/02_optimizer_states.ipynb): CAME (labkit.came) against
+the paper's Algorithm 1 written out as the plain computation.
 
-Not graded yet (no lab exercise): the reference implementation the chapter's summary row and
-the benchmark rely on. Reference: Luo et al. 2023 (arXiv 2307.02047), Algorithm 1, computed
-here with full (m×n) tensors and explicit loops over steps; tolerance: fp32 rounding of the
-same formulas with reductions in another order (rtol 1e-5, atol 1e-7 on weights ≤ ~1).
+No library implements CAME in PyTorch core, so the reference is Luo et al. 2023 (arXiv
+2307.02047), Algorithm 1, computed here with full (m×n) tensors (the factored estimates of v
+and of the instability rebuilt as outer products, sums written as means as in the authors'
+code: r c / Σr with sums equals r c / mean(r) with means) and an explicit loop over steps;
+the state bytes against the formula m·n + 2(m + n) floats per matrix (``came_state_bytes``,
+checked here against the count written out). Tolerance: fp32 rounding of the same formulas
+with reductions in another order (rtol 1e-5, atol 1e-7 on weights ≤ ~1); a wrong β, a missing
+clipping or a sum in place of a mean moves the weights by ≥ 1e-4.
 """
 from __future__ import annotations
 
@@ -43,9 +48,13 @@ def plain_came(w0, b0, grads, lr, betas, eps, d, weight_decay):
     return w, b
 
 
+@pytest.mark.exercise("2.8", points=2)
 @pytest.mark.parametrize("settings", [dict(lr=1e-2, weight_decay=0.0, d=1.0),
                                       dict(lr=3e-2, weight_decay=0.1, d=2.0)])
 def test_came_matches_the_papers_algorithm(settings):
+    """Check 6 steps of a 20×30 weight (gradients spanning three decades across columns) and a
+    30-vector against Algorithm 1 computed in full: the weight exercises the factored second
+    moment, clipping, first moment and factored instability; the vector Adafactor's rule."""
     from labkit.came import CAME
 
     torch.manual_seed(0)
@@ -61,23 +70,41 @@ def test_came_matches_the_papers_algorithm(settings):
         opt.step()
     ref_w, ref_b = plain_came(w0, b0, grads, settings["lr"], betas, eps, settings["d"],
                               settings["weight_decay"])
-    torch.testing.assert_close(w.detach(), ref_w, rtol=1e-5, atol=1e-7,
-                               msg=lambda m: f"weight: {m}")
-    torch.testing.assert_close(b.detach(), ref_b, rtol=1e-5, atol=1e-7,
-                               msg=lambda m: f"bias: {m}")
+    torch.testing.assert_close(w.detach(), ref_w, rtol=1e-5, atol=1e-7, msg=lambda m: (
+        f"20×30 weight after 6 steps with {settings}: {m} — check v = r c / mean(r) from g² + ε₁ "
+        "with β₂, the clipping of u by max(1, RMS(u)/d), m from the clipped u with β₁, the "
+        "instability (u − m)² + ε₂ with the *new* m and β₃, the step m / √S, and the decay "
+        "θ(1 − lr·λ) applied before it"))
+    torch.testing.assert_close(b.detach(), ref_b, rtol=1e-5, atol=1e-7, msg=lambda m: (
+        f"30-vector after 6 steps with {settings}: {m} — a vector keeps its v whole (β₂, ε₁ "
+        "inside), clips u the same way and steps by m, with no instability"))
 
 
+@pytest.mark.exercise("2.8", points=1)
 @pytest.mark.parametrize("shape", [(64, 256), (300, 7), (3, 20, 30), (50,)])
 def test_came_state_bytes_are_the_formula(shape):
+    """Check the measured state (its tensors, each storage once) after two steps: m (numel
+    floats) plus the row and column factors of v and of the instability (2·lead·(m + n)
+    floats) for a weight; m and v (2n floats) for a vector."""
     from labkit.came import CAME, came_state_bytes
 
     p = torch.zeros(shape, requires_grad=True)
     opt = CAME([p])
-    p.grad = torch.randn(shape)
-    opt.step()
-    assert state_bytes(opt) == came_state_bytes(shape)
-    if len(shape) >= 2 and min(shape[-2:]) >= 20:  # the factors are small next to m·n
-        assert state_bytes(opt) < 8 * p.numel() * 0.6, "CAME must keep about half of Adam's state"
+    for _ in range(2):
+        p.grad = torch.randn(shape)
+        opt.step()
+    numel = p.numel()
+    if len(shape) == 1:
+        want = 4 * 2 * numel
+    else:
+        lead = numel // (shape[-1] * shape[-2])
+        want = 4 * (numel + 2 * lead * (shape[-2] + shape[-1]))
+    assert came_state_bytes(shape) == want  # the helper is the formula
+    got = state_bytes(opt)
+    assert got == want, (
+        f"CAME keeps {got:,} B of state for a {tuple(shape)} tensor, expected {want:,} "
+        f"({'2n floats: m and v' if len(shape) == 1 else 'numel + 2·(m + n) floats per matrix: m and the factors'}): "
+        "keep only the factors of v and of the instability (the full m×n estimates are temporaries)")
 
 
 @pytest.mark.parametrize("kwargs,word", [

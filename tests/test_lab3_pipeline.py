@@ -1,18 +1,22 @@
 """Graders of Lab 3, exercise 3.6 (labs/03_parameters.ipynb): a pipeline over send/recv.
 
-The course GPT (``lab_config("cpu")``, 4 blocks) is cut into P = 2 stages on 2 real gloo ranks
-(``labkit.dist.launch``); a batch of M micro-batches of b = 2 sequences runs under a GPipe or a
-1F1B action list WRITTEN OUT HERE (not taken from exercise 3.5: each exercise is graded alone).
+The course GPT (``lab_config("cpu")``, 4 blocks; 3 blocks for P = 3) is cut into P = 2, 3 and 4
+stages on P real gloo ranks (``labkit.dist.launch``); a batch of M micro-batches of b = 2
+sequences runs under a GPipe or a 1F1B action list WRITTEN OUT HERE (P = 2 by hand, P = 3 and 4
+by the rules below; not taken from exercise 3.5: each exercise is graded alone).
 
 References nobody in this course wrote: the single-device GPT's ``loss.backward()`` on the whole
-batch (gradients and loss); the activation bytes autograd saves for ONE micro-batch's forward
-on the same stage, measured here by ``labkit.measure.peak_saved_bytes`` (a stage with k
-micro-batches in flight must hold k times that: k = M under GPipe, min(P−s, M) under 1F1B,
-Narayanan et al. 2021); and the formula for the point-to-point traffic (``count_comm``).
+batch (gradients and loss); PyTorch's own pipeline, ``torch.distributed.pipelining``'s
+ScheduleGPipe / Schedule1F1B over ``PipelineStage`` s of the same split on gloo; the activation
+bytes autograd saves for ONE micro-batch's forward on the same stage, measured here by
+``labkit.measure.peak_saved_bytes`` (a stage with k micro-batches in flight must hold k times
+that: k = M under GPipe, min(P−s, M) under 1F1B, Narayanan et al. 2021); and the formula for the
+point-to-point traffic (``count_comm``).
 
 Tolerances: gradients and loss are float32 sums of the same terms in another order (M
 micro-batch means of 1/M weight instead of one batch mean): rtol 1e-5, atol 1e-7 (measured
-relative error ~1e-6 of the largest entry). Saved bytes, calls and bytes sent are exact.
+relative error ~1e-6 of the largest entry; PyTorch's pipeline sums the same micro-batch
+gradients and scales by 1/M after, measured 7e-7). Saved bytes, calls and bytes sent are exact.
 """
 from __future__ import annotations
 
@@ -37,34 +41,76 @@ ONE_F_ONE_B = {
 SCHEDULES = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B}
 
 
-def setup(M):
+def actions(kind, P, M):
+    """Per-stage action lists: the hand-written ones for P = 2; for more stages GPipe is every F
+    then every B, and 1F1B (Narayanan et al. 2021) is min(P−s, M) forwards, then one backward and
+    one forward while forwards remain, then the remaining backwards."""
+    if P == 2:
+        return SCHEDULES[kind][M]
+    out = []
+    for s in range(P):
+        fs, bs = [("F", m) for m in range(M)], [("B", m) for m in range(M)]
+        if kind == "gpipe":
+            out.append(fs + bs)
+            continue
+        w = min(P - s, M)
+        order = fs[:w]
+        for i in range(M - w):
+            order += [bs[i], fs[w + i]]
+        out.append(order + bs[M - w:])
+    return out
+
+
+def setup(M, P=P):
     from labkit.models import GPT, SyntheticData, lab_config
 
     torch.manual_seed(0)
-    cfg = lab_config("cpu")
+    cfg = lab_config("cpu", n_layer=3) if P == 3 else lab_config("cpu")
     model = GPT(cfg)
     x, y = SyntheticData(cfg.vocab_size, T, B_MICRO * M, seed=1).batch(0)
     return cfg, model, x, y
 
 
 @functools.lru_cache(maxsize=None)
-def run(kind, M):
+def run(kind, M, P=P):
     from labkit.dist import launch
     from labkit.pipeline import pipeline_worker
 
-    cfg, model, x, y = setup(M)
-    return launch(pipeline_worker, P, cfg, model.state_dict(), SCHEDULES[kind][M], x, y, M,
+    cfg, model, x, y = setup(M, P)
+    return launch(pipeline_worker, P, cfg, model.state_dict(), actions(kind, P, M), x, y, M,
                   timeout=60.0)
 
 
 @functools.lru_cache(maxsize=None)
-def one_microbatch_saved_bytes(stage_index, M):
+def run_torch(kind, M, P=P):
+    """PyTorch's ScheduleGPipe / Schedule1F1B on the same split (labkit.pipeline's given worker)."""
+    from labkit.dist import launch
+    from labkit.pipeline import torch_pipeline_worker
+
+    cfg, model, x, y = setup(M, P)
+    return launch(torch_pipeline_worker, P, cfg, model.state_dict(), kind, x, y, M, timeout=60.0)
+
+
+def summed_grads(results, kind):
+    """{name: gradient} over all stages; the untied lm_head's gradient is added to wte's."""
+    got = {}
+    for r in results:
+        for name, g in r["grads"].items():
+            assert g is not None, (f"{kind}: {name} has no gradient after the step: did every "
+                                   "micro-batch's backward run on this stage?")
+            name = "wte.weight" if name == "lm_head.weight" else name
+            got[name] = got[name] + g if name in got else g
+    return got
+
+
+@functools.lru_cache(maxsize=None)
+def one_microbatch_saved_bytes(stage_index, M, P=P):
     """Bytes autograd saves for one micro-batch's forward on this stage (loss included on the
     last), with its output kept alive: the unit of activation memory of a micro-batch in flight."""
     from labkit.measure import peak_saved_bytes
     from labkit.pipeline import split_gpt
 
-    cfg, model, x, y = setup(M)
+    cfg, model, x, y = setup(M, P)
     stage = split_gpt(model, P)[stage_index]
     xin = x[:B_MICRO].clone() if stage_index == 0 else torch.randn(
         B_MICRO, T, cfg.n_embd, requires_grad=True)
@@ -88,18 +134,49 @@ def test_gradients_equal_the_single_device_model(kind):
     cfg, model, x, y = setup(M)
     loss = model(x, y)
     loss.backward()
-    res = run(kind, M)
-    got = {}
-    for r in res:
-        for name, g in r["grads"].items():
-            assert g is not None, (f"{kind}: {name} has no gradient after the step: did every "
-                                   "micro-batch's backward run on this stage?")
-            name = "wte.weight" if name == "lm_head.weight" else name
-            got[name] = got[name] + g if name in got else g
+    got = summed_grads(run(kind, M), kind)
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7, msg=lambda m: (
             f"{kind}, gradient of {name}: {m} — is loss_m divided by M, is the received gradient "
             "the one of this micro-batch's output, and is the input's gradient sent back?"))
+
+
+@pytest.mark.exercise("3.6", points=1)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages", [3, 4])
+def test_gradients_equal_the_single_device_model_on_3_and_4_stages(kind, stages):
+    """Check every gradient equals the single-device GPT's with P = 3 (a 3-block GPT) and P = 4
+    stages, M = 4: middle ranks both receive and send in each direction."""
+    M = 4
+    cfg, model, x, y = setup(M, stages)
+    loss = model(x, y)
+    loss.backward()
+    got = summed_grads(run(kind, M, stages), kind)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7, msg=lambda m: (
+            f"{kind} P={stages}, gradient of {name}: {m} — does a middle stage receive its input "
+            "from rank r−1 AND send its output to r+1 (and the gradients the other way)?"))
+
+
+@pytest.mark.exercise("3.6", points=1)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages", [2, 4])
+def test_gradients_equal_torch_pipelining_on_the_same_split(kind, stages):
+    """Check each stage's gradients and the last rank's loss equal those of PyTorch's own
+    pipeline (torch.distributed.pipelining ScheduleGPipe / Schedule1F1B, PipelineStage over
+    gloo) on the same stages and micro-batches, M = 4."""
+    M = 4
+    mine, ref = run(kind, M, stages), run_torch(kind, M, stages)
+    for s in range(stages):
+        for name, want in ref[s]["grads"].items():
+            got = mine[s]["grads"].get(name)
+            assert got is not None, f"{kind} P={stages}, stage {s}: {name} has no gradient"
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=lambda m: (
+                f"{kind} P={stages}, stage {s}, gradient of {name} vs torch.distributed.pipelining: "
+                f"{m} — is each micro-batch's loss scaled by 1/M and backpropagated once?"))
+    assert mine[-1]["loss"] is not None, f"{kind}: the last rank returned no loss"
+    torch.testing.assert_close(mine[-1]["loss"], ref[-1]["loss"], rtol=1e-5, atol=1e-7, msg=lambda m: (
+        f"{kind} P={stages}, loss vs torch's mean of the micro-batch losses: {m}"))
 
 
 @pytest.mark.exercise("3.6", points=1)
@@ -136,14 +213,14 @@ def test_gpipe_holds_the_activations_of_all_m_microbatches():
 @pytest.mark.exercise("3.6", points=2)
 def test_1f1b_holds_at_most_p_minus_s_microbatches():
     """Check under 1F1B stage s's peak of saved activations is min(P−s, M) × one micro-batch's
-    for M = 2 and 4 (bounded by P, not M)."""
-    for M in (2, 4):
-        res = run("1f1b", M)
-        for s in range(P):
-            one, k = one_microbatch_saved_bytes(s, M), min(P - s, M)
+    for M = 2 and 4 on P = 2 stages and M = 4 on P = 3 and 4 (bounded by P, not M)."""
+    for stages, M in ((2, 2), (2, 4), (3, 4), (4, 4)):
+        res = run("1f1b", M, stages)
+        for s in range(stages):
+            one, k = one_microbatch_saved_bytes(s, M, stages), min(stages - s, M)
             got = res[s]["peak_saved"]
             assert got == k * one, (
-                f"1F1B M={M}, stage {s}: peak saved activations {got:,} B, expected min(P−s, M) "
+                f"1F1B P={stages} M={M}, stage {s}: peak saved activations {got:,} B, expected min(P−s, M) "
                 f"× {one:,} = {k * one:,} B: is micro-batch m's graph freed by its backward "
                 "(nothing kept in a list after B), and are the actions run in the given order?")
 
@@ -152,14 +229,15 @@ def test_1f1b_holds_at_most_p_minus_s_microbatches():
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_send_recv_counts_equal_the_formula(kind):
     """Check each rank's point-to-point calls: M sends and M receives per neighbour link (stage
-    s: M·[s<P−1] + M·[s>0] of each), and nothing else."""
+    s: M·[s<P−1] + M·[s>0] of each), and nothing else, on P = 2 and 3 stages."""
     M = 4
-    for s, r in enumerate(run(kind, M)):
-        n = M * ((s < P - 1) + (s > 0))
-        want = {"send": n, "recv": n}
-        assert r["calls"] == want, (
-            f"{kind}, rank {s}: calls {r['calls']}, expected {want}: one activation per forward "
-            "to the next stage and one gradient per backward to the previous, no collectives")
+    for stages in (2, 3):
+        for s, r in enumerate(run(kind, M, stages)):
+            n = M * ((s < stages - 1) + (s > 0))
+            want = {"send": n, "recv": n}
+            assert r["calls"] == want, (
+                f"{kind} P={stages}, rank {s}: calls {r['calls']}, expected {want}: one activation per forward "
+                "to the next stage and one gradient per backward to the previous, no collectives")
 
 
 @pytest.mark.exercise("3.6", points=1)

@@ -6,6 +6,9 @@ Narayanan et al. 2021); a brute-force dependency check written here; and the ord
 that ``torch.distributed.pipelining``'s ScheduleGPipe and Schedule1F1B *execute* on real gloo
 ranks (recorded by wrapping the stage's forward and backward; in torch 2.13
 ``Schedule1F1B.pipeline_order`` is wrong for the last rank, so what runs is the reference).
+Interleaved 1F1B (v chunks per rank, Narayanan et al. 2021 §2.2): the bubble
+(P−1)/(v·M+P−1) with unit costs per chunk action, for M ≥ P (derived below), a brute-force
+scan over the v·P virtual stages, and the order ScheduleInterleaved1F1B executes on gloo.
 Everything is integer or exact rational: no tolerance.
 """
 from __future__ import annotations
@@ -141,8 +144,121 @@ def test_order_equals_what_torch_pipelining_executes(kind, P, M):
                                          f"torch runs {fmt(ran[s])}")
 
 
+# ---------------------------------------------------------------- interleaved 1F1B
+
+# (P, M, v) with M >= P; M = 5 on P = 4 is torch's relaxed rounds (R = 5), 9 on 3 three rounds.
+INTERLEAVED = [(2, 2, 2), (2, 4, 3), (3, 3, 2), (3, 9, 2), (4, 4, 2), (4, 5, 2), (4, 8, 3)]
+
+
+def virtual_violations(spans_by_stage, v):
+    """Independent check over virtual stages: chunk c of rank s is virtual stage c·P + s; F of
+    m there needs F of m on virtual stage − 1 ended, B needs its own F and B on virtual stage + 1."""
+    P = len(spans_by_stage)
+    at = {}
+    for row in spans_by_stage:
+        for sp in row:
+            kind, m, c = sp.action
+            at[(c * P + sp.stage, kind, m)] = sp
+    bad = []
+    for (vs, kind, m), sp in at.items():
+        need = [(vs - 1, "F")] if kind == "F" and vs > 0 else []
+        if kind == "B":
+            need = [(vs, "F")] + ([(vs + 1, "B")] if vs < v * P - 1 else [])
+        for w, k in need:
+            dep = at.get((w, k, m))
+            if dep is None or dep.end > sp.start:
+                bad.append((sp, w, k))
+    for row in spans_by_stage:
+        ordered = sorted(row, key=lambda sp: sp.start)
+        bad += [(a, b) for a, b in zip(ordered, ordered[1:]) if b.start < a.end]
+    return bad
+
+
+@pytest.mark.exercise("3.5", points=1)
+def test_interleaved_runs_every_chunk_action_once_in_microbatch_order():
+    """Check each rank's interleaved list holds F and B of every (micro-batch, chunk) once, each
+    chunk's forwards and backwards in micro-batch order."""
+    from labkit.pipeline_schedule import make_schedule
+
+    for P, M, v in INTERLEAVED:
+        sched = make_schedule("interleaved", P, M, v)
+        assert len(sched) == P, f"interleaved P={P} M={M} v={v}: {len(sched)} rank lists, expected {P}"
+        for s, actions in enumerate(sched):
+            for c in range(v):
+                for kind in "FB":
+                    ms = [a[1] for a in actions if a[0] == kind and a[2] == c]
+                    assert ms == list(range(M)), (
+                        f"interleaved P={P} M={M} v={v} rank {s} chunk {c}: {kind} of micro-batches "
+                        f"{ms}, expected 0..{M - 1} once each in order")
+
+
+@pytest.mark.exercise("3.5", points=2)
+def test_interleaved_bubble_is_p_minus_1_over_v_m_plus_p_minus_1():
+    """Check the interleaved bubble with unit costs per chunk action (F = B = 1 and F = 1, B = 2)
+    is exactly (P−1)/(v·M+P−1) and the makespan (v·M+P−1)(F+B), for M ≥ P.
+
+    Derivation (Narayanan et al. 2021 §2.2): a chunk action costs 1/v of a stage's; the pipeline
+    still fills and drains through P ranks, P−1 forward and P−1 backward slots of idle time per
+    rank, each now a chunk's: idle (P−1)(F+B) next to busy v·M(F+B)."""
+    from labkit.pipeline_schedule import make_schedule, simulate
+
+    for P, M, v in INTERLEAVED:
+        for f, b in ((1, 1), (1, 2)):
+            tl = simulate(make_schedule("interleaved", P, M, v), f, b)
+            want = Fraction(P - 1, v * M + P - 1)
+            assert tl.makespan == (v * M + P - 1) * (f + b), (
+                f"interleaved P={P} M={M} v={v} F={f} B={b}: makespan {tl.makespan}, expected "
+                f"(vM+P−1)(F+B) = {(v * M + P - 1) * (f + b)}: do chunk c+1's forwards on rank 0 "
+                "wait for chunk c on rank P−1, and is the warm-up long enough?")
+            assert tl.bubble == want, (f"interleaved P={P} M={M} v={v}: bubble {tl.bubble}, expected "
+                                       f"(P−1)/(vM+P−1) = {want}")
+
+
+@pytest.mark.exercise("3.5", points=1)
+def test_interleaved_timelines_respect_every_virtual_stage_dependency():
+    """Check simulated interleaved timelines against a brute-force scan over the v·P virtual
+    stages written here, and that check_dependencies finds a chunk that starts too early."""
+    from labkit.pipeline_schedule import ChunkAction, Span, Timeline, check_dependencies, make_schedule, simulate
+
+    for P, M, v in INTERLEAVED:
+        tl = simulate(make_schedule("interleaved", P, M, v), 1, 2)
+        bad = virtual_violations(tl.spans, v)
+        assert not bad, f"interleaved P={P} M={M} v={v}: the timeline breaks dependencies: {bad[:3]}"
+        assert check_dependencies(tl) == [], (
+            f"interleaved P={P} M={M} v={v}: check_dependencies reports {check_dependencies(tl)[:2]} "
+            "on a valid timeline")
+    # P = 2, v = 2, M = 1: rank 0 chunk 1 (virtual stage 2) runs F0 before rank 1 chunk 0 ends it
+    A = ChunkAction
+    early = Timeline([[Span(0, A("F", 0, 0), 0, 1), Span(0, A("F", 0, 1), 1, 2),
+                       Span(0, A("B", 0, 1), 4, 5), Span(0, A("B", 0, 0), 6, 7)],
+                      [Span(1, A("F", 0, 0), 1, 2), Span(1, A("F", 0, 1), 2, 3),
+                       Span(1, A("B", 0, 1), 3, 4), Span(1, A("B", 0, 0), 5, 6)]], 7, 0, [2, 2])
+    found = check_dependencies(early)
+    assert found, ("rank 0 chunk 1 F0 starts at 1, before rank 1 chunk 0 F0 ends at 2: "
+                   "check_dependencies returned [] (chunk c of rank s is virtual stage c·P + s)")
+
+
+@pytest.mark.exercise("3.5", points=2)
+@pytest.mark.parametrize("P,M,v", [(2, 4, 2), (3, 3, 2), (4, 5, 2)])
+def test_interleaved_order_equals_what_torch_pipelining_executes(P, M, v):
+    """Check each rank's interleaved order equals the actions ScheduleInterleaved1F1B executes on
+    P real gloo ranks, v stages (chunks) each."""
+    from labkit.dist import launch
+    from labkit.pipeline_schedule import make_schedule, record_torch_schedule
+
+    ran = launch(record_torch_schedule, P, "interleaved", M, num_chunks=v, timeout=90)
+    mine = make_schedule("interleaved", P, M, v)
+    fmt = lambda acts: " ".join(f"{k}{m}c{c}" for k, m, c in acts)  # noqa: E731
+    for s in range(P):
+        assert list(mine[s]) == ran[s], (f"interleaved P={P} M={M} v={v} rank {s}: your order "
+                                         f"{fmt(mine[s])}, torch runs {fmt(ran[s])}")
+
+
 @pytest.mark.parametrize("args,name", [(("zb", 2, 2), "kind"), (("gpipe", 0, 2), "num_stages"),
-                                       (("1f1b", 2, 0), "num_microbatches")])
+                                       (("1f1b", 2, 0), "num_microbatches"),
+                                       (("gpipe", 2, 2, 2), "num_chunks"),
+                                       (("interleaved", 2, 2, 1), "num_chunks"),
+                                       (("interleaved", 4, 9, 2), "num_microbatches")])
 def test_bad_arguments_raise_value_error_naming_them(args, name):
     from labkit.pipeline_schedule import make_schedule
 

@@ -49,6 +49,15 @@ def zero3(N):
 
 
 @functools.lru_cache(maxsize=None)
+def zero3_prefetch(N):
+    from labkit.dist import launch
+    from labkit.zero3 import train_zero3
+
+    model, batches = setup(N)
+    return launch(train_zero3, N, model, batches, lr=LR, prefetch=True, timeout=120)
+
+
+@functools.lru_cache(maxsize=None)
 def fsdp2(N):
     from labkit.dist import launch
     from labkit.zero3 import train_fsdp2
@@ -177,11 +186,102 @@ def test_collectives_equal_fsdp2s():
         assert mine["comm"] == theirs["comm"], f"rank {r}: {mine['comm'][0]} vs FSDP2's {theirs['comm'][0]}"
 
 
+# ---------------------------------------------------------------- prefetch of the next unit
+
+@pytest.mark.exercise("3.7", points=1)
+def test_prefetch_trains_to_the_same_parameters_bit_for_bit():
+    """Check ZeRO3(prefetch=True) gives exactly the parameters and losses of prefetch=False after
+    3 steps (N = 2): prefetching changes when a unit is gathered, never what is computed."""
+    for r, (plain, early) in enumerate(zip(zero3(2), zero3_prefetch(2))):
+        assert early["losses"] == plain["losses"], (
+            f"rank {r} losses with prefetch {early['losses']}, without {plain['losses']}: does the "
+            "block wait for its prefetched all-gather before it computes?")
+        model, _ = setup(2)
+        for (name, _), got, want in zip(model.named_parameters(), early["params"], plain["params"]):
+            assert torch.equal(got, want), (
+                f"rank {r} {name}: with prefetch max |diff| {(got - want).abs().max():.3g} vs without: "
+                "is a prefetched buffer used before its all-gather completed?")
+
+
+@pytest.mark.exercise("3.7", points=1)
+def test_prefetch_peak_is_the_root_plus_the_current_and_the_next_block():
+    """Check the peak of gathered buffers with prefetch is at most the root + two largest blocks
+    (the current one and the prefetched one) and more than without (N = 2)."""
+    model, _ = setup(2)
+    sizes = [math.ceil(n / 2) * 2 * 4 for n in unit_numels(model)]
+    bound = sizes[-1] + 2 * max(sizes[:-1])
+    for r, (plain, early) in enumerate(zip(zero3(2), zero3_prefetch(2))):
+        got = early["peak_live_bytes"]
+        assert got <= bound, (
+            f"rank {r}: peak gathered with prefetch {got:,} B, expected at most root + 2 blocks = "
+            f"{bound:,}: is a block freed after its forward and after its backward, and only the "
+            "NEXT block prefetched?")
+        assert got > plain["peak_live_bytes"], (
+            f"rank {r}: peak gathered with prefetch {got:,} B, no more than without "
+            f"({plain['peak_live_bytes']:,}): is the next block's all-gather started before this "
+            "block's compute?")
+
+
+@pytest.mark.exercise("3.7", points=1)
+def test_prefetch_issues_the_next_all_gather_before_the_current_block_ends():
+    """Check the first step's event order (N = 2): in forward, block i+1's all-gather is issued,
+    asynchronously, before block i's forward ends; in backward, block i−1's before block i's
+    backward ends."""
+    for r, res in enumerate(zero3_prefetch(2)):
+        ev = res["events"]
+        blocks = 1 + max(e[1] for e in ev if e[0] == "forward_end")
+        fwd_done = ev.index(("forward_end", blocks - 1))
+        gathers = [(k, e) for k, e in enumerate(ev) if e[0] == "all_gather"]
+        for i in range(blocks - 1):
+            k, e = next((k, e) for k, e in gathers if e[1] == i + 1)
+            assert k < ev.index(("forward_end", i)), (
+                f"rank {r}: block {i + 1}'s forward all-gather issued after block {i}'s forward "
+                f"ended (events {ev}): prefetch the next block before this one computes")
+            assert e[2], (f"rank {r}: block {i + 1}'s prefetch all-gather is synchronous: it must "
+                          f"be issued without waiting so that it overlaps block {i}'s compute")
+        for i in range(blocks - 1, 0, -1):
+            k, e = next((k, e) for k, e in gathers if e[1] == i - 1 and k > fwd_done)
+            assert k < ev.index(("backward_end", i)), (
+                f"rank {r}: block {i - 1}'s backward all-gather issued after block {i}'s backward "
+                f"ended (events {ev}): prefetch the block that runs next in backward")
+
+
+@pytest.mark.exercise("3.7", points=1)
+def test_prefetch_makes_the_same_collectives():
+    """Check the collectives per step (calls and bytes) with prefetch equal those without: each
+    block still gathered twice and reduce-scattered once (N = 2)."""
+    for r, (plain, early) in enumerate(zip(zero3(2), zero3_prefetch(2))):
+        assert early["comm"] == plain["comm"], (
+            f"rank {r}: with prefetch {early['comm'][0]}, without {plain['comm'][0]}: a prefetched "
+            "block must not be gathered again when its turn comes")
+
+
+def test_without_prefetch_the_next_all_gather_waits_for_the_current_block():
+    """The control: prefetch=False issues block i+1's all-gather only after block i's forward."""
+    ev = zero3(2)[0]["events"]
+    k = next(k for k, e in enumerate(ev) if e[0] == "all_gather" and e[1] == 1)
+    assert k > ev.index(("forward_end", 0)), ev
+
+
 def test_model_without_blocks_raises_value_error():
     from labkit.dist import launch
 
     with pytest.raises(Exception, match="'h'"):
         launch(_build_bad, 1)
+
+
+def test_prefetch_that_is_not_a_bool_raises_type_error():
+    from labkit.dist import launch
+
+    with pytest.raises(Exception, match="prefetch must be True or False"):
+        launch(_build_bad_prefetch, 1)
+
+
+def _build_bad_prefetch(rank, world_size):
+    from labkit.zero3 import ZeRO3
+
+    model, _ = setup(1)
+    ZeRO3(model, prefetch="yes")
 
 
 def _build_bad(rank, world_size):

@@ -2,7 +2,7 @@
 
 Each page below has one planted fault (or none); the checker must report it, by kind, and
 nothing on the clean page. The last tests drive the book's JS calculator in the browser and
-compare the numbers it draws with labkit.memory_model. The browser tests skip without Chromium
+compare the numbers it draws with labkit.widgets.calculator_bytes (labkit.parallel_memory). The browser tests skip without Chromium
 (tools/ensure_chromium.sh installs it); the font and link tests need no browser.
 """
 import re
@@ -227,15 +227,12 @@ SET_JS = """((name, value) => {
 
 
 def _model_kwargs(controls):
-    """The page's control values as labkit.memory_model.per_gpu_bytes arguments."""
-    import inspect
+    """The page's control values as labkit.widgets.calculator_bytes arguments."""
+    from labkit.widgets import DEFAULTS
 
-    from labkit import memory_model
-
-    params = inspect.signature(memory_model.per_gpu_bytes).parameters
     kwargs = {}
     for name, c in controls.items():
-        if name not in params:
+        if name not in DEFAULTS:
             continue
         value = c["value"]
         if name == "n_params":
@@ -249,58 +246,116 @@ def _model_kwargs(controls):
     return kwargs
 
 
+LAYOUT = ("world_size", "dp", "tp", "pp", "cp")
+
+
 def _moves(controls):
-    """Each control in turn: every other option of a menu, radio group or checkbox; a number doubled."""
+    """Each control in turn: every other option of a menu, radio group or checkbox; a number
+    doubled (the layout's sizes move together, below)."""
     for name, c in controls.items():
         if c["values"]:
             for v in c["values"]:
                 if v != c["value"]:
                     yield name, v
-        elif c["type"] in ("number", "range"):
+        elif c["type"] in ("number", "range") and name not in LAYOUT:
             yield name, str(float(c["value"]) * 2).removesuffix(".0")
 
 
-@needs_chromium
-def test_calculator_draws_what_labkit_memory_model_computes(calculator_tab):
+# (N, D, T, P, C), set control by control; every one valid once all five are set
+LAYOUT_MOVES = [(1024, 16, 8, 8, 1), (512, 8, 8, 4, 2), (16, 2, 2, 2, 2), (64, 64, 1, 1, 1)]
+
+
+def _check_drawn(tab, where):
+    """The bars and the summary the page draws equal labkit.widgets.calculator_bytes; returns
+    the number of bar segments compared."""
+    from labkit import memory_model
+    from labkit.widgets import calculator_bytes
+
+    now = tab.evaluate(CONTROLS_JS)
+    drawn = tab.evaluate(DRAWN_JS)
+    assert drawn["msg"] == "", f"{where} the calculator says {drawn['msg']!r}"
+    kwargs = _model_kwargs(now)
+    titles = drawn["titles"]
+    consumers = list(memory_model.CONSUMERS)
+    stages = list(memory_model.ZERO_STAGES)
+    assert len(titles) == len(stages) * len(consumers), \
+        f"{where} the chart has {len(titles)} bar segments, " \
+        f"expected {len(stages)} stages × {len(consumers)} consumers"
+    for i, title in enumerate(titles):
+        stage, consumer = stages[i // len(consumers)], consumers[i % len(consumers)]
+        label, gb = re.fullmatch(r"(.+): ([\d.]+) GB", title).groups()
+        assert label == consumer, f"segment {i} is labelled {label!r}, expected {consumer!r}"
+        want = calculator_bytes(**{**kwargs, "zero_stage": stage})[consumer] / 1e9
+        # the page prints GB with two decimals: it is right if it is the rounding of the model
+        assert abs(float(gb) - want) <= 0.005 + 1e-9 * want, (
+            f"{where}: the chart draws {consumer} at stage {stage} as "
+            f"{gb} GB, labkit.widgets.calculator_bytes({kwargs}) gives {want:.4f} GB: "
+            f"is the page's JavaScript out of step with labkit.parallel_memory?")
+    # the summary repeats the selected stage's numbers
+    total = sum(calculator_bytes(**kwargs).values()) / 1e9
+    assert f"total {total:.2f} GB" in drawn["summary"], \
+        f"{where}: summary {drawn['summary']!r} lacks total {total:.2f} GB"
+    return len(titles)
+
+
+def _set(tab, name, value):
     import json
 
-    from labkit import memory_model
+    tab.evaluate(SET_JS % (json.dumps(name), json.dumps(value)))
 
+
+@needs_chromium
+def test_calculator_draws_what_labkit_parallel_memory_computes(calculator_tab):
+    """Every control moved in turn, then four D×T×P×C layouts: the drawn bars and the summary
+    equal the Python calculator (labkit.parallel_memory with LABKIT_SOLUTIONS)."""
+    from labkit.widgets import calculator_bytes, settings
+
+    try:
+        calculator_bytes(**settings(world_size=64, tp=8))
+    except NotImplementedError:
+        pytest.skip("needs labkit.parallel_memory (exercise 6.4): run with LABKIT_SOLUTIONS")
     tab = calculator_tab
     controls = tab.evaluate(CONTROLS_JS)
-    assert {"n_params", "recipe", "optimizer", "zero_stage", "world_size"} <= set(controls), controls
+    assert {"n_params", "recipe", "optimizer", "zero_stage", "world_size", "dp", "tp", "pp", "cp",
+            "n_micro", "sequence_parallel", "checkpointing"} <= set(controls), controls
     checked = 0
     for name, value in [(None, None)] + list(_moves(controls)):
         if name is not None:
-            tab.evaluate(SET_JS % (json.dumps(name), json.dumps(value)))
-        now = tab.evaluate(CONTROLS_JS)
-        drawn = tab.evaluate(DRAWN_JS)
-        where = "at the page's defaults" if name is None else f"after setting {name}={value}"
-        assert drawn["msg"] == "", f"{where} the calculator says {drawn['msg']!r}"
-        kwargs = _model_kwargs(now)
-        titles = drawn["titles"]
-        consumers = list(memory_model.CONSUMERS)
-        stages = list(memory_model.ZERO_STAGES)
-        assert len(titles) == len(stages) * len(consumers), \
-            f"{where} the chart has {len(titles)} bar segments, " \
-            f"expected {len(stages)} stages × {len(consumers)} consumers"
-        for i, title in enumerate(titles):
-            stage, consumer = stages[i // len(consumers)], consumers[i % len(consumers)]
-            label, gb = re.fullmatch(r"(.+): ([\d.]+) GB", title).groups()
-            assert label == consumer, f"segment {i} is labelled {label!r}, expected {consumer!r}"
-            want = memory_model.per_gpu_bytes(**{**kwargs, "zero_stage": stage})[consumer] / 1e9
-            # the page prints GB with two decimals: it is right if it is the rounding of the model
-            assert abs(float(gb) - want) <= 0.005 + 1e-9 * want, (
-                f"{where}: the chart draws {consumer} at stage {stage} as "
-                f"{gb} GB, labkit.memory_model.per_gpu_bytes({kwargs}) gives {want:.4f} GB: "
-                f"is the page's JavaScript out of step with memory_model?")
-            checked += 1
-        # the summary repeats the selected stage's numbers
-        sel = memory_model.per_gpu_bytes(**kwargs)
-        total = sum(sel.values()) / 1e9
-        assert f"total {total:.2f} GB" in drawn["summary"], \
-            f"{where}: summary {drawn['summary']!r} lacks total {total:.2f} GB"
-    assert checked >= 16 * 5, f"only {checked} drawn numbers compared: did the controls move?"
+            _set(tab, name, value)
+        checked += _check_drawn(tab, "at the page's defaults" if name is None
+                                else f"after setting {name}={value}")
+    for layout in LAYOUT_MOVES:
+        for name, value in zip(LAYOUT, layout):
+            _set(tab, name, str(value))
+        checked += _check_drawn(tab, f"at (N, D, T, P, C) = {layout}")
+    assert checked >= 16 * (len(controls) + len(LAYOUT_MOVES)), \
+        f"only {checked} drawn numbers compared: did the controls move?"
+
+
+VALID = {"world_size": "64", "dp": "64", "tp": "1", "pp": "1", "cp": "1", "n_layer": "80",
+         "hidden": "10240", "n_head": "80", "seq_len": "2048"}  # the defaults' model shape
+
+
+@needs_chromium
+@pytest.mark.parametrize("changes, says", [
+    ({"dp": "32"}, "must equal the GPUs N"),
+    ({"world_size": "128", "dp": "16", "tp": "8", "n_head": "12", "hidden": "768"}, "must divide the heads"),
+    ({"dp": "16", "pp": "4", "n_layer": "30"}, "must divide the layers"),
+    ({"dp": "32", "cp": "2", "seq_len": "2047"}, "must divide the sequence"),
+    ({"hidden": ""}, "hidden must be a positive"),
+])
+def test_calculator_shows_a_message_not_a_broken_chart(calculator_tab, changes, says):
+    """An invalid combination empties the chart and says why; a valid one draws again."""
+    tab = calculator_tab
+    for name, value in {**VALID, **changes}.items():
+        _set(tab, name, value)
+    drawn = tab.evaluate(DRAWN_JS)
+    assert says in drawn["msg"], f"after {changes} the page says {drawn['msg']!r}, expected {says!r}"
+    assert drawn["titles"] == [], f"after {changes} the chart still draws {len(drawn['titles'])} bars"
+    assert drawn["summary"].startswith("Nothing drawn"), drawn["summary"]
+    for name, value in VALID.items():
+        _set(tab, name, value)
+    assert tab.evaluate(DRAWN_JS)["msg"] == "" and len(tab.evaluate(DRAWN_JS)["titles"]) == 16
 
 
 def test_toc_globs_and_sections_are_followed(tmp_path):

@@ -20,7 +20,7 @@ instability, β = (β₁, β₂, β₃)):
     U = (u − m)²;  R ← β₃ R + (1 − β₃) rowmean(U + ε₂);  C ← β₃ C + (1 − β₃) colmean(U + ε₂)
     S = R C / mean(R);  θ ← θ − lr · m / √S     (plus decoupled weight decay θ ← θ(1 − lr·λ))
 
-Chapter 2 (book/02_optimizer_states.md); Lab 2 (labs/02_optimizer_states.ipynb).
+Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.8 (labs/02_optimizer_states.ipynb).
 """
 from __future__ import annotations
 
@@ -75,6 +75,16 @@ class CAME(torch.optim.Optimizer):
         return loss
 
     def _update(self, p, g, state, group) -> None:
+        """One CAME step of parameter ``p`` with fp32 gradient ``g``; creates its state on first use.
+
+        Contract: the state keys and shapes of the class docstring; after the call ``p`` equals
+        the paper's Algorithm 1 applied to it (the module docstring), to fp32 rounding: the
+        factored second moment from ``g² + ε₁``, the clipped normalized update, its first moment,
+        the factored instability from ``(u − m)² + ε₂`` (weights only) and the confidence-scaled
+        step with decoupled weight decay. The full m×n estimates of v and of the instability
+        are temporaries; only their factors are kept.
+        """
+        # BEGIN SOLUTION 2.8: create the state on first use, then one step of the paper's Algorithm 1 keeping only the factors of v and of the instability
         beta1, beta2, beta3 = group["betas"]
         eps1, eps2 = group["eps"]
         factored = g.dim() >= 2
@@ -113,12 +123,16 @@ class CAME(torch.optim.Optimizer):
         if group["weight_decay"]:
             p.mul_(1 - group["lr"] * group["weight_decay"])
         p.add_(update.to(p.dtype), alpha=-group["lr"])
+        # END SOLUTION
 
 
 def _factored_rsqrt(row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
-    """1/√(r c / mean(r)) as a (..., m, n) tensor from r (..., m) and c (..., n)."""
+    """1/√(r c / mean(r)) as a (..., m, n) tensor from r (..., m) and c (..., n): the inverse
+    square root of the rank-one matrix rebuilt from a row and a column factor."""
+    # BEGIN SOLUTION 2.8: the (..., m, n) inverse square root of the matrix rebuilt from the row and column factors
     r = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)  # (..., m, 1)
     return r * col.rsqrt().unsqueeze(-2)  # (..., m, n)
+    # END SOLUTION
 
 
 def came_state_bytes(shape) -> int:

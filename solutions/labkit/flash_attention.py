@@ -66,19 +66,19 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return torch.softmax(scores, dim=-1) @ v  # (B, H, S, D)
 
 
-def _tile_scores(q_blk: torch.Tensor, k_blk: torch.Tensor, q0: int, k0: int, scale: float,
-                 causal: bool) -> torch.Tensor:
-    """Scores of one tile, (B, H, bq, bk), with causal positions masked to -inf.
-
-    Only a tile that crosses the diagonal (some key after some query) pays for the mask."""
-    s = q_blk @ k_blk.transpose(-2, -1)
-    if scale != 1.0:
-        s = s.mul_(scale)
-    bq, bk = q_blk.shape[-2], k_blk.shape[-2]
-    if causal and k0 + bk - 1 > q0:
-        above = torch.ones(bq, bk, dtype=torch.bool, device=s.device).triu(q0 - k0 + 1)
-        s = s.masked_fill(above, float("-inf"))
-    return s
+def _causal_bias(q0: int, k0: int, bq: int, bk: int, dtype: torch.dtype, device: torch.device,
+                 cache: dict) -> torch.Tensor | None:
+    """The additive causal mask of the tile of queries [q0, q0+bq) × keys [k0, k0+bk): (bq, bk),
+    0 where key ≤ query and -inf where key > query; None for a tile wholly on or below the
+    diagonal (it needs no mask). Built once per distinct (q0 - k0, bq, bk) and kept in ``cache``."""
+    if k0 + bk - 1 <= q0:
+        return None
+    key = (q0 - k0, bq, bk)
+    if key not in cache:
+        above = torch.ones(bq, bk, dtype=torch.bool, device=device).triu(q0 - k0 + 1)
+        cache[key] = torch.zeros(bq, bk, dtype=dtype, device=device).masked_fill_(
+            above, float("-inf"))
+    return cache[key]
 
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -105,31 +105,36 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     B, H, S, D = q.shape
     acc_dtype = stats_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D)
-    qa, ka, va = q.to(acc_dtype) * scale, k.to(acc_dtype), v.to(acc_dtype)  # q pre-scaled once
-    out = torch.empty_like(q)
-    lse = torch.empty(B, H, S, dtype=acc_dtype, device=q.device)
+    # (B·H, S, D): one batch dimension for bmm; q pre-scaled once
+    qa = (q.to(acc_dtype) * scale).reshape(B * H, S, D)
+    ka, va = k.to(acc_dtype).reshape(B * H, S, D), v.to(acc_dtype).reshape(B * H, S, D)
+    out = torch.empty(B * H, S, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B * H, S, 1, dtype=acc_dtype, device=q.device)
+    masks = {}
     for q0 in range(0, S, block_q):
-        q_blk = qa[:, :, q0:q0 + block_q]  # (B, H, bq, D)
-        bq = q_blk.shape[-2]
+        q1 = min(S, q0 + block_q)
+        q_blk = qa[:, q0:q1]  # (BH, bq, D)
         m = l = acc = None
-        k_end = min(S, q0 + bq) if causal else S
+        k_end = q1 if causal else S  # keys at or after q1 are masked for every query here
         for k0 in range(0, k_end, block_k):
-            k_blk, v_blk = ka[:, :, k0:k0 + block_k], va[:, :, k0:k0 + block_k]
-            s = _tile_scores(q_blk, k_blk, q0, k0, 1.0, causal)  # (B, H, bq, bk)
+            k1 = min(k_end, k0 + block_k)
+            k_t, v_blk = ka[:, k0:k1].transpose(1, 2), va[:, k0:k1]
+            bias = _causal_bias(q0, k0, q1 - q0, k1 - k0, acc_dtype, q.device, masks) if causal else None
+            s = torch.bmm(q_blk, k_t) if bias is None else torch.baddbmm(bias, q_blk, k_t)
             if m is None:  # first tile: nothing to rescale
                 m = s.amax(dim=-1, keepdim=True)
-                p = torch.exp(s - m)
-                l, acc = p.sum(dim=-1, keepdim=True), p @ v_blk
+                p = s.sub_(m).exp_()
+                l, acc = p.sum(dim=-1, keepdim=True), torch.bmm(p, v_blk)
                 continue
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             p = s.sub_(m_new).exp_()  # in place: the tile's scores are not needed again
             correction = (m - m_new).exp_()
             l = l.mul_(correction).add_(p.sum(dim=-1, keepdim=True))
-            acc = acc.mul_(correction).add_(p @ v_blk)
+            acc = acc.mul_(correction).baddbmm_(p, v_blk)
             m = m_new
-        out[:, :, q0:q0 + bq] = (acc / l).to(q.dtype)
-        lse[:, :, q0:q0 + bq] = (m + torch.log(l)).squeeze(-1)
-    return out, lse
+        out[:, q0:q1] = acc.div_(l)
+        lse[:, q0:q1] = m + torch.log(l)
+    return out.view(B, H, S, D), lse.view(B, H, S)
     # END SOLUTION
 
 
@@ -155,30 +160,39 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, H, S, D = q.shape
     acc_dtype = stats_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D)
-    qa, ka, va = q.to(acc_dtype) * scale, k.to(acc_dtype), v.to(acc_dtype)  # q pre-scaled
-    do = grad_out.to(acc_dtype)
-    delta = (do * out.to(acc_dtype)).sum(dim=-1, keepdim=True)  # (B, H, S, 1)
-    lse = lse.to(acc_dtype)
-    dq = torch.zeros(B, H, S, D, dtype=acc_dtype, device=q.device)
-    dk = torch.zeros_like(dq)
-    dv = torch.zeros_like(dq)
+    qa = (q.to(acc_dtype) * scale).reshape(B * H, S, D)  # q pre-scaled
+    ka, va = k.to(acc_dtype).reshape(B * H, S, D), v.to(acc_dtype).reshape(B * H, S, D)
+    do = grad_out.to(acc_dtype).reshape(B * H, S, D)
+    neg_delta = -(do * out.to(acc_dtype).reshape(B * H, S, D)).sum(dim=-1, keepdim=True)
+    neg_lse = -lse.to(acc_dtype).reshape(B * H, S, 1)
+    dq = torch.empty(B * H, S, D, dtype=acc_dtype, device=q.device)
+    # dK and dV accumulate per key block, each its own contiguous buffer
+    starts = range(0, S, block_k)
+    dk = [torch.zeros(B * H, min(S, k0 + block_k) - k0, D, dtype=acc_dtype, device=q.device)
+          for k0 in starts]
+    dv = [torch.zeros_like(t) for t in dk]
+    masks = {}
     for q0 in range(0, S, block_q):
         q1 = min(S, q0 + block_q)
-        q_blk, do_blk = qa[:, :, q0:q1], do[:, :, q0:q1]
-        lse_blk, delta_blk = lse[:, :, q0:q1, None], delta[:, :, q0:q1]
+        q_blk, do_blk = qa[:, q0:q1], do[:, q0:q1]
+        lse_blk, delta_blk = neg_lse[:, q0:q1], neg_delta[:, q0:q1]  # (BH, bq, 1), negated
         k_end = q1 if causal else S
-        dq_blk = dq[:, :, q0:q1]
-        for k0 in range(0, k_end, block_k):
-            k1 = min(S, k0 + block_k)
-            k_blk, v_blk = ka[:, :, k0:k1], va[:, :, k0:k1]
-            p = _tile_scores(q_blk, k_blk, q0, k0, 1.0, causal).sub_(lse_blk).exp_()
-            dv[:, :, k0:k1] += p.transpose(-2, -1) @ do_blk
-            dp = do_blk @ v_blk.transpose(-2, -1)  # (B, H, bq, bk)
-            ds = dp.sub_(delta_blk).mul_(p)
-            dq_blk += ds @ k_blk
-            dk[:, :, k0:k1] += ds.transpose(-2, -1) @ q_blk  # q_blk carries the 1/√d
-        dq_blk *= scale
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        dq_blk = torch.zeros_like(q_blk)
+        for j, k0 in enumerate(range(0, k_end, block_k)):
+            k1 = min(k_end, k0 + block_k)
+            k_blk, v_blk = ka[:, k0:k1], va[:, k0:k1]
+            bias = _causal_bias(q0, k0, q1 - q0, k1 - k0, acc_dtype, q.device, masks) if causal else None
+            # P = exp(S - L), the -L added by the matmul itself (and -inf above the diagonal)
+            p = torch.baddbmm(lse_blk if bias is None else lse_blk + bias, q_blk,
+                              k_blk.transpose(1, 2)).exp_()
+            dv_j, dk_j = dv[j][:, :k1 - k0], dk[j][:, :k1 - k0]
+            dv_j.baddbmm_(p.transpose(1, 2), do_blk)
+            ds = torch.baddbmm(delta_blk, do_blk, v_blk.transpose(1, 2)).mul_(p)  # (dP - D)∘P
+            dq_blk.baddbmm_(ds, k_blk)
+            dk_j.baddbmm_(ds.transpose(1, 2), q_blk)  # q_blk carries the 1/√d
+        dq[:, q0:q1] = dq_blk.mul_(scale)
+    dk, dv = torch.cat(dk, dim=1), torch.cat(dv, dim=1)
+    return tuple(g.view(B, H, S, D).to(q.dtype) for g in (dq, dk, dv))
     # END SOLUTION
 
 

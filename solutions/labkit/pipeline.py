@@ -190,3 +190,66 @@ def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, act
     return {"loss": box["loss"], "peak_saved": peak,
             "grads": {n: p.grad for n, p in stage.named_parameters()},
             "calls": dict(c.calls), "bytes": dict(c.bytes_sent)}
+
+
+def torch_pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, kind: str,
+                          x: torch.Tensor, y: torch.Tensor, num_microbatches: int) -> dict:
+    """PyTorch's pipeline on the same split, run by ``labkit.dist.launch``: stage ``rank`` of
+    :func:`split_gpt` in a ``torch.distributed.pipelining.PipelineStage``, one step of
+    ``ScheduleGPipe`` ("gpipe") or ``Schedule1F1B`` ("1f1b") with the micro-batch loss
+    cross-entropy (its gradients scaled by 1/M, ``scale_grads``), for comparison with
+    :func:`pipeline_worker`. Returns ``{"loss": the batch's mean loss on the last rank (None
+    elsewhere), "grads": {name: grad}}``."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    if kind not in ("gpipe", "1f1b"):
+        raise ValueError(f"kind must be 'gpipe' or '1f1b', got {kind!r}")
+    model = GPT(cfg)
+    model.load_state_dict(state)
+    stage = split_gpt(model, world_size)[rank]
+    pipe = PipelineStage(stage, rank, world_size, torch.device("cpu"))
+    loss_fn = lambda out, t: F.cross_entropy(out.reshape(-1, out.shape[-1]), t.reshape(-1))  # noqa: E731
+    schedule = (ScheduleGPipe if kind == "gpipe" else Schedule1F1B)(pipe, num_microbatches, loss_fn=loss_fn)
+    losses: list = []
+    if world_size == 1:
+        schedule.step(x, target=y, losses=losses)
+    elif rank == 0:
+        schedule.step(x)
+    elif rank == world_size - 1:
+        schedule.step(target=y, losses=losses)
+    else:
+        schedule.step()
+    dist.barrier()  # no rank leaves (and destroys the group) while another sends
+    loss = torch.stack(losses).mean().detach() if losses else None
+    return {"loss": loss, "grads": {n: p.grad for n, p in stage.named_parameters()}}
+
+
+def peaks_by_microbatches(kind: str, num_stages: int, microbatches, cfg: GPTConfig | None = None,
+                          micro_batch_size: int = 2, seq_len: int = 32) -> dict:
+    """Per-stage peak saved activation bytes of :func:`run_stage` under ``kind`` ("gpipe" or
+    "1f1b") for each M in ``microbatches``, on ``num_stages`` gloo ranks: ``{M: [bytes per
+    stage]}``. The action lists are GPipe's (all F, then all B) or 1F1B's (min(P−s, M)
+    forwards, then one B and one F, then the drain), written here; the model ``cfg``
+    (default: ``lab_config("cpu")``) with ``micro_batch_size`` sequences of ``seq_len``."""
+    from labkit.dist import launch
+    from labkit.models import SyntheticData, lab_config
+
+    if kind not in ("gpipe", "1f1b"):
+        raise ValueError(f"kind must be 'gpipe' or '1f1b', got {kind!r}")
+    cfg = cfg or lab_config("cpu")
+    P, out = num_stages, {}
+    for M in microbatches:
+        acts = []
+        for s in range(P):
+            fs, bs = [("F", m) for m in range(M)], [("B", m) for m in range(M)]
+            w = M if kind == "gpipe" else min(P - s, M)
+            order = fs[:w]
+            for m in range(w, M):
+                order += [bs[m - w], fs[m]]
+            acts.append(order + bs[M - w:] if kind == "1f1b" else fs + bs)
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        x, y = SyntheticData(cfg.vocab_size, seq_len, micro_batch_size * M, seed=1).batch(0)
+        res = launch(pipeline_worker, P, cfg, model.state_dict(), acts, x, y, M, timeout=120)
+        out[M] = [r["peak_saved"] for r in res]
+    return out

@@ -11,6 +11,11 @@ its 2M actions; the timeline follows from the dependencies.
 - **1F1B** (Narayanan et al. 2021, arXiv 2104.04473, PipeDream-Flush): stage s runs P−s
   forwards (warm-up), then alternates one backward and one forward, then drains the
   backwards. Same bubble, but at most P−s micro-batches are in flight on stage s.
+- **Interleaved 1F1B** (Narayanan et al. 2021, §2.2): each of the P ranks holds v model
+  *chunks* (virtual stages s, s+P, …, s+(v−1)P of v·P), so a micro-batch crosses every rank v
+  times. With unit costs per chunk action the bubble is (P−1)/(v·M+P−1): the same P−1 idle
+  slots of each kind, but every slot is 1/v of a stage's work. It costs v× the point-to-point
+  messages. Actions are :class:`ChunkAction` (kind, micro-batch, chunk).
 
 This module generates both, simulates the timeline with given action costs, and checks a
 timeline's dependencies. Lab 3, exercise 3.5; chapter 3 (book/03_parameters.md) draws its Gantt
@@ -25,16 +30,29 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Action", "Span", "Timeline", "make_schedule", "simulate", "check_dependencies",
-           "SCHEDULES", "record_torch_schedule"]
+__all__ = ["Action", "ChunkAction", "Span", "Timeline", "make_schedule", "simulate",
+           "check_dependencies", "SCHEDULES", "record_torch_schedule", "torch_interleaved_order"]
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 class Action(NamedTuple):
     """One unit of work on a stage: ``kind`` "F" (forward) or "B" (backward) of ``microbatch``."""
     kind: str
     microbatch: int
+
+
+class ChunkAction(NamedTuple):
+    """One unit of work of an interleaved schedule: ``kind`` "F" or "B" of ``microbatch`` on the
+    rank's model chunk ``chunk`` (0..v−1); on rank s it is virtual stage ``chunk·P + s``."""
+    kind: str
+    microbatch: int
+    chunk: int
+
+
+def _chunk(action) -> int:
+    """The chunk of an action: 0 for a plain :class:`Action` (one chunk per stage)."""
+    return action[2] if len(action) == 3 else 0
 
 
 class Span(NamedTuple):
@@ -68,20 +86,39 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
-def make_schedule(kind: str, num_stages: int, num_microbatches: int) -> list[list[Action]]:
-    """Each stage's ordered actions for the schedule ``kind`` ("gpipe" or "1f1b").
+def make_schedule(kind: str, num_stages: int, num_microbatches: int,
+                  num_chunks: int = 1) -> list[list[Action]]:
+    """Each stage's ordered actions for the schedule ``kind`` ("gpipe", "1f1b", "interleaved").
 
     Returns a list of ``num_stages`` lists; list s holds stage s's 2M actions in the order the
     stage runs them, every ``Action("F", m)`` and ``Action("B", m)`` for m in 0..M−1 exactly
     once; forwards and backwards each in micro-batch order. "gpipe": all forwards, then all
     backwards. "1f1b": min(P−s, M) forwards, then alternately one backward and one forward
     while forwards remain, then the remaining backwards (torch's ``Schedule1F1B`` order).
+
+    "interleaved" (``num_chunks`` = v ≥ 2; rank s holds chunks c = 0..v−1, virtual stages
+    c·P + s): list s holds the 2vM :class:`ChunkAction` s of rank s in the order torch's
+    ``ScheduleInterleaved1F1B`` runs them. Micro-batches go in rounds of R = M / max(1, ⌊M/P⌋)
+    (M must divide into that many rounds): a rank's forwards take chunk 0 for a round of R
+    micro-batches, then chunk 1 for the same round, …, then the next round; its backwards
+    visit the chunks in the reverse order. A warm-up of forwards (as many as the first
+    backward of rank s needs to be ready in the steady state, never more than vM), then
+    alternately one forward and one backward while forwards remain, then the remaining
+    backwards. Each chunk's forwards and backwards are each in micro-batch order.
     """
     if kind not in SCHEDULES:
         raise ValueError(f"kind must be one of {SCHEDULES}, got {kind!r}")
     P = _positive_int("num_stages", num_stages)
     M = _positive_int("num_microbatches", num_microbatches)
+    v = _positive_int("num_chunks", num_chunks)
+    if (kind == "interleaved") != (v > 1):
+        raise ValueError(f"num_chunks must be >= 2 for 'interleaved' and 1 for {kind!r}, got {v}")
+    if kind == "interleaved" and M % max(1, M // P):
+        raise ValueError(f"num_microbatches must be a multiple of the number of rounds "
+                         f"max(1, M // P) = {max(1, M // P)} for 'interleaved', got {M}")
     # BEGIN SOLUTION 3.5: build each stage's order for GPipe and for 1F1B (warm-up, steady alternation, drain)
+    if kind == "interleaved":
+        return [_interleaved_order(s, P, M, v) for s in range(P)]
     stages = []
     for s in range(P):
         forwards = [Action("F", m) for m in range(M)]
@@ -101,16 +138,53 @@ def make_schedule(kind: str, num_stages: int, num_microbatches: int) -> list[lis
     # END SOLUTION
 
 
-def _validate_schedule(schedule) -> tuple[int, int]:
+def _interleaved_order(s: int, P: int, M: int, v: int) -> list[ChunkAction]:
+    """Rank s's order under interleaved 1F1B (see :func:`make_schedule`)."""
+    # BEGIN SOLUTION 3.5: warm-up forwards, then one forward and one backward, then the drain; chunks change every round of micro-batches
+    R = M // max(1, M // P)  # micro-batches per round
+    warmup = min((v - 1) * R + 2 * (P - 1 - s), v * M)
+    next_mb = {"F": [0] * v, "B": [0] * v}
+
+    def take(kind, chunk):
+        m = next_mb[kind][chunk]
+        next_mb[kind][chunk] += 1
+        return ChunkAction(kind, m, chunk)
+
+    order = [take("F", (k // R) % v) for k in range(warmup)]
+    for k in range(warmup, v * M):
+        order.append(take("F", (k // R) % v))
+        order.append(take("B", v - 1 - ((k - warmup) // R) % v))
+    for k in range(v * M, v * M + warmup):
+        order.append(take("B", v - 1 - ((k - warmup) // R) % v))
+    return order
+    # END SOLUTION
+
+
+def _validate_schedule(schedule) -> tuple[int, int, int]:
     if not isinstance(schedule, (list, tuple)) or not schedule:
         raise ValueError("schedule must be a non-empty list of per-stage action lists")
     P = len(schedule)
-    M = len(schedule[0]) // 2
-    want = sorted([Action("F", m) for m in range(M)] + [Action("B", m) for m in range(M)])
+    v = 1 + max((_chunk(a) for a in schedule[0]), default=0)
+    M = len(schedule[0]) // (2 * v)
+    want = sorted((k, m, c) for k in "FB" for m in range(M) for c in range(v))
     for s, actions in enumerate(schedule):
-        if sorted(Action(*a) for a in actions) != want:
-            raise ValueError(f"schedule[{s}] must hold F and B of micro-batches 0..{M - 1} once each")
-    return P, M
+        if sorted((a[0], a[1], _chunk(a)) for a in actions) != want:
+            raise ValueError(f"schedule[{s}] must hold F and B of micro-batches 0..{M - 1} "
+                             f"(of chunks 0..{v - 1}) once each")
+    return P, M, v
+
+
+def _deps(P: int, v: int, s: int, kind: str, m: int, c: int) -> list[tuple[int, str, int, int]]:
+    """What ``kind`` of micro-batch m on rank s, chunk c (virtual stage c·P + s) waits for, as
+    (rank, kind, m, chunk): F after F of the previous virtual stage; B after F of its own and
+    B of the next virtual stage."""
+    # BEGIN SOLUTION 3.5: the previous / next virtual stage of chunk c on rank s, and what each kind needs
+    vs = c * P + s
+    prev, nxt = (vs - 1) % P, (vs + 1) % P
+    if kind == "F":
+        return [(prev, "F", m, (vs - 1) // P)] if vs > 0 else []
+    return [(s, "F", m, c)] + ([(nxt, "B", m, (vs + 1) // P)] if vs < v * P - 1 else [])
+    # END SOLUTION
 
 
 def simulate(schedule: list[list[Action]], forward_cost: int = 1,
@@ -123,44 +197,48 @@ def simulate(schedule: list[list[Action]], forward_cost: int = 1,
     ``forward_cost``, B ``backward_cost`` (ints ≥ 1). A schedule whose orders wait on each other
     forever → ValueError("schedule deadlocks ...").
 
+    Interleaved schedules (:class:`ChunkAction`, v chunks per rank): the same rules on the v·P
+    virtual stages, chunk c of rank s being virtual stage c·P + s (:func:`_deps`); each chunk
+    action lasts ``forward_cost`` / ``backward_cost``.
+
     Returns a :class:`Timeline`: the spans, the makespan, the bubble = 1 − busy time /
-    (P · makespan) as a Fraction, and each stage's peak number of micro-batches in flight.
+    (P · makespan) as a Fraction, and each stage's peak number of micro-batches (of chunks, if
+    interleaved) in flight.
     """
     _positive_int("forward_cost", forward_cost)
     _positive_int("backward_cost", backward_cost)
-    P, M = _validate_schedule(schedule)
+    P, M, v = _validate_schedule(schedule)
     # BEGIN SOLUTION 3.5: list scheduling — repeatedly start each stage's next action once its dependencies have ended; then bubble and in-flight peaks
-    end: dict[tuple[int, str, int], int] = {}
+    n = 2 * M * v  # actions per stage
+    end: dict[tuple[int, str, int, int], int] = {}
     spans: list[list[Span]] = [[] for _ in range(P)]
     free = [0] * P
     nxt = [0] * P
-    while any(nxt[s] < 2 * M for s in range(P)):
+    while any(nxt[s] < n for s in range(P)):
         progressed = False
         for s in range(P):
-            if nxt[s] == 2 * M:
+            if nxt[s] == n:
                 continue
-            kind, m = schedule[s][nxt[s]]
-            if kind == "F":
-                deps = [(s - 1, "F", m)] if s > 0 else []
-            else:
-                deps = [(s, "F", m)] + ([(s + 1, "B", m)] if s < P - 1 else [])
+            action = schedule[s][nxt[s]]
+            kind, m, c = action[0], action[1], _chunk(action)
+            deps = _deps(P, v, s, kind, m, c)
             if any(d not in end for d in deps):
                 continue
             start = max([free[s]] + [end[d] for d in deps])
             stop = start + (forward_cost if kind == "F" else backward_cost)
-            end[(s, kind, m)] = stop
-            spans[s].append(Span(s, Action(kind, m), start, stop))
+            end[(s, kind, m, c)] = stop
+            spans[s].append(Span(s, action, start, stop))
             free[s], nxt[s] = stop, nxt[s] + 1
             progressed = True
         if not progressed:
-            raise ValueError(f"schedule deadlocks: stages wait on {[schedule[s][nxt[s]] for s in range(P) if nxt[s] < 2 * M]}")
+            raise ValueError(f"schedule deadlocks: stages wait on {[schedule[s][nxt[s]] for s in range(P) if nxt[s] < n]}")
     makespan = max(free)
-    busy = P * M * (forward_cost + backward_cost)
+    busy = P * M * v * (forward_cost + backward_cost)
     in_flight = []
     for s in range(P):
         count = peak = 0
-        for kind, _ in schedule[s]:
-            count += 1 if kind == "F" else -1
+        for action in schedule[s]:
+            count += 1 if action[0] == "F" else -1
             peak = max(peak, count)
         in_flight.append(peak)
     return Timeline(spans, makespan, 1 - Fraction(busy, P * makespan), in_flight)
@@ -177,22 +255,21 @@ def check_dependencies(timeline: Timeline) -> list[str]:
     """
     # BEGIN SOLUTION 3.5: look up each span's dependencies and report those that end after it starts; and overlaps on a stage
     P = len(timeline.spans)
-    where = {(sp.stage, sp.action.kind, sp.action.microbatch): sp for row in timeline.spans for sp in row}
+    v = 1 + max((_chunk(sp.action) for row in timeline.spans for sp in row), default=0)
+    where = {(sp.stage, sp.action[0], sp.action[1], _chunk(sp.action)): sp
+             for row in timeline.spans for sp in row}
+    name = lambda s, k, m, c: f"stage {s} {k}{m}" + (f" (chunk {c})" if v > 1 else "")  # noqa: E731
     problems = []
     for row in timeline.spans:
         for sp in row:
-            s, (kind, m) = sp.stage, sp.action
-            if kind == "F":
-                deps = [(s - 1, "F", m)] if s > 0 else []
-            else:
-                deps = [(s, "F", m)] + ([(s + 1, "B", m)] if s < P - 1 else [])
-            for d in deps:
+            s, kind, m, c = sp.stage, sp.action[0], sp.action[1], _chunk(sp.action)
+            for d in _deps(P, v, s, kind, m, c):
                 dep = where.get(d)
                 if dep is None:
-                    problems.append(f"stage {s} {kind}{m} needs stage {d[0]} {d[1]}{m}, which never runs")
+                    problems.append(f"{name(s, kind, m, c)} needs {name(*d)}, which never runs")
                 elif sp.start < dep.end:
-                    problems.append(f"stage {s} {kind}{m} starts at {sp.start} before stage {d[0]} "
-                                    f"{d[1]}{m} ends at {dep.end}")
+                    problems.append(f"{name(s, kind, m, c)} starts at {sp.start} before {name(*d)} "
+                                    f"ends at {dep.end}")
         ordered = sorted(row, key=lambda sp: sp.start)
         for a, b in zip(ordered, ordered[1:]):
             if b.start < a.end:
@@ -205,61 +282,98 @@ def check_dependencies(timeline: Timeline) -> list[str]:
 # ---------------------------------------------------------------- torch.distributed.pipelining (infrastructure)
 
 class _Tag(torch.autograd.Function):
-    """Identity whose backward logs ``("B", m)``: marks where a micro-batch's backward starts."""
+    """Identity whose backward logs the action: marks where a micro-batch's backward starts."""
 
     @staticmethod
-    def forward(ctx, x, m, log):
-        ctx.m, ctx.log = m, log
+    def forward(ctx, x, action, log):
+        ctx.action, ctx.log = action, log
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.log.append(Action("B", ctx.m))
+        ctx.log.append(ctx.action)
         return grad, None, None
 
 
 class _TaggedStage(torch.nn.Module):
-    """A stage whose column 0 carries the micro-batch index through the pipeline unchanged."""
+    """A stage whose column 0 carries the micro-batch index through the pipeline unchanged;
+    ``chunk`` None logs :class:`Action` s, an int logs :class:`ChunkAction` s of that chunk."""
 
-    def __init__(self, width: int, log: list):
+    def __init__(self, width: int, log: list, chunk: int | None = None):
         super().__init__()
         self.lin = torch.nn.Linear(width, width)
-        self.log = log
+        self.log, self.chunk = log, chunk
+
+    def _action(self, kind, m):
+        return Action(kind, m) if self.chunk is None else ChunkAction(kind, m, self.chunk)
 
     def forward(self, x):
         m = int(x[0, 0].item())
-        self.log.append(Action("F", m))
+        self.log.append(self._action("F", m))
         out = torch.cat([x[:, :1], torch.tanh(self.lin(x[:, 1:]))], dim=1)
-        return _Tag.apply(out, m, self.log)
+        return _Tag.apply(out, self._action("B", m), self.log)
 
 
 def record_torch_schedule(rank: int, world_size: int, kind: str, num_microbatches: int,
-                          width: int = 4) -> list[Action]:
-    """Run ``torch.distributed.pipelining``'s ScheduleGPipe or Schedule1F1B (M ≥ P) for a step on
-    ``world_size`` gloo ranks (one stage each, run by ``labkit.dist.launch``) and return the
-    actions this rank's stage executed, in order, as :class:`Action`s."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+                          width: int = 4, num_chunks: int = 1) -> list[Action]:
+    """Run ``torch.distributed.pipelining``'s ScheduleGPipe, Schedule1F1B (M ≥ P) or
+    ScheduleInterleaved1F1B (``num_chunks`` stages per rank: virtual stages c·P + rank) for a
+    step on ``world_size`` gloo ranks (run by ``labkit.dist.launch``) and return the actions
+    this rank executed, in order, as :class:`Action` s (:class:`ChunkAction` s if interleaved)."""
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
 
     if kind not in SCHEDULES:
         raise ValueError(f"kind must be one of {SCHEDULES}, got {kind!r}")
     torch.manual_seed(rank)
     log: list[Action] = []
-    stage = PipelineStage(_TaggedStage(width, log), rank, world_size, torch.device("cpu"))
-    cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
-    schedule = cls(stage, num_microbatches, loss_fn=lambda out, y: ((out[:, 1:] - y) ** 2).mean())
+    loss_fn = lambda out, y: ((out[:, 1:] - y) ** 2).mean()  # noqa: E731
+    if kind == "interleaved":
+        v = num_chunks
+        stages = [PipelineStage(_TaggedStage(width, log, c), c * world_size + rank, v * world_size,
+                                torch.device("cpu")) for c in range(v)]
+        schedule = ScheduleInterleaved1F1B(stages, num_microbatches, loss_fn=loss_fn)
+        first, last = rank == 0, rank == world_size - 1  # virtual stage 0 / vP−1 live here
+    else:
+        stage = PipelineStage(_TaggedStage(width, log), rank, world_size, torch.device("cpu"))
+        cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
+        schedule = cls(stage, num_microbatches, loss_fn=loss_fn)
+        first, last = rank == 0, rank == world_size - 1
     x = torch.randn(num_microbatches, width + 1)
     x[:, 0] = torch.arange(num_microbatches, dtype=x.dtype)  # row m is micro-batch m
     y = torch.zeros(num_microbatches, width)
     for _ in range(2):  # the first step also infers shapes (extra forwards): record the second
         log.clear()
-        if rank == 0:
+        if first and last:
+            schedule.step(x, target=y, losses=[])
+        elif first:
             schedule.step(x)
-        elif rank == world_size - 1:
+        elif last:
             schedule.step(target=y, losses=[])
         else:
             schedule.step()
     torch.distributed.barrier()  # no rank leaves (and destroys the group) while another sends
     return list(log)
+
+
+def torch_interleaved_order(num_stages: int, num_microbatches: int, num_chunks: int) -> list[list[ChunkAction]]:
+    """``ScheduleInterleaved1F1B.pipeline_order`` (torch's plan, idle slots dropped) as
+    :class:`ChunkAction` lists, computed without a process group (for pictures and checks)."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+
+    class _Plan(ScheduleInterleaved1F1B):
+        def __init__(self, P, M, v):  # only what _calculate_single_rank_operations reads
+            self.pp_group_size, self.n_local_stages, self._n_microbatches = P, v, M
+            self.number_of_rounds = max(1, M // P)
+            self.microbatches_per_round = M // self.number_of_rounds
+
+    plan = _Plan(num_stages, num_microbatches, num_chunks)
+    out = []
+    for rank in range(num_stages):
+        ops = [a for a in plan._calculate_single_rank_operations(rank) if a is not None]
+        out.append([ChunkAction("F" if a.computation_type == _ComputationType.FORWARD else "B",
+                                a.microbatch_index, a.stage_index // num_stages) for a in ops])
+    return out
 
 
 def gantt(timeline: Timeline, ax=None, title: str | None = None):

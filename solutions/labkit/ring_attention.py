@@ -16,6 +16,13 @@ no fused kernel is used, one (S/N × S/N) tile of scores): memory O(S/N) per ran
 grows with the number of ranks (Liu et al. 2023, https://arxiv.org/abs/2310.01889). Each rank
 sends N - 1 key/value blocks a step: 2·(N-1)·B·H·(S/N)·D elements.
 
+Causal balance (``layout="zigzag"``). With contiguous chunks and a causal mask rank r computes
+r + 1 of the N blocks (the others lie after its queries): the last rank does N times the first
+one's work. Zigzag (Brandon et al. 2023, https://arxiv.org/abs/2311.09431, and the context
+parallelism of Megatron-LM) cuts the sequence into 2N pieces of S/(2N) positions and gives rank r
+pieces r and 2N-1-r, one early and one late: every step then costs every rank the same
+(S/N)²/2 score entries, and nothing the mask hides is computed.
+
 Lab 5 (labs/05_activations.ipynb), exercise 5.7; Chapter 5 (book/05_activations.md).
 """
 from __future__ import annotations
@@ -25,8 +32,32 @@ import math
 import torch
 import torch.distributed as dist
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from labkit.comm_count import count_comm
 from labkit.measure import peak_bytes
+
+LAYOUTS = ("contiguous", "zigzag")
+"""How the sequence is cut over the ranks (see :func:`rank_positions`)."""
+
+_work: list[int] | None = None  # score entries computed by attention_with_lse, while counted
+
+
+@contextmanager
+def count_attention_work() -> Iterator[list[int]]:
+    """Count the score entries :func:`attention_with_lse` computes inside the block.
+
+    Yields a one-element list whose item grows by B·H·Sq·Sk for each call (B·H·Sq·(Sq+1)/2 for a
+    causal one: only the entries on or below the diagonal are computed). This counts the work a
+    rank does, exactly, whatever the machine's load.
+    """
+    global _work
+    previous, _work = _work, [0]
+    try:
+        yield _work
+    finally:
+        _work = previous
 
 
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -40,6 +71,9 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         (O, L): O (B, H, Sq, D) = softmax(q kᵀ/√D) v and L (B, H, Sq) = logsumexp of the rows.
     """
     _check_chunk(q, k, v, causal)
+    if _work is not None:
+        b, h, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        _work[0] += b * h * (sq * (sq + 1) // 2 if causal else sq * sk)
     if (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
             and not (q.requires_grad or k.requires_grad or v.requires_grad)):
         # PyTorch's fused CPU kernel returns the log-sum-exp too: no (Sq × Sk) matrix in memory
@@ -93,31 +127,46 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                   group: dist.ProcessGroup | None = None) -> torch.Tensor:
+                   group: dist.ProcessGroup | None = None,
+                   layout: str = "contiguous") -> torch.Tensor:
     """This rank's rows of attention over the whole sequence, keys and values passed round a ring.
 
     Call it on every rank of ``group`` at once, with chunks of one shape on every rank (the
-    sequence split evenly; ``ring_worker`` refuses an uneven split). Rank r holds positions
-    [r·S/N, (r+1)·S/N) of q, k and v. For step t = 0..N-1: if t < N-1, start sending the
-    key/value block held now to rank r+1 and receiving the next one from rank r-1
-    (``dist.isend`` / ``dist.irecv``, so the transfer overlaps the compute); unless the block
-    (from rank src = (r - t) mod N) lies after every query (causal and src > r), compute
-    ``attention_with_lse`` against it (causal only on the diagonal, src = r) and merge it into
-    the running result with ``merge_attention``; wait for the transfer.
+    sequence split evenly; ``ring_worker`` refuses an uneven split). Rank r holds the positions
+    ``rank_positions(S, N, r, layout)`` of q, k and v, in increasing order. For step
+    t = 0..N-1: if t < N-1, start sending the key/value block held now to rank r+1 and
+    receiving the next one from rank r-1 (``dist.isend`` / ``dist.irecv``, so the transfer
+    overlaps the compute); attend to the block held (from rank src = (r - t) mod N) with
+    ``attention_with_lse`` and merge the part into the running result with
+    ``merge_attention``; wait for the transfer.
+
+    Causal attention computes no score the mask hides: ``attention_with_lse`` is called with
+    ``causal=True`` only on the rank's own block (t = 0) and unmasked on exactly the query rows
+    and key rows that see each other otherwise.
+
+    - ``"contiguous"``: rank r holds [r·S/N, (r+1)·S/N); a block from src > r lies after
+      every query and is skipped.
+    - ``"zigzag"``: rank r holds pieces r and 2N-1-r of 2N equal pieces (first half of its
+      rows, second half); every step costs every rank the same number of score entries.
 
     Args:
-        q, k, v: this rank's chunk, (B, H, S/N, D) each.
+        q, k, v: this rank's chunk, (B, H, S/N, D) each (S/N even for ``"zigzag"``).
         causal: causal attention over the global positions.
         group: the process group (None: the default group).
+        layout: ``"contiguous"`` or ``"zigzag"``: which positions the chunks hold.
     Returns:
-        (B, H, S/N, D): the attention output of this rank's queries.
+        (B, H, S/N, D): the attention output of this rank's queries, in the chunk's row order.
+    Raises:
+        ValueError: an unknown ``layout``, or an odd chunk length for ``"zigzag"``.
     """
     _check_chunk(q, k, v, causal)
+    _check_layout(layout, q.shape[2])
     # BEGIN SOLUTION 5.7: attend to the block held while the key/value blocks travel round the ring; merge the partial results
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     send_to = dist.get_global_rank(group, (rank + 1) % world_size) if group is not None else (rank + 1) % world_size
     recv_from = (dist.get_global_rank(group, (rank - 1) % world_size) if group is not None
                  else (rank - 1) % world_size)
+    half = q.shape[2] // 2  # zigzag: rows [0, half) are piece r, [half, 2·half) piece 2N-1-r
     out = lse = None
     k_cur, v_cur = k.contiguous(), v.contiguous()
     for step in range(world_size):
@@ -129,18 +178,64 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
                         dist.irecv(k_next, recv_from, group=group),
                         dist.irecv(v_next, recv_from, group=group)]
         src = (rank - step) % world_size
-        if not (causal and src > rank):
-            out_blk, lse_blk = attention_with_lse(q, k_cur, v_cur, causal=causal and src == rank)
-            if out is None:
-                out, lse = out_blk, lse_blk
-            else:
-                out, lse = merge_attention(out, lse, out_blk, lse_blk)
+        rows, part = None, None  # the query rows this step updates (None: all), their result
+        if not causal or src == rank:  # held positions increase: the own block is plain causal
+            part = attention_with_lse(q, k_cur, v_cur, causal=causal and src == rank)
+        elif layout == "contiguous":
+            if src < rank:  # an earlier block: every query sees every key
+                part = attention_with_lse(q, k_cur, v_cur)
+        elif src < rank:  # zigzag: both query pieces see the block's early piece, not its late one
+            part = attention_with_lse(q, k_cur[:, :, :half], v_cur[:, :, :half])
+        else:  # zigzag, src > r: only the late query piece sees the block, all of it
+            rows = slice(half, None)
+            part = attention_with_lse(q[:, :, rows], k_cur, v_cur)
+        if out is None:  # step 0, the own block
+            out, lse = part
+        elif rows is None and part is not None:
+            out, lse = merge_attention(out, lse, *part)
+        elif part is not None:
+            out[:, :, rows], lse[:, :, rows] = merge_attention(out[:, :, rows],
+                                                               lse[:, :, rows], *part)
         for request in requests:
             request.wait()
         if requests:
             k_cur, v_cur = k_next, v_next
     return out
     # END SOLUTION
+
+
+def _check_layout(layout, chunk_len: int | None = None) -> None:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "zigzag" and chunk_len is not None and chunk_len % 2:
+        raise ValueError(f"layout='zigzag' needs an even chunk (two pieces of S/(2N) positions), "
+                         f"got a chunk of {chunk_len} positions in q: make S a multiple of 2N")
+
+
+def rank_positions(seq_len: int, world_size: int, rank: int,
+                   layout: str = "contiguous") -> torch.Tensor:
+    """The global positions rank ``rank`` holds, in increasing order: a LongTensor of S/N.
+
+    ``"contiguous"``: [rank·S/N, (rank+1)·S/N). ``"zigzag"``: pieces ``rank`` and
+    ``2N-1-rank`` of the sequence cut into 2N pieces of S/(2N).
+
+    Raises:
+        ValueError: sizes that are not ints >= 1, ``rank`` outside [0, N), an unknown ``layout``,
+            or ``seq_len`` not a multiple of N (of 2N for ``"zigzag"``).
+    """
+    _require_int("seq_len", seq_len)
+    _require_int("world_size", world_size)
+    _require_int("rank", rank, low=0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    _check_layout(layout)
+    pieces = world_size if layout == "contiguous" else 2 * world_size
+    if seq_len % pieces:
+        raise ValueError(f"seq_len={seq_len} must be a multiple of {pieces} for layout="
+                         f"{layout!r} with world_size={world_size}")
+    size = seq_len // pieces
+    own = [rank] if layout == "contiguous" else [rank, 2 * world_size - 1 - rank]
+    return torch.cat([torch.arange(p * size, (p + 1) * size) for p in own])
 
 
 def _require_int(name: str, value, low: int = 1) -> None:
@@ -171,23 +266,25 @@ def ring_bytes_per_rank(batch: int, heads: int, seq_len: int, head_dim: int, wor
 
 
 def ring_worker(rank: int, world_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                causal: bool = False) -> dict:
+                causal: bool = False, layout: str = "contiguous") -> dict:
     """Run ``ring_attention`` on this rank's chunk of full q, k, v (B, H, S, D); measure it.
 
-    Runs inside :func:`labkit.dist.launch`. Returns ``{"out": (B, H, S/N, D), "peak_bytes": the
-    MemTracker peak during the call, "bytes_sent": {op: bytes}, "calls": {op: calls}}``.
+    Runs inside :func:`labkit.dist.launch`. The chunk holds ``rank_positions(S, N, rank,
+    layout)``. Returns ``{"out": (B, H, S/N, D), "positions": the global positions of its rows,
+    "peak_bytes": the MemTracker peak during the call, "bytes_sent": {op: bytes},
+    "calls": {op: calls}, "work": score entries computed (``count_attention_work``)}``.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a (B, H, S, D) tensor, got {t!r:.60}")
+    _check_layout(layout)
     _require_split(q.shape[2], world_size)
-    chunk = q.shape[2] // world_size
-    rows = slice(rank * chunk, (rank + 1) * chunk)
-    q_loc, k_loc, v_loc = (t[:, :, rows].clone() for t in (q, k, v))
-    with count_comm() as counts:
-        peak, out = peak_bytes(ring_attention, q_loc, k_loc, v_loc, causal=causal)
-    return {"out": out, "peak_bytes": peak, "bytes_sent": dict(counts.bytes_sent),
-            "calls": dict(counts.calls)}
+    positions = rank_positions(q.shape[2], world_size, rank, layout)
+    q_loc, k_loc, v_loc = (t[:, :, positions].contiguous() for t in (q, k, v))
+    with count_comm() as counts, count_attention_work() as work:
+        peak, out = peak_bytes(ring_attention, q_loc, k_loc, v_loc, causal=causal, layout=layout)
+    return {"out": out, "positions": positions, "peak_bytes": peak,
+            "bytes_sent": dict(counts.bytes_sent), "calls": dict(counts.calls), "work": work[0]}
 
 
 def single_device_peak_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

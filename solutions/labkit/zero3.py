@@ -57,6 +57,7 @@ class Unit:
         self.shard_size = self.padding = 0
         self.full = self.shard = self.grad = self.exp_avg = self.exp_avg_sq = None
         self.grads_ready = 0
+        self.pending = None  # the handle of a prefetch all-gather still in flight
 
 
 class ZeRO3:
@@ -69,15 +70,21 @@ class ZeRO3:
         model: a ``labkit.models.GPT`` (anything with a ModuleList ``h`` of blocks).
         lr, betas, eps: as ``torch.optim.Adam`` (no weight decay).
         group: the process group (None: the default group).
+        prefetch: start the all-gather of the block that runs next before this block computes.
 
     Attributes:
         units: the blocks' units, then the root's.
         peak_live_bytes: the most bytes of gathered (full) parameter buffers, measured from
             their storages after every gather the hooks trigger.
+        events: what happened, in order: ("all_gather", unit index, asynchronous?) when an
+            all-gather is issued (under :meth:`log_all_gathers`), ("forward_end", i),
+            ("backward_start", i), ("backward_end", i) for block i.
     """
 
     def __init__(self, model: nn.Module, *, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 group=None):
+                 group=None, prefetch: bool = False):
+        if not isinstance(prefetch, bool):
+            raise TypeError(f"prefetch must be True or False, got {prefetch!r}")
         if not isinstance(getattr(model, "h", None), nn.ModuleList) or len(model.h) == 0:
             raise ValueError("model must have a non-empty ModuleList 'h' of blocks (a labkit GPT)")
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
@@ -86,6 +93,7 @@ class ZeRO3:
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.step_count = 0
         self.peak_live_bytes = 0
+        self.prefetch, self.events = prefetch, []
         in_blocks = {id(p) for b in model.h for p in b.parameters()}
         self.units = [Unit(b, list(b.parameters())) for b in model.h]
         self.units.append(Unit(model, [p for p in model.parameters() if id(p) not in in_blocks]))
@@ -116,14 +124,33 @@ class ZeRO3:
     def _gather(self, u: Unit) -> None:
         """Materialize unit ``u``: give ``u.full`` its storage back and all-gather every rank's
         shard into it (one all-gather of N·S elements), without bumping its version counter
-        (autograd saved views of it in forward). Nothing to do if it is already gathered."""
+        (autograd saved views of it in forward). Nothing to do if it is already gathered; if a
+        prefetch of ``u`` is in flight (``u.pending``), wait for it instead."""
         # BEGIN SOLUTION 3.7: resize the storage back, all-gather the shards into it (version counter preserved)
+        if u.pending is not None:
+            u.pending.wait()
+            u.pending = None
+            return
         nbytes = u.full.numel() * u.full.element_size()
         if u.full.untyped_storage().nbytes() == nbytes:
             return  # already gathered
         u.full.untyped_storage().resize_(nbytes)
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(u.full):
             _all_gather_flat(u.full, u.shard, group=self.group)
+        # END SOLUTION
+
+    def _prefetch(self, u: Unit) -> None:
+        """Start materializing unit ``u`` without waiting: its storage back and the all-gather of
+        the shards issued asynchronously (version counter preserved), its handle kept in
+        ``u.pending`` for :meth:`_gather` to wait on. Nothing to do if ``u`` is already gathered
+        or in flight."""
+        # BEGIN SOLUTION 3.7: like _gather, but the collective is asynchronous and its handle kept
+        nbytes = u.full.numel() * u.full.element_size()
+        if u.pending is not None or u.full.untyped_storage().nbytes() == nbytes:
+            return
+        u.full.untyped_storage().resize_(nbytes)
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(u.full):
+            u.pending = _all_gather_flat(u.full, u.shard, group=self.group, async_op=True)
         # END SOLUTION
 
     def _free(self, u: Unit) -> None:
@@ -172,8 +199,11 @@ class ZeRO3:
             p.grad = None
 
     # ------------------------------------------------------------ hooks (infrastructure)
-    def _gather_and_measure(self, u: Unit) -> None:
+    def _gather_and_measure(self, u: Unit, then: Unit | None = None) -> None:
+        """Gather ``u``; with prefetch on, start gathering ``then`` (the unit that runs next)."""
         self._gather(u)
+        if self.prefetch and then is not None:
+            self._prefetch(then)
         live = sum(v.full.untyped_storage().nbytes() for v in self.units)
         self.peak_live_bytes = max(self.peak_live_bytes, live)
 
@@ -181,6 +211,8 @@ class ZeRO3:
         u.grads_ready += 1
         if u.grads_ready == len(u.params):
             u.grads_ready = 0
+            if u is not self.units[-1]:
+                self.events.append(("backward_end", self.units.index(u)))
             self._reduce_scatter_grads(u)
 
     def _install_grad_hooks(self, u: Unit) -> None:
@@ -188,21 +220,52 @@ class ZeRO3:
             p.register_post_accumulate_grad_hook(lambda p, u=u: self._on_grad(u))
 
     def _install_block_hooks(self, u: Unit) -> None:
+        i = self.units.index(u)
+        blocks = len(self.units) - 1
+        after = self.units[i + 1] if i + 1 < blocks else None  # next in forward
+        before = self.units[i - 1] if i > 0 else None  # next in backward
+
         def pre_forward(module, args):
-            self._gather_and_measure(u)
+            self._gather_and_measure(u, then=after)
+
+        def pre_backward(grad):
+            self._gather_and_measure(u, then=before)
+            self.events.append(("backward_start", i))
 
         def post_forward(module, args, out):
+            self.events.append(("forward_end", i))
             self._free(u)
             if out.requires_grad:  # before this block's backward: gather it again
-                out.register_hook(lambda grad: self._gather_and_measure(u))
+                out.register_hook(pre_backward)
 
         u.module.register_forward_pre_hook(pre_forward)
         u.module.register_forward_hook(post_forward)
         self._install_grad_hooks(u)
 
     def _install_root_hooks(self, u: Unit) -> None:
-        u.module.register_forward_pre_hook(lambda module, args: self._gather_and_measure(u))
+        first = self.units[0]  # the first block runs right after the root's embeddings
+        u.module.register_forward_pre_hook(lambda module, args: self._gather_and_measure(u, then=first))
         self._install_grad_hooks(u)
+
+    def log_all_gathers(self):
+        """A context manager that appends ("all_gather", unit index, asynchronous?) to ``events``
+        whenever an all-gather into a unit's buffer is issued on this thread (a dispatch mode: it
+        sees the call when it is made, not when it completes)."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        zero3 = self
+
+        class _Log(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if "allgather" in func.__name__:
+                    ptr = args[0].data_ptr() if isinstance(args[0], torch.Tensor) else None
+                    for k, v in enumerate(zero3.units):
+                        if v.full.untyped_storage().nbytes() and v.full.data_ptr() == ptr:
+                            is_async = bool(args[3]) if len(args) > 3 else True
+                            zero3.events.append(("all_gather", k, is_async))
+                return func(*args, **(kwargs or {}))
+
+        return _Log()
 
     def full_parameters(self) -> list[torch.Tensor]:
         """Every parameter of the model, gathered (for checking; one all-gather per unit)."""
@@ -225,19 +288,27 @@ def _comm(c: CommCounts) -> dict:
     return {"calls": dict(c.calls), "bytes": dict(c.bytes_sent)}
 
 
-def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float = 1e-3) -> dict:
+def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float = 1e-3,
+                prefetch: bool = False) -> dict:
     """Train with :class:`ZeRO3` on ``batches[step][rank]``; run by ``labkit.dist.launch``.
 
     Returns ``{"params", "losses", "shard_bytes", "peak_live_bytes", "unit_numels",
     "first_grads": this rank's gradient slice per unit after the first backward,
-    "comm": per step {"calls", "bytes"}}``."""
-    z = ZeRO3(model, lr=lr)
-    losses, comm, first_grads = [], [], None
+    "comm": per step {"calls", "bytes"}, "events": the first step's ZeRO3.events with its
+    all-gathers logged}``."""
+    z = ZeRO3(model, lr=lr, prefetch=prefetch)
+    losses, comm, first_grads, events = [], [], None, None
     for step_batches in batches:
         x, y = step_batches[rank]
         with count_comm() as c:
-            loss = model(x, y)
-            loss.backward()
+            if events is None:
+                with z.log_all_gathers():
+                    loss = model(x, y)
+                    loss.backward()
+                events = list(z.events)
+            else:
+                loss = model(x, y)
+                loss.backward()
             if first_grads is None:  # this rank's gradient slices of the first step, per unit
                 first_grads = [None if u.grad is None else u.grad.clone() for u in z.units]
             z.step()
@@ -245,7 +316,7 @@ def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float
         comm.append(_comm(c))
     return {"params": z.full_parameters(), "losses": losses, "shard_bytes": z.shard_bytes(),
             "peak_live_bytes": z.peak_live_bytes, "unit_numels": [u.numel for u in z.units],
-            "first_grads": first_grads, "comm": comm}
+            "first_grads": first_grads, "comm": comm, "events": events}
 
 
 def train_fsdp2(rank: int, world_size: int, model: nn.Module, batches, lr: float = 1e-3) -> dict:

@@ -20,7 +20,7 @@ instability, β = (β₁, β₂, β₃)):
     U = (u − m)²;  R ← β₃ R + (1 − β₃) rowmean(U + ε₂);  C ← β₃ C + (1 − β₃) colmean(U + ε₂)
     S = R C / mean(R);  θ ← θ − lr · m / √S     (plus decoupled weight decay θ ← θ(1 − lr·λ))
 
-Chapter 2 (book/02_optimizer_states.md); Lab 2 (labs/02_optimizer_states.ipynb).
+Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.8 (labs/02_optimizer_states.ipynb).
 """
 from __future__ import annotations
 
@@ -75,50 +75,22 @@ class CAME(torch.optim.Optimizer):
         return loss
 
     def _update(self, p, g, state, group) -> None:
-        beta1, beta2, beta3 = group["betas"]
-        eps1, eps2 = group["eps"]
-        factored = g.dim() >= 2
-        if not state:
-            state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(g)
-            if factored:
-                state["exp_avg_sq_row"] = g.new_zeros(g.shape[:-1])
-                state["exp_avg_sq_col"] = g.new_zeros(g.shape[:-2] + g.shape[-1:])
-                state["exp_avg_res_row"] = g.new_zeros(g.shape[:-1])
-                state["exp_avg_res_col"] = g.new_zeros(g.shape[:-2] + g.shape[-1:])
-            else:
-                state["exp_avg_sq"] = torch.zeros_like(g)
-        state["step"] += 1
-        g2 = g * g + eps1
-        if factored:
-            r, c = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
-            r.mul_(beta2).add_(g2.mean(dim=-1), alpha=1 - beta2)
-            c.mul_(beta2).add_(g2.mean(dim=-2), alpha=1 - beta2)
-            u = g * _factored_rsqrt(r, c)
-        else:
-            v = state["exp_avg_sq"]
-            v.mul_(beta2).add_(g2, alpha=1 - beta2)
-            u = g * v.rsqrt()
-        u.div_(max(1.0, (u.norm() / u.numel() ** 0.5).item() / group["d"]))
-        m = state["exp_avg"]
-        m.mul_(beta1).add_(u, alpha=1 - beta1)
-        if factored:
-            res = (u - m).square_().add_(eps2)
-            rr, cc = state["exp_avg_res_row"], state["exp_avg_res_col"]
-            rr.mul_(beta3).add_(res.mean(dim=-1), alpha=1 - beta3)
-            cc.mul_(beta3).add_(res.mean(dim=-2), alpha=1 - beta3)
-            update = m * _factored_rsqrt(rr, cc)
-        else:
-            update = m.clone()
-        if group["weight_decay"]:
-            p.mul_(1 - group["lr"] * group["weight_decay"])
-        p.add_(update.to(p.dtype), alpha=-group["lr"])
+        """One CAME step of parameter ``p`` with fp32 gradient ``g``; creates its state on first use.
+
+        Contract: the state keys and shapes of the class docstring; after the call ``p`` equals
+        the paper's Algorithm 1 applied to it (the module docstring), to fp32 rounding: the
+        factored second moment from ``g² + ε₁``, the clipped normalized update, its first moment,
+        the factored instability from ``(u − m)² + ε₂`` (weights only) and the confidence-scaled
+        step with decoupled weight decay. The full m×n estimates of v and of the instability
+        are temporaries; only their factors are kept.
+        """
+        raise NotImplementedError("exercise 2.8: create the state on first use, then one step of the paper's Algorithm 1 keeping only the factors of v and of the instability (labs/02_optimizer_states.ipynb)")
 
 
 def _factored_rsqrt(row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
-    """1/√(r c / mean(r)) as a (..., m, n) tensor from r (..., m) and c (..., n)."""
-    r = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)  # (..., m, 1)
-    return r * col.rsqrt().unsqueeze(-2)  # (..., m, n)
+    """1/√(r c / mean(r)) as a (..., m, n) tensor from r (..., m) and c (..., n): the inverse
+    square root of the rank-one matrix rebuilt from a row and a column factor."""
+    raise NotImplementedError("exercise 2.8: the (..., m, n) inverse square root of the matrix rebuilt from the row and column factors (labs/02_optimizer_states.ipynb)")
 
 
 def came_state_bytes(shape) -> int:

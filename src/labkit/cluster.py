@@ -33,6 +33,17 @@ Demos (``DEMOS``):
 - ``zero3``: data-parallel training with ZeRO-3 (``labkit.zero3``, lab 3; CPU only: its buffers
   live on the CPU): each rank's parameter shards next to Σ_units 4⌈Ψ_unit/N⌉ B, the most
   gathered bytes next to the root unit plus the largest block, bytes sent per step over 4Ψ.
+- ``pipeline``: the course GPT cut into N stages, one per rank (``labkit.pipeline``, lab 3),
+  one step of ``--microbatches`` M micro-batches of ``--batch`` sequences under the
+  ``--schedule`` (gpipe or 1f1b) that ``labkit.pipeline_schedule.make_schedule`` generates
+  (CPU only, like ``run_stage``'s buffers): each stage's peak of saved activations next to k ×
+  one micro-batch's (k = M under GPipe, min(N−s, M) under 1F1B), bytes sent next to M
+  messages of b·T·C·4 per neighbour.
+- ``sequence_parallel``: the second half of a GPT block, x + MLP(LayerNorm(x)), with tensor
+  and sequence parallelism over the N ranks (``labkit.sequence_parallel``, lab 5), forward and
+  backward: the LayerNorm's saved bytes next to 1/N of one device's, the ring bytes of its
+  all-gathers and reduce-scatters next to those of one all-reduce per direction (tensor
+  parallelism's).
 
 - ``plan``: the course GPT trained under a parallel plan (``labkit.run_plan``, lab 7):
   ``--config`` names it, e.g. ``tp2xdp2`` (TP 2 inside, DP 2 outside), ``pp2xdp2``, ``zero3x4``,
@@ -60,7 +71,9 @@ import time
 import torch
 import torch.distributed as dist
 
-DEMOS = ("zero1", "ring_attention", "tensor_parallel", "zero2", "zero3", "plan")
+DEMOS = ("zero1", "ring_attention", "tensor_parallel", "zero2", "zero3", "pipeline",
+         "sequence_parallel", "plan")
+CPU_ONLY = ("zero3", "pipeline", "plan")  # their labkit modules keep buffers on the CPU
 
 
 class UsageError(Exception):
@@ -238,6 +251,68 @@ def zero3_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_head:
             "calls": calls, "final_loss": out["losses"][-1], "step_seconds": seconds / steps}
 
 
+def pipeline_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_head: int,
+                  vocab_size: int, seq: int, batch: int, microbatches: int, schedule: str,
+                  device: str) -> dict:
+    """One pipeline step of the course GPT, stage ``rank`` of ``world_size``; measure it."""
+    from labkit.measure import peak_saved_bytes
+    from labkit.models import GPT, GPTConfig, SyntheticData
+    from labkit.pipeline import pipeline_worker, split_gpt
+    from labkit.pipeline_schedule import make_schedule
+
+    torch.manual_seed(0)  # the same model on every rank
+    cfg = GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head,
+                    n_embd=n_embd)
+    model = GPT(cfg)
+    M = microbatches
+    x, y = SyntheticData(vocab_size, seq, batch * M, seed=0).batch(0)
+    actions = [[(a[0], a[1]) for a in stage] for stage in make_schedule(schedule, world_size, M)]
+    seconds, out = _timed(device, pipeline_worker, rank, world_size, cfg, model.state_dict(),
+                          actions, x, y, M)
+    # one micro-batch's saved activations on this stage, alone (no communication): the unit
+    stage, keep = split_gpt(model, world_size)[rank], []
+    xin = x[:batch].clone() if rank == 0 else torch.randn(batch, seq, n_embd, requires_grad=True)
+
+    def one_forward():
+        o = stage(xin)
+        if rank == world_size - 1:
+            o = torch.nn.functional.cross_entropy(o.reshape(-1, o.shape[-1]), y[:batch].clone().reshape(-1)) / M
+        keep.append(o)
+    one = peak_saved_bytes(one_forward)
+    in_flight = M if schedule == "gpipe" else min(world_size - rank, M)
+    links = (rank < world_size - 1) + (rank > 0)
+    return {"rank": rank, "schedule": schedule, "microbatches": M,
+            "peak_saved_bytes": int(out["peak_saved"]), "one_microbatch_bytes": int(one),
+            "in_flight": in_flight, "predicted_peak_saved_bytes": in_flight * int(one),
+            "bytes_sent": int(out["bytes"].get("send", 0)),
+            "predicted_bytes_sent": links * M * batch * seq * n_embd * 4,
+            "calls": out["calls"], "loss": None if out["loss"] is None else float(out["loss"]),
+            "step_seconds": seconds}
+
+
+def sequence_parallel_demo(rank: int, world_size: int, *, n_embd: int, seq: int, batch: int,
+                           device: str) -> dict:
+    """x + MLP(LayerNorm(x)) with tensor and sequence parallelism over the ranks; measure it."""
+    from labkit.measure import saved_activation_bytes
+    from labkit.models import GPTConfig, MLP
+    from labkit.sequence_parallel import run_sp
+
+    torch.manual_seed(0)  # the same layer, input and output gradient on every rank
+    cfg = GPTConfig(vocab_size=16, block_size=seq, n_layer=1, n_head=1, n_embd=n_embd)
+    ln, mlp = torch.nn.LayerNorm(n_embd).to(device), MLP(cfg).to(device)
+    x = torch.randn(batch, seq, n_embd, device=device)
+    grad_out = torch.randn(batch, seq, n_embd, device=device)
+    seconds, out = _timed(device, run_sp, rank, world_size, ln, mlp, x, grad_out)
+    full_ln = saved_activation_bytes(lambda: ln(x.clone().requires_grad_()))
+    ring = {phase: int(sum(out[phase]["ring"].values())) for phase in ("forward", "backward")}
+    return {"rank": rank, "ln_saved_bytes": int(out["ln_saved_bytes"]),
+            "full_ln_saved_bytes": int(full_ln), "predicted_ln_saved_bytes": int(full_ln) // world_size,
+            "forward_ring_bytes": ring["forward"], "backward_ring_bytes": ring["backward"],
+            "all_reduce_ring_bytes": int(out["all_reduce_ring_bytes"]),
+            "forward_calls": out["forward"]["calls"], "backward_calls": out["backward"]["calls"],
+            "step_seconds": seconds}
+
+
 def plan_from_config(config: str, world_size: int):
     """``--config`` → a ``labkit.run_plan.Plan`` of ``world_size`` ranks (UsageError if it cannot be)."""
     from labkit.run_plan import PLANS, Plan
@@ -324,11 +399,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds before a rank stuck in a collective gives up (default 300)")
     p.add_argument("--steps", type=int, default=3, help="zero1/2/3: training steps (default 3)")
-    p.add_argument("--n-layer", type=int, default=None, help="zero1/2/3: layers (default: the lab's)")
-    p.add_argument("--n-embd", type=int, default=None, help="zero1/2/3, tensor_parallel: width (default: the lab's)")
-    p.add_argument("--n-head", type=int, default=None, help="zero1/2/3, tensor_parallel: heads (default: the lab's)")
-    p.add_argument("--vocab-size", type=int, default=None, help="zero1/2/3: vocabulary (default: the lab's)")
-    p.add_argument("--batch", type=int, default=None, help="sequences per rank (default 4; ring: 1)")
+    p.add_argument("--n-layer", type=int, default=None, help="zero1/2/3, pipeline: layers (default: the lab's)")
+    p.add_argument("--n-embd", type=int, default=None, help="zero1/2/3, pipeline, tensor_parallel, sequence_parallel: width (default: the lab's)")
+    p.add_argument("--n-head", type=int, default=None, help="zero1/2/3, pipeline, tensor_parallel: heads (default: the lab's)")
+    p.add_argument("--vocab-size", type=int, default=None, help="zero1/2/3, pipeline: vocabulary (default: the lab's)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="sequences per rank (default 4; ring: 1; pipeline: per micro-batch)")
     p.add_argument("--seq", type=int, default=None,
                    help="sequence length (default: the lab's block size; ring_attention: 256)")
     p.add_argument("--heads", type=int, default=4, help="ring_attention: heads (default 4)")
@@ -341,6 +417,10 @@ def parser() -> argparse.ArgumentParser:
                         "(default zero3: ZeRO-3 over every rank)")
     p.add_argument("--bucket-kb", type=int, default=25 * 1024,
                    help="zero2: gradient bucket size in KiB (default 25600, DDP's 25 MiB)")
+    p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b"),
+                   help="pipeline: the schedule (default 1f1b)")
+    p.add_argument("--microbatches", type=int, default=None,
+                   help="pipeline: micro-batches per step (default 2 × the world size)")
     return p
 
 
@@ -348,13 +428,14 @@ def demo_call(args: argparse.Namespace, world_size: int, device: str):
     """(function, keyword arguments) of the demo, after checking what it needs."""
     positive = {name: getattr(args, name) for name in
                 ("steps", "n_layer", "n_embd", "n_head", "vocab_size", "batch", "seq", "heads", "head_dim",
-                 "bucket_kb")}
+                 "bucket_kb", "microbatches")}
     bad = {k: v for k, v in positive.items() if v is not None and v < 1}
     if bad:
         raise UsageError(f"--{next(iter(bad)).replace('_', '-')} must be >= 1, got {next(iter(bad.values()))}")
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    if args.demo in ("zero1", "zero2", "zero3", "tensor_parallel", "plan"):
+    if args.demo in ("zero1", "zero2", "zero3", "tensor_parallel", "pipeline", "sequence_parallel",
+                     "plan"):
         from labkit.models import lab_config
 
         cfg = lab_config(device)
@@ -375,7 +456,27 @@ def demo_call(args: argparse.Namespace, world_size: int, device: str):
                 raise UsageError("zero3 runs on the CPU only (labkit.zero3 keeps its shards and "
                                  "buffers on the CPU): use --device cpu")
             return zero3_demo, kwargs
+        if args.demo == "pipeline":
+            if device != "cpu":
+                raise UsageError("pipeline runs on the CPU only (labkit.pipeline's run_stage "
+                                 "receives into CPU buffers): use --device cpu")
+            if kwargs["n_layer"] % world_size:
+                raise UsageError(f"pipeline cuts --n-layer {kwargs['n_layer']} blocks into "
+                                 f"{world_size} stages: use a multiple of the world size {world_size}")
+            M = args.microbatches or 2 * world_size
+            if args.schedule == "1f1b" and M < world_size:
+                raise UsageError(f"pipeline --schedule 1f1b needs --microbatches >= the world size "
+                                 f"{world_size}, got {M}")
+            del kwargs["steps"]
+            return pipeline_demo, {**kwargs, "microbatches": M, "schedule": args.schedule}
         n_embd, n_head = kwargs["n_embd"], kwargs["n_head"]
+        if args.demo == "sequence_parallel":
+            if (4 * n_embd) % world_size or kwargs["seq"] % world_size:
+                raise UsageError(f"sequence_parallel splits the MLP's 4·--n-embd = {4 * n_embd} "
+                                 f"columns and --seq {kwargs['seq']} positions over {world_size} "
+                                 f"ranks: use multiples of the world size {world_size}")
+            return sequence_parallel_demo, dict(n_embd=n_embd, seq=kwargs["seq"],
+                                                batch=kwargs["batch"], device=device)
         if args.layer == "mlp" and (4 * n_embd) % world_size:
             raise UsageError(f"tensor_parallel splits the MLP's 4·--n-embd = {4 * n_embd} columns "
                              f"over {world_size} ranks: use a multiple of the world size {world_size}")
@@ -453,6 +554,26 @@ def table(demo: str, results: list[dict], world_size: int, backend: str, device:
                          f"{r['bytes_sent_per_step']:>12,} {r['sent_over_4psi']:>9.2f} {r['step_seconds']:>8.3f}")
     elif demo == "plan":
         lines += _plan_table(results)
+    elif demo == "pipeline":
+        r0 = results[0]
+        lines.append(f"{r0['schedule']}, M = {r0['microbatches']} micro-batches; loss "
+                     f"{results[-1]['loss']:.4f}; predicted peak = micro-batches in flight × one's")
+        lines.append(f"{'stage':>5} {'peak saved B':>13} {'in flight':>9} {'× one B':>11} {'predicted':>13} "
+                     f"{'sent B':>11} {'predicted':>11} {'step s':>8}")
+        for r in results:
+            lines.append(f"{r['rank']:>5} {r['peak_saved_bytes']:>13,} {r['in_flight']:>9} "
+                         f"{r['one_microbatch_bytes']:>11,} {r['predicted_peak_saved_bytes']:>13,} "
+                         f"{r['bytes_sent']:>11,} {r['predicted_bytes_sent']:>11,} {r['step_seconds']:>8.3f}")
+    elif demo == "sequence_parallel":
+        r0 = results[0]
+        lines.append(f"LayerNorm on one device saves {r0['full_ln_saved_bytes']:,} B; collectives "
+                     f"forward {r0['forward_calls']}, backward {r0['backward_calls']}")
+        lines.append(f"{'rank':>4} {'LN saved B':>11} {'predicted 1/N':>13} {'ring B fwd':>11} "
+                     f"{'ring B bwd':>11} {'all-reduce ring B':>17} {'step s':>8}")
+        for r in results:
+            lines.append(f"{r['rank']:>4} {r['ln_saved_bytes']:>11,} {r['predicted_ln_saved_bytes']:>13,} "
+                         f"{r['forward_ring_bytes']:>11,} {r['backward_ring_bytes']:>11,} "
+                         f"{r['all_reduce_ring_bytes']:>17,} {r['step_seconds']:>8.3f}")
     else:
         single = results[0]["single_device_peak_bytes"]
         lines.append(f"one device over the whole sequence: peak {single:,} B")
@@ -500,8 +621,10 @@ def main(argv: list[str] | None = None) -> int:
             if demo not in DEMOS:
                 raise UsageError(f"unknown demo {demo!r}: choose one of {', '.join(DEMOS)}")
         rank, world_size, local_rank = _torchrun_env()
-        # zero3's buffers live on the CPU: there "auto" means the CPU (an explicit cuda is refused)
-        choice = "cpu" if ({"zero3", "plan"} & set(args.demo)) and args.device == "auto" else args.device
+        # zero3's and pipeline's buffers live on the CPU: there "auto" means the CPU (an explicit
+        # cuda is refused)
+        cpu_only = any(d in CPU_ONLY for d in args.demo)
+        choice = "cpu" if cpu_only and args.device == "auto" else args.device
         device = _device(choice, local_rank)
         calls = []
         for demo in args.demo:

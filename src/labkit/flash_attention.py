@@ -66,19 +66,19 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return torch.softmax(scores, dim=-1) @ v  # (B, H, S, D)
 
 
-def _tile_scores(q_blk: torch.Tensor, k_blk: torch.Tensor, q0: int, k0: int, scale: float,
-                 causal: bool) -> torch.Tensor:
-    """Scores of one tile, (B, H, bq, bk), with causal positions masked to -inf.
-
-    Only a tile that crosses the diagonal (some key after some query) pays for the mask."""
-    s = q_blk @ k_blk.transpose(-2, -1)
-    if scale != 1.0:
-        s = s.mul_(scale)
-    bq, bk = q_blk.shape[-2], k_blk.shape[-2]
-    if causal and k0 + bk - 1 > q0:
-        above = torch.ones(bq, bk, dtype=torch.bool, device=s.device).triu(q0 - k0 + 1)
-        s = s.masked_fill(above, float("-inf"))
-    return s
+def _causal_bias(q0: int, k0: int, bq: int, bk: int, dtype: torch.dtype, device: torch.device,
+                 cache: dict) -> torch.Tensor | None:
+    """The additive causal mask of the tile of queries [q0, q0+bq) × keys [k0, k0+bk): (bq, bk),
+    0 where key ≤ query and -inf where key > query; None for a tile wholly on or below the
+    diagonal (it needs no mask). Built once per distinct (q0 - k0, bq, bk) and kept in ``cache``."""
+    if k0 + bk - 1 <= q0:
+        return None
+    key = (q0 - k0, bq, bk)
+    if key not in cache:
+        above = torch.ones(bq, bk, dtype=torch.bool, device=device).triu(q0 - k0 + 1)
+        cache[key] = torch.zeros(bq, bk, dtype=dtype, device=device).masked_fill_(
+            above, float("-inf"))
+    return cache[key]
 
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,

@@ -3,14 +3,19 @@
 ``labkit.widgets.MemoryCalculator`` (ipywidgets) needs a Python kernel to redraw, so on the
 static site it shows only its starting state.  ``calculator_html()`` gives the book a calculator
 that works without a kernel and without internet: plain HTML inputs, an inline SVG chart and
-about forty lines of JavaScript.  The tables it computes with (bytes per parameter of every
-precision recipe × optimizer, the consumer colours) are written into the page from
-``labkit.memory_model`` and ``labkit.plot``; the JavaScript only shards them by ZeRO stage and
-adds Korthikanti et al.'s activation term, the same two lines as ``memory_model.per_gpu_bytes``.
-``tests/test_page_calculator.py`` runs this JavaScript under Node on a grid of inputs and
-requires it to agree with the Python model.
+about a hundred lines of JavaScript.  The tables it computes with (bytes per parameter of every
+precision recipe × optimizer × gradient buffer, the consumer colours) are written into the page
+from ``labkit.memory_model`` and ``labkit.plot``.  The configuration arithmetic — ZeRO sharding
+over D·C, T·P splitting the weights, Korthikanti et al.'s activations with tensor, sequence and
+context parallelism, recomputation and the first 1F1B stage's micro-batches in flight — is the
+JavaScript twin of ``labkit.widgets.calculator_bytes`` (``JS_MODEL``; a browser runs no Python).
+``tests/test_page_calculator.py`` runs it under Node on thousands of combinations and requires it
+to agree with ``calculator_bytes`` computed by the reference ``labkit.parallel_memory``, and
+``tests/test_site_check.py`` moves every control in Chromium and compares the drawn bars.
+Invalid settings (D·T·P·C ≠ N, T not dividing the heads, P not dividing the layers, ...) show
+a message in place of the chart, the same check ``labkit.parallel_memory`` makes.
 
-Chapter: book/01_where_the_memory_goes.md.
+Chapters: book/01_where_the_memory_goes.md (data parallelism), book/06_system.md (D × T × P × C).
 """
 from __future__ import annotations
 
@@ -19,21 +24,53 @@ import json
 
 from labkit import memory_model
 from labkit.plot import COLORS
-from labkit.widgets import DEFAULTS, STAGE_NAMES
+from labkit.widgets import CHECKPOINTING, DEFAULTS, STAGE_NAMES, settings
+
+JS_CHECK = r"""
+function wtmgCheck(v) {
+  // The first problem with the settings v, as a sentence, or "" when they are valid.
+  const ints = ["world_size", "dp", "tp", "pp", "cp", "n_micro", "n_layer", "hidden", "n_head",
+                "batch_size", "seq_len", "vocab_size"];
+  if (!(v.n_params > 0 && isFinite(v.n_params))) return "Ψ must be a positive number";
+  for (const k of ints)
+    if (!(Number.isInteger(v[k]) && v[k] > 0)) return k + " must be a positive whole number";
+  const prod = v.dp * v.tp * v.pp * v.cp;
+  if (prod !== v.world_size)
+    return `D·T·P·C = ${v.dp}·${v.tp}·${v.pp}·${v.cp} = ${prod} must equal the GPUs N = ${v.world_size}`;
+  if (v.hidden % v.n_head) return `the heads a = ${v.n_head} must divide hidden h = ${v.hidden}`;
+  if (v.n_head % v.tp) return `T = ${v.tp} must divide the heads a = ${v.n_head} (each rank keeps whole heads)`;
+  if (v.seq_len % v.cp) return `C = ${v.cp} must divide the sequence s = ${v.seq_len}`;
+  if (v.n_layer % v.pp) return `P = ${v.pp} must divide the layers L = ${v.n_layer}`;
+  return "";
+}
+"""
 
 JS_MODEL = r"""
 function wtmgPerGpu(v, T) {
-  // v: settings; T: tables from labkit.memory_model. Returns bytes per consumer on one GPU.
+  // v: valid settings; T: tables from labkit.memory_model. Bytes per consumer on the busiest
+  // GPU (the first pipeline stage's): labkit.widgets.calculator_bytes in JavaScript.
   const per = T.perParam[v.recipe + "|" + v.optimizer + "|" + v.grad_buffer];
-  const N = v.world_size, st = v.zero_stage;
-  const s = v.seq_len, b = v.batch_size, h = v.hidden, a = v.n_head;
-  const e = T.activationBytes[v.recipe];
+  const st = v.zero_stage, n = v.dp * v.cp;          // ZeRO shards over the D·C replicas
+  const local = v.n_params / (v.tp * v.pp);          // T and P split the weights
+  const s = v.seq_len / v.cp, b = v.batch_size;          // C splits the sequence
+  const h = v.hidden, a = v.n_head, t = v.tp, e = T.activationBytes[v.recipe];
+  const sbh = s * b * h;
+  let layer;
+  if (v.checkpointing === "full") {                  // only the layer's input is kept
+    layer = v.sequence_parallel ? sbh * e / t : sbh * e;
+  } else {
+    const unsplit = sbh * (4 * e + 2);               // LayerNorm inputs, QKV/MLP inputs, 2 masks
+    let split = sbh * 12 * e;                         // Q, K, V, projection input, GELU in/out
+    if (v.checkpointing === "none") split += a * s * s * b * (2 * e + 1);  // scores, softmax
+    layer = v.sequence_parallel ? (unsplit + split) / t : unsplit + split / t;
+  }
+  let acts = (v.n_layer / v.pp) * Math.min(v.pp, v.n_micro) * layer;
+  if (v.fp32_logits && v.pp === 1) acts += 4 * s * b * v.vocab_size / t;
   return {
-    "parameters": v.n_params * per["parameters"] / (st >= 3 ? N : 1),
-    "gradients": v.n_params * per["gradients"] / (st >= 2 ? N : 1),
-    "optimizer states": v.n_params * per["optimizer states"] / (st >= 1 ? N : 1),
-    "activations": v.n_layer * (s * b * h * (16 * e + 2) + a * s * s * b * (2 * e + 1))
-                   + (v.fp32_logits ? 4 * s * b * v.vocab_size : 0),
+    "parameters": local * per["parameters"] / (st >= 3 ? n : 1),
+    "gradients": local * per["gradients"] / (st >= 2 ? n : 1),
+    "optimizer states": local * per["optimizer states"] / (st >= 1 ? n : 1),
+    "activations": acts,
   };
 }
 """
@@ -46,20 +83,22 @@ _WIDGET_JS = r"""
   const get = (name) => root.querySelector("[name='" + name + "']");
   function settings() {
     const v = {};
-    for (const k of ["world_size", "n_layer", "hidden", "n_head", "batch_size", "seq_len", "vocab_size"])
-      v[k] = parseInt(get(k).value, 10);
+    for (const k of T.integers) v[k] = Number(get(k).value);
     v.n_params = parseFloat(get("n_params").value) * 1e9;
-    v.recipe = get("recipe").value; v.optimizer = get("optimizer").value;
-    v.grad_buffer = get("grad_buffer").value; v.fp32_logits = get("fp32_logits").checked;
+    for (const k of ["recipe", "optimizer", "grad_buffer", "checkpointing"]) v[k] = get(k).value;
+    v.fp32_logits = get("fp32_logits").checked;
+    v.sequence_parallel = get("sequence_parallel").checked;
     v.zero_stage = parseInt(root.querySelector("[name='zero_stage']:checked").value, 10);
     return v;
   }
   function draw() {
     const v = settings(), msg = root.querySelector(".wtmg-msg");
-    const bad = Object.entries(v).filter(([k, x]) => typeof x === "number" && k !== "zero_stage" && !(x > 0));
-    if (bad.length || v.hidden %% v.n_head) {
-      msg.textContent = bad.length ? bad[0][0] + " must be a positive number"
-                                   : "n_head must divide hidden";
+    const problem = wtmgCheck(v);
+    root.classList.toggle("wtmg-invalid", problem !== "");
+    if (problem) {
+      msg.textContent = problem;
+      root.querySelector("svg").innerHTML = "";
+      root.querySelector(".wtmg-summary").textContent = "Nothing drawn: " + problem + ".";
       return;
     }
     msg.textContent = "";
@@ -85,17 +124,31 @@ _WIDGET_JS = r"""
     const c = bars[v.zero_stage], total = totals[v.zero_stage];
     const per = T.perParam[v.recipe + "|" + v.optimizer + "|" + v.grad_buffer];
     const perSum = T.consumers.slice(0, 3).reduce((t, k) => t + per[k], 0);
+    const where = v.pp > 1
+      ? `each GPU of the first pipeline stage (${v.n_layer / v.pp} layers, ${Math.min(v.pp, v.n_micro)} micro-batches in flight)`
+      : `each of ${v.world_size} GPUs`;
     root.querySelector(".wtmg-summary").innerHTML =
       `Static state of the whole model: ${perSum} bytes/parameter × Ψ = <b>${(perSum * v.n_params / 1e12).toFixed(3)} TB</b>. ` +
-      `On each of ${v.world_size} GPUs with ${T.stages[v.zero_stage]}: ` +
+      `On ${where}, D×T×P×C = ${v.dp}×${v.tp}×${v.pp}×${v.cp}, with ${T.stages[v.zero_stage]}: ` +
       T.consumers.map((k) => `${k} <b>${(c[k] / GB).toFixed(2)} GB</b>`).join(", ") +
       `; total <b>${(total / GB).toFixed(2)} GB</b>, which ` +
-      (total <= T.gpuBytes ? "fits" : "does <b>not</b> fit") + ` in ${T.gpuBytes / GB} GB.`;
+      (total <= T.gpuBytes ? "fits" : "does <b>not</b> fit") + ` in ${T.gpuBytes / GB} GB.` +
+      (v.fp32_logits && v.pp > 1 ? " The fp32 logits are on the last stage, not counted here." : "");
   }
   root.querySelectorAll("input, select").forEach((el) => el.addEventListener("input", draw));
+  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("change", draw));
   draw();
 })();
 """
+
+INTEGERS = ("world_size", "dp", "tp", "pp", "cp", "n_micro", "n_layer", "hidden", "n_head",
+            "batch_size", "seq_len", "vocab_size")
+"""The whole-number inputs of the page, in the order they are laid out."""
+
+LABELS = {"world_size": "GPUs N", "dp": "data D", "tp": "tensor T", "pp": "pipeline P",
+          "cp": "context C", "n_micro": "micro-batches m", "n_layer": "layers L",
+          "hidden": "hidden h", "n_head": "heads a", "batch_size": "micro-batch b",
+          "seq_len": "sequence s", "vocab_size": "vocabulary V"}
 
 
 def tables(gpu_bytes: float = 80e9) -> dict:
@@ -106,7 +159,8 @@ def tables(gpu_bytes: float = 80e9) -> dict:
     return {"perParam": per_param,
             "activationBytes": {r: rec.activation for r, rec in memory_model.RECIPES.items()},
             "consumers": list(memory_model.CONSUMERS), "colors": COLORS,
-            "stages": [STAGE_NAMES[s] for s in memory_model.ZERO_STAGES], "gpuBytes": gpu_bytes}
+            "stages": [STAGE_NAMES[s] for s in memory_model.ZERO_STAGES], "gpuBytes": gpu_bytes,
+            "integers": list(INTEGERS)}
 
 
 def _number(name: str, label: str, value, step: str = "1") -> str:
@@ -115,14 +169,25 @@ def _number(name: str, label: str, value, step: str = "1") -> str:
             f"style='width:6.5em'></label>")
 
 
-def calculator_html(element_id: str = "wtmg-calculator", gpu_bytes: float = 80e9) -> str:
-    """The calculator as one HTML string (inputs, an SVG chart, its script), defaults as DEFAULTS."""
+def calculator_html(element_id: str = "wtmg-calculator", gpu_bytes: float = 80e9,
+                    **values) -> str:
+    """The calculator as one HTML string (inputs, an SVG chart, its script).
+
+    It starts at ``labkit.widgets.settings(**values)`` (``DEFAULTS``: the book's 100B example);
+    a start the model refuses raises its ``ValueError`` (naming the setting) here.
+    """
     if not isinstance(element_id, str) or not element_id.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"element_id must be letters, digits, '-' or '_', got {element_id!r}")
     if isinstance(gpu_bytes, bool) or not isinstance(gpu_bytes, (int, float)) \
             or not 0 < gpu_bytes < float("inf"):
         raise ValueError(f"gpu_bytes must be a positive, finite number, got {gpu_bytes!r}")
-    d = DEFAULTS
+    d = settings(**values)
+    try:
+        from labkit.widgets import calculator_bytes
+
+        calculator_bytes(**d)
+    except NotImplementedError:
+        pass  # the page computes in JavaScript; only the Python check needs exercise 6.4
     options = lambda table, chosen: "".join(  # noqa: E731
         f"<option value='{k}'{' selected' if k == chosen else ''}>"
         f"{getattr(v, 'label', v)}</option>" for k, v in table.items())
@@ -130,30 +195,33 @@ def calculator_html(element_id: str = "wtmg-calculator", gpu_bytes: float = 80e9
         f"<label style='margin-right:1em'><input type='radio' name='zero_stage' value='{s}'"
         f"{' checked' if s == d['zero_stage'] else ''}> {STAGE_NAMES[s]}</label>"
         for s in memory_model.ZERO_STAGES)
-    numbers = "".join(_number(k, label, d[k]) for k, label in (
-        ("world_size", "GPUs N"), ("n_layer", "layers L"), ("hidden", "hidden h"),
-        ("n_head", "heads a"), ("batch_size", "micro-batch b"), ("seq_len", "sequence s"),
-        ("vocab_size", "vocabulary V")))
+    recompute = {c: f"recompute: {c}" for c in CHECKPOINTING}
+    numbers = lambda names: "".join(_number(k, LABELS[k], d[k]) for k in names)  # noqa: E731
+    n_params = f"{d['n_params'] / 1e9:.12g}"
     return f"""
 <div id="{element_id}" class="wtmg-calculator" style="border:1px solid #ddd;padding:0.8em;border-radius:6px">
 <script type="application/json">{json.dumps(tables(gpu_bytes))}</script>
-<div>{_number("n_params", "Ψ (billions)", d["n_params"] / 1e9, "any")}
+<div>{_number("n_params", "Ψ (billions)", n_params, "any")}
 <label>precision <select name="recipe">{options(memory_model.RECIPES, d["recipe"])}</select></label></div>
 <div><label>optimizer <select name="optimizer">{options(memory_model.OPTIMIZERS, d["optimizer"])}</select></label>
 <label>gradients <select name="grad_buffer">{options(memory_model.GRAD_BUFFERS, d["grad_buffer"])}</select></label>
 <label><input type="checkbox" name="fp32_logits"{" checked" if d["fp32_logits"] else ""}> fp32 logits (4·s·b·V)</label></div>
 <div style="margin:0.4em 0">{stages}</div>
-<div>{numbers}</div>
-<div class="wtmg-msg" style="color:{COLORS['activations']};font-weight:bold"></div>
+<div>{numbers(("world_size", "dp", "tp", "pp", "cp", "n_micro"))}</div>
+<div><label><input type="checkbox" name="sequence_parallel"{" checked" if d["sequence_parallel"] else ""}> sequence parallelism (with T)</label>
+<label style="margin-left:1em">recomputation <select name="checkpointing">{options(recompute, d["checkpointing"])}</select></label></div>
+<div>{numbers(("n_layer", "hidden", "n_head", "batch_size", "seq_len", "vocab_size"))}</div>
+<div class="wtmg-msg" role="status" style="color:{COLORS['activations']};font-weight:bold"></div>
 <svg width="580" height="250" role="img" aria-label="bytes per GPU by consumer for ZeRO stages 0 to 3"></svg>
 <div>{"".join(f"<span style='margin-right:1em'><span style='display:inline-block;width:0.9em;height:0.9em;background:{COLORS[c]}'></span> {c}</span>" for c in memory_model.CONSUMERS)}</div>
 <p class="wtmg-summary"></p>
-<script>{JS_MODEL}{_WIDGET_JS % {"id": element_id}}</script>
+<script>{JS_CHECK}{JS_MODEL}{_WIDGET_JS % {"id": element_id}}</script>
 </div>"""
 
 
 def show(**kwargs):
-    """Display the calculator in a notebook (or a book page) as HTML."""
+    """Display the calculator in a notebook (or a book page) as HTML; ``calculator_html``'s
+    arguments."""
     from IPython.display import HTML
 
     return HTML(calculator_html(**kwargs))

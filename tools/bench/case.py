@@ -1,28 +1,15 @@
-"""One benchmark row: our reference solution next to the library doing the same work."""
-from __future__ import annotations
+"""One benchmark row: our reference solution next to the library doing the same work.
 
-from dataclasses import dataclass
-from typing import Callable
+``Case`` lives in ``labkit.bench`` (the chapters' speed tables use it too); it is re-exported
+here for the rows in ``tools/bench/labN.py``.
+"""
+from __future__ import annotations
 
 import torch.distributed as dist
 
+from labkit.bench import Case
 
-@dataclass
-class Case:
-    """``ours`` and ``ref`` are zero-argument callables that do the same work once (set-up done
-    beforehand, outside them); the runner times them interleaved, in one process, one thread,
-    and reports the median of each and ``ours / ref``."""
-
-    lab: int
-    label: str
-    """What is timed, e.g. ``"Adam8bit step, lab GPT"``."""
-    ours: Callable[[], object]
-    ref: Callable[[], object]
-    ref_name: str
-    """The library implementation, e.g. ``"bitsandbytes Adam8bit"``."""
-    repeat: int = 15
-    note: str = ""
-    """Anything the reader needs to read the ratio (e.g. FLOPs ratio next to a time ratio)."""
+__all__ = ["Case", "one_rank_group"]
 
 
 def one_rank_group() -> None:

@@ -1,8 +1,9 @@
 """Lab 5's rows of ``make bench``: FlashAttention, ring attention, checkpointing vs the library.
 
 - FlashAttention toy (forward + backward, causal) vs naive attention and PyTorch's SDPA, over S.
-- Ring attention's compute, all ranks' blocks run one after the other in this process (the
-  transfers are measured by the graders, not here) vs SDPA over the whole sequence.
+- Ring attention's compute (contiguous and zigzag layouts), all ranks' blocks one after the other
+  in this process (the transfers are measured by the graders, not here), and N times the slowest
+  rank's (the ring's time on N devices), vs SDPA over the whole sequence.
 - Checkpointing (per block, √L) vs none on the lab's GPT, with the FLOPs ratio beside the
   time ratio: recomputation costs time in proportion to the FLOPs it adds.
 """
@@ -40,33 +41,84 @@ def _attention_cases():
     return cases
 
 
-def _ring_cases():
+def _ring_rank(parts, rank, n, layout):
+    """Rank ``rank``'s causal compute over the N steps of the ring (the solution's blocks and
+    merges, the transfers left out): parts[r] = rank r's (q, k, v) chunk under ``layout``."""
     from labkit.ring_attention import attention_with_lse, merge_attention
 
-    cases = []
-    s = 1024
+    q = parts[rank][0]
+    half = q.shape[2] // 2
+    out = lse = None
+    for step in range(n):
+        src = (rank - step) % n
+        k, v = parts[src][1], parts[src][2]
+        rows = None
+        if src == rank:
+            part = attention_with_lse(q, k, v, causal=True)
+        elif layout == "contiguous":
+            part = attention_with_lse(q, k, v) if src < rank else None
+        elif src < rank:
+            part = attention_with_lse(q, k[:, :, :half], v[:, :, :half])
+        else:
+            rows = slice(half, None)
+            part = attention_with_lse(q[:, :, rows], k, v)
+        if out is None:
+            out, lse = part
+        elif part is not None and rows is None:
+            out, lse = merge_attention(out, lse, *part)
+        elif part is not None:
+            out[:, :, rows], lse[:, :, rows] = merge_attention(out[:, :, rows], lse[:, :, rows],
+                                                               *part)
+    return out
+
+
+def ring_parts(q, k, v, n, layout):
+    """Every rank's (q, k, v) chunk under ``layout``."""
+    from labkit.ring_attention import rank_positions
+
+    return [tuple(t[:, :, rank_positions(q.shape[2], n, r, layout)].contiguous()
+                  for t in (q, k, v)) for r in range(n)]
+
+
+def ring_cases(s=1024, ranks=(2, 4), repeat=11, lab=5):
+    """Rows: the ring's causal compute, all ranks one after the other, vs SDPA over the whole
+    sequence (the same work: how fast the fused per-block kernel and the merges are); and N ×
+    the slowest rank's compute vs SDPA (the ring's time on N devices against a perfect 1/N
+    split of SDPA: what the causal imbalance costs), for the contiguous and zigzag layouts."""
+    from labkit.ring_attention import count_attention_work
+
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 4, s, 64) for _ in range(3))
-    for n in (2, 4):
-        chunk = s // n
-        parts = [tuple(t[:, :, r * chunk:(r + 1) * chunk].contiguous() for t in (q, k, v))
-                 for r in range(n)]
 
-        def ring_compute(parts=parts, n=n):
-            for rank in range(n):
-                out = lse = None
-                for step in range(n):
-                    src = (rank - step) % n
-                    if src > rank:
-                        continue
-                    o, l = attention_with_lse(parts[rank][0], parts[src][1], parts[src][2],
-                                              causal=src == rank)
-                    out, lse = (o, l) if out is None else merge_attention(out, lse, o, l)
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-        cases.append(Case(5, f"ring attention compute, S={s}, N={n}, causal", ring_compute,
-                          lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                          "F.scaled_dot_product_attention", repeat=11,
-                          note="all ranks' blocks in one process, transfers not included"))
+    cases = []
+    for n in ranks:
+        for layout in ("contiguous", "zigzag"):
+            parts = ring_parts(q, k, v, n, layout)
+            work = []
+            for r in range(n):
+                with count_attention_work() as w:
+                    _ring_rank(parts, r, n, layout)
+                work.append(w[0])
+            slowest = max(range(n), key=work.__getitem__)
+
+            def all_ranks(parts=parts, n=n, layout=layout):
+                for r in range(n):
+                    _ring_rank(parts, r, n, layout)
+
+            def critical_path(parts=parts, n=n, layout=layout, slowest=slowest):
+                for _ in range(n):
+                    _ring_rank(parts, slowest, n, layout)
+
+            share = max(work) / sum(work)
+            cases.append(Case(lab, f"ring attention, {layout}, all ranks' compute, S={s}, N={n}",
+                              all_ranks, sdpa, "SDPA, whole sequence", repeat=repeat,
+                              note="one process, transfers not included"))
+            cases.append(Case(lab, f"ring attention, {layout}, N × slowest rank, S={s}, N={n}",
+                              critical_path, sdpa, "SDPA, whole sequence", repeat=repeat,
+                              note=f"slowest rank does {share:.0%} of the work (1/N = {1 / n:.0%})"))
     return cases
 
 
@@ -111,4 +163,4 @@ def _checkpoint_cases():
 
 
 def cases():
-    return _attention_cases() + _ring_cases() + _checkpoint_cases()
+    return _attention_cases() + ring_cases() + _checkpoint_cases()

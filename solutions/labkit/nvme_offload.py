@@ -1,0 +1,251 @@
+"""NVMe offload (ZeRO-Infinity): the optimizer states live in files, one group in memory at a time.
+
+ZeRO-Offload (``labkit.zero_offload``) moves Adam's 12Ψ bytes from the GPU to host memory. For
+the largest models host memory is too small as well, and ZeRO-Infinity (Rajbhandari et al.
+2021, "ZeRO-Infinity: Breaking the GPU Memory Wall for Extreme Scale Deep Learning", arXiv
+2104.07857) moves them one level further, to NVMe drives. The step then streams the state: for
+each group of parameters it reads the group's fp32 master weights, m and v from the drive,
+updates them, and writes them back, while the next group is already being read (a bounded
+read-ahead, so the drive's latency hides behind the update). Host memory holds only the
+read-ahead window, never the whole state.
+
+Here a group is one parameter tensor and its state is one file ``group_XXXX.bin`` of K·n fp32
+numbers: [master (16-bit parameters only), m, v], K = 12 bytes an element for 16-bit
+parameters, 8 for fp32 ones (the parameter itself is the master); ``step.json`` holds the step
+count. The files are read and written explicitly (``read_group`` / ``write_group``), not
+memory-mapped: an mmap's pages are resident at the kernel's discretion, while an explicit read
+makes "resident bytes" a number we can count. Per step the files give K·Ψ bytes and take K·Ψ
+back; the resident state is at most the window, K × (the largest read_ahead + 1 consecutive
+groups).
+
+Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.7 (labs/02_optimizer_states.ipynb).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+LAYOUT = "labkit.nvme_offload/1"
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+class NVMeAdam:
+    """Adam (``torch.optim.Adam``'s update) whose fp32 state lives in files under ``directory``.
+
+    A new directory is filled with the initial state (master = the parameters, m = v = 0); a
+    directory that already holds this layout (same tensor sizes and dtypes) is *resumed*: its
+    master weights, moments and step count continue where they were written.
+
+    Infrastructure (given; the exercise uses it):
+        groups: the parameters, one tensor per group; ``K``: state floats per element (2 or 3).
+        prefetch(i): start reading group i's state on the I/O thread; returns a Future whose
+            result is ``{"master"?, "exp_avg", "exp_avg_sq"}`` (fp32 tensors of the
+            parameter's shape; "master" only for 16-bit parameters).
+        write_group(i, state): write that dict back to group i's file.
+        write_step(t): record the step count in ``step.json``.
+        bytes_read, bytes_written: state bytes moved so far (counted by read/write).
+        resident_bytes, peak_resident_bytes: bytes of state buffers read and still alive in
+            host memory, now and at most (each buffer is counted until it is garbage).
+        events: ``("read", i)`` when a prefetch is issued, ``("write", i)`` when a write ends.
+        step_count: steps taken (read from ``step.json`` on resume).
+
+    Args:
+        params: the parameters (each tensor once).
+        directory: where the state files live (created if missing).
+        lr, betas, eps, weight_decay: ``torch.optim.Adam``'s (L2 weight decay, added to the
+            gradient).
+        read_ahead: how many groups beyond the one being updated may be read at once (≥ 0).
+    """
+
+    def __init__(self, params, directory, *, lr: float = 1e-3, betas=(0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, read_ahead: int = 1):
+        if isinstance(params, torch.Tensor):
+            raise TypeError("params must be an iterable of tensors, got a single tensor")
+        params = list(params)
+        if not params or not all(isinstance(p, torch.Tensor) and p.is_floating_point() for p in params):
+            raise ValueError("params must be a non-empty iterable of floating-point tensors")
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError("params must list each tensor once")
+        if not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"directory must be a path (str or os.PathLike), got {type(directory).__name__}")
+        if not (_number(lr) and lr >= 0):
+            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+                and all(_number(b) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        if not (_number(eps) and eps >= 0):
+            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+        if not (_number(weight_decay) and weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+        if isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 0:
+            raise ValueError(f"read_ahead must be an int >= 0, got {read_ahead!r}")
+        self.groups = params
+        self.directory = os.fspath(directory)
+        self.lr, self.betas, self.eps, self.weight_decay = float(lr), tuple(betas), eps, weight_decay
+        self.read_ahead = read_ahead
+        self.has_master = [p.dtype != torch.float32 for p in params]
+        self.K = [4 * (3 if m else 2) for m in self.has_master]  # state bytes per element
+        self.bytes_read = self.bytes_written = 0
+        self.resident_bytes = self.peak_resident_bytes = 0
+        self.events: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvme-io")
+        self._finalizer = weakref.finalize(self, self._io.shutdown, wait=False)
+        os.makedirs(self.directory, exist_ok=True)
+        layout = {"layout": LAYOUT, "groups": [[list(p.shape), str(p.dtype)] for p in params]}
+        meta_path = os.path.join(self.directory, "step.json")
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                meta = json.load(f)
+            if {k: meta.get(k) for k in layout} != layout:
+                raise ValueError(f"directory {self.directory!r} holds the state of other parameters "
+                                 "(shapes or dtypes differ): use a new directory")
+            self.step_count = int(meta["step"])
+        else:
+            for i, p in enumerate(params):
+                state = {"exp_avg": torch.zeros(p.shape), "exp_avg_sq": torch.zeros(p.shape)}
+                if self.has_master[i]:
+                    state["master"] = p.detach().float().cpu()
+                self._write(i, state)
+            self.step_count = 0
+            self.write_step(0)
+        self._layout = layout
+
+    # ------------------------------------------------------------------ infrastructure
+    def path(self, i: int) -> str:
+        """The file of group i."""
+        return os.path.join(self.directory, f"group_{i:04d}.bin")
+
+    def _keys(self, i: int) -> list[str]:
+        return (["master"] if self.has_master[i] else []) + ["exp_avg", "exp_avg_sq"]
+
+    def _read(self, i: int) -> dict[str, torch.Tensor]:
+        p = self.groups[i]
+        n = p.numel()
+        flat = torch.empty(len(self._keys(i)) * n, dtype=torch.float32)
+        with self._lock:  # resident from allocation until the last view of it is garbage
+            self.resident_bytes += flat.nbytes
+            self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+        weakref.finalize(flat, self._release, flat.nbytes)  # views keep their base alive
+        with open(self.path(i), "rb") as f:
+            got = f.readinto(flat.numpy())
+        if got != flat.nbytes:
+            raise OSError(f"{self.path(i)}: read {got} bytes, expected {flat.nbytes}")
+        with self._lock:
+            self.bytes_read += got
+        return {k: flat[j * n:(j + 1) * n].view(p.shape) for j, k in enumerate(self._keys(i))}
+
+    def _release(self, nbytes: int) -> None:
+        with self._lock:
+            self.resident_bytes -= nbytes
+
+    def _write(self, i: int, state: dict[str, torch.Tensor]) -> int:
+        keys = self._keys(i)
+        if not isinstance(state, dict) or set(state) != set(keys):
+            raise ValueError(f"state of group {i} must be a dict with keys {keys}, got "
+                             f"{sorted(state) if isinstance(state, dict) else type(state).__name__}")
+        flat = torch.cat([state[k].detach().reshape(-1).float().cpu() for k in keys])
+        with open(self.path(i), "wb") as f:
+            f.write(flat.numpy().tobytes())
+            f.flush()
+        return flat.nbytes
+
+    def prefetch(self, i: int) -> Future:
+        """Start reading group i's state on the I/O thread (see the class docstring)."""
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.groups):
+            raise ValueError(f"i must be a group index in [0, {len(self.groups)}), got {i!r}")
+        self.events.append(("read", i))
+        return self._io.submit(self._read, i)
+
+    def write_group(self, i: int, state: dict[str, torch.Tensor]) -> None:
+        """Write group i's updated state back to its file (blocking)."""
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.groups):
+            raise ValueError(f"i must be a group index in [0, {len(self.groups)}), got {i!r}")
+        nbytes = self._write(i, state)
+        with self._lock:
+            self.bytes_written += nbytes
+        self.events.append(("write", i))
+
+    def write_step(self, t: int) -> None:
+        """Record the step count (with the layout) in ``step.json``, atomically."""
+        meta_path = os.path.join(self.directory, "step.json")
+        with open(meta_path + ".tmp", "w") as f:
+            json.dump({"layout": LAYOUT, "groups": [[list(p.shape), str(p.dtype)] for p in self.groups],
+                       "step": int(t)}, f)
+        os.replace(meta_path + ".tmp", meta_path)
+
+    def window_bytes(self) -> int:
+        """The most state bytes the read-ahead window can hold: K·numel over the largest
+        ``read_ahead + 1`` consecutive groups."""
+        sizes = [k * p.numel() for k, p in zip(self.K, self.groups)]
+        w = min(self.read_ahead + 1, len(sizes))
+        return max(sum(sizes[i:i + w]) for i in range(len(sizes) - w + 1))
+
+    def state_bytes_formula(self) -> int:
+        """K·Ψ: the bytes one step reads (and writes): Σ K·numel over the groups."""
+        return sum(k * p.numel() for k, p in zip(self.K, self.groups))
+
+    # ------------------------------------------------------------------ the step
+    @torch.no_grad()
+    def step(self) -> None:
+        """One Adam step of every parameter that has a gradient, streaming the state from files.
+
+        Contract: afterwards each parameter (and, for 16-bit parameters, its fp32 master)
+        equals what ``torch.optim.Adam`` keeping its state in memory would give (same lr,
+        betas, eps, weight_decay; a 16-bit parameter is its fp32 master rounded); every group's
+        file and ``step.json`` hold the new state, so a new ``NVMeAdam`` on this directory
+        continues identically. Each group's state is read once (``prefetch``) and written once
+        (``write_group``), the read of the next groups is issued before the current group is
+        updated, and at no moment are more than ``read_ahead`` groups beyond the current one
+        read and alive in memory (drop each group's buffers once written).
+        """
+        # BEGIN SOLUTION 2.7: stream the groups through a window of read_ahead prefetches; for each: Adam on its state (master for 16-bit), write it back, free it; then record the step
+        t = self.step_count + 1
+        beta1, beta2 = self.betas
+        bias1, bias2 = 1 - beta1 ** t, 1 - beta2 ** t
+        todo = [i for i, p in enumerate(self.groups) if p.grad is not None]
+        pending = {}
+        for j in range(min(self.read_ahead + 1, len(todo))):
+            pending[todo[j]] = self.prefetch(todo[j])
+        for j, i in enumerate(todo):
+            state = pending.pop(i).result()
+            p = self.groups[i]
+            weight = state.get("master", p)
+            grad = p.grad.detach().float().cpu()
+            if self.weight_decay:
+                grad = grad.add(weight.cpu().float(), alpha=self.weight_decay)
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            m.lerp_(grad, 1 - beta1)
+            v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (v.sqrt() / math.sqrt(bias2)).add_(self.eps)
+            if "master" in state:
+                weight.addcdiv_(m, denom, value=-self.lr / bias1)
+                p.copy_(weight.to(p.dtype))
+            else:
+                p.addcdiv_(m.to(p.device), denom.to(p.device), value=-self.lr / bias1)
+            self.write_group(i, state)
+            del state, weight, m, v, denom  # this group's buffers are garbage now
+            if j + self.read_ahead + 1 < len(todo):  # the window moves on by one group
+                nxt = todo[j + self.read_ahead + 1]
+                pending[nxt] = self.prefetch(nxt)
+        self.step_count = t
+        self.write_step(t)
+        # END SOLUTION
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Release the parameters' gradients (as ``torch.optim.Optimizer.zero_grad`` does)."""
+        for p in self.groups:
+            p.grad = None
+
+    def close(self) -> None:
+        """Stop the I/O thread (the files stay)."""
+        self._io.shutdown(wait=True)

@@ -1,0 +1,186 @@
+"""ZeRO-Offload: the optimizer states and the Adam step live on the host, not on the GPU.
+
+Mixed-precision Adam keeps 16 bytes a parameter on the GPU: 2 (16-bit weights) + 2 (16-bit
+gradients) + 12 (the fp32 master copy and Adam's m and v). ZeRO-Offload (Ren et al. 2021,
+"ZeRO-Offload: Democratizing Billion-Scale Model Training", arXiv 2101.06840) moves the 12 to
+host memory and the update to the CPU, which is fast enough for an elementwise step:
+
+* forward and backward run on the GPU with the 16-bit weights, as before;
+* each gradient is copied to a host buffer *as soon as backward has finished it* (a
+  post-accumulate-grad hook), on a side CUDA stream into pinned memory, so the copies overlap
+  the rest of backward, and the device gradient is freed at once;
+* the step runs on the host: ``torch.optim.Adam`` over fp32 master weights in host memory;
+* the updated master weights, rounded to the 16-bit dtype, are copied back to the device.
+
+Device memory: 2Ψ of weights plus a gradient in flight instead of 16Ψ; the link carries 2Ψ
+bytes each way per step (16-bit gradients down, 16-bit weights up). ZeRO-Offload keeps the
+16-bit *parameters* on the GPU; only ZeRO-Infinity also offloads parameters, and uses NVMe
+(``labkit.nvme_offload``).
+
+On a CPU-only machine "device" and "host" are the same memory: the same code runs and is
+graded on the numerics and the order of events, and ``memory_by_location`` accounts each tensor
+by who holds it (the model: device; the offloader's buffers and optimizer: host).
+
+Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.6 (labs/02_optimizer_states.ipynb).
+"""
+from __future__ import annotations
+
+import torch
+
+from labkit.optimizer_states import state_tensors
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+class ZeROOffload:
+    """Adam for a model on the device, with its fp32 master weights, m, v and step on the host.
+
+    Use it in place of an optimizer; one backward per step (no gradient accumulation)::
+
+        offload = ZeROOffload(model, lr=1e-3)
+        loss = model(x, y); loss.backward()   # gradients leave the device during backward
+        offload.step()                        # Adam on the host, weights copied back
+
+    Attributes (set up here, used by the exercise):
+        params, names: the model's trainable parameters (a tied weight once) and their names.
+        master: fp32 host copies of the parameters (pinned on CUDA); ``optim``, a
+            ``torch.optim.Adam`` over them: its m, v and step counters are host tensors.
+        host_grads: one host buffer per parameter, in the parameter's dtype (pinned on CUDA):
+            the 16-bit gradient is what crosses the link.
+        stream: the side CUDA stream for the copies (None on a CPU); ``copied``: per parameter,
+            the CUDA event that ends its copy (None on a CPU).
+        arrived: indices of the parameters whose gradient reached the host since the last step.
+        events: ``("grad to host", name)`` appended after each gradient's hook returns (a test or
+            the lab may append its own events, e.g. the start of each block's backward).
+
+    Args:
+        model: the module to train (on a CPU or one CUDA device).
+        lr, betas, eps, weight_decay: ``torch.optim.Adam``'s.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, lr: float = 1e-3, betas=(0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not (_number(lr) and lr >= 0):
+            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+                and all(_number(b) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        if not (_number(eps) and eps >= 0):
+            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+        if not (_number(weight_decay) and weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("model must have at least one parameter that requires grad")
+        devices = {p.device for _, p in named}
+        if len(devices) != 1:
+            raise ValueError(f"model's parameters must be on one device, got {sorted(map(str, devices))}")
+        self.device = devices.pop()
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.index = {id(p): i for i, p in enumerate(self.params)}
+        cuda = self.device.type == "cuda"
+        host = torch.device("cpu")
+        self.master = [p.detach().to(host, torch.float32, copy=True) for p in self.params]
+        self.host_grads = [torch.empty(p.shape, dtype=p.dtype, device=host) for p in self.params]
+        if cuda:  # page-locked host memory: the DMA engine copies while the GPU computes
+            self.master = [m.pin_memory() for m in self.master]
+            self.host_grads = [g.pin_memory() for g in self.host_grads]
+        self.optim = torch.optim.Adam(self.master, lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay)
+        self.stream = torch.cuda.Stream(self.device) if cuda else None
+        self.copied: list = [None] * len(self.params)
+        self.arrived: set[int] = set()
+        self.events: list[tuple[str, str]] = []
+        self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        self._offload_grad(param)
+        self.events.append(("grad to host", self.names[self.index[id(param)]]))
+
+    def _offload_grad(self, param: torch.Tensor) -> None:
+        """Called by autograd once ``param.grad`` is complete, in the middle of backward.
+
+        Contract: the gradient's values end up in this parameter's host buffer (on CUDA: copied
+        on ``self.stream`` without racing the compute stream that wrote it, and ``self.copied``
+        holds an event that marks the end of the copy; the device memory must not be reused
+        before the copy has read it), the parameter's index is added to ``self.arrived``, and
+        the device gradient is released before this returns (``param.grad`` is None).
+        """
+        raise NotImplementedError("exercise 2.6: move this parameter's finished gradient into its host buffer (CUDA: side stream, event, no race), note that it arrived, release the device gradient (labs/02_optimizer_states.ipynb)")
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Adam on the host for every parameter whose gradient arrived since the last step.
+
+        Contract: after it returns, each such parameter (on the device, in its own dtype) equals
+        its fp32 master weight after one ``torch.optim.Adam`` step on the gradient it received,
+        rounded to the parameter's dtype, exactly as on-device mixed-precision Adam would
+        leave it; parameters without a gradient this step are not touched (Adam skips them);
+        the optimizer's state stays on the host; ``arrived`` is empty again.
+        """
+        raise NotImplementedError("exercise 2.6: wait for the copies, step the host optimizer on the arrived gradients (fp32), write the rounded master weights back to the device, reset arrived (labs/02_optimizer_states.ipynb)")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to do: every device gradient was released during backward."""
+
+    def remove(self) -> None:
+        """Remove the hooks: backward goes back to leaving gradients in ``.grad``."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def offload_step(model: torch.nn.Module, optimizer, batch, *, offload: ZeROOffload) -> torch.Tensor:
+    """One training step with ZeRO-Offload, for ``labkit.measure.measure_step`` (bind
+    ``offload`` with ``functools.partial``; pass ``offload.optim`` as the optimizer so that
+    MemTracker sees its state). MemTracker's own post-accumulate-grad hook runs after the
+    offloader's and finds ``.grad`` released; its warning about that is silenced."""
+    import warnings
+
+    x, y = batch
+    loss = model(x, y)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper")
+        loss.backward()
+    offload.step()
+    return loss.detach()
+
+
+def memory_by_location(offload: ZeROOffload) -> dict[str, dict[str, int]]:
+    """Bytes by location and consumer, counted from the tensors themselves (each storage once).
+
+    Returns ``{"device": {...}, "host": {...}}`` with keys "parameters", "gradients",
+    "optimizer states". The device holds the model's parameters and any ``.grad`` left on them;
+    the host holds the master weights and the optimizer's state ("optimizer states") and the
+    gradient buffers ("gradients"). On CUDA a tensor's location is its ``.device``; on a CPU,
+    where both are the same memory, it is who holds it (the model or the offloader).
+    """
+    if not isinstance(offload, ZeROOffload):
+        raise TypeError(f"offload must be a ZeROOffload, got {type(offload).__name__}")
+    out = {where: dict.fromkeys(("parameters", "gradients", "optimizer states"), 0)
+           for where in ("device", "host")}
+    seen: set = set()
+
+    def add(t: torch.Tensor, owner: str, consumer: str) -> None:
+        key = (str(t.device), t.untyped_storage().data_ptr())
+        if key in seen:
+            return
+        seen.add(key)
+        where = owner if offload.device.type == "cpu" else (
+            "device" if t.device == offload.device else "host")
+        out[where][consumer] += t.untyped_storage().nbytes()
+
+    for p in offload.params:
+        add(p, "device", "parameters")
+        if p.grad is not None:
+            add(p.grad, "device", "gradients")
+    for t in list(offload.master) + state_tensors(offload.optim):
+        add(t, "host", "optimizer states")
+    for g in offload.host_grads:
+        add(g, "host", "gradients")
+    return out

@@ -1,0 +1,50 @@
+"""labkit.bench: the timing behind `make bench` and the chapters' speed tables (not graded)."""
+from __future__ import annotations
+
+import pytest
+
+from labkit.bench import Case, bench_table, cpu_seconds, time_case
+
+
+def _spin(n):
+    def run():
+        total = 0
+        for i in range(n):
+            total += i
+        return total
+    return run
+
+
+def test_time_case_interleaves_and_reports_cpu_and_wall_medians():
+    calls = []
+    case = Case(0, "spin", lambda: calls.append("ours") or _spin(20000)(),
+                lambda: calls.append("ref") or _spin(10000)(), "half the spin", repeat=5)
+    row = time_case(case)
+    assert calls == ["ours", "ref"] * 6, "one warm-up each, then interleaved rounds"
+    assert row["repeat"] == 5 and row["label"] == "spin" and row["reference"] == "half the spin"
+    assert row["ours_s"] > 0 and row["ref_s"] > 0 and row["ours_wall_s"] > 0
+    assert row["ratio"] == pytest.approx(row["ours_s"] / row["ref_s"])
+    assert 1.2 < row["ratio"] < 4, row  # twice the loop: about twice the CPU time
+
+
+def test_bench_table_renders_one_line_per_case():
+    text, rows = bench_table([Case(0, "a", _spin(100), _spin(100), "b", repeat=2)] * 2, repeat=3)
+    assert len(rows) == 2 and all(r["repeat"] == 3 for r in rows)
+    assert text.count("\n") == 3 and "ratio (CPU)" in text
+
+
+def test_cpu_seconds_counts_this_process():
+    start = cpu_seconds()
+    _spin(200000)()
+    assert cpu_seconds() > start
+
+
+@pytest.mark.parametrize("call, exc, word", [
+    (lambda: time_case("not a case"), TypeError, "case"),
+    (lambda: time_case(Case(0, "x", 3, _spin(1), "y")), TypeError, "ours"),
+    (lambda: time_case(Case(0, "x", _spin(1), _spin(1), "y"), repeat=0), ValueError, "repeat"),
+    (lambda: bench_table(Case(0, "x", _spin(1), _spin(1), "y")), TypeError, "cases"),
+])
+def test_bench_refuses_bad_input(call, exc, word):
+    with pytest.raises(exc, match=word):
+        call()

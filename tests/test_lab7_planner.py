@@ -1,0 +1,305 @@
+"""Graders of Lab 7, exercise 7.1 (labs/07_panorama.ipynb): the planner.
+
+The reference is a brute-force search written here: every (dp, tp, pp) in 1..N with
+cp = N/(dp·tp·pp), every micro-batch size in 1..global_batch, every recipe, optimizer, ZeRO stage,
+offload flag and recomputation, filtered by the constraints that ``labkit.planner.plan``'s
+docstring states, scored with the module's given ``evaluate`` (memory and time are not the
+exercise) and sorted by the stated order. No pruning, no cleverness: it is slow and obviously
+right. The planner must return the same best configuration and the same runners-up, in order.
+Both sides call the same ``evaluate`` on the same ``Config``, so the floats are identical and
+the comparisons are exact (no tolerance).
+
+7.1 needs no earlier exercise: the per-GPU memory the planner uses (lab 6's
+``parallel_memory.per_gpu_bytes``, exercise 6.4) is replaced in these tests by
+``reference_per_gpu_bytes`` below, the formulas of the ZeRO paper (Rajbhandari et al. 2019,
+https://arxiv.org/abs/1910.02054) and of Korthikanti et al. 2022
+(https://arxiv.org/abs/2205.05198) written out plainly.
+
+The seed's worked numbers: Ψ = 100B in mixed-precision Adam is 16Ψ = 1.6 TB of static state,
+"more than 20 GPUs of 80 GB" before any activation.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+
+import pytest
+
+from labkit import memory_model, planner
+
+GB = 10**9
+SEED_100B = dict(n_params=100e9, n_layer=80, hidden=10240, n_head=80, seq_len=2048, name="100B")
+
+
+def reference_per_gpu_bytes(n_params, *, world_size, dp=1, tp=1, pp=1, cp=1, zero_stage=0,
+                            recipe="mixed", optimizer="adam", n_layer, hidden, n_head, seq_len,
+                            micro_batch, n_micro=1, checkpointing="none", sequence_parallel=False):
+    """Lab 6's per-GPU model, written out: ZeRO's table and Korthikanti's activations."""
+    assert dp * tp * pp * cp == world_size and n_head % tp == 0 and n_layer % pp == 0
+    per = memory_model.bytes_per_parameter(recipe, optimizer)
+    local, n = n_params / (tp * pp), dp * cp
+    out = {"parameters": local * per["parameters"] / (n if zero_stage >= 3 else 1),
+           "gradients": local * per["gradients"] / (n if zero_stage >= 2 else 1),
+           "optimizer states": local * per["optimizer states"] / (n if zero_stage >= 1 else 1)}
+    e = memory_model.RECIPES[recipe].activation
+    s, b, h, a = seq_len // cp, micro_batch, hidden, n_head
+    if checkpointing == "full":
+        layer = e * s * b * h / (tp if sequence_parallel else 1)
+    else:
+        attention = (2 * e + 1) * a * s * s * b if checkpointing == "none" else 0
+        split = (12 * e * s * b * h + attention) / tp
+        layer = (4 * e + 2) * s * b * h / (tp if sequence_parallel else 1) + split
+    out["activations"] = n_layer // pp * min(pp, n_micro) * layer
+    return out
+
+
+@pytest.fixture(autouse=True)
+def lab6_memory_model(monkeypatch):
+    """The planner's memory comes from the formulas above, not from the student's exercise 6.4."""
+    monkeypatch.setattr(planner, "per_gpu_bytes", reference_per_gpu_bytes)
+
+
+def brute_layouts(model, cluster, global_batch):
+    N, out = cluster.n_gpus, []
+    for dp, tp, pp in itertools.product(range(1, N + 1), repeat=3):
+        cp, rest = divmod(N, dp * tp * pp)
+        if rest or cp == 0:
+            continue
+        if (tp <= cluster.gpus_per_node and model.n_head % tp == 0 and model.n_layer % pp == 0
+                and model.seq_len % cp == 0 and global_batch % dp == 0):
+            out.append((dp, tp, pp, cp))
+    return sorted(out)
+
+
+def brute_force(model, cluster, global_batch, *, recipes=("mixed",), optimizers=("adam",),
+                zero_stages=(0, 1, 2, 3), checkpointing=("none", "selective", "full"),
+                offload=(False, True), margin=0.1):
+    """Every configuration of the space, evaluated; (fitting ones sorted, all of them)."""
+    every = []
+    for recipe, opt, zero, off in itertools.product(recipes, optimizers, zero_stages, offload):
+        if off and zero == 0:
+            continue
+        for dp, tp, pp, cp in brute_layouts(model, cluster, global_batch):
+            for b, ckpt in itertools.product(range(1, global_batch + 1), checkpointing):
+                if global_batch % (dp * b):
+                    continue
+                cfg = planner.Config(recipe, opt, zero, off, dp, tp, pp, cp, ckpt, b,
+                                     global_batch // (dp * b))
+                every.append(planner.evaluate(model, cluster, cfg, global_batch, margin))
+    fitting = sorted((e for e in every if e.fits),
+                     key=lambda e: (e.time.total, e.memory["total"], e.config))
+    return fitting, every
+
+
+def random_case(i):
+    """A small random model and cluster (seeded); memory set so that some configurations fit."""
+    rng = random.Random(1000 + i)
+    n_head = rng.choice([1, 2, 4, 6, 8])
+    hidden = n_head * rng.choice([16, 32, 64])
+    n_layer = rng.choice([1, 2, 3, 4, 6, 8])
+    seq_len = rng.choice([64, 128, 256, 512, 1024])
+    model = planner.ModelSpec(12.0 * n_layer * hidden**2 + 1000 * hidden, n_layer, hidden, n_head,
+                              seq_len, f"case {i}")
+    n_gpus = rng.choice([1, 2, 4, 6, 8, 12, 16])
+    global_batch = rng.choice([1, 2, 4, 6, 8, 12, 16])
+    space = dict(recipes=tuple(rng.sample(sorted(memory_model.RECIPES), rng.choice([1, 2]))),
+                 optimizers=tuple(rng.sample(sorted(memory_model.OPTIMIZERS), rng.choice([1, 2]))))
+    kw = dict(n_gpus=n_gpus, gpus_per_node=rng.choice([1, 2, 4, 8]),
+              intra_bw=rng.choice([100, 450]) * GB, inter_bw=rng.choice([12.5, 50]) * GB)
+    _, every = brute_force(model, planner.Cluster(**kw), global_batch, **space)
+    totals = sorted(e.memory["total"] for e in every)
+    if not totals:
+        return model, planner.Cluster(**kw), global_batch, space
+    # a GPU between the smallest footprint and the median: a few to half of the space fits
+    target = totals[int(rng.uniform(0.0, 0.5) * len(totals))]
+    cluster = planner.Cluster(**kw, memory_bytes=target / 0.9 * 1.0001)
+    return model, cluster, global_batch, space
+
+
+@functools.cache
+def case(i):
+    """Case i and its brute-force answer (built inside a test, with the reference memory model)."""
+    model, cluster, batch, space = random_case(i)
+    fitting, _ = brute_force(model, cluster, batch, **space)
+    return model, cluster, batch, space, fitting
+
+
+def describe(model, cluster, batch):
+    return (f"{model.name} (Ψ={model.n_params:.3g}, L={model.n_layer}, h={model.hidden}, "
+            f"a={model.n_head}, s={model.seq_len}) on {cluster.n_gpus} GPUs "
+            f"({cluster.gpus_per_node}/node, {cluster.memory_bytes / GB:.3g} GB), batch {batch}")
+
+
+@pytest.mark.exercise("7.1", points=4)
+@pytest.mark.parametrize("i", range(0, 20, 2))
+def test_layouts_match_brute_force(i):
+    """Check that layouts() lists exactly the valid (dp, tp, pp, cp), sorted."""
+    model, cluster, batch, _, _ = case(i)
+    got, want = planner.layouts(model, cluster, batch), brute_layouts(model, cluster, batch)
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    assert not missing and not extra, (
+        f"{describe(model, cluster, batch)}: layouts missing {missing[:4]}, invalid ones listed "
+        f"{extra[:4]}: check D·T·P·C = GPUs, T ≤ GPUs per node, T | heads, P | layers, C | seq_len, D | batch")
+    assert got == want, f"layouts are right but not in ascending order: {got[:6]}…"
+
+
+@pytest.mark.exercise("7.1", points=8)
+@pytest.mark.parametrize("i", range(20))
+def test_plan_best_matches_brute_force(i):
+    """Check that plan() returns the configuration a search without pruning finds first."""
+    model, cluster, batch, space, fitting = case(i)
+    if not fitting:
+        with pytest.raises(ValueError):
+            planner.plan(model, cluster, batch, **space)
+        return
+    got = planner.plan(model, cluster, batch, **space).best
+    want = fitting[0]
+    assert got.config == want.config, (
+        f"{describe(model, cluster, batch)}: plan chose {got.config.label()} "
+        f"({got.time.total:.4g} s, {got.memory['total'] / GB:.4g} GB), the brute-force search "
+        f"{want.config.label()} ({want.time.total:.4g} s, {want.memory['total'] / GB:.4g} GB): "
+        f"does the search skip part of the space (micro-batch sizes, offload, a layout) or prune "
+        f"something that fits?")
+
+
+@pytest.mark.exercise("7.1", points=4)
+@pytest.mark.parametrize("i", range(1, 20, 2))
+def test_plan_runners_up_match_brute_force(i):
+    """Check that the runners-up are the next fitting configurations, in the stated order."""
+    model, cluster, batch, space, fitting = case(i)
+    if not fitting:
+        with pytest.raises(ValueError):
+            planner.plan(model, cluster, batch, **space)
+        return
+    result = planner.plan(model, cluster, batch, **space, n_runners_up=4)
+    got = [e.config.label() for e in result.runners_up]
+    want = [e.config.label() for e in fitting[1:5]]
+    assert got == want, (
+        f"{describe(model, cluster, batch)}: runners-up {got}, expected {want}: are they sorted by "
+        f"time, then bytes, then Config, without the best, and cut at n_runners_up?")
+
+
+@pytest.mark.exercise("7.1", points=3)
+def test_ties_broken_by_memory_then_config():
+    """Check ties: on one GPU every ZeRO stage costs the same; the lowest bytes, then field order win."""
+    model = planner.ModelSpec(1e6, 2, 64, 2, 128, "tiny")
+    cluster = planner.Cluster(1, memory_bytes=1 * GB)
+    fitting, _ = brute_force(model, cluster, 4)
+    result = planner.plan(model, cluster, 4, n_runners_up=6)
+    got = [result.best.config] + [e.config for e in result.runners_up]
+    want = [e.config for e in fitting[:7]]
+    assert got == want, (
+        f"on 1 GPU ZeRO 0–3 tie in time and bytes: got {[c.label() for c in got]}, expected "
+        f"{[c.label() for c in want]}: ties must go to fewer bytes, then to the smaller Config "
+        f"(its fields in order), compared exactly")
+
+
+@pytest.mark.exercise("7.1", points=4)
+def test_seed_100b_on_64_gpus_matches_brute_force():
+    """Check the seed's model (Ψ = 100B) on 64 GPUs of 80 GB: the planner's answer and its runners-up."""
+    model, cluster = planner.ModelSpec(**SEED_100B), planner.Cluster(64)
+    fitting, _ = brute_force(model, cluster, 256)
+    result = planner.plan(model, cluster, 256, n_runners_up=3)
+    got = [result.best.config.label()] + [e.config.label() for e in result.runners_up]
+    want = [e.config.label() for e in fitting[:4]]
+    assert got == want, f"100B on 64 × 80 GB, batch 256: plan gives {got}, brute force {want}"
+    assert result.best.memory["total"] <= 72 * GB, (
+        f"the chosen configuration keeps {result.best.memory['total'] / GB:.4g} GB, more than the "
+        f"72 GB usable (80 GB less the 10% margin)")
+
+
+@pytest.mark.exercise("7.1", points=3)
+def test_seed_100b_on_16_gpus_says_20_gpus_needed():
+    """Check the seed's claim: 16Ψ = 1.6 TB needs more than 20 GPUs of 80 GB; the error says so."""
+    model = planner.ModelSpec(**SEED_100B)
+    with pytest.raises(ValueError) as err:
+        planner.plan(model, planner.Cluster(16), 256, offload=(False,))
+    msg = str(err.value)
+    assert "at least 20 GPUs of 80 GB" in msg and "static state" in msg, (
+        f"the error should say 'needs at least 20 GPUs of 80 GB for the static state alone' "
+        f"(⌈16 B × 100e9 / 80e9⌉ = 20), got: {msg!r}")
+    with pytest.raises(ValueError) as err:  # offload: only 2 + 2 bytes per parameter stay
+        planner.plan(model, planner.Cluster(4), 256)
+    msg = str(err.value)
+    assert "at least 5 GPUs of 80 GB" in msg, (
+        f"with offload allowed the GPU keeps 4 B per parameter: ⌈4 × 100e9 / 80e9⌉ = 5 GPUs; got: {msg!r}")
+
+
+@pytest.mark.exercise("7.1", points=2)
+def test_activations_that_never_fit_are_named():
+    """Check the error when the static state fits but no configuration leaves room for activations."""
+    model = planner.ModelSpec(1e9, 64, 8192, 64, 2**20, "long context")
+    cluster = planner.Cluster(2, memory_bytes=80 * GB)
+    fitting, _ = brute_force(model, cluster, 1)
+    assert not fitting, "test set-up: this case was meant to fit nowhere"
+    with pytest.raises(ValueError) as err:
+        planner.plan(model, cluster, 1)
+    assert "activations" in str(err.value), (
+        f"1B parameters (16 GB) fit on 2 × 80 GB but one 1M-token sequence does not, even with "
+        f"full recomputation: the error should name the activations, got: {err.value}")
+
+
+@pytest.mark.exercise("7.1", points=2)
+def test_no_valid_layout_is_explained():
+    """Check the error when no D×T×P×C satisfies the divisibility constraints."""
+    model = planner.ModelSpec(1e6, 3, 64, 2, 128, "odd")
+    with pytest.raises(ValueError) as err:  # 5 GPUs: D, P or C would be 5; none divides
+        planner.plan(model, planner.Cluster(5), 4)
+    assert "layout" in str(err.value), f"the error should say no layout is valid, got: {err.value}"
+
+
+# ---------------------------------------------------------------- the given pieces (not graded)
+
+def test_reference_memory_matches_lab6_when_written():
+    """The formulas above agree with labkit.parallel_memory wherever 6.4 is done."""
+    from labkit import parallel_memory
+    kw = dict(world_size=16, dp=2, tp=2, pp=2, cp=2, zero_stage=2, n_layer=8, hidden=256,
+              n_head=4, seq_len=128, micro_batch=2, n_micro=4, checkpointing="selective",
+              sequence_parallel=True)
+    try:
+        got = parallel_memory.per_gpu_bytes(1e8, **kw)
+    except NotImplementedError:
+        pytest.skip("exercise 6.4 not written")
+    assert got == pytest.approx(reference_per_gpu_bytes(1e8, **kw), rel=1e-12)
+
+
+def test_step_time_pieces():
+    """Compute is 6Ψ + 12·L·s·h FLOPs per token over the cluster; the bubble (P − 1)/m of it."""
+    model, cluster = planner.ModelSpec(**SEED_100B), planner.Cluster(64)
+    cfg = planner.Config("mixed", "adam", 1, False, 2, 8, 4, 1, "none", 1, 128)
+    t = planner.step_time(model, cluster, cfg, 256)
+    tokens = 256 * 2048
+    flops = tokens * (6 * 100e9 + 12 * 80 * 2048 * 10240)
+    assert t.compute == pytest.approx(flops / (64 * 989e12 * 0.4), rel=1e-12)
+    assert t.bubble == pytest.approx(t.compute * 3 / 128, rel=1e-12)
+    assert t.bubble / (t.compute + t.bubble) == pytest.approx(3 / (128 + 3), rel=1e-12)
+    assert t.comm["offload"] == 0 and t.comm["cp"] == 0
+    assert set(t.comm) == set(planner.AXES)
+
+
+def test_offload_moves_optimizer_states_off_the_gpu():
+    model, cluster = planner.ModelSpec(**SEED_100B), planner.Cluster(64)
+    on = planner.Config("mixed", "adam", 1, False, 8, 8, 1, 1, "full", 1, 32)
+    off = planner.Config("mixed", "adam", 1, True, 8, 8, 1, 1, "full", 1, 32)
+    a, b = planner.memory_estimate(model, cluster, on), planner.memory_estimate(model, cluster, off)
+    assert b["optimizer states"] == 0 and a["optimizer states"] == pytest.approx(12 * 100e9 / 64)
+    assert a["total"] - b["total"] == pytest.approx(a["optimizer states"])
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: planner.ModelSpec(0, 2, 64, 2, 128), "n_params"),
+    (lambda: planner.ModelSpec(1e6, 2, 64, 3, 128), "n_head"),
+    (lambda: planner.Cluster(0), "n_gpus"),
+    (lambda: planner.Cluster(8, utilisation=1.5), "utilisation"),
+    (lambda: planner.plan(planner.ModelSpec(1e6, 2, 64, 2, 128), planner.Cluster(2), 0), "global_batch"),
+    (lambda: planner.plan(planner.ModelSpec(1e6, 2, 64, 2, 128), planner.Cluster(2), 4,
+                          zero_stages=(4,)), "zero_stages"),
+    (lambda: planner.plan(planner.ModelSpec(1e6, 2, 64, 2, 128), planner.Cluster(2), 4,
+                          recipes=("fp8",)), "recipes"),
+    (lambda: planner.plan(planner.ModelSpec(1e6, 2, 64, 2, 128), planner.Cluster(2), 4,
+                          margin=1.0), "margin"),
+])
+def test_bad_arguments_are_named(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
