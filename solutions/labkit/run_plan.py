@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -420,7 +421,9 @@ def _measured(module: nn.Module, fn):
 
     module.__class__ = _ResetEachCall
     try:
-        with tracker:
+        with tracker, warnings.catch_warnings():
+            # MemTracker looks for tensors among a module's outputs and warns at each None
+            warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper")
             result = fn()
     finally:
         module.__class__ = cls
