@@ -13,6 +13,7 @@ import pytest
 
 from labkit import cluster
 from labkit.dist import launch
+from labkit.models import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
@@ -33,6 +34,7 @@ SMALL = {  # demo -> the demo function's keyword arguments that OPTIONS stand fo
     "pipeline": dict(n_layer=2, n_embd=32, n_head=2, vocab_size=64, seq=16, batch=2, microbatches=4,
                      schedule="1f1b", device="cpu"),
     "sequence_parallel": dict(n_embd=32, seq=16, batch=2, device="cpu"),
+    "plan": {**GPT_KW, "config": "zero3"},  # --config's default
 }
 EXACT = {"zero1": ("psi", "state_bytes", "predicted_state_bytes", "bytes_sent_per_step", "calls"),
          "ring_attention": ("peak_bytes", "bytes_sent", "predicted_bytes_sent", "calls"),
@@ -46,7 +48,8 @@ EXACT = {"zero1": ("psi", "state_bytes", "predicted_state_bytes", "bytes_sent_pe
                       "bytes_sent", "predicted_bytes_sent", "calls"),
          "sequence_parallel": ("ln_saved_bytes", "predicted_ln_saved_bytes", "forward_ring_bytes",
                                "backward_ring_bytes", "all_reduce_ring_bytes", "forward_calls",
-                               "backward_calls")}
+                               "backward_calls"),
+         "plan": ("coords", "predicted_peak_bytes", "bytes_sent_per_step", "calls")}
 
 PREDICTED = {"tensor_parallel": (("param_bytes", "predicted_param_bytes"), ("bytes_sent", "predicted_bytes_sent")),
              "zero2": (("shard_bytes", "predicted_shard_bytes"),),
@@ -111,6 +114,13 @@ def test_torchrun_demo_prints_the_figures_of_the_in_process_run(demo, torchrun_a
         assert printed["ranks"][0]["final_loss"] == pytest.approx(here[0]["final_loss"], rel=1e-5)
     if demo == "pipeline":  # the loss lives on the last stage
         assert printed["ranks"][-1]["loss"] == pytest.approx(here[-1]["loss"], rel=1e-6)
+    if demo == "plan":  # the same losses; the peak as zero1's, up to one flat gradient buffer
+        for got, want in zip(printed["ranks"], here):
+            assert got["losses"] == pytest.approx(want["losses"], rel=1e-5)
+            slack = 4 * sum(p.numel() for p in GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2,
+                                                                n_head=2, n_embd=32)).parameters())
+            assert abs(got["peak_bytes"] - want["peak_bytes"]) <= slack, (
+                f"rank {got['rank']} peak_bytes: torchrun {got['peak_bytes']:,}, launch {want['peak_bytes']:,}")
     assert f"{demo} on 2 rank(s), gloo on cpu" in result.stdout
 
 
@@ -139,6 +149,9 @@ def test_a_failing_rank_shows_its_traceback_and_the_job_fails():
     (["pipeline", "--microbatches", "1"], {}, "needs --microbatches >= the world size 2, got 1"),
     (["sequence_parallel", "--seq", "15", "--device", "cpu"], {},
      "--seq 15 positions over 2 ranks: use multiples of the world size 2"),
+    (["plan", "--config", "tp3"], {}, "--config 'tp3': tp·pp = 3 does not divide the world size 2"),
+    (["plan", "--config", "tp2xdp2"], {}, "needs dp·pp·tp = 4 ranks, the job has 2"),
+    (["plan", "--config", "tp2xfoo"], {}, "unknown part 'foo'"),
 ])
 def test_bad_input_is_a_message_and_exit_status_2(args, env, words):
     """Checked before any process group exists: nothing to hang on."""

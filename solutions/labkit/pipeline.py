@@ -103,7 +103,7 @@ def check_actions(actions, num_microbatches: int) -> list[tuple[str, int]]:
 
 
 def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
-              targets: list[torch.Tensor], *, rank: int, world_size: int):
+              targets: list[torch.Tensor], *, rank: int, world_size: int, group=None):
     """Run one pipeline step of this rank's ``stage``, action by action, over real send/recv.
 
     Rank r holds stage r of ``world_size``; ``inputs``/``targets`` are the M micro-batches of
@@ -119,6 +119,10 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
     loss (equal micro-batches); each F and B moves exactly one tensor each way it must; what is
     kept for micro-batch m is released by its backward; a send never waits for its receiver
     (both neighbours may be sending at the same time), and all sends have completed on return.
+
+    ``group``: the pipeline's process group (None: the default group); ``rank`` and
+    ``world_size`` are then this rank's index in it and its size, and neighbours are addressed by
+    their index in it (``group_src=`` / ``group_dst=`` of ``dist.recv`` / ``dist.isend``).
 
     Returns the batch's loss (a 0-dim tensor, sum of the loss_m) on the last rank, None elsewhere.
     """
@@ -140,14 +144,14 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
             else:
                 b, t = inputs[m].shape
                 x = torch.empty(b, t, stage.n_embd)
-                dist.recv(x, src=rank - 1)
+                dist.recv(x, group=group, group_src=rank - 1)
                 x.requires_grad_()
             out = stage(x)
             if last:
                 out = F.cross_entropy(out.reshape(-1, out.shape[-1]), targets[m].reshape(-1)) / M
                 total = out.detach() if total is None else total + out.detach()
             else:
-                pending.append(dist.isend(out.detach(), dst=rank + 1))
+                pending.append(dist.isend(out.detach(), group=group, group_dst=rank + 1))
             stash[m] = (x, out)
         else:
             x, out = stash.pop(m)
@@ -155,10 +159,10 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
                 out.backward()
             else:
                 grad = torch.empty_like(out)
-                dist.recv(grad, src=rank + 1)
+                dist.recv(grad, group=group, group_src=rank + 1)
                 out.backward(grad)
             if not first:
-                pending.append(dist.isend(x.grad, dst=rank - 1))
+                pending.append(dist.isend(x.grad, group=group, group_dst=rank - 1))
             del x, out
     for work in pending:
         work.wait()

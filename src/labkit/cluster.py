@@ -45,6 +45,14 @@ Demos (``DEMOS``):
   all-gathers and reduce-scatters next to those of one all-reduce per direction (tensor
   parallelism's).
 
+- ``plan``: the course GPT trained under a parallel plan (``labkit.run_plan``, lab 7):
+  ``--config`` names it, e.g. ``tp2xdp2`` (TP 2 inside, DP 2 outside), ``pp2xdp2``, ``zero3x4``,
+  or tokens joined by ``x``: ``dpN``, ``tpN``, ``ppN``, ``zeroK``, ``mN`` (micro-batches),
+  ``gpipe``, ``ckpt`` (default ``zero3``: ZeRO-3 over every rank; the data-parallel size is what
+  the other axes leave). Each rank's MemTracker peak next to ``run_plan.predict_peak``, bytes
+  sent per step, and the loss per step (CPU only: the pipeline and ZeRO-3 keep their buffers on
+  the CPU). ``--batch`` is sequences per replica.
+
 Several demos in one job (``-m labkit.cluster zero1 zero2 zero3``) run one after another with
 the same options, each printing its table.
 
@@ -64,8 +72,8 @@ import torch
 import torch.distributed as dist
 
 DEMOS = ("zero1", "ring_attention", "tensor_parallel", "zero2", "zero3", "pipeline",
-         "sequence_parallel")
-CPU_ONLY = ("zero3", "pipeline")  # their labkit modules keep buffers on the CPU
+         "sequence_parallel", "plan")
+CPU_ONLY = ("zero3", "pipeline", "plan")  # their labkit modules keep buffers on the CPU
 
 
 class UsageError(Exception):
@@ -305,6 +313,79 @@ def sequence_parallel_demo(rank: int, world_size: int, *, n_embd: int, seq: int,
             "step_seconds": seconds}
 
 
+def plan_from_config(config: str, world_size: int):
+    """``--config`` → a ``labkit.run_plan.Plan`` of ``world_size`` ranks (UsageError if it cannot be)."""
+    from labkit.run_plan import PLANS, Plan
+
+    if config in PLANS:
+        plan = PLANS[config]
+    else:
+        fields, sizes = {}, {"dp": None, "tp": 1, "pp": 1}
+        for token in config.replace(",", "x").split("x"):
+            name = token.rstrip("0123456789")
+            number = token[len(name):]
+            if name in sizes and number:
+                sizes[name] = int(number)
+            elif name == "zero" and number:
+                fields["zero_stage"] = int(number)
+            elif name == "m" and number:
+                fields["n_micro"] = int(number)
+            elif token in ("gpipe", "1f1b"):
+                fields["schedule"] = token
+            elif token == "ckpt":
+                fields["checkpointing"] = True
+            else:
+                raise UsageError(f"--config {config!r}: unknown part {token!r}; use dpN, tpN, ppN, "
+                                 f"zeroK, mN, gpipe, 1f1b, ckpt joined by 'x', or one of {', '.join(PLANS)}")
+        inner = sizes["tp"] * sizes["pp"]
+        if sizes["dp"] is None:
+            if inner < 1 or world_size % inner:
+                raise UsageError(f"--config {config!r}: tp·pp = {inner} does not divide the world "
+                                 f"size {world_size}")
+            sizes["dp"] = world_size // inner
+        plan = Plan(**sizes, **fields)
+    if plan.world_size != world_size:
+        raise UsageError(f"--config {config!r} needs dp·pp·tp = {plan.world_size} ranks, the job "
+                         f"has {world_size}: use --nproc-per-node (times nodes) = {plan.world_size}")
+    return plan
+
+
+def plan_demo(rank: int, world_size: int, *, config: str, n_layer: int, n_embd: int, n_head: int,
+              vocab_size: int, seq: int, batch: int, steps: int, device: str) -> dict:
+    """Train the course GPT for ``steps`` steps under the plan ``config`` on this rank; measure it."""
+    from labkit.comm_count import count_comm
+    from labkit.models import GPT, GPTConfig, SyntheticData
+    from labkit.run_plan import predict_peak, run_plans_worker
+
+    plan = plan_from_config(config, world_size)
+    torch.manual_seed(0)  # the same initial model and batches on every rank
+    cfg = GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head,
+                    n_embd=n_embd)
+    state = GPT(cfg).state_dict()
+    data = SyntheticData(vocab_size, seq, batch * plan.dp, seed=0)
+    batches = [data.batch(step) for step in range(steps)]
+    with count_comm() as c:
+        out = run_plans_worker(rank, world_size, [plan], cfg, state, batches)[0]
+    predicted = predict_peak(plan, cfg, batch * plan.dp, rank)
+    return {"rank": rank, "plan": out["label"], "coords": out["coords"], "peak_bytes": out["peak"],
+            "predicted_peak_bytes": predicted, "at_peak": out["at_peak"],
+            "bytes_sent_per_step": sum(c.bytes_sent.values()) // steps, "calls": dict(c.calls),
+            "losses": out["losses"], "step_seconds": out["seconds"] / steps}
+
+
+def _plan_table(results: list[dict]) -> list[str]:
+    lines = [f"plan: {results[0]['plan']}; peak per rank (MemTracker) next to run_plan.predict_peak"]
+    lines.append(f"{'rank':>4} {'dp,pp,tp':>9} {'peak B':>12} {'predicted B':>12} {'gap':>7} "
+                 f"{'sent B/step':>12} {'step s':>8}  losses")
+    for r in results:
+        c = r["coords"]
+        losses = "-" if r["losses"][0] is None else " ".join(f"{v:.4f}" for v in r["losses"])
+        lines.append(f"{r['rank']:>4} {c['dp']:>3},{c['pp']},{c['tp']:<3} {r['peak_bytes']:>12,} "
+                     f"{r['predicted_peak_bytes']:>12,} {r['peak_bytes'] / r['predicted_peak_bytes'] - 1:>+7.1%} "
+                     f"{r['bytes_sent_per_step']:>12,} {r['step_seconds']:>8.3f}  {losses}")
+    return lines
+
+
 # ------------------------------------------------------------------ command line
 
 def parser() -> argparse.ArgumentParser:
@@ -331,6 +412,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", action="store_true", help="ring_attention: causal attention")
     p.add_argument("--layer", default="mlp", choices=("mlp", "attn"),
                    help="tensor_parallel: the layer to split (default mlp)")
+    p.add_argument("--config", default="zero3",
+                   help="plan: the parallel plan, e.g. tp2xdp2, pp2xdp2, zero3x4, dp2xzero1 "
+                        "(default zero3: ZeRO-3 over every rank)")
     p.add_argument("--bucket-kb", type=int, default=25 * 1024,
                    help="zero2: gradient bucket size in KiB (default 25600, DDP's 25 MiB)")
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b"),
@@ -350,7 +434,8 @@ def demo_call(args: argparse.Namespace, world_size: int, device: str):
         raise UsageError(f"--{next(iter(bad)).replace('_', '-')} must be >= 1, got {next(iter(bad.values()))}")
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    if args.demo in ("zero1", "zero2", "zero3", "tensor_parallel", "pipeline", "sequence_parallel"):
+    if args.demo in ("zero1", "zero2", "zero3", "tensor_parallel", "pipeline", "sequence_parallel",
+                     "plan"):
         from labkit.models import lab_config
 
         cfg = lab_config(device)
@@ -364,6 +449,8 @@ def demo_call(args: argparse.Namespace, world_size: int, device: str):
             return zero1_demo, kwargs
         if args.demo == "zero2":
             return zero2_demo, {**kwargs, "bucket_kb": args.bucket_kb}
+        if args.demo == "plan":
+            return plan_demo, {**_plan_kwargs(args, kwargs, world_size, device), "config": args.config}
         if args.demo == "zero3":
             if device != "cpu":
                 raise UsageError("zero3 runs on the CPU only (labkit.zero3 keeps its shards and "
@@ -408,6 +495,22 @@ def demo_call(args: argparse.Namespace, world_size: int, device: str):
     raise UsageError(f"unknown demo {args.demo!r}: choose one of {', '.join(DEMOS)}")
 
 
+def _plan_kwargs(args, kwargs: dict, world_size: int, device: str) -> dict:
+    """The plan demo's keyword arguments, after checking the plan fits the job and the model."""
+    if device != "cpu":
+        raise UsageError("plan runs on the CPU only (labkit.pipeline and labkit.zero3 keep their "
+                         "buffers on the CPU): use --device cpu")
+    plan = plan_from_config(args.config, world_size)
+    if kwargs["n_head"] % plan.tp:
+        raise UsageError(f"--config {args.config!r}: tp = {plan.tp} must divide --n-head {kwargs['n_head']}")
+    if kwargs["n_layer"] % plan.pp:
+        raise UsageError(f"--config {args.config!r}: pp = {plan.pp} must divide --n-layer {kwargs['n_layer']}")
+    if kwargs["batch"] % plan.n_micro:
+        raise UsageError(f"--config {args.config!r}: {plan.n_micro} micro-batches must divide --batch "
+                         f"{kwargs['batch']} (sequences per replica)")
+    return kwargs
+
+
 def table(demo: str, results: list[dict], world_size: int, backend: str, device: str) -> str:
     """Rank 0's report: one row per rank, then ``json: {...}``."""
     lines = [f"{demo} on {world_size} rank(s), {backend} on {device.split(':')[0]}"]
@@ -449,6 +552,8 @@ def table(demo: str, results: list[dict], world_size: int, backend: str, device:
             lines.append(f"{r['rank']:>4} {r['shard_bytes']:>15,} {r['predicted_shard_bytes']:>12,} "
                          f"{r['peak_live_bytes']:>16,} {r['predicted_peak_live_bytes']:>12,} "
                          f"{r['bytes_sent_per_step']:>12,} {r['sent_over_4psi']:>9.2f} {r['step_seconds']:>8.3f}")
+    elif demo == "plan":
+        lines += _plan_table(results)
     elif demo == "pipeline":
         r0 = results[0]
         lines.append(f"{r0['schedule']}, M = {r0['microbatches']} micro-batches; loss "

@@ -141,6 +141,12 @@ class ZeRO3:
         self.step_count += 1
         raise NotImplementedError("exercise 3.7: Adam with bias correction on each shard, then clear the shard gradients (labs/03_parameters.ipynb)")
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget any full gradient still held (the slices are consumed by ``step()``), as an
+        optimizer's ``zero_grad``; lets ZeRO-3 stand where a ``torch.optim`` optimizer does."""
+        for p in self.model.parameters():
+            p.grad = None
+
     # ------------------------------------------------------------ hooks (infrastructure)
     def _gather_and_measure(self, u: Unit, then: Unit | None = None) -> None:
         """Gather ``u``; with prefetch on, start gathering ``then`` (the unit that runs next)."""

@@ -1,0 +1,303 @@
+"""Run a parallel plan for real: the course GPT on D × P × T gloo ranks, built from the course's pieces.
+
+A *plan* says how ``world_size = D · P · T`` ranks share one training step: D data-parallel
+replicas (each trains on B/D of the batch; their gradients are averaged), P pipeline stages (each
+holds n_layer/P consecutive blocks; the batch runs through them in M micro-batches under a 1F1B or
+GPipe schedule) and T tensor-parallel shards (each keeps 1/T of every block's matrices). On top,
+ZeRO shards the optimizer states (stage 1), the gradients (2) or the parameters too (3) over the D
+replicas, and activation checkpointing recomputes every block in backward. Nothing here is new:
+
+* the ranks are laid out as the device mesh of exercise 6.3, shape (D, P, T), tensor-parallel
+  ranks innermost (``labkit.device_mesh``);
+* tensor parallelism is exercise 3.4 (``labkit.tensor_parallel``), the pipeline exercises 3.5 and
+  3.6 (``labkit.pipeline_schedule``, ``labkit.pipeline``), ZeRO-1/2/3 exercises 2.5, 4.3 and 3.7
+  (``labkit.zero1``, ``labkit.zero2``, ``labkit.zero3``), checkpointing exercise 5.2
+  (``labkit.checkpointing``);
+* the memory prediction is chapter 6's (``labkit.parallel_memory``, exercise 6.4) with the lab
+  model's exact activations (``labkit.accounting``, exercise 1.3).
+
+What composing them adds is small but easy to get wrong: which group each piece gets; that the
+replicas' gradients are averaged (by ZeRO's reduce-scatter, or by an all-reduce over the
+data-parallel group without ZeRO); that a pipeline cuts the tied embedding / output weight in two
+(stage 0's ``wte``, the last stage's ``lm_head``), whose gradients must be summed across the two
+stages before the update, as Megatron-LM does over its "embedding group".
+
+Lab 7, exercise 7.2 (labs/07_panorama.ipynb): :func:`check_plan`, :func:`build_rank`,
+:func:`train_step` and :func:`predict_peak`. :func:`run_plans_worker` runs them on the ranks and
+measures each rank's peak with MemTracker. Chapter 7 (book/07_panorama.md).
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labkit.models import GPT, GPTConfig
+
+__all__ = ["Plan", "PLANS", "RankSetup", "check_plan", "build_rank", "train_step", "predict_peak",
+           "run_plans_worker", "PREREQUISITES", "missing_prerequisites", "replica_losses"]
+
+ZERO_STAGES = (0, 1, 2, 3)
+SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the ranks share one training step (all sizes ints ≥ 1)."""
+
+    dp: int = 1
+    """D, data-parallel replicas; each trains on batch_size / D sequences."""
+    tp: int = 1
+    """T, tensor-parallel shards of every block (Megatron: attention by heads, MLP by columns/rows)."""
+    pp: int = 1
+    """P, pipeline stages of n_layer / P blocks each."""
+    zero_stage: int = 0
+    """ZeRO over the D replicas: 0 (plain Adam, gradients all-reduced), 1, 2 or 3."""
+    checkpointing: bool = False
+    """Recompute every block in backward (keep only each block's input)."""
+    n_micro: int = 1
+    """M, micro-batches per step through the pipeline (1 without a pipeline)."""
+    schedule: str = "1f1b"
+    """The pipeline schedule: "1f1b" or "gpipe"."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def label(self) -> str:
+        parts = [f"{name} {size}" for name, size in (("DP", self.dp), ("PP", self.pp), ("TP", self.tp))
+                 if size > 1] or ["1 rank"]
+        extra = [f"ZeRO-{self.zero_stage}"] if self.zero_stage else []
+        extra += [f"{self.schedule.upper()} M={self.n_micro}"] if self.pp > 1 else []
+        extra += ["checkpointing"] if self.checkpointing else []
+        return " × ".join(parts) + (f" ({', '.join(extra)})" if extra else "")
+
+
+PLANS = {
+    "zero3x4": Plan(dp=4, zero_stage=3),
+    "tp2xdp2": Plan(dp=2, tp=2, zero_stage=0),
+    "pp2xdp2": Plan(dp=2, pp=2, zero_stage=1, n_micro=2, schedule="1f1b"),
+}
+"""The lab's three configurations of 4 ranks: ZeRO-3 over 4 replicas; TP 2 inside, 2 replicas
+averaged by an all-reduce (plain Adam); 2 pipeline stages (1F1B, 2 micro-batches) inside, 2
+replicas with ZeRO-1."""
+
+PREREQUISITES = {
+    "labkit.device_mesh": "6.3", "labkit.tensor_parallel": "3.4", "labkit.pipeline_schedule": "3.5",
+    "labkit.pipeline": "3.6", "labkit.zero1": "2.5", "labkit.zero2": "4.3", "labkit.zero3": "3.7",
+    "labkit.checkpointing": "5.2", "labkit.parallel_memory": "6.4", "labkit.accounting": "1.3",
+}
+"""The exercise behind each module exercise 7.2 builds on."""
+
+
+@dataclass
+class RankSetup:
+    """What one rank holds for a plan (made by :func:`build_rank`).
+
+    Attributes:
+        plan: the plan.
+        rank: this rank in the default group.
+        coords: this rank's place in the mesh, ``{"dp": d, "pp": p, "tp": t}``.
+        groups: the process group of this rank along each axis (``"dp"``, ``"pp"``, ``"tp"``),
+            and ``"embedding"``: the group of the first and last stage of this rank's pipeline
+            (None without a pipeline, or on a middle stage).
+        module: what this rank runs: the GPT (its blocks tensor-parallel when T > 1, checkpointed
+            when asked), or with P > 1 its ``labkit.pipeline.GPTStage``.
+        optimizer: has ``step()`` and ``zero_grad()``: ``torch.optim.Adam`` (ZeRO-0), ``labkit.zero1.ZeRO1``,
+            ``labkit.zero2.ZeRO2Adam`` or ``labkit.zero3.ZeRO3``, over the data-parallel group.
+        actions: with P > 1, this stage's schedule (a list of ("F" | "B", m)); else None.
+    """
+
+    plan: Plan
+    rank: int
+    coords: dict
+    groups: dict
+    module: nn.Module
+    optimizer: object
+    actions: list | None = None
+    extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ the exercise
+
+def check_plan(plan: Plan, cfg: GPTConfig, batch_size: int, world_size: int) -> None:
+    """Refuse a plan these ranks cannot run, before any work: ValueError naming the argument.
+
+    Checks: ``plan`` is a :class:`Plan`; its sizes are ints ≥ 1 whose product D·P·T equals
+    ``world_size``; T divides ``cfg.n_head``; P divides ``cfg.n_layer`` (so P ≤ n_layer); D·M
+    divides ``batch_size`` (every replica gets equal micro-batches); ``zero_stage`` in 0..3;
+    ZeRO-3 only without TP and PP, ZeRO-2 only without PP (their hooks expect the whole model);
+    checkpointing only without PP; ``n_micro`` is 1 without a pipeline; ``schedule`` is one of
+    ``"1f1b"``, ``"gpipe"``. The message names the field (``plan.tp``, ``batch_size``, ...) and
+    what is allowed.
+    """
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a labkit.models.GPTConfig, got {type(cfg).__name__}")
+    raise NotImplementedError("exercise 7.2: refuse every plan the docstring lists, naming the field and what is allowed (labs/07_panorama.ipynb)")
+
+
+def build_rank(plan: Plan, model: GPT, rank: int) -> RankSetup:
+    """Build this rank's part of ``plan`` from ``model`` (the same initial GPT on every rank).
+
+    Every rank calls it with the same plan, in the same order (process groups are created
+    collectively). Guarantees: ``coords`` and ``groups`` follow the device mesh of shape
+    (D, P, T), axes ("dp", "pp", "tp"); with T > 1 every block's attention and MLP are the
+    tensor-parallel ones over the "tp" group; with P > 1 ``module`` is stage p of the model cut
+    into P stages, ``actions`` that stage's ``plan.schedule`` over ``plan.n_micro``
+    micro-batches, and ``groups["embedding"]`` holds the first and last stage of this pipeline
+    (the two copies of the tied weight); with checkpointing every block is recomputed; the
+    optimizer is Adam (lr 1e-3, as ``torch.optim.Adam``) sharded by ``plan.zero_stage`` over the
+    "dp" group. ``model`` may be changed in place.
+    """
+    raise NotImplementedError("exercise 7.2: groups from the mesh; TP, pipeline stage, checkpointing, then the optimizer over the dp group (labs/07_panorama.ipynb)")
+
+
+def train_step(setup: RankSetup, x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """One training step of the plan on this rank; every rank calls it with the same batch.
+
+    ``x``, ``y``: the step's whole batch, (batch_size, seq_len) token ids and targets. This rank's
+    replica (``coords["dp"] = d``) trains on sequences [d·B/D, (d+1)·B/D). Guarantees: after
+    the call, every parameter equals what one device running ``torch.optim.Adam`` on the whole
+    batch's mean loss holds (to rounding; on this rank's share of it); no full gradient is left
+    (``.grad`` None).
+
+    Returns this replica's mean loss (a float) on the ranks that compute it (every rank without a
+    pipeline, its last stage with one), None on the other ranks.
+    """
+    raise NotImplementedError("exercise 7.2: this replica's slice; forward and backward (through the pipeline if any); sum the tied weight's two gradients; average over the replicas unless ZeRO does; step (labs/07_panorama.ipynb)")
+
+
+def predict_peak(plan: Plan, cfg: GPTConfig, batch_size: int, rank: int) -> int:
+    """The most bytes ``rank`` holds at once in a training step of ``plan`` (from the second step
+    on, when Adam's states exist): a batch of ``batch_size`` sequences of ``cfg.block_size``
+    tokens, fp32 everywhere, Adam. The largest of three moments (exercise 1.5 did this for one
+    device):
+
+    * **backward begins**: this rank's parameters and optimizer states
+      (``labkit.parallel_memory.static_bytes`` of the parameters this rank holds — its blocks'
+      share under TP, the embeddings on the first stage, ``ln_f`` and the head on the last —
+      sharded by ZeRO over the D replicas; ZeRO-1 also keeps an fp32 copy of its slice), plus
+      the activations of the micro-batches in flight on this rank (exercise 1.3's exact count per
+      block and for the head, ``labkit.accounting.activation_bytes``, with what TP splits divided
+      by T; with checkpointing, each block's input and one block recomputed), the gradients of
+      the log-probabilities and logits on the last stage; with ZeRO-3 the root unit, one
+      gathered block and its full gradients; on a pipeline stage its kept outputs and a block's
+      backward working set, (2 + 4/T)·b·s·h·4 bytes;
+    * **a later backward** (pipeline, M ≥ 2): the same with every gradient of the stage and the
+      micro-batches still in flight then (1F1B and GPipe differ here);
+    * **the update**: parameters, gradients (full; the slice under ZeRO-2/3), states, Adam's two
+      temporaries of the largest tensor it updates, and ZeRO-1's flat gradient and averaged slice.
+
+    Returns bytes (int), compared with the MemTracker peak of :func:`run_plans_worker`.
+    Raises what :func:`check_plan` raises; ``rank`` outside 0..world_size−1 → ValueError.
+    """
+    check_plan(plan, cfg, batch_size, plan.world_size)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < plan.world_size:
+        raise ValueError(f"rank must be an int in 0..{plan.world_size - 1}, got {rank!r}")
+    raise NotImplementedError("exercise 7.2: this rank's parameters, gradients and states (parallel_memory), its activations in flight (accounting), the largest of the three moments (labs/07_panorama.ipynb)")
+
+
+# ---------------------------------------------------------------- per-rank worker (infrastructure)
+
+def _prerequisite_error(exc: NotImplementedError) -> Exception:
+    """A stub of an earlier exercise was hit: name it, rather than a traceback from deep inside."""
+    text = str(exc)
+    if text.startswith("exercise 7.2"):
+        return exc  # 7.2 itself: the grader reports "not attempted"
+    exercise = text.split(":")[0].removeprefix("exercise ").strip() if text.startswith("exercise ") else "?"
+    module = next((m for m, e in PREREQUISITES.items() if e == exercise), "an earlier exercise's module")
+    return RuntimeError(
+        f"exercise 7.2 runs the plan on your own pieces, but exercise {exercise} ({module}) is "
+        f"not done yet: {text}. Make labkit.check(\"{exercise}\") pass first; exercise 7.2 needs "
+        f"exercises {', '.join(sorted(set(PREREQUISITES.values())))}.")
+
+
+def missing_prerequisites() -> list[str]:
+    """The exercises 7.2 builds on whose module still holds a stub of them, e.g.
+    ``["3.7 (labkit.zero3)"]``; empty when all are written (whether they pass is for
+    ``labkit.check``)."""
+    import importlib
+    import inspect
+
+    missing = []
+    for name, exercise in PREREQUISITES.items():
+        source = inspect.getsource(importlib.import_module(name))
+        if f'raise NotImplementedError("exercise {exercise}:' in source:
+            missing.append(f"{exercise} ({name})")
+    return missing
+
+
+def replica_losses(results: list[dict]) -> list[float]:
+    """Per step, the mean over the data-parallel replicas of the loss their ranks report: the
+    whole batch's mean loss (``results``: one plan's per-rank results of the worker)."""
+    replicas = {}
+    for r in results:
+        if r["losses"] and r["losses"][0] is not None:
+            replicas.setdefault(r["coords"]["dp"], r["losses"])
+    steps = len(next(iter(replicas.values())))
+    return [sum(ls[s] for ls in replicas.values()) / len(replicas) for s in range(steps)]
+
+
+def _measured(module: nn.Module, fn):
+    """(MemTracker peak bytes, bytes by consumer at the peak, result of ``fn()``); ``module`` may
+    be called several times (micro-batches, steps): its statistics are reset before each call."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from labkit.measure import by_consumer
+
+    tracker, cls = MemTracker(), type(module)
+
+    class _ResetEachCall(cls):
+        def __call__(self, *a, **k):
+            tracker.reset_mod_stats()
+            return super().__call__(*a, **k)
+
+    module.__class__ = _ResetEachCall
+    try:
+        with tracker, warnings.catch_warnings():
+            # MemTracker looks for tensors among a module's outputs and warns at each None
+            warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper")
+            result = fn()
+    finally:
+        module.__class__ = cls
+    peak = tracker.get_tracker_snapshot("peak")
+    total = int(sum(snap.get("Total", 0) for snap in peak.values()))
+    at_peak = {}
+    for snap in peak.values():
+        for k, v in by_consumer(snap).items():
+            at_peak[k] = at_peak.get(k, 0) + v
+    return total, at_peak, result
+
+
+def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: dict,
+                     batches) -> list[dict]:
+    """Run by ``labkit.dist.launch``: for each plan, build the GPT from ``state``, check the plan,
+    :func:`build_rank`, then :func:`train_step` on each ``batches[step] = (x, y)`` under MemTracker.
+
+    Returns, per plan, ``{"label", "coords", "losses": per step (None where this rank computes
+    no loss), "peak": MemTracker's peak bytes over the steps, "at_peak": bytes by consumer at
+    that moment, "seconds"}``. A stub of an earlier exercise → RuntimeError naming it."""
+    out = []
+    for plan in plans:
+        try:
+            check_plan(plan, cfg, batches[0][0].shape[0], world_size)
+            model = GPT(cfg)
+            model.load_state_dict(state)
+            setup = build_rank(plan, model, rank)
+            del model
+            started = time.perf_counter()
+            peak, at_peak, losses = _measured(
+                setup.module, lambda: [train_step(setup, x, y) for x, y in batches])
+            seconds = time.perf_counter() - started
+        except NotImplementedError as exc:
+            raise _prerequisite_error(exc) from None
+        dist.barrier()
+        out.append({"label": plan.label, "coords": setup.coords, "losses": losses, "peak": peak,
+                    "at_peak": at_peak, "seconds": seconds})
+    return out
