@@ -111,10 +111,13 @@ def quantize_int8(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tens
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     n = x.numel()
     chunks = -(-n // chunk)
-    padded = torch.nn.functional.pad(x.detach().float(), (0, chunks * chunk - n)).view(chunks, chunk)
+    flat = x.detach().float()
+    if chunks * chunk != n:
+        flat = torch.nn.functional.pad(flat, (0, chunks * chunk - n))
+    padded = flat.view(chunks, chunk)
     scales = padded.abs().amax(dim=1) / 127
-    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = torch.round(padded / safe[:, None]).clamp_(-127, 127).to(torch.int8)
+    safe = scales.masked_fill(scales == 0, 1)
+    codes = (padded / safe[:, None]).round_().clamp_(-127, 127).to(torch.int8)
     return codes.view(-1)[:n], scales
     # END SOLUTION
 
@@ -133,8 +136,10 @@ def dequantize_int8(codes: torch.Tensor, scales: torch.Tensor, chunk: int) -> to
     chunks = -(-n // chunk)
     if scales.numel() != chunks:
         raise ValueError(f"scales must have ceil(numel / chunk) = {chunks} entries, got {scales.numel()}")
-    padded = torch.nn.functional.pad(codes.float(), (0, chunks * chunk - n)).view(chunks, chunk)
-    return (padded * scales.float()[:, None]).view(-1)[:n]
+    out = codes.float()
+    if chunks * chunk != n:
+        out = torch.nn.functional.pad(out, (0, chunks * chunk - n))
+    return out.view(chunks, chunk).mul_(scales.float()[:, None]).view(-1)[:n]
     # END SOLUTION
 
 
@@ -188,21 +193,24 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     world = dist.get_world_size(group)
     index = bucket.index()
     buf = bucket.buffer()
-    g = buf.detach().float().clone()
     if state.error_feedback and index in state.error:
-        g += state.error[index]
+        g = buf.detach().float() + state.error[index]
+    else:
+        g = buf.detach().float().clone()
     n = g.numel()
     step = state.step.get(index, 0)
-    total = torch.zeros_like(g)
     if state.scheme == "int8":
         codes, scales = quantize_int8(g, state.chunk)
-        sent = dequantize_int8(codes, scales, state.chunk)
         c = scales.numel()
         payload = torch.cat([scales.view(torch.int8), codes])
         gathered = payload.new_empty(world * payload.numel())
         dist.all_gather_single(gathered, payload, group=group)
-        for piece in gathered.view(world, -1):
-            total += dequantize_int8(piece[4 * c:], piece[:4 * c].clone().view(torch.float32), state.chunk)
+        parts = [dequantize_int8(piece[4 * c:], piece[:4 * c].clone().view(torch.float32), state.chunk)
+                 for piece in gathered.view(world, -1)]
+        sent = parts[dist.get_rank(group)]
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total += part
     else:
         k = keep_count(n, state.density)
         if state.scheme == "topk":
@@ -212,6 +220,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
             values = g[idx]
         sent = torch.zeros_like(g)
         sent[idx] = values
+        total = torch.zeros_like(g)
         if state.scheme == "topk":
             all_values = values.new_empty(world * k)
             all_idx = torch.empty(world * k, dtype=torch.int32)
@@ -224,8 +233,8 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
             total[idx] = summed
     state.step[index] = step + 1
     if state.error_feedback:
-        state.error[index] = g - sent
-    buf.copy_(total / world)
+        state.error[index] = g.sub_(sent)
+    buf.copy_(total.div_(world))
     return _done(buf)
     # END SOLUTION
 
@@ -275,7 +284,7 @@ def hook_worker(rank: int, world_size: int, model, batches, configs: dict):
 
     out = {}
     for label, kwargs in configs.items():
-        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1024, broadcast_buffers=False)
+        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1024)
         x0, y0 = batches[0][rank]
         _settle_buckets(ddp, lambda: torch.nn.functional.mse_loss(ddp(x0), y0))
         log: list[dict] = []
@@ -296,8 +305,9 @@ def train_worker(rank: int, world_size: int, model, batches, runs: dict, *, lr: 
     arguments of a ``CompressionState``. ``batches[s][rank]`` is this rank's (x, y) at step s,
     the same for every run; every run starts from ``model`` (the same on every rank). Returns,
     per label: ``losses`` (the mean over the ranks of the training loss, per step),
-    ``eval`` (the loss on ``eval_batch`` after training, or None) and ``bytes`` (bytes sent by
-    this rank in the last step, per collective, as ``count_comm`` counts them).
+    ``eval`` (the loss on ``eval_batch`` after training, or None), ``bytes`` and ``ring_bytes``
+    (what this rank sent in the last step, per collective, as ``count_comm`` counts them: the
+    payload, and what a ring algorithm puts on the wire).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -305,7 +315,7 @@ def train_worker(rank: int, world_size: int, model, batches, runs: dict, *, lr: 
 
     out = {}
     for label, kwargs in runs.items():
-        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1024, broadcast_buffers=False)
+        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1024)
         _settle_buckets(ddp, lambda: ddp(*batches[0][rank]))
         if kwargs is not None:
             ddp.register_comm_hook(CompressionState(**kwargs), compression_hook)
@@ -316,7 +326,7 @@ def train_worker(rank: int, world_size: int, model, batches, runs: dict, *, lr: 
             with count_comm() as counts:
                 loss = ddp(x, y)
                 loss.backward()
-            sent = dict(counts.bytes_sent)
+            sent = dict(counts.bytes_sent), dict(counts.ring_bytes)
             opt.step()
             opt.zero_grad(set_to_none=True)
             mean = loss.detach().clone()
@@ -326,5 +336,5 @@ def train_worker(rank: int, world_size: int, model, batches, runs: dict, *, lr: 
         if eval_batch is not None:
             with torch.no_grad():
                 final = float(ddp.module(*eval_batch))
-        out[label] = {"losses": losses, "eval": final, "bytes": sent}
+        out[label] = {"losses": losses, "eval": final, "bytes": sent[0], "ring_bytes": sent[1]}
     return out

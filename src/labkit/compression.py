@@ -208,7 +208,7 @@ def hook_worker(rank: int, world_size: int, model, batches, configs: dict):
 
     out = {}
     for label, kwargs in configs.items():
-        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1024, broadcast_buffers=False)
+        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1024)
         x0, y0 = batches[0][rank]
         _settle_buckets(ddp, lambda: torch.nn.functional.mse_loss(ddp(x0), y0))
         log: list[dict] = []
@@ -229,8 +229,9 @@ def train_worker(rank: int, world_size: int, model, batches, runs: dict, *, lr: 
     arguments of a ``CompressionState``. ``batches[s][rank]`` is this rank's (x, y) at step s,
     the same for every run; every run starts from ``model`` (the same on every rank). Returns,
     per label: ``losses`` (the mean over the ranks of the training loss, per step),
-    ``eval`` (the loss on ``eval_batch`` after training, or None) and ``bytes`` (bytes sent by
-    this rank in the last step, per collective, as ``count_comm`` counts them).
+    ``eval`` (the loss on ``eval_batch`` after training, or None), ``bytes`` and ``ring_bytes``
+    (what this rank sent in the last step, per collective, as ``count_comm`` counts them: the
+    payload, and what a ring algorithm puts on the wire).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -238,7 +239,7 @@ def train_worker(rank: int, world_size: int, model, batches, runs: dict, *, lr: 
 
     out = {}
     for label, kwargs in runs.items():
-        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1024, broadcast_buffers=False)
+        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1024)
         _settle_buckets(ddp, lambda: ddp(*batches[0][rank]))
         if kwargs is not None:
             ddp.register_comm_hook(CompressionState(**kwargs), compression_hook)
@@ -249,7 +250,7 @@ def train_worker(rank: int, world_size: int, model, batches, runs: dict, *, lr: 
             with count_comm() as counts:
                 loss = ddp(x, y)
                 loss.backward()
-            sent = dict(counts.bytes_sent)
+            sent = dict(counts.bytes_sent), dict(counts.ring_bytes)
             opt.step()
             opt.zero_grad(set_to_none=True)
             mean = loss.detach().clone()
@@ -259,5 +260,5 @@ def train_worker(rank: int, world_size: int, model, batches, runs: dict, *, lr: 
         if eval_batch is not None:
             with torch.no_grad():
                 final = float(ddp.module(*eval_batch))
-        out[label] = {"losses": losses, "eval": final, "bytes": sent}
+        out[label] = {"losses": losses, "eval": final, "bytes": sent[0], "ring_bytes": sent[1]}
     return out

@@ -13,7 +13,7 @@ import torch
 from tools.bench.case import Case, one_rank_group
 
 
-def cases() -> list[Case]:
+def _ddp_cases() -> list[Case]:
     from torch.nn.parallel import DistributedDataParallel
 
     from labkit.bucketed_ddp import BucketedDDP
@@ -75,3 +75,57 @@ def cases() -> list[Case]:
              ref=full_batch, ref_name="one backward over the batch",
              note="k smaller passes: the time that accumulation trades for memory"),
     ]
+
+
+def _hook_ddp(hook=None, state=None):
+    """DDP around a gradient-heavy MLP (three 512×512 layers, batch 4: backward is cheap, so the
+    time is mostly the communication hook's), one bucket, with ``hook`` registered after one
+    plain backward (DDP settles its bucket order first)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    L = torch.nn.Linear
+    ddp = DistributedDataParallel(torch.nn.Sequential(L(512, 512), torch.nn.ReLU(), L(512, 512),
+                                                      torch.nn.ReLU(), L(512, 512)),
+                                  bucket_cap_mb=1024)
+    x = torch.randn(4, 512)
+    ddp(x).square().mean().backward()
+    ddp.zero_grad(set_to_none=True)
+    if hook is not None:
+        ddp.register_comm_hook(state, hook)
+
+    def step():
+        ddp(x).square().mean().backward()
+        ddp.zero_grad(set_to_none=True)
+    return step
+
+
+def _compression_cases() -> list[Case]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ref_psgd
+
+    from labkit.compression import CompressionState, compression_hook
+    from labkit.powersgd import PowerSGDState, powersgd_hook
+
+    one_rank_group()
+    ref_state = ref_psgd.PowerSGDState(None, matrix_approximation_rank=4, start_powerSGD_iter=2,
+                                       min_compression_rate=1, use_error_feedback=True,
+                                       warm_start=True, random_seed=0)
+    ref_state.iter = ref_state.start_powerSGD_iter  # compress from the first step
+    return [
+        Case(lab=4, label="powersgd_hook r = 4, MLP 3×512², 1 rank",
+             ours=_hook_ddp(powersgd_hook, PowerSGDState(4)),
+             ref=_hook_ddp(ref_psgd.powerSGD_hook, ref_state), ref_name="PyTorch powerSGD_hook"),
+        Case(lab=4, label="compression_hook int8 (chunk 256), MLP 3×512², 1 rank",
+             ours=_hook_ddp(compression_hook, CompressionState("int8", chunk=256)),
+             ref=_hook_ddp(default_hooks.fp16_compress_hook, None), ref_name="PyTorch fp16_compress_hook",
+             note="int8 quantizes per chunk, all-gathers and decodes each rank's part; fp16 casts and all-reduces"),
+        Case(lab=4, label="compression_hook int8 (chunk 256), MLP 3×512², 1 rank",
+             ours=_hook_ddp(compression_hook, CompressionState("int8", chunk=256)),
+             ref=_hook_ddp(default_hooks.allreduce_hook, None), ref_name="PyTorch allreduce_hook",
+             note="the hook does more passes over the gradients than a plain all-reduce; it pays only where the network, not memory bandwidth, is the bottleneck"),
+    ]
+
+
+def cases() -> list[Case]:
+    return _ddp_cases() + _compression_cases()
