@@ -9,16 +9,10 @@ the step is m scaled down where the instability is large: low confidence, small 
 
 Per m×n weight, state: m (m·n floats, the first moment), the row and column factors of v and
 of the instability (2·(m + n) floats): 4·(m·n + 2(m + n)) bytes, about 4 bytes per parameter
-next to Adam's 8. Vectors keep their v and instability whole.
+next to Adam's 8. A vector keeps its v whole and no instability (2n floats).
 
-Algorithm (the paper's Algorithm 1, with ε₁ inside the squared gradient and ε₂ inside the
-instability, β = (β₁, β₂, β₃)):
-
-    r ← β₂ r + (1 − β₂) rowmean(g² + ε₁);  c ← β₂ c + (1 − β₂) colmean(g² + ε₁)
-    v = r c / mean(r);  u = g / √v;  u ← u / max(1, RMS(u)/d)
-    m ← β₁ m + (1 − β₁) u
-    U = (u − m)²;  R ← β₃ R + (1 − β₃) rowmean(U + ε₂);  C ← β₃ C + (1 − β₃) colmean(U + ε₂)
-    S = R C / mean(R);  θ ← θ − lr · m / √S     (plus decoupled weight decay θ ← θ(1 − lr·λ))
+The update is the paper's Algorithm 1 (β = (β₁, β₂, β₃), ε = (ε₁, ε₂), update clipping at d,
+decoupled weight decay); Lab 2 writes it out step by step, and the grader computes it in full.
 
 Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.8 (labs/02_optimizer_states.ipynb).
 """
