@@ -15,11 +15,13 @@ import torch.nn.functional as F
 from tools.bench.case import Case
 
 
-def _attention_cases():
+def attention_cases(sizes=(512, 1024, 2048), repeat=None, naive=True, lab=5):
+    """Rows: the FlashAttention toy's forward + backward (causal, 1 × 4 heads × S × 64) vs SDPA
+    and, if ``naive``, vs naive attention, at each S in ``sizes``."""
     from labkit.flash_attention import flash_attention, naive_attention
 
     cases = []
-    for s in (512, 1024, 2048):
+    for s in sizes:
         torch.manual_seed(0)
         q, k, v = (torch.randn(1, 4, s, 64, requires_grad=True) for _ in range(3))
         g = torch.randn(1, 4, s, 64)
@@ -32,12 +34,13 @@ def _attention_cases():
 
         ours = step(lambda q, k, v: flash_attention(q, k, v, causal=True))
         sdpa = step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        naive = step(lambda q, k, v: naive_attention(q, k, v, causal=True))
-        repeat = 7 if s == 2048 else 11
-        cases.append(Case(5, f"FlashAttention fwd+bwd, S={s}, causal", ours, sdpa,
-                          "F.scaled_dot_product_attention", repeat=repeat))
-        cases.append(Case(5, f"FlashAttention fwd+bwd, S={s}, causal", ours, naive,
-                          "naive attention (S×S in memory)", repeat=repeat))
+        naive_step = step(lambda q, k, v: naive_attention(q, k, v, causal=True))
+        reps = repeat if repeat is not None else 7 if s == 2048 else 11
+        cases.append(Case(lab, f"FlashAttention fwd+bwd, S={s}, causal", ours, sdpa,
+                          "F.scaled_dot_product_attention", repeat=reps))
+        if naive:
+            cases.append(Case(lab, f"FlashAttention fwd+bwd, S={s}, causal", ours, naive_step,
+                              "naive attention (S×S in memory)", repeat=reps))
     return cases
 
 
@@ -163,4 +166,4 @@ def _checkpoint_cases():
 
 
 def cases():
-    return _attention_cases() + ring_cases() + _checkpoint_cases()
+    return attention_cases() + ring_cases() + _checkpoint_cases()
