@@ -4,7 +4,8 @@ The parallel rows run in this one process on a one-rank gloo group (T = N = 1): 
 implementation's own overhead (hooks, copies, DTensor dispatch) on the same computation; the
 multi-rank behaviour is what the graders check. The pipeline schedule generator has no PyTorch
 counterpart that only generates (``torch.distributed.pipelining`` runs the schedule), so it has
-no row.
+no row; the pipeline runner (3.6) is timed on one stage (P = 1: no messages) against
+``ScheduleGPipe`` running the same micro-batches.
 """
 from __future__ import annotations
 
@@ -82,4 +83,34 @@ def cases():
 
     rows.append(Case(lab=3, label="ZeRO-3 training step, lab GPT, N=1", ours=ours_step, ref=ref_step,
                      ref_name="FSDP2 fully_shard + torch.optim.Adam", repeat=9))
+
+    # ---- 3.7 with prefetch (nothing to overlap on one rank: the hooks' and handles' overhead)
+    pf_model = copy.deepcopy(base)
+    z_pf = ZeRO3(pf_model, prefetch=True)
+
+    def pf_step():
+        pf_model(xb, yb).backward()
+        z_pf.step()
+
+    rows.append(Case(lab=3, label="ZeRO-3 step with prefetch, lab GPT, N=1", ours=pf_step, ref=ref_step,
+                     ref_name="FSDP2 fully_shard (prefetches by default) + torch.optim.Adam", repeat=9))
+
+    # ---- 3.6: one pipeline step, one stage, M = 4 micro-batches of 2 sequences
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    from labkit.pipeline import run_stage, split_gpt
+
+    M = 4
+    stage_ours = split_gpt(copy.deepcopy(base), 1)[0]
+    stage_ref = split_gpt(copy.deepcopy(base), 1)[0]
+    inputs, targets = [t.clone() for t in xb.chunk(M)], [t.clone() for t in yb.chunk(M)]
+    gpipe = [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
+    loss_fn = lambda out, t: torch.nn.functional.cross_entropy(out.flatten(0, 1), t.flatten())  # noqa: E731
+    sched = ScheduleGPipe(PipelineStage(stage_ref, 0, 1, torch.device("cpu")), M, loss_fn=loss_fn)
+    sched.step(xb, target=yb, losses=[])  # shape inference outside the timing
+
+    rows.append(Case(lab=3, label="pipeline step (GPipe, M=4), lab GPT, P=1",
+                     ours=lambda: run_stage(stage_ours, gpipe, inputs, targets, rank=0, world_size=1),
+                     ref=lambda: sched.step(xb, target=yb, losses=[]),
+                     ref_name="torch.distributed.pipelining ScheduleGPipe", repeat=9))
     return rows

@@ -79,9 +79,9 @@ MUTANTS = [
     Mutant("3.5", "pipeline_schedule.py", find="            stages.append(forwards + backwards)",
            replace="            stages.append(forwards + backwards[::-1])",
            why="GPipe's backwards in reverse micro-batch order"),
-    Mutant("3.5", "pipeline_schedule.py", find="                deps = [(s, \"F\", m)] + ([(s + 1, \"B\", m)] if s < P - 1 else [])\n            if any(d not in end for d in deps):",
-           replace="                deps = [(s, \"F\", m)]\n            if any(d not in end for d in deps):",
-           why="the simulator forgets that B waits for the next stage's B"),
+    Mutant("3.5", "pipeline_schedule.py", find="    return [(s, \"F\", m, c)] + ([(nxt, \"B\", m, (vs + 1) // P)] if vs < v * P - 1 else [])",
+           replace="    return [(s, \"F\", m, c)]",
+           why="forgets that B waits for the next stage's B"),
     Mutant("3.5", "pipeline_schedule.py", find="start = max([free[s]] + [end[d] for d in deps])",
            replace="start = max([end[d] for d in deps] or [free[s]])",
            why="the simulator lets a stage run two actions at once"),
@@ -94,6 +94,31 @@ MUTANTS = [
     Mutant("3.5", "pipeline_schedule.py", find="            if b.start < a.end:",
            replace="            if False:",
            why="the checker ignores overlapping spans on one stage"),
+    # 3.5, interleaved 1F1B
+    Mutant("3.5", "pipeline_schedule.py", find="warmup = min((v - 1) * R + 2 * (P - 1 - s), v * M)",
+           replace="warmup = min(2 * (P - 1 - s), v * M)",
+           why="interleaved warm-up forgets the other chunks' round ((v−1)·R forwards)"),
+    Mutant("3.5", "pipeline_schedule.py", find="warmup = min((v - 1) * R + 2 * (P - 1 - s), v * M)",
+           replace="warmup = min((v - 1) * R + (P - 1 - s), v * M)",
+           why="interleaved warm-up counts one forward per hop instead of two (F and B each cross it)"),
+    Mutant("3.5", "pipeline_schedule.py", find="R = M // max(1, M // P)  # micro-batches per round",
+           replace="R = P  # micro-batches per round",
+           why="rounds of P micro-batches even when M is not a multiple of P (torch's flexible rounds)"),
+    Mutant("3.5", "pipeline_schedule.py", find="""        order.append(take("F", (k // R) % v))
+        order.append(take("B", v - 1 - ((k - warmup) // R) % v))""",
+           replace="""        order.append(take("B", v - 1 - ((k - warmup) // R) % v))
+        order.append(take("F", (k // R) % v))""",
+           why="interleaved steady state runs the backward before the forward"),
+    Mutant("3.5", "pipeline_schedule.py", find="""        order.append(take("B", v - 1 - ((k - warmup) // R) % v))
+    for k in range(v * M, v * M + warmup):""", replace="""        order.append(take("B", ((k - warmup) // R) % v))
+    for k in range(v * M, v * M + warmup):""",
+           why="backwards visit the chunks in forward order instead of reversed (steady state)"),
+    Mutant("3.5", "pipeline_schedule.py", find="    prev, nxt = (vs - 1) % P, (vs + 1) % P",
+           replace="    prev, nxt = s - 1, s + 1",
+           why="the previous/next virtual stage is on the neighbouring rank index, not wrapped around"),
+    Mutant("3.5", "pipeline_schedule.py", find='return [(prev, "F", m, (vs - 1) // P)] if vs > 0 else []',
+           replace='return [(prev, "F", m, c)] if vs > 0 else []',
+           why="a forward waits for the same chunk on the previous rank, not the previous virtual stage"),
     # ------------------------------------------------------------ 3.7 ZeRO-3
     Mutant("3.7", "zero3.py", find="        mine /= self.world_size\n",
            replace="", why="forgets to average the reduce-scattered gradient over the ranks"),
@@ -115,6 +140,30 @@ MUTANTS = [
             p.grad = None
         self._free(u)""", replace="""        for p in u.params:
             p.grad = None""", why="keeps the unit gathered after its backward"),
+    # 3.7, prefetch
+    Mutant("3.7", "zero3.py", find="u.pending = _all_gather_flat(u.full, u.shard, group=self.group, async_op=True)",
+           replace="u.pending = _all_gather_flat(u.full, u.shard, group=self.group, async_op=False)",
+           why="the prefetch all-gather waits (no overlap with the current block)"),
+    Mutant("3.7", "zero3.py", find="""        if u.pending is not None:
+            u.pending.wait()
+            u.pending = None
+            return""", replace="""        if u.pending is not None:
+            u.pending.wait()
+            return""", why="keeps the finished prefetch handle: the backward gather returns without gathering"),
+    Mutant("3.7", "zero3.py", find="""        if u.pending is not None:
+            u.pending.wait()
+            u.pending = None
+            return""", replace="", why="_gather ignores a prefetch in flight (never waits for it, never clears its handle)"),
+    Mutant("3.7", "zero3.py", find="""        if u.pending is not None or u.full.untyped_storage().nbytes() == nbytes:
+            return
+        u.full.untyped_storage().resize_(nbytes)""", replace="""        if u.pending is not None or u.full.untyped_storage().nbytes() == nbytes:
+            return""", why="prefetches into the freed (0-byte) storage"),
+    Mutant("3.7", "zero3.py", find="""        if u.pending is not None:
+            u.pending.wait()
+            u.pending = None
+            return""", replace="""        if u.pending is not None:
+            u.pending = None
+            return""", why="never waits for the prefetch (computes on a buffer still being filled)"),
     # ------------------------------------------------------------ 3.3 fp8 linear
     Mutant("3.3", "fp8.py", find="return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
            replace="return (torch.finfo(fmt).max / (amax * 2.0 ** margin)).to(torch.float32)",
@@ -182,6 +231,11 @@ MUTANTS = [
     Mutant("3.6", "pipeline.py", find="pending.append(dist.isend(x.grad, group=group, group_dst=rank - 1))",
            replace="pending.append(dist.isend(x.detach(), group=group, group_dst=rank - 1))",
            why="sends the stage's input activation back instead of its gradient"),
+    Mutant("3.6", "pipeline.py", find="dist.recv(x, src=rank - 1)", replace="dist.recv(x, src=0)",
+           why="every stage receives from rank 0 (right only for P = 2)"),
+    Mutant("3.6", "pipeline.py", find="pending.append(dist.isend(out.detach(), dst=rank + 1))",
+           replace="pending.append(dist.isend(out.detach(), dst=world_size - 1))",
+           why="every stage sends its activation to the last rank (right only for P = 2)"),
     Mutant("3.6", "pipeline.py", find="total = out.detach() if total is None else total + out.detach()",
            replace="total = out.detach()",
            why="returns only the last micro-batch's loss instead of the sum over micro-batches"),
