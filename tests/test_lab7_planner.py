@@ -304,3 +304,22 @@ def test_offload_moves_optimizer_states_off_the_gpu():
 def test_bad_arguments_are_named(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_model_spec_counts_the_lab_model():
+    from labkit.models import GPT, lab_config
+    cfg = lab_config("cpu")
+    spec = planner.ModelSpec.from_gpt_config(cfg)
+    assert spec.n_params == sum(p.numel() for p in GPT(cfg).parameters())
+    assert (spec.n_layer, spec.hidden, spec.n_head, spec.seq_len) == (
+        cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size)
+
+
+def test_why_slower_names_the_term_that_grew():
+    model, cluster = planner.ModelSpec(**SEED_100B), planner.Cluster(64)
+    fast = planner.evaluate(model, cluster, planner.Config("mixed", "adam", 1, False, 1, 8, 8, 1,
+                                                           "selective", 1, 256), 256)
+    slow = planner.evaluate(model, cluster, planner.Config("mixed", "adam", 1, False, 1, 8, 8, 1,
+                                                           "full", 1, 256), 256)
+    why = planner.why_slower(fast, slow)
+    assert slow.time.total > fast.time.total and why.split(": ")[1].startswith("compute +"), why
