@@ -262,4 +262,4 @@ class MemoryCalculator(widgets.VBox):
             f"<p>On {which} with {STAGE_NAMES[v['zero_stage']]}:</p>"
             f"<table>{rows}<tr><td><b>total</b></td><td style='text-align:right'><b>"
             f"{total / GB:,.2f} GB</b></td></tr></table>{note}"
-            f"<p style='color:{'#55A868' if fits else '#C44E52'}'><b>{verdict}</b></p>")
+            f"<p style='color:{'#2E7D32' if fits else '#C44E52'}'><b>{verdict}</b></p>")
