@@ -22,6 +22,13 @@ data-parallel group without ZeRO); that a pipeline cuts the tied embedding / out
 (stage 0's ``wte``, the last stage's ``lm_head``), whose gradients must be summed across the two
 stages before the update, as Megatron-LM does over its "embedding group".
 
+Known limits of the prediction (measured on the lab's model, batch 16): within 6% of MemTracker's
+peak on every rank of the three lab plans and of DP 2 × PP 2 under GPipe; it under-counts the
+middle stages of deeper pipelines (PP 4: 19–26% low) and the last stage of PP 2 × TP 2 (11% low),
+where received activations and gradients wait in send/recv buffers that it does not model; and
+an update-time peak (checkpointing, small batches) moves by up to one flat gradient buffer with
+the timing of gloo's worker thread.
+
 Lab 7, exercise 7.2 (labs/07_panorama.ipynb): :func:`check_plan`, :func:`build_rank`,
 :func:`train_step` and :func:`predict_peak`. :func:`run_plans_worker` runs them on the ranks and
 measures each rank's peak with MemTracker. Chapter 7 (book/07_panorama.md).
