@@ -2,6 +2,7 @@
 from tools.mutants.mutant import Mutant
 
 PL = "planner.py"
+RP = "run_plan.py"
 
 MUTANTS = [
     # ------------------------------------------------------------------ 7.1 the planner
@@ -55,4 +56,66 @@ MUTANTS = [
     Mutant("7.1", PL, find="                for off in offload:\n",
            replace="                for off in offload[:1]:\n",
            why="searches only the first offload option"),
+
+    # ------------------------------------------------------------------ 7.2 check_plan
+    Mutant("7.2", RP, find="    if plan.world_size != world_size:",
+           replace="    if plan.dp * plan.tp != world_size:",
+           why="forgets the pipeline axis in the product of the plan's sizes"),
+    Mutant("7.2", RP, find="    if batch_size % (plan.dp * plan.n_micro):",
+           replace="    if batch_size % plan.dp:",
+           why="checks that the replicas split the batch, not that their micro-batches are equal"),
+    Mutant("7.2", RP, find="    if plan.zero_stage == 3 and (plan.tp > 1 or plan.pp > 1):",
+           replace="    if plan.zero_stage == 3 and plan.pp > 1:",
+           why="lets ZeRO-3 run with tensor parallelism (its hooks expect whole blocks)"),
+    Mutant("7.2", RP, find="    if plan.pp == 1 and plan.n_micro != 1:\n", replace="    if False:\n",
+           why="accepts micro-batches without a pipeline (silently ignored)"),
+    # ------------------------------------------------------------------ 7.2 build_rank
+    Mutant("7.2", RP, find='    coords = dict(zip(names, coords_of(rank, shape)))',
+           replace='    coords = dict(zip(names, coords_of(rank, (plan.dp, plan.tp, plan.pp))))',
+           why="lays the mesh out as (dp, tp, pp) for the coordinates but (dp, pp, tp) for the groups"),
+    Mutant("7.2", RP, find='            block.attn = TPAttention(block.attn, groups["tp"])',
+           replace='            block.attn = TPAttention(block.attn, groups["dp"])',
+           why="gives tensor-parallel attention the data-parallel group"),
+    Mutant("7.2", RP, find="ZeRO1(list(module.parameters()), torch.optim.Adam, group=dp, lr=1e-3)",
+           replace="ZeRO1(list(module.parameters()), torch.optim.Adam, lr=1e-3)",
+           why="shards ZeRO-1 over every rank (the default group) instead of the replicas"),
+    Mutant("7.2", RP, find="optimizer = ZeRO3(module, lr=1e-3, group=dp)",
+           replace="optimizer = ZeRO3(module, lr=1e-2, group=dp)",
+           why="a different learning rate for ZeRO-3 than one device's Adam"),
+    # ------------------------------------------------------------------ 7.2 train_step
+    Mutant("7.2", RP, find="    x, y = x[d * b:(d + 1) * b], y[d * b:(d + 1) * b]",
+           replace="    x, y = x[:b], y[:b]",
+           why="every replica trains on the first slice of the batch"),
+    # (Summing the replicas' gradients instead of averaging them is NOT listed: Adam divides m by
+    # sqrt(v), so a constant factor on a tensor's gradient changes no update beyond eps; the loss
+    # cannot tell, and no other grader here looks at the raw gradients.)
+    Mutant("7.2", RP, find='                dist.all_reduce(p.grad, group=setup.groups["dp"])',
+           replace='                pass',
+           why="each replica keeps its own gradients (no all-reduce without ZeRO)"),
+    Mutant("7.2", RP, find='                dist.all_reduce(p.grad, group=setup.groups["dp"])',
+           replace='                dist.all_reduce(p.grad)',
+           why="all-reduces the gradients over every rank, tensor-parallel shards included"),
+    Mutant("7.2", RP, find='            dist.all_reduce(tied.grad, group=setup.groups["embedding"])',
+           replace='            pass',
+           why="never sums the two copies of the tied embedding / output weight across the pipeline"),
+    Mutant("7.2", RP, find="        inputs = [t.clone() for t in x.chunk(plan.n_micro)]",
+           replace="        inputs = [t.clone() for t in x.chunk(plan.n_micro)][::-1]",
+           why="pairs micro-batches with the wrong targets"),
+    # ------------------------------------------------------------------ 7.2 predict_peak
+    Mutant("7.2", RP, find="    static = static_bytes(numel, world_size=D, dp=D, zero_stage=plan.zero_stage, recipe=\"fp32\")",
+           replace="    static = static_bytes(numel, world_size=D, dp=D, zero_stage=0, recipe=\"fp32\")",
+           why="forgets that ZeRO shards the static state over the replicas"),
+    Mutant("7.2", RP, find="    per_block -= split - split // T\n", replace="",
+           why="counts every activation whole on each tensor-parallel rank"),
+    Mutant("7.2", RP, find="        first_in_flight = min(P - stage, M)\n",
+           replace="        first_in_flight = 1\n",
+           why="one micro-batch in flight on every stage (1F1B's warm-up forgotten)"),
+    Mutant("7.2", RP, find="        first_in_flight = min(P - stage, M)\n",
+           replace="        first_in_flight = M\n",
+           why="every stage holds all M micro-batches under 1F1B too"),
+    Mutant("7.2", RP, find="    b = batch_size // (D * M)\n", replace="    b = batch_size // D\n",
+           why="the activations of a whole replica's batch per micro-batch"),
+    Mutant("7.2", RP, find="    numel = layers * block + (V * C + S * C if first else 0)",
+           replace="    numel = L * block + (V * C + S * C if first else 0)",
+           why="counts every block's parameters on every pipeline stage"),
 ]
