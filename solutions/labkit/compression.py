@@ -216,14 +216,14 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         if state.scheme == "topk":
             values, idx = topk(g, k)
         else:
-            idx = random_indices(n, k, seed=state.seed, bucket=index, step=step)
+            idx = random_indices(n, k, seed=state.seed, bucket=index, step=step).to(g.device)
             values = g[idx]
         sent = torch.zeros_like(g)
         sent[idx] = values
         total = torch.zeros_like(g)
         if state.scheme == "topk":
             all_values = values.new_empty(world * k)
-            all_idx = torch.empty(world * k, dtype=torch.int32)
+            all_idx = torch.empty(world * k, dtype=torch.int32, device=g.device)
             dist.all_gather_single(all_values, values.contiguous(), group=group)
             dist.all_gather_single(all_idx, idx.to(torch.int32), group=group)
             total.index_add_(0, all_idx.long(), all_values)
