@@ -644,7 +644,9 @@ def test_activation_figures_draw_and_refuse_bad_input():
             (lambda: pa.schedule_timelines({"x": step}, unit="MB/s"), ValueError, "unit"),
             (lambda: pa.sequence_parallel_regions([("LN", "rows", 1, 1)], t=2), ValueError,
              "regions"),
-            (lambda: pa.sequence_parallel_regions(regions, t=0), ValueError, "t must")):
+            (lambda: pa.sequence_parallel_regions(regions, t=0), ValueError, "t must"),
+            (lambda: pa.scaling_curves([1, 2], {"a": [1]}, xlabel="", ylabel=""), ValueError,
+             "curves")):
         with pytest.raises(error, match=name):
             call()
 

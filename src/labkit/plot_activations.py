@@ -248,3 +248,30 @@ def paired_bars(labels, left, right, *, left_label: str, right_label: str, ylabe
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def scaling_curves(xs, curves, *, xlabel: str, ylabel: str, title: str = "",
+                   log: bool = False) -> Figure:
+    """Measured quantities against a size: ``curves`` maps a label to its values at ``xs``.
+
+    A label starting with "~" is a reference drawn dashed in black (e.g. "~ peak(1) / N");
+    the others are measured, drawn with dots, in the colours of ``labkit.plot.COLORS``.
+    ``log`` puts both axes on a log scale, the ticks at ``xs``.
+    """
+    if not curves or any(len(ys) != len(xs) for ys in curves.values()):
+        raise ValueError(f"curves must map at least one label to {len(xs)} values (one per x)")
+    fig, ax = plt.subplots()
+    colours = iter([COLORS["activations"], COLORS["parameters"], "0.4", "#8172B2"])
+    for label, ys in curves.items():
+        if label.startswith("~"):
+            ax.plot(xs, ys, "k--", label=label[1:].strip())
+        else:
+            ax.plot(xs, ys, "o-", color=next(colours), label=label)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if log:
+        ax.set(xscale="log", yscale="log")
+        ax.minorticks_off()
+    ax.set_xticks(list(xs), [str(x) for x in xs])
+    ax.legend()
+    fig.tight_layout()
+    return fig
