@@ -255,87 +255,201 @@ def test_sqrt_schedule_and_schedule_cost_reject_bad_arguments():
         schedule_cost(Schedule(2, ()), [1, 2], [1, 1], [1, -1])
 
 
-# ------------------------------------------------------------------ 5.2 apply_checkpointing
-
-SCHEDULES_4 = {
-    "none": (),
-    "every layer": ((0, 1), (1, 2), (2, 3), (3, 4)),
-    "sqrt": ((0, 2), (2, 4)),
-    "mixed": ((1, 3),),
+# ------------------------------------------------------------------ 5.2 apply_schedule
+# Seven schedules on six blocks: both ends of the spectrum, uniform ones, and segments of
+# different lengths with plain blocks between them, as optimal_schedule plans them (5.3) or a
+# student writes them by hand (a list of pairs: the other form apply_schedule accepts).
+N6 = 6
+SCHEDULES_6 = {
+    "keep all (no segment)": (),
+    "keep none (one segment)": ((0, 6),),
+    "every block": tuple((i, i + 1) for i in range(N6)),
+    "√L (3 segments of 2)": ((0, 2), (2, 4), (4, 6)),
+    "non-uniform, by hand": [[0, 3], [4, 5]],
+    "last block only": ((5, 6),),
+    "optimal-like (2, 1, 1, then 2 kept)": ((0, 2), (2, 3), (3, 4)),
 }
 
 
-@pytest.mark.exercise("5.2", points=2)
-def test_checkpointed_gradients_equal_the_plain_model():
-    """Check loss and gradients equal the un-checkpointed model's (same weights) for 4 schedules."""
-    from labkit.checkpointing import Schedule, apply_checkpointing
+def _schedule_arg(segments):
+    """The by-hand form stays a list of pairs; the others become a Schedule."""
+    from labkit.checkpointing import Schedule
 
+    return segments if isinstance(segments, list) else Schedule(N6, segments)
+
+
+def _recomputed(segments):
+    return {i for start, stop in segments for i in range(start, stop)}
+
+
+def scheduled_gpt(segments):
+    from labkit.checkpointing import apply_schedule
+
+    model = small_gpt(N6)
+    returned = apply_schedule(model, _schedule_arg(segments))
+    assert returned is model, "apply_schedule must return the model it changed, in place"
+    return model
+
+
+class _TorchCheckpointSegment(torch.nn.Module):
+    """The grader's reference: PyTorch's non-reentrant checkpoint over a run of blocks."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(blocks)
+
+    def forward(self, x):
+        def run(h):
+            for block in self.blocks:
+                h = block(h)
+            return h
+        return checkpoint(run, x, use_reentrant=False)
+
+
+def reference_scheduled_gpt(segments):
+    model = small_gpt(N6)
+    blocks, layers, i = list(model.h), [], 0
+    for start, stop in segments:
+        layers += blocks[i:start] + [_TorchCheckpointSegment(blocks[start:stop])]
+        i = stop
+    model.h = torch.nn.ModuleList(layers + blocks[i:])
+    return model
+
+
+def forward_through_blocks(model):
+    torch.manual_seed(1)
+    h = torch.randn(B, T, C, requires_grad=True)
+    for layer in model.h:
+        h = layer(h)
+    return h
+
+
+@pytest.mark.exercise("5.2", points=2)
+def test_scheduled_gradients_equal_the_plain_model():
+    """Check loss and every gradient against the plain model (same weights), 7 schedules."""
     idx, targets = data()
-    reference = model_grads(small_gpt(4), idx, targets)
+    reference = model_grads(small_gpt(N6), idx, targets)
     expected = {n: p.grad for n, p in reference.named_parameters()}
-    for label, segments in SCHEDULES_4.items():
-        model = small_gpt(4)
+    plain_loss = small_gpt(N6)(idx, targets).item()
+    for label, segments in SCHEDULES_6.items():
+        model = small_gpt(N6)
         names = {id(p): n for n, p in model.named_parameters()}
-        returned = apply_checkpointing(model, Schedule(4, segments))
-        assert returned is model, "apply_checkpointing must return the model it changed"
-        loss = model(idx, targets)
-        node, stack, seen = loss.grad_fn, [loss.grad_fn], set()
-        while stack:  # the reentrant variant shows up as CheckpointFunctionBackward nodes
-            node = stack.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            assert "CheckpointFunction" not in type(node).__name__, "use use_reentrant=False"
-            stack.extend(fn for fn, _ in node.next_functions)
-        loss.backward()
+        from labkit.checkpointing import apply_schedule
+
+        apply_schedule(model, _schedule_arg(segments))
         params = list(model.parameters())
-        assert {id(p) for p in params} == set(names), \
-            f"{label}: apply_checkpointing must keep the model's own parameter objects"
+        missing = len(set(names) - {id(p) for p in params})
+        new = len({id(p) for p in params} - set(names))
+        assert not missing and not new, (
+            f"{label} {segments}: the scheduled model lacks {missing} of the given model's "
+            f"{len(names)} parameters and has {new} others: keep every block, the model's own "
+            f"objects (none dropped, copied or re-created)")
+        loss = model(idx, targets)
+        assert loss.item() == pytest.approx(plain_loss, rel=1e-6, abs=0), (
+            f"{label} {segments}: loss {loss.item()!r}, the plain model's {plain_loss!r}: is a "
+            f"block skipped or run twice in forward?")
+        loss.backward()
         for p in params:
-            torch.testing.assert_close(p.grad, expected[names[id(p)]], **GRAD_TOL,
-                                       msg=f"{label}: gradient of {names[id(p)]}")
+            torch.testing.assert_close(
+                p.grad, expected[names[id(p)]], **GRAD_TOL,
+                msg=lambda m, n=names[id(p)]: f"{label} {segments}: gradient of {n}: {m} — is "
+                f"a segment's input detached, or a block outside its segment?")
+
+
+@pytest.mark.exercise("5.2", points=1)
+def test_segments_use_the_non_reentrant_checkpoint():
+    """Check that no node of the reentrant checkpoint (CheckpointFunctionBackward) is in the graph."""
+    idx, targets = data()
+    loss = scheduled_gpt(SCHEDULES_6["√L (3 segments of 2)"])(idx, targets)
+    stack, seen = [loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        assert "CheckpointFunction" not in type(node).__name__, (
+            f"the graph holds a {type(node).__name__} node: that is the re-entrant checkpoint, "
+            f"which runs its own backward inside the outer one; use the non-reentrant variant")
+        stack.extend(fn for fn, _ in node.next_functions)
 
 
 @pytest.mark.exercise("5.2", points=3)
-@pytest.mark.parametrize("n_layers", [4, 9])
-def test_activation_bytes_fall_as_the_schedule_predicts(n_layers):
-    """Check MemTracker's bytes for none / √L / every layer against the cost model.
+def test_saved_bytes_after_forward_equal_the_cost_model_exactly():
+    """Check labkit.measure.saved_activation_bytes of a forward through the blocks, 7 schedules.
 
-    Held after forward, exactly: Σ over kept layers of a block's saved bytes a, plus one input
-    x per segment (the harness adds its own constant, cancelled by differences with "none").
-    Peak: the model's prediction plus at most the harness's output and loss (2x + 64 bytes).
-    So none grows as L·a, √L as about 2√L·a, every layer as L·x + a: O(1) blocks.
+    The cost model's forward end, exactly: a whole block's saved bytes a for each block outside
+    the segments plus one input x per segment (a and x measured on a plain block; every block
+    of the small GPT has the same shapes).
     """
-    from labkit.checkpointing import Schedule, apply_checkpointing
+    from labkit.checkpointing import Schedule, schedule_cost
 
-    model = small_gpt(n_layers)
-    a, x = block_saved_bytes(model.h[0]), B * T * C * 4
-    root = math.isqrt(n_layers)  # 2 and 3: perfect squares, √L segments of √L layers
-    schedules = {"none": Schedule.none(n_layers), "every layer": Schedule.every_layer(n_layers),
-                 "sqrt": Schedule(n_layers, tuple((s, s + root) for s in range(0, n_layers, root)))}
-    measured = {}
-    for label, schedule in schedules.items():
-        measured[label] = blocks_memory(apply_checkpointing(small_gpt(n_layers), schedule))
-    held_none, _ = measured["none"]
-    assert 0 <= held_none - n_layers * a <= 2 * x + 64, "without checkpointing: L blocks held"
-    for label, schedule in schedules.items():
-        held, peak = measured[label]
-        kept = [i for i in range(n_layers) if i not in schedule.recomputed_layers]
-        want = len(kept) * a + len(schedule.segments) * x - n_layers * a
-        assert held - held_none == want, (
-            f"{label}, L={n_layers}: {held - held_none:+,} B held after forward relative to no "
-            f"checkpointing, expected {want:+,} ({len(kept)} whole blocks of {a:,} B + "
-            f"{len(schedule.segments)} kept inputs of {x:,} B): does each segment keep only its "
-            f"input?")
-        predicted, _ = simulate_schedule(n_layers, schedule.segments, [a] * n_layers,
-                                         [x] * n_layers, [0] * n_layers)
-        assert predicted <= peak <= predicted + 2 * x + 64, \
-            f"{label}: peak {peak} against the predicted {predicted}"
-    assert measured["every layer"][1] < 2 * a + 2 * x * n_layers  # O(1) blocks
-    assert measured["sqrt"][1] < (root + 1) * a + 2 * x * n_layers  # O(√L) blocks
+    a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
+    for label, segments in SCHEDULES_6.items():
+        model = scheduled_gpt(segments)
+        got = saved_activation_bytes(lambda: forward_through_blocks(model))
+        pairs = tuple(map(tuple, segments))
+        kept = N6 - len(_recomputed(pairs))
+        want = kept * a + len(pairs) * x
+        # schedule_cost's peak is at the end of forward when no recompute exceeds it
+        assert want <= schedule_cost(Schedule(N6, pairs), [a] * N6, [x] * N6, [0] * N6).peak
+        assert got == want, (
+            f"{label} {segments}: {got:,} B saved when forward ends, expected {want:,} = "
+            f"{kept} whole blocks × {a:,} B + {len(pairs)} kept inputs × {x:,} B: does each "
+            f"segment keep only its input (one checkpoint per segment, not per block)? Does "
+            f"every block outside the segments run as usual?")
 
 
 @pytest.mark.exercise("5.2", points=2)
+def test_peak_during_backward_equals_pytorch_checkpoint_over_the_same_segments():
+    """Check MemTracker's activation peak and held bytes against the grader's reference.
+
+    The reference runs the same segments through torch.utils.checkpoint in a wrapper the grader
+    wrote: the same tensors, allocated and freed in the same order, so the bytes agree exactly.
+    Both also sit on schedule_cost's prediction plus what the harness holds besides the blocks'
+    saved tensors (the stack's output and the probe's product, one or two inputs x).
+    """
+    from labkit.checkpointing import Schedule, schedule_cost
+
+    a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
+    for label, segments in SCHEDULES_6.items():
+        pairs = tuple(map(tuple, segments))
+        held, peak = blocks_memory(scheduled_gpt(segments))
+        held_ref, peak_ref = blocks_memory(reference_scheduled_gpt(pairs))
+        predicted = schedule_cost(Schedule(N6, pairs), [a] * N6, [x] * N6, [0] * N6).peak
+        assert (held, peak) == (held_ref, peak_ref), (
+            f"{label} {segments}: activations held after forward {held:,} B and peak "
+            f"{peak:,} B; torch.utils.checkpoint over the same segments gives {held_ref:,} and "
+            f"{peak_ref:,}: are a segment's blocks recomputed together, each once, from its "
+            f"input (not block by block, nor the whole model)?")
+        assert predicted <= peak_ref <= predicted + 2 * x + 64, (label, peak_ref, predicted)
+
+
+@pytest.mark.exercise("5.2", points=2)
+def test_each_recomputed_block_runs_forward_twice_and_the_others_once():
+    """Count each block's forward calls in one step (forward pre-hooks on the model's blocks).
+
+    PyTorch's default early stop ends a recompute once it has what backward needs, but only
+    inside the segment's last block: every recomputed block's forward is still entered once.
+    """
+    idx, targets = data()
+    for label, segments in SCHEDULES_6.items():
+        model = small_gpt(N6)
+        blocks = list(model.h)
+        calls = [0] * N6
+        for i, block in enumerate(blocks):
+            block.register_forward_pre_hook(lambda module, args, i=i: calls.__setitem__(i, calls[i] + 1))
+        from labkit.checkpointing import apply_schedule
+
+        apply_schedule(model, _schedule_arg(segments))
+        model(idx, targets).backward()
+        want = [2 if i in _recomputed(map(tuple, segments)) else 1 for i in range(N6)]
+        assert calls == want, (
+            f"{label} {segments}: forward calls per block {calls}, expected {want} (2 = "
+            f"recomputed in backward): is a segment off by one, a block left out of its "
+            f"segment, or a segment not checkpointed?")
+
+
+@pytest.mark.exercise("5.2", points=1)
 def test_recompute_flops_equal_the_recomputed_blocks_forward():
     """Check FlopCounterMode: extra FLOPs = Σ forward FLOPs of the recomputed blocks, exactly.
 
@@ -343,40 +457,64 @@ def test_recompute_flops_equal_the_recomputed_blocks_forward():
     every tensor backward needs, which skips each segment's last GEMM (whose output only
     flows onward); the chapter measures that saving separately.
     """
-    from labkit.checkpointing import Schedule, apply_checkpointing
-
     idx, targets = data()
-    x = torch.randn(B, T, C)
-    block_flops, _ = count_flops(small_gpt(1).h[0], x)
+    block_flops, _ = count_flops(small_gpt(1).h[0], torch.randn(B, T, C))
 
     def step_flops(model):
         with set_checkpoint_early_stop(False):
             flops, _ = count_flops(lambda: model(idx, targets).backward())
         return flops
 
-    plain = step_flops(small_gpt(4))
-    for label, segments in SCHEDULES_4.items():
-        schedule = Schedule(4, segments)
-        flops = step_flops(apply_checkpointing(small_gpt(4), schedule))
-        want = len(schedule.recomputed_layers) * block_flops
-        assert flops - plain == want, (
-            f"{label} {segments}: {flops - plain:,} extra FLOPs, expected {want:,} (one forward "
-            f"of each recomputed block): is a block outside its segment, run twice, or not "
-            f"checkpointed at all?")
+    plain = step_flops(small_gpt(N6))
+    for label, segments in SCHEDULES_6.items():
+        extra = step_flops(scheduled_gpt(segments)) - plain
+        want = len(_recomputed(map(tuple, segments))) * block_flops
+        assert extra == want, (
+            f"{label} {segments}: {extra:+,} FLOPs over the plain step, expected {want:,} (one "
+            f"forward of each recomputed block): is a block outside its segment, run twice, or "
+            f"not checkpointed at all?")
 
 
 @pytest.mark.exercise("5.2", points=1)
-def test_apply_checkpointing_rejects_a_schedule_of_another_depth():
-    """Check ValueError naming n_layers when the schedule does not match the model's blocks."""
-    from labkit.checkpointing import Schedule, apply_checkpointing
+def test_a_second_schedule_replaces_the_first():
+    """Check √L then every block: the model runs every block, same parameters, exact bytes."""
+    from labkit.checkpointing import apply_schedule
 
-    try:
-        apply_checkpointing(small_gpt(4), Schedule(3, ((0, 3),)))
-    except ValueError as error:
-        assert "n_layers" in str(error), f"the ValueError must name n_layers, got: {error}"
-    else:
-        raise AssertionError("a 3-layer schedule on a 4-block model must raise ValueError "
-                             "naming n_layers before changing the model")
+    a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
+    model = scheduled_gpt(SCHEDULES_6["√L (3 segments of 2)"])
+    params = [id(p) for p in model.parameters()]
+    apply_schedule(model, [[i, i + 1] for i in range(N6)])
+    assert sorted(id(p) for p in model.parameters()) == sorted(params), (
+        "after a second apply_schedule the model has other parameters: reuse the blocks the "
+        "model already runs (a scheduled model's blocks sit inside its segments)")
+    got = saved_activation_bytes(lambda: forward_through_blocks(model))
+    assert got == N6 * x, (
+        f"after √L then every block: {got:,} B saved when forward ends, expected {N6 * x:,} "
+        f"(six kept inputs): does the new schedule wrap the old segments instead of the "
+        f"blocks themselves?")
+
+
+@pytest.mark.exercise("5.2", points=1)
+def test_bad_schedules_are_refused_before_the_model_changes():
+    """Check ValueError naming the schedule: unsorted, out of range, duplicate, empty, depth."""
+    from labkit.checkpointing import Schedule, apply_schedule
+
+    bad = {"unsorted": [[2, 4], [0, 2]], "past the last block": [[4, 7]],
+           "negative start": [[-1, 2]], "duplicate": [[0, 2], [0, 2]],
+           "overlapping": [[0, 3], [2, 4]], "empty segment": [[3, 3]],
+           "another depth": Schedule(5, ((0, 5),))}
+    for label, schedule in bad.items():
+        model = small_gpt(N6)
+        before = list(model.h)
+        try:
+            apply_schedule(model, schedule)
+        except ValueError as error:
+            assert "schedule" in str(error).lower(), (
+                f"{label} {schedule}: the ValueError must name the schedule, got: {error}")
+        else:
+            raise AssertionError(f"{label}: apply_schedule(model, {schedule}) must raise "
+                                 f"ValueError on a model of {N6} blocks")
+        assert list(model.h) == before, f"{label}: the model changed before the ValueError"
 
 
 # ------------------------------------------------------------------ 5.3 optimal_schedule
@@ -477,6 +615,40 @@ def test_optimal_schedule_beats_uniform_schedules_on_a_deep_gpt():
     assert peak <= n_layers * a // 2 and recompute < n_layers * f, (
         f"half the memory: peak {peak} (budget {n_layers * a // 2}), recompute {recompute} "
         f"(recomputing all would be {n_layers * f})")
+
+
+def test_activation_figures_draw_and_refuse_bad_input():
+    """labkit.plot_activations' schedule and sequence-parallel figures (not graded)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit import plot_activations as pa
+
+    torch.manual_seed(1)
+    step = measure_step(small_gpt(1), None, (torch.randn(B, T, C, requires_grad=True),
+                                             torch.randn(B, T, C)), step_fn=blocks_step)
+    fig = pa.schedule_timelines({"none": step}, unit="KiB", budget=1e5)
+    line = fig.axes[0].lines[0]
+    assert list(line.get_ydata()) == [p.bytes["activations"] / 1024 for p in step.timeline]
+    regions = [("LN", "sequence", 4.0, 2.0), ("MLP", "tensor", 8.0, 6.0),
+               ("drop", "sequence", 2.0, 1.0)]
+    fig2 = pa.sequence_parallel_regions(regions, t=2, unit="B")
+    texts = [t.get_text() for t in fig2.axes[0].texts]
+    assert texts.count("g") == 1 and texts.count("ḡ") == 1, texts  # into and out of TP
+    plt.close("all")
+    for call, error, name in (
+            (lambda: pa.schedule_timelines({}), ValueError, "steps"),
+            (lambda: pa.schedule_timelines({"x": step}, consumer="weights"), ValueError, "consumer"),
+            (lambda: pa.schedule_timelines({"x": step}, unit="MB/s"), ValueError, "unit"),
+            (lambda: pa.sequence_parallel_regions([("LN", "rows", 1, 1)], t=2), ValueError,
+             "regions"),
+            (lambda: pa.sequence_parallel_regions(regions, t=0), ValueError, "t must"),
+            (lambda: pa.scaling_curves([1, 2], {"a": [1]}, xlabel="", ylabel=""), ValueError,
+             "curves")):
+        with pytest.raises(error, match=name):
+            call()
 
 
 # ------------------------------------------------------------------ 5.4 selective
@@ -1099,10 +1271,12 @@ def _checkpointing_cases():
          ValueError, "flops"),
         ("schedule_cost input > act", lambda: c.schedule_cost(c.Schedule(3), ones, [1, 2, 1], ones),
          ValueError, "input_bytes"),
-        ("apply_checkpointing name", lambda: c.apply_checkpointing(small_gpt(2), "sqrt"),
+        ("apply_schedule name", lambda: c.apply_schedule(small_gpt(2), "sqrt"),
          TypeError, "schedule"),
-        ("apply_checkpointing no blocks", lambda: c.apply_checkpointing(torch.nn.Linear(2, 2),
-                                                                        c.Schedule(2)),
+        ("apply_schedule fractional pair", lambda: c.apply_schedule(small_gpt(2), [(0, 1.5)]),
+         TypeError, "schedule"),
+        ("apply_schedule no blocks", lambda: c.apply_schedule(torch.nn.Linear(2, 2),
+                                                              c.Schedule(2)),
          TypeError, "model"),
         ("optimal_schedule budget text", lambda: c.optimal_schedule(ones, ones, ones, "10"),
          ValueError, "budget"),

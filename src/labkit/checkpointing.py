@@ -19,8 +19,9 @@ recomputed layer runs forward twice: "about one extra forward" (≈ 1.33× the c
 whose backward costs two forwards).
 
 Lab 5 (labs/05_activations.ipynb) writes ``schedule_cost``, ``sqrt_schedule`` (5.1),
-``CheckpointedSegment.forward`` and ``apply_checkpointing`` (5.2) and ``optimal_schedule``
-(5.3); Chapter 5 (book/05_activations.md) explains them.
+``CheckpointedSegment.forward`` and ``apply_schedule`` (5.2: run any schedule, the one
+``optimal_schedule`` plans or one written by hand) and ``optimal_schedule`` (5.3);
+Chapter 5 (book/05_activations.md) explains them.
 """
 from __future__ import annotations
 
@@ -183,7 +184,7 @@ def sqrt_schedule(n_layers: int) -> Schedule:
 
 
 class CheckpointedSegment(nn.Module):
-    """Consecutive blocks run under ``torch.utils.checkpoint``: only their input is kept."""
+    """Consecutive blocks that keep only their input for backward: one recomputed segment."""
 
     def __init__(self, blocks: Sequence[nn.Module]):
         super().__init__()
@@ -196,12 +197,18 @@ class CheckpointedSegment(nn.Module):
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``run(x)`` under non-reentrant checkpointing (``use_reentrant=False``).
+        """Return ``run(x)``, keeping for backward only ``x`` (no tensor computed inside).
+
+        Contract: the output and every gradient equal the plain ``run(x)``'s; what autograd
+        holds between forward and backward for this segment is ``x`` alone; when the gradient
+        arrives, backward runs each block's forward once more from ``x`` (the recompute) and
+        back-propagates through it. No re-entrant backward (the graph has no node of a custom
+        autograd function that calls ``torch.autograd.backward`` inside itself).
 
         Args:
             x: the segment's input, (batch_size, seq_len, n_embd).
         Returns:
-            the segment's output, same shape; backward recomputes ``run`` from ``x``.
+            the segment's output, same shape.
         """
         raise NotImplementedError("exercise 5.2: run the segment so that backward recomputes it from its input alone (labs/05_activations.ipynb)")
 
@@ -214,29 +221,55 @@ def blocks_of(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def apply_checkpointing(model: nn.Module, schedule: Schedule) -> nn.Module:
-    """Apply a schedule to the course's GPT in place and return it.
+def _check_schedule_type(schedule) -> None:
+    """TypeError unless ``schedule`` is a Schedule or a sequence of (start, stop) int pairs."""
+    if isinstance(schedule, Schedule):
+        return
+    ok = isinstance(schedule, (list, tuple)) and all(
+        isinstance(pair, (list, tuple)) and len(pair) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) for b in pair)
+        for pair in schedule)
+    if not ok:
+        raise TypeError(f"schedule must be a labkit.checkpointing.Schedule (e.g. sqrt_schedule(L), "
+                        f"Schedule.every_layer(L), optimal_schedule(...)) or a list of "
+                        f"(start, stop) pairs of block indices, got {schedule!r}")
 
-    Rebuilds ``model.h``: each segment of the schedule becomes one ``CheckpointedSegment``
-    holding its blocks; the other blocks stay as they are. The parameters are the same
-    objects, in the same order (their names gain the segment's prefix, e.g. ``h.0.blocks.1``).
-    Applying a new schedule to an already checkpointed model replaces the old one.
+
+def apply_schedule(model: nn.Module, schedule: "Schedule | Sequence[tuple[int, int]]") -> nn.Module:
+    """Make the course's GPT run ``schedule`` in every forward and backward; return the model.
+
+    ``schedule`` is a ``Schedule`` (from ``sqrt_schedule``, ``optimal_schedule``,
+    ``Schedule.every_layer``, ...) or its segments written by hand: a list of half-open
+    ``(start, stop)`` ranges of block indices, e.g. ``[(0, 3), (4, 5)]`` on six blocks.
+
+    Contract, for every schedule (segments of any lengths, a segment at the first or the last
+    block, no segment at all, one segment over all blocks):
+
+    * each segment keeps, between forward and backward, only the input of its first block;
+      in backward its blocks run forward once more, together, from that input;
+    * the blocks outside every segment run as usual and keep what they save;
+    * loss and gradients equal the plain model's; the model keeps its own block objects, in
+      order (the parameters are the same objects);
+    * applying a schedule to a model that already runs one replaces the old schedule.
+
+    So the bytes held and the recompute are what ``schedule_cost`` predicts for the schedule.
 
     Args:
         model: a ``labkit.models.GPT`` (anything whose blocks are ``model.h``).
-        schedule: a ``Schedule`` with ``n_layers`` equal to the number of blocks.
+        schedule: a ``Schedule`` or a list of ``(start, stop)`` pairs of ints.
     Returns:
-        ``model``.
+        ``model``, changed in place.
     Raises:
-        ValueError: ``schedule.n_layers`` differs from the model's number of blocks.
+        TypeError: ``model`` has no ``model.h`` of blocks; ``schedule`` is neither form.
+        ValueError: naming ``schedule``, before the model is changed: a ``Schedule`` whose
+            ``n_layers`` is not the model's number of blocks; a segment that is empty, outside
+            the model's blocks, out of order, or that overlaps (or repeats) another.
     """
-    if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a labkit.checkpointing.Schedule (e.g. sqrt_schedule(L), "
-                        f"Schedule.every_layer(L), optimal_schedule(...)), got {schedule!r}")
+    _check_schedule_type(schedule)
     if not isinstance(model, nn.Module) or not isinstance(getattr(model, "h", None), nn.ModuleList):
         raise TypeError(f"model must be a course GPT (an nn.Module whose blocks are the "
                         f"nn.ModuleList model.h), got {type(model).__name__}")
-    raise NotImplementedError("exercise 5.2: make model.h run the schedule: its segments checkpointed, the other blocks as they are (labs/05_activations.ipynb)")
+    raise NotImplementedError("exercise 5.2: check the schedule against the model's blocks, then make model.h run it (labs/05_activations.ipynb)")
 
 
 def optimal_schedule(act_bytes: Sequence[float], input_bytes: Sequence[float],

@@ -126,7 +126,7 @@ def ring_cases(s=1024, ranks=(2, 4), repeat=11, lab=5):
 
 
 def _checkpoint_cases():
-    from labkit.checkpointing import Schedule, apply_checkpointing, sqrt_schedule
+    from labkit.checkpointing import Schedule, apply_schedule, sqrt_schedule
     from labkit.measure import count_flops
     from labkit.models import GPT, lab_config
     from torch.utils.checkpoint import set_checkpoint_early_stop
@@ -140,7 +140,7 @@ def _checkpoint_cases():
     def model_for(schedule):
         torch.manual_seed(0)
         model = GPT(cfg)
-        return apply_checkpointing(model, schedule) if schedule is not None else model
+        return apply_schedule(model, schedule) if schedule is not None else model
 
     plain = model_for(None)
 
