@@ -9,7 +9,8 @@ host memory and the update to the CPU, which is fast enough for an elementwise s
 * each gradient is copied to a host buffer *as soon as backward has finished it* (a
   post-accumulate-grad hook), on a side CUDA stream into pinned memory, so the copies overlap
   the rest of backward, and the device gradient is freed at once;
-* the step runs on the host: ``torch.optim.Adam`` over fp32 master weights in host memory;
+* the step runs on the host: ``torch.optim.Adam`` (``fused``: vectorized over all tensors) over
+  fp32 master weights in host memory;
 * the updated master weights, rounded to the 16-bit dtype, are copied back to the device.
 
 Device memory: 2Ψ of weights plus a gradient in flight instead of 16Ψ; the link carries 2Ψ
@@ -90,8 +91,10 @@ class ZeROOffload:
         if cuda:  # page-locked host memory: the DMA engine copies while the GPU computes
             self.master = [m.pin_memory() for m in self.master]
             self.host_grads = [g.pin_memory() for g in self.host_grads]
+        # fused: one vectorized kernel over all the tensors, PyTorch's CPU counterpart of
+        # DeepSpeed's CPU-Adam (supported for fp32 CPU tensors since torch 2.4)
         self.optim = torch.optim.Adam(self.master, lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay)
+                                      weight_decay=weight_decay, fused=True)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self.copied: list = [None] * len(self.params)
         self.arrived: set[int] = set()

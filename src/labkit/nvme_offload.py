@@ -38,6 +38,22 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+class Prefetch:
+    """A read in flight. ``result()`` waits for it and hands the group's state over, once: the
+    handle keeps no reference afterwards, so the buffers live exactly as long as the caller
+    keeps them."""
+
+    def __init__(self, future: Future, box: list):
+        self._future, self._box = future, box
+
+    def result(self) -> dict[str, torch.Tensor]:
+        self._future.result()  # waits; re-raises an error of the read
+        state, self._box[0] = self._box[0], None
+        if state is None:
+            raise RuntimeError("this prefetch's state was already taken: call result() once")
+        return state
+
+
 class NVMeAdam:
     """Adam (``torch.optim.Adam``'s update) whose fp32 state lives in files under ``directory``.
 
@@ -47,9 +63,9 @@ class NVMeAdam:
 
     Infrastructure (given; the exercise uses it):
         groups: the parameters, one tensor per group; ``K``: state floats per element (2 or 3).
-        prefetch(i): start reading group i's state on the I/O thread; returns a Future whose
-            result is ``{"master"?, "exp_avg", "exp_avg_sq"}`` (fp32 tensors of the
-            parameter's shape; "master" only for 16-bit parameters).
+        prefetch(i): start reading group i's state on the I/O thread; returns a ``Prefetch``
+            whose ``result()`` waits and hands over ``{"master"?, "exp_avg", "exp_avg_sq"}``
+            (fp32 tensors of the parameter's shape; "master" only for 16-bit parameters), once.
         write_group(i, state): write that dict back to group i's file.
         write_step(t): record the step count in ``step.json``.
         bytes_read, bytes_written: state bytes moved so far (counted by read/write).
@@ -160,12 +176,17 @@ class NVMeAdam:
             f.write(memoryview(flat.numpy()))
         return flat.nbytes
 
-    def prefetch(self, i: int) -> Future:
+    def prefetch(self, i: int) -> "Prefetch":
         """Start reading group i's state on the I/O thread (see the class docstring)."""
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.groups):
             raise ValueError(f"i must be a group index in [0, {len(self.groups)}), got {i!r}")
         self.events.append(("read", i))
-        return self._io.submit(self._read, i)
+        box: list = [None]
+
+        def read() -> None:  # the pool's Future holds None: only the handle holds the buffers
+            box[0] = self._read(i)
+
+        return Prefetch(self._io.submit(read), box)
 
     def write_group(self, i: int, state: dict[str, torch.Tensor]) -> None:
         """Write group i's updated state back to its file (blocking)."""
