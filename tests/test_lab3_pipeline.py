@@ -90,7 +90,7 @@ def run(kind, M, P=P):
     except RankError as exc:
         if "NotImplementedError" in str(exc):
             raise
-        pytest.fail(f"{kind} P={P} M={M}: a rank failed: {str(exc)[-500:]} — does stage r receive "
+        pytest.fail(f"{kind} P={P} M={M}: a rank failed: {str(exc).strip().splitlines()[-1][-300:]} — does stage r receive "
                     "its activation from rank r−1 and send its output to rank r+1 (gradients the "
                     "other way), never a fixed rank, and does every send have a matching receive?")
 

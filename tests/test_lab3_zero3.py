@@ -68,7 +68,7 @@ def zero3_prefetch(N):
     except (RankError, RankTimeout) as exc:
         if "NotImplementedError" in str(exc):
             raise
-        pytest.fail(f"training with prefetch=True failed on a rank: {str(exc)[-600:]} — is a "
+        pytest.fail(f"training with prefetch=True failed on a rank: {str(exc).strip().splitlines()[-1][-300:]} — is a "
                     "prefetched unit's storage given back before its all-gather starts, and is "
                     "u.pending waited for and cleared when the unit's turn comes (so that the "
                     "gather before backward gathers again)?")
