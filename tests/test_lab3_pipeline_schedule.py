@@ -7,7 +7,8 @@ that ``torch.distributed.pipelining``'s ScheduleGPipe and Schedule1F1B *execute*
 ranks (recorded by wrapping the stage's forward and backward; in torch 2.13
 ``Schedule1F1B.pipeline_order`` is wrong for the last rank, so what runs is the reference).
 Interleaved 1F1B (v chunks per rank, Narayanan et al. 2021 §2.2): the bubble
-(P−1)/(v·M+P−1) with unit costs per chunk action, for M ≥ P (derived below), a brute-force
+(P−1)/(v·M+P−1) with unit costs per chunk action for M ≥ P, 1 − vM/(vP+M−1) for M < P (derived
+below), a brute-force
 scan over the v·P virtual stages, and the order ScheduleInterleaved1F1B executes on gloo.
 Everything is integer or exact rational: no tolerance.
 """
@@ -194,24 +195,30 @@ def test_interleaved_runs_every_chunk_action_once_in_microbatch_order():
 
 @pytest.mark.exercise("3.5", points=2)
 def test_interleaved_bubble_is_p_minus_1_over_v_m_plus_p_minus_1():
-    """Check the interleaved bubble with unit costs per chunk action (F = B = 1 and F = 1, B = 2)
-    is exactly (P−1)/(v·M+P−1) and the makespan (v·M+P−1)(F+B), for M ≥ P.
+    """Check the interleaved bubble with unit costs per chunk action (F = B = 1, F = 1 and B = 2,
+    F = 2 and B = 3) is exactly (P−1)/(v·M+P−1) and the makespan (v·M+P−1)(F+B) for M ≥ P; and
+    for M < P (one round of M micro-batches) the makespan (v·P+M−1)(F+B).
 
     Derivation (Narayanan et al. 2021 §2.2): a chunk action costs 1/v of a stage's; the pipeline
     still fills and drains through P ranks, P−1 forward and P−1 backward slots of idle time per
-    rank, each now a chunk's: idle (P−1)(F+B) next to busy v·M(F+B)."""
+    rank, each now a chunk's: idle (P−1)(F+B) next to busy v·M(F+B). With M < P a round is
+    shorter than the trip around the P ranks, and each of the v·P virtual stages costs a slot:
+    makespan (v·max(M, P) + min(M, P) − 1)(F+B) in both cases (simulated for P ≤ 8, v ≤ 4,
+    M ≤ 3P + 1, all equal)."""
     from labkit.pipeline_schedule import make_schedule, simulate
 
-    for P, M, v in INTERLEAVED:
-        for f, b in ((1, 1), (1, 2)):
+    small = [(4, 1, 2), (4, 3, 2), (4, 2, 3), (3, 2, 2)]  # M < P
+    for P, M, v in INTERLEAVED + small:
+        for f, b in ((1, 1), (1, 2), (2, 3)):
             tl = simulate(make_schedule("interleaved", P, M, v), f, b)
-            want = Fraction(P - 1, v * M + P - 1)
-            assert tl.makespan == (v * M + P - 1) * (f + b), (
+            slots = v * max(M, P) + min(M, P) - 1
+            want = 1 - Fraction(v * M, slots)
+            assert tl.makespan == slots * (f + b), (
                 f"interleaved P={P} M={M} v={v} F={f} B={b}: makespan {tl.makespan}, expected "
-                f"(vM+P−1)(F+B) = {(v * M + P - 1) * (f + b)}: do chunk c+1's forwards on rank 0 "
+                f"(v·max(M,P)+min(M,P)−1)(F+B) = {slots * (f + b)}: do chunk c+1's forwards on rank 0 "
                 "wait for chunk c on rank P−1, and is the warm-up long enough?")
             assert tl.bubble == want, (f"interleaved P={P} M={M} v={v}: bubble {tl.bubble}, expected "
-                                       f"(P−1)/(vM+P−1) = {want}")
+                                       f"{want}" + (f" = (P−1)/(vM+P−1)" if M >= P else ""))
 
 
 @pytest.mark.exercise("3.5", points=1)

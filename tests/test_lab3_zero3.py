@@ -49,12 +49,29 @@ def zero3(N):
 
 
 @functools.lru_cache(maxsize=None)
-def zero3_prefetch(N):
+def _zero3_prefetch(N):
     from labkit.dist import launch
     from labkit.zero3 import train_zero3
 
     model, batches = setup(N)
     return launch(train_zero3, N, model, batches, lr=LR, prefetch=True, timeout=120)
+
+
+def zero3_prefetch(N):
+    """ZeRO3(prefetch=True)'s run; a rank's error becomes a failure that names the likely cause."""
+    from labkit.dist import RankError, RankTimeout
+
+    try:
+        return _zero3_prefetch(N)
+    except NotImplementedError:
+        raise
+    except (RankError, RankTimeout) as exc:
+        if "NotImplementedError" in str(exc):
+            raise
+        pytest.fail(f"training with prefetch=True failed on a rank: {str(exc).strip().splitlines()[-1][-300:]} — is a "
+                    "prefetched unit's storage given back before its all-gather starts, and is "
+                    "u.pending waited for and cleared when the unit's turn comes (so that the "
+                    "gather before backward gathers again)?")
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,9 +13,10 @@ its 2M actions; the timeline follows from the dependencies.
   backwards. Same bubble, but at most P−s micro-batches are in flight on stage s.
 - **Interleaved 1F1B** (Narayanan et al. 2021, §2.2): each of the P ranks holds v model
   *chunks* (virtual stages s, s+P, …, s+(v−1)P of v·P), so a micro-batch crosses every rank v
-  times. With unit costs per chunk action the bubble is (P−1)/(v·M+P−1): the same P−1 idle
-  slots of each kind, but every slot is 1/v of a stage's work. It costs v× the point-to-point
-  messages. Actions are :class:`ChunkAction` (kind, micro-batch, chunk).
+  times. With unit costs per chunk action the bubble is (P−1)/(v·M+P−1) for M ≥ P: the same
+  P−1 idle slots of each kind, but every slot is 1/v of a stage's work (for M < P the makespan
+  is (v·P+M−1) slots, bubble 1 − vM/(vP+M−1)). It costs v× the point-to-point messages.
+  Actions are :class:`ChunkAction` (kind, micro-batch, chunk).
 
 This module generates both, simulates the timeline with given action costs, and checks a
 timeline's dependencies. Lab 3, exercise 3.5; chapter 3 (book/03_parameters.md) draws its Gantt
