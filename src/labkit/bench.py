@@ -97,6 +97,22 @@ def markdown_table(rows: Sequence[dict], ours_name: str = "ours") -> str:
     return "\n".join(lines)
 
 
+def html_table(rows: Sequence[dict], ours_name: str = "ours") -> str:
+    """The rows of :func:`time_case` as an HTML table, for pages whose cells cannot print
+    Markdown tables (MyST-NB renders a cell's Markdown as CommonMark unless the page sets
+    ``render_markdown_format: myst``)."""
+    from html import escape
+
+    head = ["what", f"{ours_name} (ms CPU)", "reference", "reference (ms CPU)", "ratio (CPU)",
+            "ratio (wall)"]
+    body = [[r["label"], f"{r['ours_s'] * 1e3:.1f}", r["reference"], f"{r['ref_s'] * 1e3:.1f}",
+             f"{r['ratio']:.2f}", f"{r['wall_ratio']:.2f}"] for r in rows]
+    cells = lambda tag, row: "".join(f"<{tag}>{escape(str(c))}</{tag}>" for c in row)  # noqa: E731
+    return ("<table>\n<thead><tr>" + cells("th", head) + "</tr></thead>\n<tbody>\n"
+            + "\n".join("<tr>" + cells("td", row) + "</tr>" for row in body)
+            + "\n</tbody>\n</table>")
+
+
 def bench_table(cases: Sequence[Case], repeat: int | None = None,
                 ours_name: str = "ours") -> tuple[str, list[dict]]:
     """Time every case (:func:`time_case`) and return (a Markdown table, the rows)."""
