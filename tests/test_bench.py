@@ -48,3 +48,22 @@ def test_cpu_seconds_counts_this_process():
 def test_bench_refuses_bad_input(call, exc, word):
     with pytest.raises(exc, match=word):
         call()
+
+
+def test_html_table_escapes_and_has_one_row_per_case():
+    from labkit.bench import html_table
+
+    row = {"label": "a<b", "ours_s": 0.002, "reference": "F.gelu(approximate='tanh')",
+           "ref_s": 0.001, "ratio": 2.0, "wall_ratio": 2.1}
+    text = html_table([row, row], "timed")
+    assert text.count("<tr>") == 3 and "a&lt;b" in text and "timed (ms CPU)" in text
+    assert "<td>2.00</td>" in text
+
+
+def test_tables_leave_the_wall_ratio_out_on_request():
+    from labkit.bench import html_table, markdown_table
+
+    row = {"label": "x", "ours_s": 0.002, "reference": "y", "ref_s": 0.001, "ratio": 2.0,
+           "wall_ratio": 7.0}
+    assert "ratio (wall)" in markdown_table([row]) and "7.00" in markdown_table([row])
+    assert "wall" not in markdown_table([row], wall=False) + html_table([row], wall=False)

@@ -87,20 +87,39 @@ def time_case(case: Case, repeat: int | None = None) -> dict:
             "repeat": repeat, "note": case.note}
 
 
-def markdown_table(rows: Sequence[dict], ours_name: str = "ours") -> str:
-    """The rows of :func:`time_case` as a Markdown table (times in ms, ratios ours / reference)."""
-    lines = [f"| what | {ours_name} (ms CPU) | reference | reference (ms CPU) | ratio (CPU) "
-             f"| ratio (wall) |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['label']} | {r['ours_s'] * 1e3:.1f} | {r['reference']} | "
-              f"{r['ref_s'] * 1e3:.1f} | {r['ratio']:.2f} | {r['wall_ratio']:.2f} |"
-              for r in rows]
+def _cells(rows: Sequence[dict], ours_name: str, wall: bool) -> tuple[list, list]:
+    head = ["what", f"{ours_name} (ms CPU)", "reference", "reference (ms CPU)", "ratio (CPU)"]
+    body = [[r["label"], f"{r['ours_s'] * 1e3:.1f}", r["reference"], f"{r['ref_s'] * 1e3:.1f}",
+             f"{r['ratio']:.2f}"] + ([f"{r['wall_ratio']:.2f}"] if wall else []) for r in rows]
+    return head + (["ratio (wall)"] if wall else []), body
+
+
+def markdown_table(rows: Sequence[dict], ours_name: str = "ours", wall: bool = True) -> str:
+    """The rows of :func:`time_case` as a Markdown table (times in ms, ratios ours / reference;
+    ``wall``: add the wall-time ratio, which a loaded machine makes noisy)."""
+    head, body = _cells(rows, ours_name, wall)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
     return "\n".join(lines)
 
 
-def bench_table(cases: Sequence[Case], repeat: int | None = None,
-                ours_name: str = "ours") -> tuple[str, list[dict]]:
+def html_table(rows: Sequence[dict], ours_name: str = "ours", wall: bool = True) -> str:
+    """The rows of :func:`time_case` as an HTML table, for pages whose cells cannot print
+    Markdown tables (MyST-NB renders a cell's Markdown as CommonMark unless the page sets
+    ``render_markdown_format: myst``)."""
+    from html import escape
+
+    head, body = _cells(rows, ours_name, wall)
+    cells = lambda tag, row: "".join(f"<{tag}>{escape(str(c))}</{tag}>" for c in row)  # noqa: E731
+    return ("<table>\n<thead><tr>" + cells("th", head) + "</tr></thead>\n<tbody>\n"
+            + "\n".join("<tr>" + cells("td", row) + "</tr>" for row in body)
+            + "\n</tbody>\n</table>")
+
+
+def bench_table(cases: Sequence[Case], repeat: int | None = None, ours_name: str = "ours",
+                wall: bool = True) -> tuple[str, list[dict]]:
     """Time every case (:func:`time_case`) and return (a Markdown table, the rows)."""
     if isinstance(cases, Case) or not all(isinstance(c, Case) for c in cases):
         raise TypeError("cases must be a sequence of labkit.bench.Case")
     rows = [time_case(case, repeat) for case in cases]
-    return markdown_table(rows, ours_name), rows
+    return markdown_table(rows, ours_name, wall), rows
