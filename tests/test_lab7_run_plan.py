@@ -59,9 +59,8 @@ def runs() -> dict:
     return {n: [rank[i] for rank in results] for i, n in enumerate(NAMES)}
 
 
-@functools.lru_cache(maxsize=1)
-def one_device_losses() -> list[float]:
-    model, _, batches = _setup()
+def adam_losses(model, batches) -> list[float]:
+    """The losses of one device training a copy of ``model`` with torch.optim.Adam (lr 1e-3)."""
     ref = copy.deepcopy(model)
     opt = torch.optim.Adam(ref.parameters(), lr=1e-3)
     losses = []
@@ -72,6 +71,12 @@ def one_device_losses() -> list[float]:
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
     return losses
+
+
+@functools.lru_cache(maxsize=1)
+def one_device_losses() -> list[float]:
+    model, _, batches = _setup()
+    return adam_losses(model, batches)
 
 
 def whole_batch_losses(ranks: list[dict]) -> list[float]:
@@ -197,14 +202,7 @@ def test_plans_with_zero2_or_checkpointing_train_like_one_device():
     state = {k: v.clone() for k, v in model.state_dict().items()}
     data = SyntheticData(cfg.vocab_size, cfg.block_size, 8, seed=0)
     batches = [data.batch(i) for i in range(STEPS)]
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    want = []
-    for x, y in batches:
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        want.append(float(loss.detach()))
+    want = adam_losses(model, batches)
     plans = [Plan(dp=2, zero_stage=2), Plan(dp=2, zero_stage=1, checkpointing=True)]
     results = launch(run_plans_worker, 2, plans, cfg, state, batches, timeout=240)
     for i, plan in enumerate(plans):

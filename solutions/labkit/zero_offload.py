@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from labkit.adam_args import check_adam_args
 from labkit.optimizer_states import state_tensors
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 class ZeROOffload:
@@ -65,15 +62,7 @@ class ZeROOffload:
                  eps: float = 1e-8, weight_decay: float = 0.0):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not (_number(lr) and lr >= 0):
-            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
-                and all(_number(b) and 0 <= b < 1 for b in betas)):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        if not (_number(eps) and eps >= 0):
-            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
-        if not (_number(weight_decay) and weight_decay >= 0):
-            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+        check_adam_args(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("model must have at least one parameter that requires grad")

@@ -31,11 +31,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from labkit.adam_args import check_adam_args
+
 LAYOUT = "labkit.nvme_offload/1"
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 class Prefetch:
@@ -93,15 +91,7 @@ class NVMeAdam:
             raise ValueError("params must list each tensor once")
         if not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"directory must be a path (str or os.PathLike), got {type(directory).__name__}")
-        if not (_number(lr) and lr >= 0):
-            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
-                and all(_number(b) and 0 <= b < 1 for b in betas)):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        if not (_number(eps) and eps >= 0):
-            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
-        if not (_number(weight_decay) and weight_decay >= 0):
-            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+        check_adam_args(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         if isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 0:
             raise ValueError(f"read_ahead must be an int >= 0, got {read_ahead!r}")
         self.groups = params
