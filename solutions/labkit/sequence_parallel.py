@@ -14,7 +14,12 @@ region whole on every rank. Sequence parallelism replaces the pair with g and �
   sums along the sequence, so rank r gets the sum of its slice; in backward, all-gather.
 
 An all-reduce is a reduce-scatter followed by an all-gather, so the ring moves the same bytes
-as tensor parallelism, while the norm region's activations shrink to 1/T. Lab 5, exercise 5.8;
+as tensor parallelism, while the norm region's activations shrink to 1/T. Both sub-blocks of a
+transformer block run this way: :class:`SPAttnBlock` (``x + attn(ln_1(x))``, heads split,
+causal attention over the whole gathered sequence) and :class:`SPMLPBlock`
+(``x + mlp(ln_2(x))``); :class:`SPBlock` chains them. Dropout on a slice uses
+:func:`slice_dropout`, whose masks are slices of the one mask a single device draws (the seed
+scheme is in its docstring). Lab 5, exercise 5.8;
 chapter 5 (book/05_activations.md). PyTorch's ``parallelize_module`` with ``SequenceParallel``
 does the same with DTensor.
 """
@@ -27,7 +32,8 @@ from torch import nn
 
 from labkit.comm_count import count_comm
 
-__all__ = ["gather_from_sp", "reduce_scatter_to_sp", "SPMLPBlock", "run_sp", "run_sequence_parallel_module"]
+__all__ = ["gather_from_sp", "reduce_scatter_to_sp", "slice_dropout", "SPMLPBlock", "SPAttnBlock", "SPBlock",
+           "run_sp", "run_sp_attn", "run_sequence_parallel_module"]
 
 
 def _all_gather_seq(x: torch.Tensor, dim: int, group) -> torch.Tensor:
@@ -128,9 +134,13 @@ class SPMLPBlock(nn.Module):
     single-device ``x + mlp(ln(x))``. LayerNorm, dropout and the residual add run on the slice
     only; one all-gather and one reduce-scatter in forward, the same in backward, no all-reduce.
     The LayerNorm's parameter gradients are rank r's share (their sum over ranks is the
-    single-device gradient). 4C not divisible by T → ValueError."""
+    single-device gradient). 4C not divisible by T → ValueError.
 
-    def __init__(self, ln: nn.LayerNorm, mlp: nn.Module, group=None):
+    ``seed`` (optional, added for :class:`SPBlock`): when given, the dropout is
+    :func:`slice_dropout` with that seed on the rank's rows, so the mask is the rank's slice of
+    the single device's; when None, a plain ``nn.Dropout`` (each rank its own random mask)."""
+
+    def __init__(self, ln: nn.LayerNorm, mlp: nn.Module, group=None, seed: int | None = None):
         super().__init__()
         self.group = group
         T, r = dist.get_world_size(group), dist.get_rank(group)
@@ -146,7 +156,7 @@ class SPMLPBlock(nn.Module):
         self.fc_bias = None if mlp.c_fc.bias is None else nn.Parameter(mlp.c_fc.bias.detach()[rows].clone())
         self.proj_weight = nn.Parameter(mlp.c_proj.weight.detach()[:, rows].clone())
         self.proj_bias = None if mlp.c_proj.bias is None else nn.Parameter(mlp.c_proj.bias.detach().clone())
-        self.dropout = nn.Dropout(mlp.dropout.p)
+        self.dropout = nn.Dropout(mlp.dropout.p) if seed is None else _SliceDropout(mlp.dropout.p, seed, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION 5.8: the norm on the slice, g, the two local matmuls with GELU, ḡ, the bias once, dropout and the residual on the slice
@@ -157,6 +167,118 @@ class SPMLPBlock(nn.Module):
             h = h + self.proj_bias
         return x + self.dropout(h)
         # END SOLUTION
+
+
+def _check_seed(seed):
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+        raise ValueError(f"seed must be an int in [0, 2**31), got {seed!r}")
+
+
+def slice_dropout(h: torch.Tensor, p: float, seed: int, start: int, training: bool = True) -> torch.Tensor:
+    """Dropout of ``h`` (B, L, C), the rows [start, start + L) of a (B, S, C) sequence, with the
+    mask a single device would draw for those rows of the whole sequence.
+
+    Seed scheme (the contract): the keep-mask of sequence position s is
+    ``torch.rand(B, C, generator=torch.Generator().manual_seed(seed * 2**32 + s)) >= p``, one
+    CPU generator per position, so a position's mask does not depend on which rank holds it nor
+    on T. Kept values are scaled by 1/(1 − p); the result has ``h``'s dtype and device.
+    ``training`` False or p = 0 → ``h`` unchanged. p outside [0, 1) → ValueError naming p;
+    seed outside [0, 2**31) → ValueError naming seed; start < 0 → ValueError naming start."""
+    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p < 1:
+        raise ValueError(f"p must be a float in [0, 1), got {p!r}")
+    _check_seed(seed)
+    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        raise ValueError(f"start must be an int ≥ 0 (the first sequence position of h), got {start!r}")
+    if not training or p == 0:
+        return h
+    # BEGIN SOLUTION 5.8: one mask row per sequence position of h, drawn as the docstring says, then keep and rescale
+    B, L, C = h.shape
+    keep = torch.stack([torch.rand(B, C, generator=torch.Generator().manual_seed(seed * 2**32 + s)) >= p
+                        for s in range(start, start + L)], dim=1)
+    return h * keep.to(h.device) / (1 - p)
+    # END SOLUTION
+
+
+class _SliceDropout(nn.Module):
+    """``slice_dropout`` on this rank's rows: rank r's input (B, L, C) is rows [r·L, (r+1)·L)."""
+
+    def __init__(self, p: float, seed: int, group=None):
+        super().__init__()
+        _check_seed(seed)
+        self.p, self.seed, self.group = p, seed, group
+
+    def forward(self, h):
+        return slice_dropout(h, self.p, self.seed, dist.get_rank(self.group) * h.shape[1], self.training)
+
+
+class SPAttnBlock(nn.Module):
+    """The first half of a ``labkit.models.Block`` — ``x + attn(ln_1(x))`` — with tensor and
+    sequence parallelism over ``group`` (T ranks).
+
+    Rank r keeps ``ln`` (a copy, whole), the heads [r·H/T, (r+1)·H/T) of ``attn`` (H =
+    ``attn.n_head``): the matching rows of the query, key and value blocks of ``attn.c_attn``
+    (column-parallel, ``qkv_weight``/``qkv_bias`` = q rows, then k rows, then v rows), the
+    matching columns of ``attn.c_proj`` (row-parallel, ``proj_weight``) and its whole bias
+    (``proj_bias``). ``forward(x_r)`` takes this rank's rows [r·S/T, (r+1)·S/T) of x, (B, S/T,
+    C), and returns the same rows of the single-device ``x + dropout(attn_eval(ln(x)))``, where
+    ``attn_eval`` is ``attn`` without its attention-probability dropout (that dropout lives in
+    the tensor-parallel region, per head; it is not applied here) and the causal attention
+    covers the WHOLE sequence. LayerNorm, dropout and the residual add run on the slice only;
+    the dropout is :func:`slice_dropout` with ``self.seed`` (p = ``attn.resid_dropout.p``; set
+    ``seed`` anew each step — the same seed draws the same mask); one all-gather and one
+    reduce-scatter in forward, the same in backward, no all-reduce. The LayerNorm's parameter
+    gradients are rank r's share (their sum over ranks is the single-device gradient).
+    H not divisible by T → ValueError naming attn.n_head; seed outside [0, 2**31) → ValueError."""
+
+    def __init__(self, ln: nn.LayerNorm, attn: nn.Module, group=None, seed: int = 0):
+        super().__init__()
+        _check_seed(seed)
+        self.group, self.seed = group, seed
+        T, r = dist.get_world_size(group), dist.get_rank(group)
+        H, C = attn.n_head, attn.n_embd
+        # BEGIN SOLUTION 5.8: refuse a head count that does not split over the T ranks (name the argument and T)
+        if H % T:
+            raise ValueError(f"attn.n_head ({H}) must be divisible by the tensor-parallel size T = {T}")
+        # END SOLUTION
+        self.heads, per = H // T, C // T
+        rows = [slice(k * C + r * per, k * C + (r + 1) * per) for k in range(3)]  # q, k, v
+        self.ln = nn.LayerNorm(ln.normalized_shape, eps=ln.eps, bias=ln.bias is not None)
+        self.ln.load_state_dict(ln.state_dict())
+        w, b = attn.c_attn.weight.detach(), attn.c_attn.bias
+        self.qkv_weight = nn.Parameter(torch.cat([w[s] for s in rows]).clone())
+        self.qkv_bias = None if b is None else nn.Parameter(torch.cat([b.detach()[s] for s in rows]).clone())
+        self.proj_weight = nn.Parameter(attn.c_proj.weight.detach()[:, r * per:(r + 1) * per].clone())
+        self.proj_bias = None if attn.c_proj.bias is None else nn.Parameter(attn.c_proj.bias.detach().clone())
+        self.p = attn.resid_dropout.p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # BEGIN SOLUTION 5.8: the norm on the slice, g, this rank's heads over the whole sequence (causal), ḡ, the bias once, dropout on this rank's rows and the residual
+        h = gather_from_sp(self.ln(x), 1, self.group)
+        B, S, _ = h.shape
+        q, k, v = (t.reshape(B, S, self.heads, -1).transpose(1, 2)
+                   for t in F.linear(h, self.qkv_weight, self.qkv_bias).chunk(3, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, S, -1)
+        h = reduce_scatter_to_sp(F.linear(y, self.proj_weight), 1, self.group)
+        if self.proj_bias is not None:
+            h = h + self.proj_bias
+        start = dist.get_rank(self.group) * x.shape[1]
+        return x + slice_dropout(h, self.p, self.seed, start, self.training)
+        # END SOLUTION
+
+
+class SPBlock(nn.Module):
+    """A whole ``labkit.models.Block`` with sequence parallelism: :class:`SPAttnBlock` on
+    ``block.ln_1``/``block.attn`` (seed ``seed``), then :class:`SPMLPBlock` on
+    ``block.ln_2``/``block.mlp`` (seed ``seed + 1``). Input and output: this rank's rows of the
+    sequence, (B, S/T, C)."""
+
+    def __init__(self, block: nn.Module, group=None, seed: int = 0):
+        super().__init__()
+        self.attn = SPAttnBlock(block.ln_1, block.attn, group, seed)
+        self.mlp = SPMLPBlock(block.ln_2, block.mlp, group, seed=seed + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.attn(x))
 
 
 # ---------------------------------------------------------------- per-rank workers (infrastructure)
@@ -217,6 +339,66 @@ def run_sp(rank: int, world_size: int, ln: nn.LayerNorm, mlp: nn.Module, x: torc
             "ln_saved_bytes": ln_saved.bytes, "ln_input_bytes": ln_saved.input_bytes,
             "dropout_input_bytes": drop_in.input_bytes,
             "all_reduce_ring_bytes": plain.ring_bytes["all_reduce"]}
+
+
+class _SavedAll:
+    """Bytes autograd saves inside the ``with`` block; each storage once, parameters excluded."""
+
+    def __init__(self):
+        self.bytes, self._seen = 0, set()
+
+    def _pack(self, t):
+        base = t._base if t._base is not None else t
+        if not isinstance(base, nn.Parameter):
+            key = base.untyped_storage().data_ptr()
+            if key not in self._seen:
+                self._seen.add(key)
+                self.bytes += base.untyped_storage().nbytes()
+        return t
+
+    def __enter__(self):
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+
+
+def run_sp_attn(rank: int, world_size: int, block: nn.Module, x: torch.Tensor, grad_out: torch.Tensor,
+                seed: int = 0, whole_block: bool = True) -> dict:
+    """Build ``SPAttnBlock(block.ln_1, block.attn, seed=seed)`` on this rank (training mode),
+    run forward on its slice of ``x`` (B, S, C) and backward with its slice of ``grad_out``;
+    then, if ``whole_block``, the same with ``SPBlock(block, seed=seed)``. Run by
+    ``labkit.dist.launch``.
+
+    Returns ``{"attn": {"out", "x_grad", "grads", "forward", "backward", "ln_saved_bytes",
+    "ln_input_bytes"}, "block": {"out", "x_grad", "forward", "backward", "saved_bytes"}}``
+    ("block" absent when ``whole_block`` is False); ``saved_bytes``: what autograd saves in the
+    whole block's forward on this rank, each storage once, parameters excluded."""
+    per = x.shape[1] // world_size
+    rows = slice(rank * per, (rank + 1) * per)
+    sp = SPAttnBlock(block.ln_1, block.attn, seed=seed)
+    ln_saved = _SavedIn(sp.ln)
+    xr = x[:, rows].clone().requires_grad_()
+    with count_comm() as fwd:
+        out = sp(xr)
+    with count_comm() as bwd:
+        out.backward(grad_out[:, rows])
+    res = {"attn": {"out": out.detach(), "x_grad": xr.grad,
+                    "grads": {n: p.grad for n, p in sp.named_parameters()},
+                    "forward": _counts(fwd), "backward": _counts(bwd),
+                    "ln_saved_bytes": ln_saved.bytes, "ln_input_bytes": ln_saved.input_bytes}}
+    if whole_block:
+        sb = SPBlock(block, seed=seed)
+        xr = x[:, rows].clone().requires_grad_()
+        with count_comm() as fwd, _SavedAll() as saved:
+            out = sb(xr)
+        with count_comm() as bwd:
+            out.backward(grad_out[:, rows])
+        res["block"] = {"out": out.detach(), "x_grad": xr.grad, "forward": _counts(fwd),
+                        "backward": _counts(bwd), "saved_bytes": saved.bytes}
+    return res
 
 
 def run_sequence_parallel_module(rank: int, world_size: int, ln: nn.LayerNorm, mlp: nn.Module,
