@@ -178,10 +178,11 @@ def slice_dropout(h: torch.Tensor, p: float, seed: int, start: int, training: bo
     """Dropout of ``h`` (B, L, C), the rows [start, start + L) of a (B, S, C) sequence, with the
     mask a single device would draw for those rows of the whole sequence.
 
-    Seed scheme (the contract): the keep-mask of sequence position s is
-    ``torch.rand(B, C, generator=torch.Generator().manual_seed(seed * 2**32 + s)) >= p``, one
-    CPU generator per position, so a position's mask does not depend on which rank holds it nor
-    on T. Kept values are scaled by 1/(1 − p); the result has ``h``'s dtype and device.
+    Seed scheme (the contract): each sequence position s has its own CPU random generator,
+    seeded with seed·2³² + s; the (B, C) mask of position s is one uniform [0, 1) draw of shape
+    (B, C) from it, an element kept where its draw is ≥ p. So a position's mask does not depend
+    on which rank holds it nor on T. Kept values are scaled by 1/(1 − p); the result has ``h``'s
+    dtype and device.
     ``training`` False or p = 0 → ``h`` unchanged. p outside [0, 1) → ValueError naming p;
     seed outside [0, 2**31) → ValueError naming seed; start < 0 → ValueError naming start."""
     if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p < 1:
