@@ -208,3 +208,22 @@ def test_plans_with_zero2_or_checkpointing_train_like_one_device():
     for i, plan in enumerate(plans):
         got = whole_batch_losses([rank[i] for rank in results])
         assert max(abs(a - b) for a, b in zip(got, want)) < LOSS_TOL, (plan.label, got, want)
+
+
+def test_a_three_axis_plan_on_8_ranks_trains_like_one_device():
+    """Not graded: DP 2 × PP 2 × TP 2 on 8 gloo ranks (every axis at once: the pipeline's stages
+    tensor-parallel inside, ZeRO-1 over the replicas) trains like one device, and every rank's
+    peak is within 15% of ``predict_peak``. 15%, not the graded 10%: the last stage measures
+    10.9% above the prediction on the solutions (the model leaves out the received activation
+    and gradient buffers of send/recv, which a PP × TP stage holds whole per TP rank)."""
+    from labkit.dist import launch
+    from labkit.run_plan import Plan, predict_peak, run_plans_worker
+
+    model, state, batches = _setup()
+    plan = Plan(dp=2, pp=2, tp=2, zero_stage=1, n_micro=2, schedule="1f1b")
+    results = [rank[0] for rank in launch(run_plans_worker, 8, [plan], CFG, state, batches, timeout=240)]
+    got, want = whole_batch_losses(results), one_device_losses()
+    assert max(abs(a - b) for a, b in zip(got, want)) < LOSS_TOL, (got, want)
+    for rank, res in enumerate(results):
+        predicted = predict_peak(plan, CFG, BATCH, rank)
+        assert abs(res["peak"] / predicted - 1) <= 0.15, (rank, res["coords"], res["peak"], predicted)
