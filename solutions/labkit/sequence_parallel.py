@@ -288,14 +288,11 @@ def _counts(c) -> dict:
     return {"calls": dict(c.calls), "bytes": dict(c.bytes_sent), "ring": dict(c.ring_bytes)}
 
 
-class _SavedIn:
-    """Bytes autograd saves while a module's forward runs (pre-hook enters saved_tensors_hooks,
-    forward hook leaves); each storage once."""
+class _SavedAll:
+    """Bytes autograd saves inside the ``with`` block; each storage once, parameters excluded."""
 
-    def __init__(self, module: nn.Module):
-        self.bytes, self.input_bytes, self._seen, self._ctx = 0, 0, set(), None
-        module.register_forward_pre_hook(self._enter)
-        module.register_forward_hook(self._leave)
+    def __init__(self):
+        self.bytes, self._seen = 0, set()
 
     def _pack(self, t):
         base = t._base if t._base is not None else t
@@ -306,13 +303,31 @@ class _SavedIn:
                 self.bytes += base.untyped_storage().nbytes()
         return t
 
-    def _enter(self, module, args):
-        self.input_bytes += args[0].numel() * args[0].element_size()
+    def __enter__(self):
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+
+
+class _SavedIn(_SavedAll):
+    """Bytes autograd saves while a module's forward runs (pre-hook enters saved_tensors_hooks,
+    forward hook leaves); each storage once, parameters excluded."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.input_bytes = 0
+        module.register_forward_pre_hook(self._enter)
+        module.register_forward_hook(self._leave)
+
+    def _enter(self, module, args):
+        self.input_bytes += args[0].numel() * args[0].element_size()
+        self.__enter__()
 
     def _leave(self, module, args, out):
-        self._ctx.__exit__(None, None, None)
+        self.__exit__(None, None, None)
 
 
 def run_sp(rank: int, world_size: int, ln: nn.LayerNorm, mlp: nn.Module, x: torch.Tensor,
@@ -340,30 +355,6 @@ def run_sp(rank: int, world_size: int, ln: nn.LayerNorm, mlp: nn.Module, x: torc
             "ln_saved_bytes": ln_saved.bytes, "ln_input_bytes": ln_saved.input_bytes,
             "dropout_input_bytes": drop_in.input_bytes,
             "all_reduce_ring_bytes": plain.ring_bytes["all_reduce"]}
-
-
-class _SavedAll:
-    """Bytes autograd saves inside the ``with`` block; each storage once, parameters excluded."""
-
-    def __init__(self):
-        self.bytes, self._seen = 0, set()
-
-    def _pack(self, t):
-        base = t._base if t._base is not None else t
-        if not isinstance(base, nn.Parameter):
-            key = base.untyped_storage().data_ptr()
-            if key not in self._seen:
-                self._seen.add(key)
-                self.bytes += base.untyped_storage().nbytes()
-        return t
-
-    def __enter__(self):
-        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._ctx.__exit__(*exc)
 
 
 def run_sp_attn(rank: int, world_size: int, block: nn.Module, x: torch.Tensor, grad_out: torch.Tensor,
