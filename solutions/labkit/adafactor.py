@@ -90,7 +90,7 @@ class Adafactor(torch.optim.Optimizer):
 
     def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
         """One Adafactor step of parameter ``p`` (see ``step``); creates its state on first use."""
-        # BEGIN SOLUTION 2.1: keep this parameter's state as torch.optim.Adafactor does (same keys and shapes) and take one step that meets the contract of step()
+        # BEGIN SOLUTION 2.1: create this parameter's state on first use (the class docstring lists it), then take one step that meets the contract of step()
         lr, d, weight_decay = group["lr"], group["d"], group["weight_decay"]
         eps1, eps2 = group["eps"]
         if eps1 is None:

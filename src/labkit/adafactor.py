@@ -90,7 +90,7 @@ class Adafactor(torch.optim.Optimizer):
 
     def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
         """One Adafactor step of parameter ``p`` (see ``step``); creates its state on first use."""
-        raise NotImplementedError("exercise 2.1: keep this parameter's state as torch.optim.Adafactor does (same keys and shapes) and take one step that meets the contract of step() (labs/02_optimizer_states.ipynb)")
+        raise NotImplementedError("exercise 2.1: create this parameter's state on first use (the class docstring lists it), then take one step that meets the contract of step() (labs/02_optimizer_states.ipynb)")
 
 
 def factored_state_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
