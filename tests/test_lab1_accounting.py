@@ -1,4 +1,4 @@
-"""Lab 1 graders: where the memory goes (labkit.accounting).
+"""Lab 1 graders: where the memory goes (labkit.lab1.accounting).
 
 References that no student writes: ``sum(p.numel())`` of the real model, a table of byte counts
 written out below from each recipe's stated dtypes, PyTorch's MemTracker on real training steps
@@ -20,7 +20,7 @@ from labkit.grading import optional_reference
 from labkit.measure import StepMemory, measure_step
 from labkit.models import GPT, GPTConfig, SyntheticData
 
-acc = pytest.importorskip("labkit.accounting")
+acc = pytest.importorskip("labkit.lab1.accounting")
 
 KEYS = ("parameters", "gradients", "optimizer states")
 

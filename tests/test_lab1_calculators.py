@@ -70,14 +70,14 @@ def _needs_6_4():
     try:
         calculator_bytes(**settings(world_size=64, tp=8))
     except NotImplementedError:
-        pytest.skip("needs labkit.parallel_memory (exercise 6.4): run with LABKIT_SOLUTIONS")
+        pytest.skip("needs labkit.lab6.parallel_memory (exercise 6.4): run with LABKIT_SOLUTIONS")
 
 
 def test_memory_calculator_widget_draws_a_3d_layout():
     """D, T, P, C, sequence parallelism, recomputation and m are controls; the widget shows
-    labkit.parallel_memory's bytes for GPT-3 175B on 1024 GPUs = 16 × 8 × 8; an invalid layout
+    labkit.lab6.parallel_memory's bytes for GPT-3 175B on 1024 GPUs = 16 × 8 × 8; an invalid layout
     is a message naming the product, not a chart."""
-    from labkit.parallel_memory import per_gpu_bytes
+    from labkit.lab6.parallel_memory import per_gpu_bytes
 
     _needs_6_4()
     calc = MemoryCalculator(n_params=175e9, world_size=1024, tp=8, pp=8, n_layer=96,
@@ -120,10 +120,10 @@ def test_calculator_bytes_equals_memory_model_for_data_parallelism():
 
 
 def test_calculator_works_while_exercise_6_4_is_a_stub(monkeypatch):
-    """In the student edition labkit.parallel_memory raises NotImplementedError until 6.4 is
+    """In the student edition labkit.lab6.parallel_memory raises NotImplementedError until 6.4 is
     written: data parallelism still computes (from labkit.memory_model), other layouts say
     that they need 6.4, and the widget shows that sentence instead of a chart."""
-    from labkit import parallel_memory
+    from labkit.lab6 import parallel_memory
 
     def stub(*args, **kwargs):
         raise NotImplementedError("exercise 6.4: ...")

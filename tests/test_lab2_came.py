@@ -1,4 +1,4 @@
-"""Graders of Lab 2, exercise 2.8 (labs/02_optimizer_states.ipynb): CAME (labkit.came) against
+"""Graders of Lab 2, exercise 2.8 (labs/02_optimizer_states.ipynb): CAME (labkit.lab2.came) against
 the paper's Algorithm 1 written out as the plain computation.
 
 No library implements CAME in PyTorch core, so the reference is Luo et al. 2023 (arXiv
@@ -55,7 +55,7 @@ def test_came_matches_the_papers_algorithm(settings):
     """Check 6 steps of a 20×30 weight (gradients spanning three decades across columns) and a
     30-vector against Algorithm 1 computed in full: the weight exercises the factored second
     moment, clipping, first moment and factored instability; the vector Adafactor's rule."""
-    from labkit.came import CAME
+    from labkit.lab2.came import CAME
 
     torch.manual_seed(0)
     w0, b0 = torch.randn(20, 30) * 0.1, torch.randn(30) * 0.1
@@ -86,7 +86,7 @@ def test_came_state_bytes_are_the_formula(shape):
     """Check the measured state (its tensors, each storage once) after two steps: m (numel
     floats) plus the row and column factors of v and of the instability (2·lead·(m + n)
     floats) for a weight; m and v (2n floats) for a vector."""
-    from labkit.came import CAME, came_state_bytes
+    from labkit.lab2.came import CAME, came_state_bytes
 
     p = torch.zeros(shape, requires_grad=True)
     opt = CAME([p])
@@ -112,7 +112,7 @@ def test_came_state_bytes_are_the_formula(shape):
     (dict(d=0.5), "d "), (dict(weight_decay=-1), "weight_decay"),
 ])
 def test_came_refuses_bad_input(kwargs, word):
-    from labkit.came import CAME
+    from labkit.lab2.came import CAME
 
     with pytest.raises((ValueError, TypeError), match=word):
         CAME([torch.nn.Parameter(torch.zeros(3))], **kwargs)

@@ -73,7 +73,7 @@ def assert_params_close(got_model, want_model, tol, cause):
 # =================================================================== 2.6 ZeRO-Offload
 
 def run_offload(model, steps, **adam):
-    from labkit.zero_offload import ZeROOffload
+    from labkit.lab2.zero_offload import ZeROOffload
 
     off = ZeROOffload(model, **adam)
     batches = data()
@@ -115,7 +115,7 @@ def test_zero_offload_moves_gradients_to_the_host_during_backward():
     parameter of the blocks after it already has its gradient in its host buffer (equal to the
     gradient of an ordinary backward) and no gradient left on the device: the copies are
     interleaved with backward, not done in step(). After backward, no ``.grad`` is left."""
-    from labkit.zero_offload import ZeROOffload
+    from labkit.lab2.zero_offload import ZeROOffload
 
     model = tiny_gpt(n_layer=4)
     ref = copy.deepcopy(model)
@@ -170,7 +170,7 @@ def test_zero_offload_skips_parameters_without_a_gradient():
     """Step 1 uses both layers, step 2 only the first: like ``torch.optim.Adam`` (which skips a
     parameter whose ``.grad`` is None), the second layer must not move in step 2 — a stale host
     gradient from step 1 must not be applied again."""
-    from labkit.zero_offload import ZeROOffload
+    from labkit.lab2.zero_offload import ZeROOffload
 
     torch.manual_seed(0)
     model = TwoLayers()
@@ -199,7 +199,7 @@ def test_zero_offload_state_is_on_the_host():
     """Not graded (the numbers the lab shows): after a step, by location: the device holds the
     bf16 parameters (2Ψ) and no gradient; the host the master, m, v (12Ψ + 4 B per tensor's step
     counter) and the bf16 gradient buffers (2Ψ)."""
-    from labkit.zero_offload import memory_by_location
+    from labkit.lab2.zero_offload import memory_by_location
 
     model = tiny_gpt(dtype=torch.bfloat16)
     off = run_offload(model, 1)
@@ -216,7 +216,7 @@ def test_zero_offload_lowers_the_device_peak_on_cuda():
     fresh copy of the model with on-device mixed-precision Adam, minus the same with
     ZeRO-Offload, is at least Adam's m and v (8Ψ; the master and the fp32 gradient copies come
     on top). Each run allocates its own copy, master and state after the baseline is taken."""
-    from labkit.zero_offload import ZeROOffload
+    from labkit.lab2.zero_offload import ZeROOffload
 
     model = tiny_gpt(dtype=torch.bfloat16, n_layer=4, n_embd=256).cuda()
     psi = sum(p.numel() for p in model.parameters())
@@ -265,7 +265,7 @@ def test_zero_offload_lowers_the_device_peak_on_cuda():
     (dict(weight_decay=-0.1), "weight_decay"),
 ])
 def test_zero_offload_refuses_bad_input(kwargs, word):
-    from labkit.zero_offload import ZeROOffload, memory_by_location
+    from labkit.lab2.zero_offload import ZeROOffload, memory_by_location
 
     with pytest.raises((ValueError, TypeError), match=word):
         ZeROOffload(torch.nn.Linear(2, 2), **kwargs)
@@ -278,7 +278,7 @@ def test_zero_offload_refuses_bad_input(kwargs, word):
 # =================================================================== 2.7 NVMe offload
 
 def run_nvme(model, directory, steps, *, start=0, read_ahead=1, on_step=None, **adam):
-    from labkit.nvme_offload import NVMeAdam
+    from labkit.lab2.nvme_offload import NVMeAdam
 
     opt = NVMeAdam(model.parameters(), directory, read_ahead=read_ahead, **adam)
     batches = data()
@@ -412,14 +412,14 @@ def test_nvme_state_survives_a_restart(dtype, tmp_path):
     (lambda m, d: m.NVMeAdam([torch.zeros(2)], d).prefetch(5), "i must"),
 ])
 def test_nvme_refuses_bad_input(call, word, tmp_path):
-    import labkit.nvme_offload as m
+    import labkit.lab2.nvme_offload as m
 
     with pytest.raises((ValueError, TypeError), match=word):
         call(m, tmp_path / "s")
 
 
 def test_nvme_refuses_a_directory_of_other_parameters(tmp_path):
-    from labkit.nvme_offload import NVMeAdam
+    from labkit.lab2.nvme_offload import NVMeAdam
 
     NVMeAdam([torch.zeros(3)], tmp_path)
     with pytest.raises(ValueError, match="directory"):

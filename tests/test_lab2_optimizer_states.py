@@ -73,7 +73,7 @@ ADAFACTOR_SETTINGS = [
 @pytest.mark.parametrize("settings", ADAFACTOR_SETTINGS, ids=["defaults", "custom", "capped-decay"])
 def test_adafactor_matches_torch_adafactor(settings):
     """Check that 5 steps on a GPT give the parameters and states of torch.optim.Adafactor."""
-    from labkit.adafactor import Adafactor
+    from labkit.lab2.adafactor import Adafactor
 
     # No biases: the key bias of attention gets a gradient of pure rounding noise (softmax
     # ignores it), which Adafactor's normalization would blow up to full-size steps.
@@ -111,7 +111,7 @@ def test_adafactor_matches_torch_adafactor(settings):
 def test_adafactor_factors_the_last_two_dims_of_a_3d_weight():
     """Check a (3, 20, 30) weight and a vector against torch.optim.Adafactor (factored over the
     last two dims, so row_var is (3, 20, 1) and col_var (3, 1, 30))."""
-    from labkit.adafactor import Adafactor
+    from labkit.lab2.adafactor import Adafactor
 
     torch.manual_seed(0)
     w0, b0 = torch.randn(3, 20, 30), torch.randn(30)
@@ -137,7 +137,7 @@ def test_adafactor_factors_the_last_two_dims_of_a_3d_weight():
 def test_adafactor_state_bytes_are_m_plus_n(m, n):
     """Check the measured state of an m×n weight + bias: 4(m+n) + 4n + two 4-byte step
     counters — exactly torch.optim.Adafactor's — against Adam's 8mn + 8n."""
-    from labkit.adafactor import Adafactor
+    from labkit.lab2.adafactor import Adafactor
 
     layer = torch.nn.Linear(n, m)  # weight (m, n), bias (m,)
     opt = Adafactor(layer.parameters())
@@ -179,7 +179,7 @@ def heavy_tailed(*shape, seed=0):
 def test_quantize_picks_the_nearest_code_per_block(kind):
     """Check codes and scales against a brute-force nearest-code search for blocks of 64, 256
     and 1000 (a size none of them divides), and that dequantize returns code[index] · absmax."""
-    from labkit.quantize8bit import dequantize_blockwise, dynamic_code, linear_code, quantize_blockwise
+    from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code, linear_code, quantize_blockwise
 
     code = linear_code() if kind == "linear" else dynamic_code()
     x = heavy_tailed(37, 29)  # 1073 elements: blocks never divide it
@@ -221,7 +221,7 @@ def test_quantize_against_bitsandbytes(block_size):
     round-trip error is no larger than bitsandbytes' (its CPU kernel's search is not always
     the nearest entry, the exact nearest can only be closer)."""
     from labkit.grading import optional_reference
-    from labkit.quantize8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
+    from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
 
     optional_reference("bitsandbytes", min_version="0.50")
     import bitsandbytes.functional as F
@@ -250,7 +250,7 @@ def test_round_trip_error_bounds_and_block_size():
     """Check the stated bounds: |x − x̂| ≤ absmax/255 for the linear code (half its step of
     2/255) and ≤ absmax · (largest half-gap of the code) for the dynamic code; all-zero
     blocks come back as zeros; and the error grows with the block size on heavy-tailed data."""
-    from labkit.quantize8bit import dequantize_blockwise, dynamic_code, linear_code, quantize_blockwise
+    from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code, linear_code, quantize_blockwise
 
     x = heavy_tailed(20_000, seed=2)
     x[:512] = 0.0  # two all-zero blocks of 256
@@ -288,8 +288,8 @@ def test_adam8bit_first_step_is_adam_and_stores_quantized_moments():
     """Check that step 1 (from zero moments, which 8 bits store exactly) moves the parameters
     as torch.optim.Adam does, and that the stored moments are Adam's m and v quantized with
     the dynamic codes (signed for m, unsigned for v) in blocks of 64 (brute force)."""
-    from labkit.adam8bit import Adam8bit
-    from labkit.quantize8bit import dequantize_blockwise, dynamic_code
+    from labkit.lab2.adam8bit import Adam8bit
+    from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code
 
     mine, ref = tiny_gpt(), tiny_gpt()
     data = SyntheticData(64, 32, 4, seed=1)
@@ -315,7 +315,7 @@ def test_adam8bit_first_step_is_adam_and_stores_quantized_moments():
 def test_adam8bit_state_is_two_bytes_per_parameter_plus_scales():
     """Check the measured state: Σ 2n + 8·ceil(n/B) bytes (uint8 m and v, one fp32 absmax per
     block for each), a quarter of fp32 Adam's 8 bytes a parameter plus the scales."""
-    from labkit.adam8bit import Adam8bit
+    from labkit.lab2.adam8bit import Adam8bit
 
     model = tiny_gpt()
     data = SyntheticData(64, 32, 4, seed=1)
@@ -338,7 +338,7 @@ def test_adam8bit_trains_like_fp32_adam_and_bitsandbytes():
     error, ~1% per element, averages out over a block and over steps); the same optimizer with
     a linear code diverges (small v round to 0, so m/√v explodes), and plain SGD at the same lr
     ends ~20% higher. 2% separates them with room for other seeds and machines."""
-    from labkit.adam8bit import Adam8bit
+    from labkit.lab2.adam8bit import Adam8bit
     from labkit.grading import optional_reference
 
     data = SyntheticData(64, 32, 8, seed=3)
@@ -381,8 +381,8 @@ def test_adam8bit_never_stores_a_nonzero_v_as_zero():
     """After steps on gradients spanning 6 orders of magnitude per block, every element's v is
     non-zero (every gradient is), so no stored v code may decode to 0: a v rounded to 0 leaves
     ε alone under m and the element jumps by up to lr·m/ε."""
-    from labkit.adam8bit import Adam8bit
-    from labkit.quantize8bit import dequantize_blockwise, dynamic_code
+    from labkit.lab2.adam8bit import Adam8bit
+    from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code
 
     _, opt, p = _per_step_updates(lambda ps: Adam8bit(ps, lr=1e-3))
     state = opt.state[p]
@@ -398,7 +398,7 @@ def test_adam8bit_per_element_steps_stay_near_adams():
     gradients (Adam's step floored at lr/10, below which the ratio means little). Measured: the
     reference solution stays within 3.1× (an element with a small m or v in a block with a large
     absmax carries the code's coarser relative error); v flushed to 0 gives ~10⁴×."""
-    from labkit.adam8bit import Adam8bit
+    from labkit.lab2.adam8bit import Adam8bit
 
     mine, _, _ = _per_step_updates(lambda ps: Adam8bit(ps, lr=1e-3))
     ref, _, _ = _per_step_updates(lambda ps: torch.optim.Adam(ps, lr=1e-3))
@@ -415,7 +415,7 @@ def test_adam8bit_per_element_steps_stay_near_adams():
 def test_lomo_params_match_sgd():
     """Check that 3 LOMO steps (update inside backward) give torch.optim.SGD's parameters
     after ordinary backward + step: the same θ − lr·g on the same g, to rounding."""
-    from labkit.lomo import LOMO
+    from labkit.lab2.lomo import LOMO
 
     mine, ref = tiny_gpt(), tiny_gpt()
     data = SyntheticData(64, 32, 4, seed=1)
@@ -437,7 +437,7 @@ def test_lomo_params_match_sgd():
 @pytest.mark.exercise("2.4", points=1)
 def test_lomo_frees_every_gradient_inside_backward():
     """Check that when backward returns every .grad is None and every parameter has moved."""
-    from labkit.lomo import LOMO
+    from labkit.lab2.lomo import LOMO
 
     model = tiny_gpt()
     before = [p.detach().clone() for p in model.parameters()]
@@ -456,7 +456,7 @@ def test_lomo_frees_every_gradient_inside_backward():
 def test_lomo_peak_gradient_bytes_is_the_largest_gradient():
     """Measure gradient bytes with MemTracker (labkit.measure): with LOMO the peak is the
     largest single gradient, exactly; with ordinary backward + SGD it is every gradient, 4Ψ."""
-    from labkit.lomo import LOMO, lomo_step
+    from labkit.lab2.lomo import LOMO, lomo_step
 
     model = tiny_gpt()
     batch = SyntheticData(64, 32, 4, seed=1).batch(0)
@@ -548,7 +548,7 @@ def run_dp(world_size, dtype=None, optimizer="zero1", variant="adam"):
     key = (world_size, dtype, optimizer, variant)
     if key not in _zero_runs:
         from labkit.dist import launch
-        from labkit.zero1 import train_data_parallel
+        from labkit.lab2.zero1 import train_data_parallel
 
         model, batches = zero_model(), zero_batches(world_size)
         kwargs = VARIANTS[variant]
@@ -722,7 +722,7 @@ def test_zero1_wraps_any_optimizer_with_groups_and_frozen_params(variant):
 
 def test_dynamic_code_is_bitsandbytes_dynamic_map():
     F = pytest.importorskip("bitsandbytes.functional")
-    from labkit.quantize8bit import dynamic_code
+    from labkit.lab2.quantize8bit import dynamic_code
 
     for signed in (True, False):
         assert torch.equal(dynamic_code(signed), F.create_dynamic_map(signed=signed))
@@ -759,7 +759,7 @@ def _param():
     (lambda m: m.factored_state_bytes((2, 3), dtype="float32"), "dtype"),
 ])
 def test_adafactor_refuses_bad_input(call, word):
-    import labkit.adafactor as m
+    import labkit.lab2.adafactor as m
 
     with pytest.raises((ValueError, TypeError), match=word):
         call(m)
@@ -781,7 +781,7 @@ def test_adafactor_refuses_bad_input(call, word):
                                       m.dynamic_code(), 4), "absmax"),
 ])
 def test_quantize8bit_refuses_bad_input(call, word):
-    import labkit.quantize8bit as m
+    import labkit.lab2.quantize8bit as m
 
     with pytest.raises((ValueError, TypeError), match=word):
         call(m)
@@ -797,7 +797,7 @@ def test_quantize8bit_refuses_bad_input(call, word):
     (lambda m: m.adam8bit_state_bytes(100), "numels"),
 ])
 def test_adam8bit_refuses_bad_input(call, word):
-    import labkit.adam8bit as m
+    import labkit.lab2.adam8bit as m
 
     with pytest.raises((ValueError, TypeError), match=word):
         call(m)
@@ -811,7 +811,7 @@ def test_adam8bit_refuses_bad_input(call, word):
     (lambda m: m.LOMO(torch.nn.Parameter(torch.zeros(3)), lr=0.1), "params"),
 ])
 def test_lomo_refuses_bad_input(call, word):
-    import labkit.lomo as m
+    import labkit.lab2.lomo as m
 
     with pytest.raises((ValueError, TypeError), match=word):
         call(m)
@@ -819,7 +819,7 @@ def test_lomo_refuses_bad_input(call, word):
 
 def test_lomo_with_a_tied_parameter_listed_twice_is_sgd():
     """A parameter listed twice (tied weights gathered by hand) gets one hook and one update."""
-    from labkit.lomo import LOMO
+    from labkit.lab2.lomo import LOMO
 
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(4, 4))
@@ -876,7 +876,7 @@ def test_zero1_ring_volume_equals_ddp_when_n_divides_psi():
     (lambda z: z.ZeRO1([torch.zeros(2, requires_grad=True)]), "process group"),
 ])
 def test_zero1_refuses_bad_input(call, word):
-    import labkit.zero1 as z
+    import labkit.lab2.zero1 as z
 
     with pytest.raises((ValueError, TypeError), match=word):
         call(z)

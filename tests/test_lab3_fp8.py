@@ -1,5 +1,5 @@
 """Graders of Lab 3, exercise 3.3 (labs/03_parameters.ipynb): an fp8 linear layer with
-per-tensor scaling (labkit/fp8.py).
+per-tensor scaling (labkit/lab3/fp8.py).
 
 References nobody in this course wrote: ``torch.finfo`` (the formats' maxima), torch's own fp8
 casts, ``torch._scaled_mm`` (PyTorch's fp8 matmul, on CPU in 2.13), ``nn.Linear`` in fp32, the
@@ -38,7 +38,7 @@ def ref_quant(x, scale, fmt):
 
 
 def layer(bias=True, k=64, n=48, seed=0, **kw):
-    from labkit.fp8 import Fp8Linear
+    from labkit.lab3.fp8 import Fp8Linear
 
     torch.manual_seed(seed)
     return Fp8Linear(k, n, bias=bias, **kw)
@@ -55,7 +55,7 @@ def data(m=32, k=64, n=48, seed=1, dtype=torch.float32):
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 def test_scale_maps_amax_to_format_max(fmt):
     """Check amax_scale(amax) = amax · 2^margin / max(fmt) exactly, and 1 for amax 0."""
-    from labkit.fp8 import amax_scale
+    from labkit.lab3.fp8 import amax_scale
 
     for amax, margin in ((3.7, 0), (1e-6, 0), (250.0, 2), (0.0, 0)):
         got = amax_scale(torch.tensor(amax), fmt, margin=margin)
@@ -72,7 +72,7 @@ def test_scale_maps_amax_to_format_max(fmt):
 def test_quantize_rounds_and_saturates(fmt):
     """Check quantize(x, s) equals torch's cast of x/s inside the range and ±max(fmt) beyond it
     (never inf or NaN: on CPU torch's E5M2 cast overflows to inf)."""
-    from labkit.fp8 import quantize
+    from labkit.lab3.fp8 import quantize
 
     top = torch.finfo(fmt).max
     x = torch.cat([torch.randn(256) * 100, torch.tensor([1e9, -1e9, float("inf"), -float("inf"), 0.0])])
@@ -178,7 +178,7 @@ def test_gradients_close_to_fp32_linear(dtype):
 def test_delayed_scaling_sequence(history_len, margin):
     """Check DelayedScaling's scale sequence over tensors with a spike equals the formula
     recomputed: scale_t = max(amax_{t−L..t−1}) · 2^margin / 448 (amax_0 on the first call)."""
-    from labkit.fp8 import DelayedScaling
+    from labkit.lab3.fp8 import DelayedScaling
 
     amaxes = [2.0, 3.0, 1.0, 50.0, 0.5, 0.5, 0.25, 4.0, 1.0]
     ds = DelayedScaling(history_len=history_len, fmt=E4M3, margin=margin)
@@ -231,14 +231,14 @@ def test_saved_bytes_are_one_per_element_plus_scales():
     (dict(in_features=64, out_features=48, scaling="fast"), "scaling"),
 ])
 def test_bad_layer_raises(kwargs, match):
-    from labkit.fp8 import Fp8Linear
+    from labkit.lab3.fp8 import Fp8Linear
 
     with pytest.raises(ValueError, match=match):
         Fp8Linear(**kwargs)
 
 
 def test_bad_inputs_raise():
-    from labkit.fp8 import DelayedScaling, Fp8Linear, amax_scale, quantize
+    from labkit.lab3.fp8 import DelayedScaling, Fp8Linear, amax_scale, quantize
 
     with pytest.raises(ValueError, match="x"):
         Fp8Linear(64, 48)(torch.randn(10, 64))  # 10 rows: not a multiple of 16

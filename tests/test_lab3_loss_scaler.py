@@ -23,7 +23,7 @@ ODD = dict(init_scale=1000.0, growth_factor=3.0, backoff_factor=0.7, growth_inte
 
 def lockstep(settings, steps=14, inject=INJECT, optimizer=torch.optim.SGD):
     """Train two identical models, one with each scaler; return per-step records of both."""
-    from labkit.loss_scaler import DynamicLossScaler
+    from labkit.lab3.loss_scaler import DynamicLossScaler
 
     torch.manual_seed(0)
     mine = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
@@ -57,7 +57,7 @@ def lockstep(settings, steps=14, inject=INJECT, optimizer=torch.optim.SGD):
 @pytest.mark.exercise("3.1", points=1)
 def test_scale_multiplies_the_loss_by_the_current_scale():
     """Check scale(loss) = loss × scale exactly, differentiable, with the loss' dtype."""
-    from labkit.loss_scaler import DynamicLossScaler
+    from labkit.lab3.loss_scaler import DynamicLossScaler
 
     scaler = DynamicLossScaler(init_scale=2.0 ** 12)
     w = torch.tensor([1.5, -2.0], requires_grad=True)
@@ -129,7 +129,7 @@ def test_growth_stops_at_float32_overflow():
     (dict(backoff_factor=1.5), "backoff_factor"), (dict(growth_interval=0), "growth_interval"),
 ])
 def test_bad_settings_raise_value_error_naming_the_argument(kwargs, name):
-    from labkit.loss_scaler import DynamicLossScaler
+    from labkit.lab3.loss_scaler import DynamicLossScaler
 
     with pytest.raises(ValueError, match=name):
         DynamicLossScaler(**kwargs)

@@ -32,7 +32,7 @@ def tiny_gpt(dtype):
 def lockstep(dtype, steps=5, lr=1e-3):
     """Train a 16-bit GPT with MixedPrecisionAdam; feed the same fp32-cast gradients to
     torch.optim.Adam on fp32 copies. Returns (model, opt, fp32 reference params)."""
-    from labkit.mixed_precision import MixedPrecisionAdam
+    from labkit.lab3.mixed_precision import MixedPrecisionAdam
 
     model = tiny_gpt(dtype)
     ref = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
@@ -86,7 +86,7 @@ def test_16bit_parameters_are_the_reference_rounded(dtype):
 def test_bytes_per_parameter_are_2_2_12():
     """Check MemTracker's bytes after a step of a bf16 GPT: parameters 2Ψ, gradients 2Ψ,
     optimizer states 12Ψ exactly (state_bytes as well)."""
-    from labkit.mixed_precision import MixedPrecisionAdam
+    from labkit.lab3.mixed_precision import MixedPrecisionAdam
 
     model = tiny_gpt(torch.bfloat16)
     psi = sum(p.numel() for p in model.parameters())
@@ -107,7 +107,7 @@ def test_bytes_per_parameter_are_2_2_12():
 def test_small_updates_survive_in_the_master():
     """Check updates far below a bf16 ulp accumulate in the master and eventually move the bf16
     weight, where adding them to the bf16 weight directly loses all of them."""
-    from labkit.mixed_precision import MixedPrecisionAdam
+    from labkit.lab3.mixed_precision import MixedPrecisionAdam
 
     w = torch.nn.Parameter(torch.ones(64, dtype=torch.bfloat16))
     opt = MixedPrecisionAdam([w], lr=1e-3)  # bf16 ulp at 1 is 2^-7 ≈ 0.0078: 8 steps < one ulp
@@ -126,7 +126,7 @@ def test_small_updates_survive_in_the_master():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_non_16bit_params_raise_value_error(dtype):
-    from labkit.mixed_precision import MixedPrecisionAdam
+    from labkit.lab3.mixed_precision import MixedPrecisionAdam
 
     with pytest.raises(ValueError, match="params"):
         MixedPrecisionAdam([torch.nn.Parameter(torch.ones(2, dtype=dtype))])

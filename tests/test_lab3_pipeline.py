@@ -74,7 +74,7 @@ def setup(M, P=P):
 @functools.lru_cache(maxsize=None)
 def _run(kind, M, P):
     from labkit.dist import launch
-    from labkit.pipeline import pipeline_worker
+    from labkit.lab3.pipeline import pipeline_worker
 
     cfg, model, x, y = setup(M, P)
     return launch(pipeline_worker, P, cfg, model.state_dict(), actions(kind, P, M), x, y, M,
@@ -97,9 +97,9 @@ def run(kind, M, P=P):
 
 @functools.lru_cache(maxsize=None)
 def run_torch(kind, M, P=P):
-    """PyTorch's ScheduleGPipe / Schedule1F1B on the same split (labkit.pipeline's given worker)."""
+    """PyTorch's ScheduleGPipe / Schedule1F1B on the same split (labkit.lab3.pipeline's given worker)."""
     from labkit.dist import launch
-    from labkit.pipeline import torch_pipeline_worker
+    from labkit.lab3.pipeline import torch_pipeline_worker
 
     cfg, model, x, y = setup(M, P)
     return launch(torch_pipeline_worker, P, cfg, model.state_dict(), kind, x, y, M, timeout=60.0)
@@ -122,7 +122,7 @@ def one_microbatch_saved_bytes(stage_index, M, P=P):
     """Bytes autograd saves for one micro-batch's forward on this stage (loss included on the
     last), with its output kept alive: the unit of activation memory of a micro-batch in flight."""
     from labkit.measure import peak_saved_bytes
-    from labkit.pipeline import split_gpt
+    from labkit.lab3.pipeline import split_gpt
 
     cfg, model, x, y = setup(M, P)
     stage = split_gpt(model, P)[stage_index]
@@ -271,7 +271,7 @@ def test_send_recv_bytes_equal_the_formula(kind):
 
 
 def test_bad_actions_are_refused_before_any_work():
-    from labkit.pipeline import check_actions
+    from labkit.lab3.pipeline import check_actions
 
     with pytest.raises(ValueError, match="actions"):
         check_actions([("B", 0), ("F", 0)], 1)
@@ -285,7 +285,7 @@ def test_bad_actions_are_refused_before_any_work():
 
 
 def test_split_gpt_refuses_a_stage_count_that_does_not_divide_n_layer():
-    from labkit.pipeline import split_gpt
+    from labkit.lab3.pipeline import split_gpt
 
     cfg, model, _, _ = setup(2)
     with pytest.raises(ValueError, match="num_stages"):

@@ -47,7 +47,7 @@ def brute_force_violations(spans_by_stage):
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_each_stage_runs_every_action_once_in_microbatch_order(kind):
     """Check each stage's list holds F0..F(M−1) and B0..B(M−1) once each, each kind in order."""
-    from labkit.pipeline_schedule import make_schedule
+    from labkit.lab3.pipeline_schedule import make_schedule
 
     for P, M in SIZES:
         sched = make_schedule(kind, P, M)
@@ -65,7 +65,7 @@ def test_each_stage_runs_every_action_once_in_microbatch_order(kind):
 def test_bubble_is_exactly_p_minus_1_over_m_plus_p_minus_1(kind):
     """Check the simulated bubble with unit costs (F = B = 1, and F = 1, B = 2) is exactly
     (P−1)/(M+P−1) and the makespan (M+P−1)(F+B)."""
-    from labkit.pipeline_schedule import make_schedule, simulate
+    from labkit.lab3.pipeline_schedule import make_schedule, simulate
 
     for P, M in SIZES:
         for f, b in ((1, 1), (1, 2)):
@@ -82,7 +82,7 @@ def test_bubble_is_exactly_p_minus_1_over_m_plus_p_minus_1(kind):
 @pytest.mark.exercise("3.5", points=1)
 def test_in_flight_is_m_for_gpipe_and_p_minus_s_for_1f1b():
     """Check each stage's peak micro-batches in flight: M under GPipe, min(P−s, M) under 1F1B."""
-    from labkit.pipeline_schedule import make_schedule, simulate
+    from labkit.lab3.pipeline_schedule import make_schedule, simulate
 
     for P, M in SIZES:
         g = simulate(make_schedule("gpipe", P, M)).in_flight
@@ -97,7 +97,7 @@ def test_in_flight_is_m_for_gpipe_and_p_minus_s_for_1f1b():
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_simulated_timelines_respect_every_dependency(kind):
     """Check the simulated timeline against a brute-force dependency scan written here."""
-    from labkit.pipeline_schedule import make_schedule, simulate
+    from labkit.lab3.pipeline_schedule import make_schedule, simulate
 
     for P, M in SIZES:
         tl = simulate(make_schedule(kind, P, M), 1, 2)
@@ -111,7 +111,7 @@ def test_checker_finds_a_broken_dependency_and_accepts_a_good_timeline():
     """Check check_dependencies: [] on a valid timeline; a violation naming the stage and both
     actions when F of stage 1 starts before F of stage 0 ends, B before the next stage's B, or
     two spans overlap."""
-    from labkit.pipeline_schedule import Action, Span, Timeline, check_dependencies, make_schedule, simulate
+    from labkit.lab3.pipeline_schedule import Action, Span, Timeline, check_dependencies, make_schedule, simulate
 
     good = simulate(make_schedule("1f1b", 3, 4))
     assert check_dependencies(good) == [], f"a valid timeline reported {check_dependencies(good)}"
@@ -135,7 +135,7 @@ def test_order_equals_what_torch_pipelining_executes(kind, P, M):
     """Check each stage's order equals the actions torch.distributed.pipelining's ScheduleGPipe /
     Schedule1F1B execute on P real gloo ranks (one stage each)."""
     from labkit.dist import launch
-    from labkit.pipeline_schedule import make_schedule, record_torch_schedule
+    from labkit.lab3.pipeline_schedule import make_schedule, record_torch_schedule
 
     ran = launch(record_torch_schedule, P, kind, M, timeout=90)
     mine = make_schedule(kind, P, M)
@@ -179,7 +179,7 @@ def virtual_violations(spans_by_stage, v):
 def test_interleaved_runs_every_chunk_action_once_in_microbatch_order():
     """Check each rank's interleaved list holds F and B of every (micro-batch, chunk) once, each
     chunk's forwards and backwards in micro-batch order."""
-    from labkit.pipeline_schedule import make_schedule
+    from labkit.lab3.pipeline_schedule import make_schedule
 
     for P, M, v in INTERLEAVED:
         sched = make_schedule("interleaved", P, M, v)
@@ -205,7 +205,7 @@ def test_interleaved_bubble_is_p_minus_1_over_v_m_plus_p_minus_1():
     shorter than the trip around the P ranks, and each of the v·P virtual stages costs a slot:
     makespan (v·max(M, P) + min(M, P) − 1)(F+B) in both cases (simulated for P ≤ 8, v ≤ 4,
     M ≤ 3P + 1, all equal)."""
-    from labkit.pipeline_schedule import make_schedule, simulate
+    from labkit.lab3.pipeline_schedule import make_schedule, simulate
 
     small = [(4, 1, 2), (4, 3, 2), (4, 2, 3), (3, 2, 2)]  # M < P
     for P, M, v in INTERLEAVED + small:
@@ -225,7 +225,7 @@ def test_interleaved_bubble_is_p_minus_1_over_v_m_plus_p_minus_1():
 def test_interleaved_timelines_respect_every_virtual_stage_dependency():
     """Check simulated interleaved timelines against a brute-force scan over the v·P virtual
     stages written here, and that check_dependencies finds a chunk that starts too early."""
-    from labkit.pipeline_schedule import ChunkAction, Span, Timeline, check_dependencies, make_schedule, simulate
+    from labkit.lab3.pipeline_schedule import ChunkAction, Span, Timeline, check_dependencies, make_schedule, simulate
 
     for P, M, v in INTERLEAVED:
         tl = simulate(make_schedule("interleaved", P, M, v), 1, 2)
@@ -251,7 +251,7 @@ def test_interleaved_order_equals_what_torch_pipelining_executes(P, M, v):
     """Check each rank's interleaved order equals the actions ScheduleInterleaved1F1B executes on
     P real gloo ranks, v stages (chunks) each."""
     from labkit.dist import launch
-    from labkit.pipeline_schedule import make_schedule, record_torch_schedule
+    from labkit.lab3.pipeline_schedule import make_schedule, record_torch_schedule
 
     ran = launch(record_torch_schedule, P, "interleaved", M, num_chunks=v, timeout=90)
     mine = make_schedule("interleaved", P, M, v)
@@ -267,14 +267,14 @@ def test_interleaved_order_equals_what_torch_pipelining_executes(P, M, v):
                                        (("interleaved", 2, 2, 1), "num_chunks"),
                                        (("interleaved", 4, 9, 2), "num_microbatches")])
 def test_bad_arguments_raise_value_error_naming_them(args, name):
-    from labkit.pipeline_schedule import make_schedule
+    from labkit.lab3.pipeline_schedule import make_schedule
 
     with pytest.raises(ValueError, match=name):
         make_schedule(*args)
 
 
 def test_simulate_rejects_bad_costs_and_deadlocks():
-    from labkit.pipeline_schedule import Action, simulate
+    from labkit.lab3.pipeline_schedule import Action, simulate
 
     with pytest.raises(ValueError, match="forward_cost"):
         simulate([[Action("F", 0), Action("B", 0)]], 0, 1)

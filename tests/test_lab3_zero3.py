@@ -42,7 +42,7 @@ def setup(N):
 @functools.lru_cache(maxsize=None)
 def zero3(N):
     from labkit.dist import launch
-    from labkit.zero3 import train_zero3
+    from labkit.lab3.zero3 import train_zero3
 
     model, batches = setup(N)
     return launch(train_zero3, N, model, batches, lr=LR, timeout=120)
@@ -51,7 +51,7 @@ def zero3(N):
 @functools.lru_cache(maxsize=None)
 def _zero3_prefetch(N):
     from labkit.dist import launch
-    from labkit.zero3 import train_zero3
+    from labkit.lab3.zero3 import train_zero3
 
     model, batches = setup(N)
     return launch(train_zero3, N, model, batches, lr=LR, prefetch=True, timeout=120)
@@ -77,7 +77,7 @@ def zero3_prefetch(N):
 @functools.lru_cache(maxsize=None)
 def fsdp2(N):
     from labkit.dist import launch
-    from labkit.zero3 import train_fsdp2
+    from labkit.lab3.zero3 import train_fsdp2
 
     model, batches = setup(N)
     return launch(train_fsdp2, N, model, batches, lr=LR, timeout=120)
@@ -295,13 +295,13 @@ def test_prefetch_that_is_not_a_bool_raises_type_error():
 
 
 def _build_bad_prefetch(rank, world_size):
-    from labkit.zero3 import ZeRO3
+    from labkit.lab3.zero3 import ZeRO3
 
     model, _ = setup(1)
     ZeRO3(model, prefetch="yes")
 
 
 def _build_bad(rank, world_size):
-    from labkit.zero3 import ZeRO3
+    from labkit.lab3.zero3 import ZeRO3
 
     ZeRO3(torch.nn.Linear(2, 2))

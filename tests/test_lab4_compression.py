@@ -6,7 +6,7 @@ References nobody in this course wrote:
 * top-K: a brute-force sort of the magnitudes;
 * the hook: on real gloo ranks (``labkit.dist.launch``, N = 2 and 3) the student's hook runs
   inside ``DistributedDataParallel``; every call's input buffer, output and kept error are
-  logged (``labkit.compression.hook_worker``), and the test recomputes, from all ranks' inputs,
+  logged (``labkit.lab4.compression.hook_worker``), and the test recomputes, from all ranks' inputs,
   what each rank sends and the mean every rank must get back;
 * bytes: the formulas, against what ``labkit.comm_count.count_comm`` counted during each call;
 * training: DDP's own uncompressed all-reduce on the same model, seed and batches.
@@ -45,7 +45,7 @@ def mlp() -> torch.nn.Sequential:
 
 @functools.lru_cache(maxsize=None)  # one launch per world size for all hook tests
 def run(world_size: int):
-    from labkit.compression import hook_worker
+    from labkit.lab4.compression import hook_worker
 
     g = torch.Generator().manual_seed(world_size)
     batches = [[(torch.randn(16, 12, generator=g), torch.randn(16, 5, generator=g))
@@ -75,7 +75,7 @@ def ref_int8(x: torch.Tensor, chunk: int):
 def ref_sent(label: str, full: torch.Tensor, index: int, step: int):
     """What a rank whose gradient plus kept error is ``full`` sends (as a dense tensor) and, for
     int8, the slack allowed per element (one code step at a tie)."""
-    from labkit.compression import keep_count, random_indices
+    from labkit.lab4.compression import keep_count, random_indices
 
     cfg = CONFIGS[label]
     slack = torch.zeros(full.numel(), dtype=torch.float64)
@@ -141,7 +141,7 @@ def test_quantize_int8_equals_the_plain_computation():
 
 
 def check_int8(chunk):
-    from labkit.compression import dequantize_int8, quantize_int8
+    from labkit.lab4.compression import dequantize_int8, quantize_int8
 
     g = torch.Generator().manual_seed(chunk)
     x = torch.randn(300, generator=g) * torch.logspace(-3, 1, 300)
@@ -173,7 +173,7 @@ def check_int8(chunk):
 @pytest.mark.exercise("4.4", points=1)
 def test_topk_returns_the_largest_magnitudes():
     """Check ``topk`` against a brute-force sort of |x| (signs kept)."""
-    from labkit.compression import topk
+    from labkit.lab4.compression import topk
 
     x = torch.randn(500, generator=torch.Generator().manual_seed(0))
     for k in (1, 17, 500):
@@ -189,7 +189,7 @@ def test_topk_returns_the_largest_magnitudes():
 @pytest.mark.exercise("4.4", points=1)
 def test_bad_input_is_rejected():
     """Check the ValueErrors: ``k`` outside (0, numel], ``chunk`` ≤ 0, scales of the wrong count."""
-    from labkit.compression import dequantize_int8, quantize_int8, topk
+    from labkit.lab4.compression import dequantize_int8, quantize_int8, topk
 
     x = torch.randn(10)
     for k in (0, -1, 11):
@@ -274,7 +274,7 @@ def test_without_error_feedback_nothing_is_kept():
 
 
 def expected_bytes(scheme: str, numel: int, world_size: int) -> tuple[int, str]:
-    from labkit.compression import keep_count
+    from labkit.lab4.compression import keep_count
 
     cfg = CONFIGS[scheme]
     if scheme == "int8":
@@ -329,7 +329,7 @@ TRACK, STALL = 0.25, 0.4
 
 @functools.lru_cache(maxsize=None)
 def train():
-    from labkit.compression import train_worker
+    from labkit.lab4.compression import train_worker
     from labkit.models import GPT, SyntheticData, lab_config
 
     torch.manual_seed(0)
@@ -370,14 +370,14 @@ def test_without_error_feedback_training_stalls(scheme):
     (dict(scheme="topk", density=1.5), "density"), (dict(scheme="int8", chunk=0), "chunk"),
     (dict(scheme="int8", chunk=-2), "chunk")])
 def test_state_rejects_bad_arguments(kwargs, name):
-    from labkit.compression import CompressionState
+    from labkit.lab4.compression import CompressionState
 
     with pytest.raises(ValueError, match=name):
         CompressionState(**kwargs)
 
 
 def test_random_indices_are_shared_and_change_per_step():
-    from labkit.compression import random_indices
+    from labkit.lab4.compression import random_indices
 
     a = random_indices(100, 10, seed=0, bucket=0, step=0)
     assert torch.equal(a, random_indices(100, 10, seed=0, bucket=0, step=0))

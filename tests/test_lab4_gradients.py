@@ -61,7 +61,7 @@ def assert_grads_equal(model, want, cause, **tol):
 def test_accumulation_equals_the_full_batch(k):
     """Check that k equal micro-batches of a batch of 8 leave the full batch's gradient in .grad
     (float64, atol 1e-12) and return the full batch's loss."""
-    from labkit.grad_accumulation import accumulate_gradients
+    from labkit.lab4.grad_accumulation import accumulate_gradients
 
     model = tiny_gpt(dtype=torch.float64)
     x, y = SyntheticData(64, 32, 8, seed=1).batch(0)
@@ -81,7 +81,7 @@ def test_accumulation_equals_the_full_batch(k):
 def test_accumulation_with_uneven_micro_batches(k, weight):
     """Check a batch of 8 in k = 3 or 5 micro-batches (sizes 3,3,2 / 2,2,2,1,1): with equal
     sequence lengths both weightings equal the full batch's gradient (1/k would not)."""
-    from labkit.grad_accumulation import accumulate_gradients
+    from labkit.lab4.grad_accumulation import accumulate_gradients
 
     model = tiny_gpt(dtype=torch.float64)
     x, y = SyntheticData(64, 32, 8, seed=2).batch(0)
@@ -95,7 +95,7 @@ def test_accumulation_with_uneven_micro_batches(k, weight):
 def test_accumulation_weights_by_counted_tokens():
     """Check a batch whose samples have different numbers of counted targets (the rest are
     ignore_index = -100, as padding would be): weight="tokens" gives the full batch's gradient."""
-    from labkit.grad_accumulation import accumulate_gradients
+    from labkit.lab4.grad_accumulation import accumulate_gradients
 
     model = tiny_gpt(dtype=torch.float64)
     x, y = SyntheticData(64, 32, 8, seed=3).batch(0)
@@ -113,7 +113,7 @@ def test_accumulation_weights_by_counted_tokens():
 def test_accumulation_rejects_bad_input():
     """Check ValueError naming the argument for k = 0, k = -1, k = 2.0, k > batch size and an
     unknown weight, before any gradient is touched."""
-    from labkit.grad_accumulation import accumulate_gradients
+    from labkit.lab4.grad_accumulation import accumulate_gradients
 
     model = tiny_gpt()
     x, y = SyntheticData(64, 32, 4, seed=0).batch(0)
@@ -130,7 +130,7 @@ def test_accumulation_activation_peak_is_one_micro_batch():
     """Check that the peak bytes autograd holds saved for backward (activations) with k = 4 are
     at most 1/4 of the full batch's plus 10% (activations are linear in the batch; the margin
     covers per-step constants such as the position embedding's output)."""
-    from labkit.grad_accumulation import accumulate_gradients
+    from labkit.lab4.grad_accumulation import accumulate_gradients
 
     model = tiny_gpt()
     x, y = SyntheticData(64, 32, 16, seed=0).batch(0)
@@ -148,7 +148,7 @@ def test_accumulation_activation_peak_is_one_micro_batch():
 def test_accumulation_under_ddp_all_reduces_once():
     """Check on 2 real gloo ranks with DistributedDataParallel: k = 4 makes as many all-reduce
     calls and bytes as k = 1 (one per DDP bucket, counted), and the same gradients (float64)."""
-    from labkit.grad_accumulation import ddp_accumulation_worker
+    from labkit.lab4.grad_accumulation import ddp_accumulation_worker
 
     model = tiny_gpt(dtype=torch.float64)
     data = SyntheticData(64, 32, 8, seed=4)
@@ -184,7 +184,7 @@ def run_zero2(world_size, steps=3, bucket_cap_bytes=16_384, **kwargs):
     model = zero2_gpt()
     data = SyntheticData(64, 32, 4, seed=1)
     batches = [[data.batch(s * world_size + r) for r in range(world_size)] for s in range(steps)]
-    from labkit.zero2 import train_zero2
+    from labkit.lab4.zero2 import train_zero2
 
     return model, launch(train_zero2,
                          world_size, model, batches, lr=1e-3,
@@ -255,7 +255,7 @@ def test_zero2_sends_what_data_parallelism_sends(world_size):
 
 def test_zero2_rejects_a_bad_bucket_cap():
     """Not graded (the check is given): bucket_cap_bytes must be an int > 0."""
-    from labkit.zero2 import ZeRO2Adam
+    from labkit.lab4.zero2 import ZeRO2Adam
 
     params = list(torch.nn.Linear(3, 2).parameters())
     for bad in (0, -5, 1.5, True):
@@ -270,7 +270,7 @@ import functools  # noqa: E402
 
 @functools.lru_cache(maxsize=None)  # one launch per world size for all 4.2 tests (not cached if it raises)
 def run_bucketed(world_size, bucket_cap_bytes=16_384):
-    from labkit.bucketed_ddp import compare_with_ddp
+    from labkit.lab4.bucketed_ddp import compare_with_ddp
 
     model = zero2_gpt()
     data = SyntheticData(64, 32, 4, seed=1)
@@ -361,7 +361,7 @@ def test_bucketed_ddp_bytes_and_calls_follow_the_cap():
 
 def test_bucketed_ddp_rejects_a_bad_bucket_cap():
     """Not graded (the check is given): bucket_cap_bytes must be an int > 0."""
-    from labkit.bucketed_ddp import BucketedDDP
+    from labkit.lab4.bucketed_ddp import BucketedDDP
 
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match="bucket_cap_bytes"):

@@ -39,7 +39,7 @@ def mlp(seed: int = 0) -> torch.nn.Sequential:
 
 @functools.lru_cache(maxsize=None)  # one launch per r for all 4.5 tests (not cached if it raises)
 def run(r: int, world_size: int = 2):
-    from labkit.powersgd import compare_with_torch
+    from labkit.lab4.powersgd import compare_with_torch
 
     model = mlp()
     g = torch.Generator().manual_seed(1)
@@ -117,14 +117,14 @@ def test_powersgd_makes_three_all_reduces():
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_powersgd_state_rejects_a_bad_rank(bad):
-    from labkit.powersgd import PowerSGDState
+    from labkit.lab4.powersgd import PowerSGDState
 
     with pytest.raises(ValueError, match="rank"):
         PowerSGDState(bad)
 
 
 def test_orthogonalize_gives_orthonormal_columns():
-    from labkit.powersgd import orthogonalize_
+    from labkit.lab4.powersgd import orthogonalize_
 
     a = torch.randn(20, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     q = orthogonalize_(a.clone())

@@ -181,7 +181,7 @@ def data():
 @pytest.mark.exercise("5.1", points=2)
 def test_schedule_cost_matches_a_step_by_step_simulation():
     """Check schedule_cost against walking forward and backward through every schedule."""
-    from labkit.checkpointing import Schedule, schedule_cost
+    from labkit.lab5.checkpointing import Schedule, schedule_cost
 
     rng = random.Random(0)
     for n_layers in range(1, 6):
@@ -205,7 +205,7 @@ def test_schedule_cost_matches_a_step_by_step_simulation():
 @pytest.mark.exercise("5.1", points=2)
 def test_sqrt_schedule_cuts_ceil_sqrt_segments_covering_every_layer():
     """Check ⌈√L⌉ contiguous segments, lengths within one of each other, longer ones first."""
-    from labkit.checkpointing import sqrt_schedule
+    from labkit.lab5.checkpointing import sqrt_schedule
 
     for n_layers in range(1, 50):
         schedule = sqrt_schedule(n_layers)
@@ -226,7 +226,7 @@ def test_sqrt_schedule_cuts_ceil_sqrt_segments_covering_every_layer():
 @pytest.mark.exercise("5.1", points=1)
 def test_sqrt_schedule_predicts_its_peak_and_one_extra_forward():
     """Check the predicted peak (unit layers) against the simulation: ≤ 2⌈√L⌉; recompute = L."""
-    from labkit.checkpointing import sqrt_schedule
+    from labkit.lab5.checkpointing import sqrt_schedule
 
     for n_layers in range(1, 50):
         schedule = sqrt_schedule(n_layers)
@@ -244,7 +244,7 @@ def test_sqrt_schedule_predicts_its_peak_and_one_extra_forward():
 @pytest.mark.exercise("5.1", points=1)
 def test_sqrt_schedule_and_schedule_cost_reject_bad_arguments():
     """Check ValueError naming the argument for n_layers < 1 or not an int, and bad cost arrays."""
-    from labkit.checkpointing import Schedule, schedule_cost, sqrt_schedule
+    from labkit.lab5.checkpointing import Schedule, schedule_cost, sqrt_schedule
 
     for bad in (0, -3, 2.5, "4"):
         with pytest.raises(ValueError, match="n_layers"):
@@ -273,7 +273,7 @@ SCHEDULES_6 = {
 
 def _schedule_arg(segments):
     """The by-hand form stays a list of pairs; the others become a Schedule."""
-    from labkit.checkpointing import Schedule
+    from labkit.lab5.checkpointing import Schedule
 
     return segments if isinstance(segments, list) else Schedule(N6, segments)
 
@@ -283,7 +283,7 @@ def _recomputed(segments):
 
 
 def scheduled_gpt(segments):
-    from labkit.checkpointing import apply_schedule
+    from labkit.lab5.checkpointing import apply_schedule
 
     model = small_gpt(N6)
     returned = apply_schedule(model, _schedule_arg(segments))
@@ -334,7 +334,7 @@ def test_scheduled_gradients_equal_the_plain_model():
     for label, segments in SCHEDULES_6.items():
         model = small_gpt(N6)
         names = {id(p): n for n, p in model.named_parameters()}
-        from labkit.checkpointing import apply_schedule
+        from labkit.lab5.checkpointing import apply_schedule
 
         apply_schedule(model, _schedule_arg(segments))
         params = list(model.parameters())
@@ -381,7 +381,7 @@ def test_saved_bytes_after_forward_equal_the_cost_model_exactly():
     the segments plus one input x per segment (a and x measured on a plain block; every block
     of the small GPT has the same shapes).
     """
-    from labkit.checkpointing import Schedule, schedule_cost
+    from labkit.lab5.checkpointing import Schedule, schedule_cost
 
     a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
     for label, segments in SCHEDULES_6.items():
@@ -408,7 +408,7 @@ def test_peak_during_backward_equals_pytorch_checkpoint_over_the_same_segments()
     Both also sit on schedule_cost's prediction plus what the harness holds besides the blocks'
     saved tensors (the stack's output and the probe's product, one or two inputs x).
     """
-    from labkit.checkpointing import Schedule, schedule_cost
+    from labkit.lab5.checkpointing import Schedule, schedule_cost
 
     a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
     for label, segments in SCHEDULES_6.items():
@@ -438,7 +438,7 @@ def test_each_recomputed_block_runs_forward_twice_and_the_others_once():
         calls = [0] * N6
         for i, block in enumerate(blocks):
             block.register_forward_pre_hook(lambda module, args, i=i: calls.__setitem__(i, calls[i] + 1))
-        from labkit.checkpointing import apply_schedule
+        from labkit.lab5.checkpointing import apply_schedule
 
         apply_schedule(model, _schedule_arg(segments))
         model(idx, targets).backward()
@@ -478,7 +478,7 @@ def test_recompute_flops_equal_the_recomputed_blocks_forward():
 @pytest.mark.exercise("5.2", points=1)
 def test_a_second_schedule_replaces_the_first():
     """Check √L then every block: the model runs every block, same parameters, exact bytes."""
-    from labkit.checkpointing import apply_schedule
+    from labkit.lab5.checkpointing import apply_schedule
 
     a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
     model = scheduled_gpt(SCHEDULES_6["√L (3 segments of 2)"])
@@ -497,7 +497,7 @@ def test_a_second_schedule_replaces_the_first():
 @pytest.mark.exercise("5.2", points=1)
 def test_bad_schedules_are_refused_before_the_model_changes():
     """Check ValueError naming the schedule: unsorted, out of range, duplicate, empty, depth."""
-    from labkit.checkpointing import Schedule, apply_schedule
+    from labkit.lab5.checkpointing import Schedule, apply_schedule
 
     bad = {"unsorted": [[2, 4], [0, 2]], "past the last block": [[4, 7]],
            "negative start": [[-1, 2]], "duplicate": [[0, 2], [0, 2]],
@@ -522,7 +522,7 @@ def test_bad_schedules_are_refused_before_the_model_changes():
 @pytest.mark.exercise("5.3", points=3)
 def test_optimal_schedule_has_the_least_recompute_a_brute_force_search_finds():
     """Check against every schedule of random chains (L ≤ 6): fits, least recompute, cost right."""
-    from labkit.checkpointing import optimal_schedule
+    from labkit.lab5.checkpointing import optimal_schedule
 
     rng = random.Random(5)
     cases = 0
@@ -557,7 +557,7 @@ def test_optimal_schedule_fits_a_budget_equal_to_a_schedules_own_peak():
     Decimal costs (0.1, 0.7, ...) are not exact in binary: a DP that adds the same numbers in
     another order than schedule_cost lands a last bit above the budget and finds nothing.
     """
-    from labkit.checkpointing import Schedule, optimal_schedule, schedule_cost
+    from labkit.lab5.checkpointing import Schedule, optimal_schedule, schedule_cost
 
     rng = random.Random(11)
     for case in range(60):
@@ -583,7 +583,7 @@ def test_optimal_schedule_fits_a_budget_equal_to_a_schedules_own_peak():
 @pytest.mark.exercise("5.3", points=1)
 def test_optimal_schedule_says_when_no_schedule_fits():
     """Check ValueError naming the budget below the smallest peak, and for a negative budget."""
-    from labkit.checkpointing import optimal_schedule
+    from labkit.lab5.checkpointing import optimal_schedule
 
     act, inp, flops = [5, 9, 4, 7], [1, 2, 1, 3], [1, 1, 1, 1]
     smallest = min(simulate_schedule(4, s, act, inp, flops)[0] for s in all_schedules(4))
@@ -599,7 +599,7 @@ def test_optimal_schedule_says_when_no_schedule_fits():
 @pytest.mark.exercise("5.3", points=1)
 def test_optimal_schedule_beats_uniform_schedules_on_a_deep_gpt():
     """Check on 32 GPT-like layers (a = 17x): never more recompute than √L or every layer."""
-    from labkit.checkpointing import Schedule, optimal_schedule
+    from labkit.lab5.checkpointing import Schedule, optimal_schedule
 
     n_layers, a, x, f = 32, 17, 1, 10
     act, inp, flops = [a] * n_layers, [x] * n_layers, [f] * n_layers
@@ -689,7 +689,7 @@ def test_policy_keeps_what_costs_more_flops_per_byte_than_the_threshold(threshol
     """Check the policy on every operator of a block against FlopCounterMode and the output's bytes."""
     from types import SimpleNamespace
 
-    from labkit.selective_checkpoint import FlopsPerBytePolicy
+    from labkit.lab5.selective_checkpoint import FlopsPerBytePolicy
 
     policy = FlopsPerBytePolicy(threshold)
     for func, args, kwargs, out in _block_ops():
@@ -713,7 +713,7 @@ def test_a_threshold_above_attention_recomputes_exactly_its_matmuls():
     On the test block the attention matmuls do 16 FLOPs per byte of output (2·d/4 with d = 32),
     the weight GEMMs 32 and 128: at 20 only the attention core is recomputed.
     """
-    from labkit.selective_checkpoint import FlopsPerBytePolicy, apply_selective_checkpointing
+    from labkit.lab5.selective_checkpoint import FlopsPerBytePolicy, apply_selective_checkpointing
 
     n_layers = 3
     idx, targets = data()
@@ -744,7 +744,7 @@ def test_a_threshold_above_attention_recomputes_exactly_its_matmuls():
 @pytest.mark.exercise("5.4", points=2)
 def test_selective_checkpointing_gradients_equal_the_plain_model():
     """Check gradients equal the plain model's with every block selectively checkpointed."""
-    from labkit.selective_checkpoint import apply_selective_checkpointing
+    from labkit.lab5.selective_checkpoint import apply_selective_checkpointing
 
     idx, targets = data()
     reference = model_grads(small_gpt(3), idx, targets)
@@ -761,7 +761,7 @@ def test_selective_checkpointing_gradients_equal_the_plain_model():
 @pytest.mark.exercise("5.4", points=2)
 def test_selective_checkpointing_recomputes_no_matmul():
     """Check FlopCounterMode: selective = no checkpointing, exactly; full adds a forward."""
-    from labkit.selective_checkpoint import apply_selective_checkpointing
+    from labkit.lab5.selective_checkpoint import apply_selective_checkpointing
 
     idx, targets = data()
 
@@ -782,7 +782,7 @@ def test_selective_checkpointing_recomputes_no_matmul():
 @pytest.mark.exercise("5.4", points=2)
 def test_selective_checkpointing_holds_the_input_and_matmul_outputs():
     """Check MemTracker's bytes after forward: full + L × (matmul outputs of a block) exactly."""
-    from labkit.selective_checkpoint import apply_selective_checkpointing
+    from labkit.lab5.selective_checkpoint import apply_selective_checkpointing
 
     n_layers = 3
     with _MatmulOutputBytes() as counter:
@@ -844,7 +844,7 @@ def _expected_split(ledger, min_bytes):
 @pytest.mark.exercise("5.5", points=2)
 def test_offloaded_gradients_equal_the_plain_model():
     """Check gradients through offloaded saved tensors equal the plain model's, exactly."""
-    from labkit.offload import ActivationOffloader
+    from labkit.lab5.offload import ActivationOffloader
 
     idx, targets = data()
     reference = model_grads(small_gpt(2), idx, targets)
@@ -862,7 +862,7 @@ def test_offloaded_gradients_equal_the_plain_model():
 @pytest.mark.parametrize("min_bytes", [0, 1024, 10**9])
 def test_offloader_accounts_every_saved_tensor_by_where_it_lives(min_bytes):
     """Check host bytes/count = distinct saved non-parameter data ≥ min_bytes; device = the rest."""
-    from labkit.offload import ActivationOffloader
+    from labkit.lab5.offload import ActivationOffloader
 
     idx, targets = data()
     ledger = _saved_tensor_ledger(lambda: small_gpt(2)(idx, targets))
@@ -887,7 +887,7 @@ def test_offloader_accounts_every_saved_tensor_by_where_it_lives(min_bytes):
 @pytest.mark.exercise("5.5", points=1)
 def test_offloader_counts_a_view_by_its_own_bytes():
     """Check a saved slice of a larger tensor counts its 16 columns, not its 64-column storage."""
-    from labkit.offload import ActivationOffloader
+    from labkit.lab5.offload import ActivationOffloader
 
     x = torch.randn(64, 64, requires_grad=True)
     offloader = ActivationOffloader(min_bytes=1024)
@@ -908,7 +908,7 @@ def test_offloader_counts_a_view_by_its_own_bytes():
 @pytest.mark.exercise("5.5", points=1)
 def test_offloader_copies_data_saved_twice_once():
     """Check naive attention's softmax output (saved by softmax and by the matmul) is one copy."""
-    from labkit.offload import ActivationOffloader
+    from labkit.lab5.offload import ActivationOffloader
 
     idx, targets = data()
     ledger = _saved_tensor_ledger(lambda: small_gpt(2, attention="naive")(idx, targets))
@@ -938,7 +938,7 @@ def test_offloaded_gradients_on_cuda_equal_the_plain_model_under_a_slow_compute_
     compute stream wrote the tensor (no wait_stream), device memory reused before the copy read
     it (no record_stream), or an unpack that reads before the copy back ended (no wait_event).
     """
-    from labkit.offload import ActivationOffloader
+    from labkit.lab5.offload import ActivationOffloader
 
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=256, block_size=256, n_layer=3, n_head=4, n_embd=256)
@@ -974,7 +974,7 @@ def test_offloaded_gradients_on_cuda_equal_the_plain_model_under_a_slow_compute_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_offload_frees_device_memory_of_saved_activations():
     """Check on CUDA: device bytes held after forward fall from ≈ the saved bytes to ≈ 0."""
-    from labkit.offload import ActivationOffloader
+    from labkit.lab5.offload import ActivationOffloader
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=256, block_size=256, n_layer=4, n_head=4, n_embd=256)).cuda()
@@ -1013,7 +1013,7 @@ ATTN_SHAPES = [(2, 3, 100, 16, 32, 16), (1, 2, 64, 8, 64, 64), (1, 1, 7, 4, 3, 5
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_forward_matches_sdpa(causal):
     """Check O against F.scaled_dot_product_attention and L against logsumexp of the scores."""
-    from labkit.flash_attention import flash_attention_forward
+    from labkit.lab5.flash_attention import flash_attention_forward
 
     for b, h, s, d, bq, bk in ATTN_SHAPES:
         q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
@@ -1030,7 +1030,7 @@ def test_flash_forward_matches_sdpa(causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_backward_matches_sdpa_gradients(causal):
     """Check dq, dk, dv through flash_attention against autograd through SDPA."""
-    from labkit.flash_attention import flash_attention
+    from labkit.lab5.flash_attention import flash_attention
 
     for b, h, s, d, bq, bk in ATTN_SHAPES:
         q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
@@ -1061,7 +1061,7 @@ def test_flash_keeps_float64_accuracy(causal):
     1e-12: float64 rounding over sums of a few hundred terms is ~1e-14; statistics kept in
     float32 land near 1e-7.
     """
-    from labkit.flash_attention import flash_attention, flash_attention_forward
+    from labkit.lab5.flash_attention import flash_attention, flash_attention_forward
 
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, 2, 150, 16, dtype=torch.float64, requires_grad=True)
@@ -1096,7 +1096,7 @@ def test_flash_keeps_statistics_in_float32_for_16_bit_inputs(dtype):
     O: half an ulp of the 16-bit output (|O| < 4) plus float32 rounding: 1.6e-2 for bfloat16,
     2e-3 for float16.
     """
-    from labkit.flash_attention import flash_attention_forward
+    from labkit.lab5.flash_attention import flash_attention_forward
 
     torch.manual_seed(4)
     q, k, v = (torch.randn(2, 2, 300, 16, dtype=dtype) for _ in range(3))
@@ -1118,7 +1118,7 @@ def test_flash_keeps_statistics_in_float32_for_16_bit_inputs(dtype):
 @pytest.mark.exercise("5.6", points=1)
 def test_flash_saves_only_inputs_output_and_log_sum_exp():
     """Check autograd keeps q, k, v, O and L: 4·B·H·S·D + B·H·S floats, no S × S matrix."""
-    from labkit.flash_attention import flash_attention
+    from labkit.lab5.flash_attention import flash_attention
 
     b, h, s, d = 1, 2, 256, 32
     q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
@@ -1144,7 +1144,7 @@ def test_flash_peak_memory_grows_linearly_naive_quadratically():
     Linear memory doubles its increment when S doubles (ratio 2); quadratic memory quadruples
     it (ratio 4). Allowed: ≤ 2.5 for flash, ≥ 3 for naive (lower-order terms pull it down).
     """
-    from labkit.flash_attention import flash_attention, naive_attention
+    from labkit.lab5.flash_attention import flash_attention, naive_attention
 
     sizes = (128, 256, 512)
     flash = [_attention_peak(lambda q, k, v: flash_attention(q, k, v, causal=True), s)
@@ -1162,7 +1162,7 @@ def test_flash_peak_memory_grows_linearly_naive_quadratically():
 @pytest.mark.exercise("5.7", points=1)
 def test_merge_attention_equals_attention_over_all_keys():
     """Check merging attention over two halves of the keys equals SDPA over all of them."""
-    from labkit.ring_attention import attention_with_lse, merge_attention
+    from labkit.lab5.ring_attention import attention_with_lse, merge_attention
 
     q, k, v = (torch.randn(2, 3, 40, 8) for _ in range(3))
     first = attention_with_lse(q, k[:, :, :15], v[:, :, :15])
@@ -1183,7 +1183,7 @@ RING_RUNS = [(128, 2, False), (128, 4, False), (128, 2, True), (128, 4, True), (
 def ring_runs():
     """One launch per (S, N, causal): the inputs and every rank's result."""
     from labkit.dist import launch
-    from labkit.ring_attention import ring_worker
+    from labkit.lab5.ring_attention import ring_worker
 
     runs = {}
     for s, n, causal in RING_RUNS:
@@ -1255,7 +1255,7 @@ def test_ring_per_rank_peak_memory_scales_with_s_over_n(ring_runs):
 # tests pass on the stubs too: they are not graded.
 
 def _checkpointing_cases():
-    from labkit import checkpointing as c
+    from labkit.lab5 import checkpointing as c
 
     ones = [1, 1, 1]
     return [
@@ -1288,7 +1288,7 @@ def _checkpointing_cases():
 
 
 def _flash_cases():
-    from labkit import flash_attention as f
+    from labkit.lab5 import flash_attention as f
 
     x = torch.randn(1, 1, 8, 4)
     return [
@@ -1306,7 +1306,7 @@ def _flash_cases():
 
 
 def _ring_cases():
-    from labkit import ring_attention as r
+    from labkit.lab5 import ring_attention as r
 
     x = torch.randn(1, 1, 40, 4)
     return [
@@ -1328,7 +1328,7 @@ def _ring_cases():
 
 
 def _offload_cases():
-    from labkit import offload as o
+    from labkit.lab5 import offload as o
 
     return [
         ("min_bytes negative", lambda: o.ActivationOffloader(min_bytes=-1), ValueError,

@@ -34,7 +34,7 @@ def zigzag_rows(seq_len: int, world_size: int, rank: int) -> torch.Tensor:
 def runs():
     """One launch per case: the inputs and every rank's result."""
     from labkit.dist import launch
-    from labkit.ring_attention import ring_worker
+    from labkit.lab5.ring_attention import ring_worker
 
     out = {}
     for s, n, causal, layout in RUNS:
@@ -122,7 +122,7 @@ def test_zigzag_ring_bytes_per_rank_match_the_formula(runs):
 # ------------------------------------------------------------------ given code (not graded)
 
 def test_rank_positions_cut_the_sequence_into_the_layouts_pieces():
-    from labkit.ring_attention import rank_positions
+    from labkit.lab5.ring_attention import rank_positions
 
     for n in (1, 2, 4):
         for layout in ("contiguous", "zigzag"):
@@ -146,7 +146,7 @@ def test_rank_positions_cut_the_sequence_into_the_layouts_pieces():
      "zigzag"),
 ])
 def test_zigzag_refuses_bad_input_before_any_work(call, exc, word):
-    from labkit import ring_attention
+    from labkit.lab5 import ring_attention
 
     with pytest.raises(exc, match=word):
         call(ring_attention)

@@ -43,7 +43,7 @@ def setup():
 @functools.lru_cache(maxsize=None)
 def run(T):
     from labkit.dist import launch
-    from labkit.sequence_parallel import run_sp
+    from labkit.lab5.sequence_parallel import run_sp
 
     ln, mlp, x, grad_out, ref, ref_xgrad, grads = setup()
     return launch(run_sp, T, ln, mlp, x, grad_out, timeout=90), ref, ref_xgrad, grads
@@ -152,7 +152,7 @@ def test_sequence_not_divisible_by_T_refused():
 
 
 def _reduce_scatter_bad(rank, world_size):
-    from labkit.sequence_parallel import reduce_scatter_to_sp
+    from labkit.lab5.sequence_parallel import reduce_scatter_to_sp
 
     try:
         reduce_scatter_to_sp(torch.zeros(2, 5, 4), 1)
@@ -166,7 +166,7 @@ def test_parallelize_module_sequence_parallel_agrees(T):
     """Not graded (infrastructure): PyTorch's SequenceParallel on the same weights gives the
     same slices with the same collectives in forward."""
     from labkit.dist import launch
-    from labkit.sequence_parallel import run_sequence_parallel_module
+    from labkit.lab5.sequence_parallel import run_sequence_parallel_module
 
     ln, mlp, x, _, ref, _, _ = setup()
     for r, res in enumerate(launch(run_sequence_parallel_module, T, ln, mlp, x, timeout=90)):
@@ -223,7 +223,7 @@ def setup_block():
 @functools.lru_cache(maxsize=None)
 def run_attn(T):
     from labkit.dist import launch
-    from labkit.sequence_parallel import run_sp_attn
+    from labkit.lab5.sequence_parallel import run_sp_attn
 
     block, x, grad_out, *refs = setup_block()
     return launch(run_sp_attn, T, block, x, grad_out, SEED, timeout=90), *refs
@@ -338,7 +338,7 @@ def test_whole_block_with_dropout_equals_the_single_device_block(T):
 def test_slice_dropout_masks_do_not_depend_on_the_split():
     """slice_dropout of rows [a, b) equals rows [a, b) of slice_dropout of the whole sequence,
     and follows the documented seed scheme; bad p / seed / start → ValueError naming them."""
-    from labkit.sequence_parallel import slice_dropout
+    from labkit.lab5.sequence_parallel import slice_dropout
 
     h = torch.randn(B, S, C)
     want = h * keep_mask(SEED, h.shape) / (1 - P)
@@ -367,7 +367,7 @@ def test_heads_not_divisible_by_T_refused():
 
 def _attn_bad(rank, world_size):
     from labkit.models import CausalSelfAttention
-    from labkit.sequence_parallel import SPAttnBlock
+    from labkit.lab5.sequence_parallel import SPAttnBlock
 
     cfg = GPTConfig(vocab_size=8, block_size=6, n_layer=1, n_head=4, n_embd=12)
     try:

@@ -1,5 +1,5 @@
 """Labs 3–4's own implementations, measured on real gloo ranks, against the per-GPU memory model
-of Chapter 6 (``labkit.parallel_memory``, exercise 6.4): infrastructure tests, not graded.
+of Chapter 6 (``labkit.lab6.parallel_memory``, exercise 6.4): infrastructure tests, not graded.
 
 Issue 12 asks the model of a configuration to agree with the per-rank bytes of the course's
 ZeRO-2 (exercise 4.3), ZeRO-3 (3.7), tensor parallelism (3.4) and the pipeline's stages (3.6)
@@ -44,7 +44,7 @@ def _compare(got, want, what, cause):
     for rank, g in enumerate(got):
         for c, w in want.items():
             assert abs(g[c] - w) <= TOLERANCE * w, (
-                f"rank {rank}: {what} keeps {g[c]:,} B of {c}, labkit.parallel_memory predicts "
+                f"rank {rank}: {what} keeps {g[c]:,} B of {c}, labkit.lab6.parallel_memory predicts "
                 f"{w:,.0f} B ({g[c] / w:.4f} ×, more than {TOLERANCE:.0%} off): {cause}")
 
 
@@ -55,7 +55,7 @@ def test_zero2_keeps_what_the_model_predicts(gpt):
     needs_solutions("zero2", "parallel_memory")
     from labkit.cross_check import zero2_bytes
     from labkit.dist import launch
-    from labkit.parallel_memory import static_bytes
+    from labkit.lab6.parallel_memory import static_bytes
 
     _, model, psi = gpt
     n = 4
@@ -73,7 +73,7 @@ def test_zero3_keeps_what_the_model_predicts(gpt):
     needs_solutions("zero3", "parallel_memory")
     from labkit.cross_check import zero3_bytes
     from labkit.dist import launch
-    from labkit.parallel_memory import static_bytes
+    from labkit.lab6.parallel_memory import static_bytes
 
     _, model, psi = gpt
     n = 4
@@ -91,7 +91,7 @@ def test_tensor_parallelism_keeps_what_the_model_predicts(gpt):
     needs_solutions("tensor_parallel", "parallel_memory")
     from labkit.cross_check import tensor_parallel_bytes
     from labkit.dist import launch
-    from labkit.parallel_memory import static_bytes
+    from labkit.lab6.parallel_memory import static_bytes
 
     _, model, _ = gpt
     got = launch(tensor_parallel_bytes, 2, model.h[0], torch.randn(2, 32, 64), timeout=120.0)
@@ -107,7 +107,7 @@ def test_pipeline_stages_keep_what_the_model_predicts(gpt):
     needs_solutions("pipeline", "parallel_memory")
     from labkit.cross_check import pipeline_bytes
     from labkit.dist import launch
-    from labkit.parallel_memory import static_bytes
+    from labkit.lab6.parallel_memory import static_bytes
 
     cfg, model, psi = gpt
     x, y = SyntheticData(64, 32, 2).batch(0)

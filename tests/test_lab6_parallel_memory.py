@@ -41,7 +41,7 @@ GPT3 = dict(n_layer=96, hidden=12288, n_head=96, seq_len=2048)  # Korthikanti's 
 @pytest.mark.parametrize("n", [1, 2, 8, 64, 1024])
 def test_zero_table_exactly(n):
     """Mixed-precision Adam, D = N, T = P = C = 1: the ZeRO paper's total per stage."""
-    from labkit.parallel_memory import static_bytes
+    from labkit.lab6.parallel_memory import static_bytes
 
     want = {0: 16 * PSI, 1: 4 * PSI + 12 * PSI / n, 2: 2 * PSI + 14 * PSI / n, 3: 16 * PSI / n}
     names = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}
@@ -60,7 +60,7 @@ def test_zero_table_exactly(n):
 ])
 def test_seed_worked_numbers(stage, consumer, want, cause):
     """The seed's numbers for Ψ = 100B on 64 GPUs."""
-    from labkit.parallel_memory import static_bytes
+    from labkit.lab6.parallel_memory import static_bytes
 
     out = static_bytes(PSI, world_size=64, dp=64, zero_stage=stage)
     got = sum(out.values()) if consumer is None else out[consumer]
@@ -72,7 +72,7 @@ def test_seed_worked_numbers(stage, consumer, want, cause):
 @pytest.mark.parametrize("recipe", list(memory_model.RECIPES))
 def test_agrees_with_memory_model_for_data_parallelism(recipe):
     """D = N only, no recomputation, one micro-batch: equal to labkit.memory_model."""
-    from labkit.parallel_memory import per_gpu_bytes
+    from labkit.lab6.parallel_memory import per_gpu_bytes
 
     shape = dict(n_layer=4, hidden=256, n_head=8, seq_len=128)
     for optimizer, stage, n in itertools.product(memory_model.OPTIMIZERS, range(4), (1, 8)):
@@ -88,7 +88,7 @@ def test_agrees_with_memory_model_for_data_parallelism(recipe):
 @pytest.mark.exercise("6.4", points=1)
 def test_tensor_and_pipeline_parallelism_divide_the_static_state():
     """T = 8, P = 4, D = 16 (512 GPUs): each GPU holds Ψ/32 parameters; ZeRO shards them by D."""
-    from labkit.parallel_memory import static_bytes
+    from labkit.lab6.parallel_memory import static_bytes
 
     local = PSI / 32
     for stage, want in [(0, 16 * local), (1, 4 * local + 12 * local / 16),
@@ -112,7 +112,7 @@ def test_tensor_and_pipeline_parallelism_divide_the_static_state():
 ])
 def test_activations_match_korthikanti(tp, sp, ckpt, coef, cause):
     """GPT-3 175B, s = 2048, b = 1, 16-bit activations: Korthikanti et al.'s per-layer bytes."""
-    from labkit.parallel_memory import activation_bytes_per_layer
+    from labkit.lab6.parallel_memory import activation_bytes_per_layer
 
     s, h, a, b = GPT3["seq_len"], GPT3["hidden"], GPT3["n_head"], 1
     want = s * b * h * coef(s, h, a, tp)
@@ -125,7 +125,7 @@ def test_activations_match_korthikanti(tp, sp, ckpt, coef, cause):
 @pytest.mark.parametrize("pp,n_micro", [(1, 8), (4, 2), (4, 16), (8, 64)])
 def test_first_pipeline_stage_holds_min_p_m_micro_batches(pp, n_micro):
     """1F1B: the first of P stages has L/P layers and min(P, m) micro-batches in flight."""
-    from labkit.parallel_memory import activation_bytes_per_layer, per_gpu_bytes
+    from labkit.lab6.parallel_memory import activation_bytes_per_layer, per_gpu_bytes
 
     per_layer = activation_bytes_per_layer(2048, 1, 12288, 96, tp=8, sequence_parallel=True)
     want = GPT3["n_layer"] // pp * min(pp, n_micro) * per_layer
@@ -138,7 +138,7 @@ def test_first_pipeline_stage_holds_min_p_m_micro_batches(pp, n_micro):
 @pytest.mark.exercise("6.4", points=1)
 def test_context_parallelism_splits_the_sequence():
     """C = 4: each rank holds s/C tokens (scores one (s/C)² block): the formula at s/C."""
-    from labkit.parallel_memory import activation_bytes_per_layer
+    from labkit.lab6.parallel_memory import activation_bytes_per_layer
 
     got = activation_bytes_per_layer(8192, 1, 4096, 32, cp=4)
     want = memory_model.activation_bytes_per_layer(2048, 1, 4096, 32)
@@ -160,7 +160,7 @@ def test_bad_configurations_raise(kwargs, word):
     """Not graded (the checks are infrastructure, in the stub too): a layout whose product is not
     the world size, T not dividing the heads, P not dividing the layers, C not dividing the
     sequence, an unknown stage, recipe or recomputation mode."""
-    from labkit.parallel_memory import per_gpu_bytes
+    from labkit.lab6.parallel_memory import per_gpu_bytes
 
     args = dict(world_size=1, n_layer=12, hidden=768, n_head=12, seq_len=1024, micro_batch=1)
     args.update(kwargs)
@@ -191,8 +191,8 @@ def test_zero1_matches_zero_redundancy_optimizer_on_gloo_ranks(small_gpt):
 
     from labkit.dist import launch
     from labkit.models import SyntheticData
-    from labkit.parallel_memory import static_bytes
-    from labkit.zero1 import train_data_parallel
+    from labkit.lab6.parallel_memory import static_bytes
+    from labkit.lab2.zero1 import train_data_parallel
 
     model, psi = small_gpt
     want = static_bytes(psi, world_size=N, dp=N, zero_stage=1, recipe="fp32")["optimizer states"]
@@ -211,7 +211,7 @@ def test_zero3_matches_fsdp2_fully_shard_on_gloo_ranks(small_gpt):
     moments, per rank, within 5% of 4Ψ/N, 4Ψ/N, 8Ψ/N (FSDP2 pads dim 0 to a multiple of N)."""
     from labkit.dist import launch
     from labkit.models import SyntheticData
-    from labkit.parallel_memory import fsdp2_step, static_bytes
+    from labkit.lab6.parallel_memory import fsdp2_step, static_bytes
 
     model, psi = small_gpt
     want = static_bytes(psi, world_size=N, dp=N, zero_stage=3, recipe="fp32")
@@ -229,7 +229,7 @@ def test_tensor_parallelism_matches_parallelize_module_on_gloo_ranks(small_gpt):
     row-wise) keeps, per rank, the MLPs' parameters, gradients and Adam moments within 5% of
     your model for those parameters (the row-wise biases stay whole on every rank: +0.4%)."""
     from labkit.dist import launch
-    from labkit.parallel_memory import static_bytes, tensor_parallel_mlp_step
+    from labkit.lab6.parallel_memory import static_bytes, tensor_parallel_mlp_step
 
     model, _ = small_gpt
     got = launch(tensor_parallel_mlp_step, 2, model, torch.randn(2, 32, 32), timeout=120.0)

@@ -50,7 +50,7 @@ def test_round_size_pool_and_segment_size_follow_the_source(size, rounded, pool,
     """Check round_size, pool_of and segment_size at the edges of every rule (kMinBlockSize 512,
     kSmallSize 1 MiB, kSmallBuffer 2 MiB, kLargeBuffer 20 MiB, kMinLargeAlloc 10 MiB,
     kRoundLarge 2 MiB)."""
-    from labkit.caching_allocator import pool_of, round_size, segment_size
+    from labkit.lab6.caching_allocator import pool_of, round_size, segment_size
 
     got = round_size(size)
     assert got == rounded, f"round_size({size:,}) = {got:,}, expected {rounded:,}: blocks are multiples of 512 B, at least 512 B"
@@ -77,7 +77,7 @@ def test_small_pool_splits_caches_and_reuses_the_best_fit():
     5. free(b), free(c): everything merges back into one 2 MiB free block; still reserved
        (the allocator caches) until empty_cache → reserved 0.
     """
-    from labkit.caching_allocator import CachingAllocator
+    from labkit.lab6.caching_allocator import CachingAllocator
 
     alloc = CachingAllocator()
     a = alloc.malloc(1000)
@@ -114,7 +114,7 @@ def test_large_pool_splits_only_remainders_above_1_mib():
     3. c = malloc(17 MiB): best fit is the 18 MiB remainder; remainder 1 MiB → no split, c's
        block is 18 MiB. allocated 16 + 2 + 18 = 36 MiB = reserved; segments [16, 20] MiB.
     """
-    from labkit.caching_allocator import CachingAllocator
+    from labkit.lab6.caching_allocator import CachingAllocator
 
     alloc = CachingAllocator()
     alloc.malloc(15 * MiB)
@@ -139,7 +139,7 @@ def test_freed_blocks_merge_with_free_neighbours():
     4 MiB at 0 and 11 MiB at 9). e = malloc(3 MiB): best fit is the 4 MiB block → e == a;
     its remainder 1 MiB is not split, so e's block is 4 MiB.
     """
-    from labkit.caching_allocator import CachingAllocator
+    from labkit.lab6.caching_allocator import CachingAllocator
 
     alloc = CachingAllocator()
     a, b, c = (alloc.malloc(2 * MiB) for _ in range(3))
@@ -161,7 +161,7 @@ def test_best_fit_prefers_the_smallest_hole_over_the_lowest_address():
     [7,9), free [9,20)). free(a) and free(c) leave holes of 3 MiB at 0 and 2 MiB at 5 MiB.
     malloc(2 MiB): best fit is the 2 MiB hole at c (first fit would take the 3 MiB hole at 0).
     """
-    from labkit.caching_allocator import CachingAllocator
+    from labkit.lab6.caching_allocator import CachingAllocator
 
     alloc = CachingAllocator()
     a = alloc.malloc(3 * MiB)
@@ -182,7 +182,7 @@ def test_oom_releases_cached_segments_and_retries():
     Then malloc(8 MiB): no cached block, a 20 MiB segment would make 40 > 24 MiB, nothing
     cached to release → SimulatedOOM, num_ooms 1.
     """
-    from labkit.caching_allocator import CachingAllocator, SimulatedOOM
+    from labkit.lab6.caching_allocator import CachingAllocator, SimulatedOOM
 
     alloc = CachingAllocator(24 * MiB)
     alloc.free(alloc.malloc(15 * MiB))
@@ -206,7 +206,7 @@ def test_max_split_size_keeps_oversize_blocks_whole():
     Then malloc(25 MiB) (≥ 24 MiB) may take the cached 30 MiB block (30 < 25 + 20): no new
     segment, and no split (requests ≥ max_split_size are never split): block of 30 MiB.
     """
-    from labkit.caching_allocator import CachingAllocator
+    from labkit.lab6.caching_allocator import CachingAllocator
 
     plain = CachingAllocator()
     plain.free(plain.malloc(30 * MiB))
@@ -237,7 +237,7 @@ def test_expandable_segments_grow_by_pages():
     wholly free and is unmapped, the page [0, 20) still holds a → reserved 20 MiB.
     free(a), empty_cache → every page unmapped, reserved 0.
     """
-    from labkit.caching_allocator import CachingAllocator
+    from labkit.lab6.caching_allocator import CachingAllocator
 
     alloc = CachingAllocator(expandable_segments=True)
     a = alloc.malloc(15 * MiB)
@@ -259,7 +259,7 @@ def test_expandable_segments_grow_by_pages():
 @pytest.mark.exercise("6.1", points=1)
 def test_bad_requests_raise():
     """Check a negative size and a free of an unknown block raise ValueError before any work."""
-    from labkit.caching_allocator import CachingAllocator
+    from labkit.lab6.caching_allocator import CachingAllocator
 
     alloc = CachingAllocator()
     with pytest.raises(ValueError, match="size"):
@@ -276,7 +276,7 @@ def test_bad_requests_raise():
 @pytest.fixture(scope="module")
 def gpt_trace():
     """The allocation trace of one training step (forward, backward, Adam) of the lab's GPT."""
-    from labkit.caching_allocator import record_trace
+    from labkit.lab6.caching_allocator import record_trace
 
     cfg = lab_config("cpu")
     torch.manual_seed(0)
@@ -299,7 +299,7 @@ def test_replay_of_a_real_step_tracks_allocated_exactly(gpt_trace):
     to 512 B (plain sum, computed here), equal to it when no block was left unsplit (small
     pool); reserved ≥ allocated; every segment a size the rules allow; then free all and
     empty_cache → reserved 0."""
-    from labkit.caching_allocator import CachingAllocator
+    from labkit.lab6.caching_allocator import CachingAllocator
 
     alloc = CachingAllocator()
     handles, live_rounded, live_req = {}, {}, {}
@@ -335,7 +335,7 @@ def test_replay_of_a_real_step_reserves_the_fewest_small_segments_needed(gpt_tra
     """On the real trace, every segment the simulator reserves in the small pool is needed:
     whenever a new 2 MiB segment appears, no cached small block could hold the request
     (checked by inspecting the allocator's cached blocks just before each malloc)."""
-    from labkit.caching_allocator import CachingAllocator, round_size
+    from labkit.lab6.caching_allocator import CachingAllocator, round_size
 
     alloc = CachingAllocator()
     handles = {}
@@ -382,7 +382,7 @@ def _cuda_step_trace():
 def test_simulator_matches_the_real_cuda_allocator():
     """On CUDA, replay PyTorch's own allocation events of a GPT step: the simulator's segment
     sizes equal the snapshot's segment_alloc events, its reserved bytes torch.cuda.memory_reserved."""
-    from labkit.caching_allocator import CachingAllocator
+    from labkit.lab6.caching_allocator import CachingAllocator
 
     events, reserved = _cuda_step_trace()
     alloc = CachingAllocator()
@@ -432,7 +432,7 @@ def brute_force_arena(tensors):
 
 
 def random_instance(seed, n=6, horizon=10):
-    from labkit.memory_planner import TensorLife
+    from labkit.lab6.memory_planner import TensorLife
 
     rng = random.Random(seed)
     out = []
@@ -455,7 +455,7 @@ def check_plan(tensors, offsets, what):
 @pytest.mark.parametrize("planner", ["place_in_given_order", "plan_greedy_by_size", "plan_in_order_of_allocation"])
 def test_plans_never_overlap_live_tensors(planner):
     """Check with the overlap checker on 30 random instances of 6 tensors and 2 of 40."""
-    from labkit import memory_planner as mp
+    from labkit.lab6 import memory_planner as mp
 
     for seed in range(32):
         tensors = random_instance(seed, n=6 if seed < 30 else 40, horizon=10 if seed < 30 else 30)
@@ -471,7 +471,7 @@ def test_place_takes_the_lowest_gap():
     """Hand-derived: A (4 KiB, events 0–9), B (1 KiB, 0–2), C (1 KiB, 3–5), D (2 KiB, 1–4) in
     order A, B, C, D. A at 0; B conflicts with A → 4096; C conflicts with A only (B ended at
     2) → 4096; D conflicts with A, B and C → the lowest gap of 2 KiB is above them: 5120."""
-    from labkit.memory_planner import TensorLife, place
+    from labkit.lab6.memory_planner import TensorLife, place
 
     A, B, C, D = (TensorLife(0, 4096, 0, 9), TensorLife(1, 1024, 0, 2),
                   TensorLife(2, 1024, 3, 5), TensorLife(3, 2048, 1, 4))
@@ -491,7 +491,7 @@ def test_greedy_by_size_orders_largest_first():
     (1 KiB, B first: longer-lived ties are equal, lower id) at 6144: arena 7 KiB. In
     allocation order (A, B, D, C) the arena is also 7 KiB; the lower bound is 7 KiB (A+B+D
     alive at events 1–2)."""
-    from labkit.memory_planner import TensorLife, arena_size, peak_live, plan_greedy_by_size
+    from labkit.lab6.memory_planner import TensorLife, arena_size, peak_live, plan_greedy_by_size
 
     tensors = [TensorLife(0, 4096, 0, 9), TensorLife(1, 1024, 0, 2), TensorLife(2, 1024, 3, 5),
                TensorLife(3, 2048, 1, 4)]
@@ -505,7 +505,7 @@ def test_order_of_allocation_places_by_start():
     """Hand-derived, the same A, B, C, D: by start (then id) the order is A, B, D, C: A at 0,
     B at 4096, D (alive with A and B) at 5120, C (alive with A and D; B has ended) in the
     1 KiB gap at 4096. (By end of life it would be B, D, C, A: a different plan.)"""
-    from labkit.memory_planner import TensorLife, plan_in_order_of_allocation
+    from labkit.lab6.memory_planner import TensorLife, plan_in_order_of_allocation
 
     tensors = [TensorLife(0, 4096, 0, 9), TensorLife(1, 1024, 0, 2), TensorLife(2, 1024, 3, 5),
                TensorLife(3, 2048, 1, 4)]
@@ -518,7 +518,7 @@ def test_order_of_allocation_places_by_start():
 def test_plan_optimal_matches_brute_force():
     """On 12 random instances of 6 tensors, plan_optimal's arena equals an independent brute
     force, and greedy by size is never smaller than that optimum (sanity)."""
-    from labkit.memory_planner import TensorLife, arena_size, plan_greedy_by_size, plan_optimal
+    from labkit.lab6.memory_planner import TensorLife, arena_size, plan_greedy_by_size, plan_optimal
 
     # Hand-derived first: X (1 KiB, 0–1), Y (1 KiB, 0–9), Z (2 KiB, 2–9). In the given order
     # X 0, Y 1024, Z 2048 (the 1 KiB hole under Y is too small): 4 KiB. Optimal: Y 0, X and Z
@@ -541,7 +541,7 @@ def test_greedy_plan_of_the_real_step_is_near_the_lower_bound(gpt_trace):
     """On the real GPT step (sizes rounded to 512 B): a valid plan whose arena is within 2% of
     the peak of live bytes. 2%: Pisarchyk & Lee (2020) report greedy by size within a few % of
     the bound on real networks; on this trace it is within 0.01%."""
-    from labkit.memory_planner import arena_size, lifetimes, peak_live, plan_greedy_by_size
+    from labkit.lab6.memory_planner import arena_size, lifetimes, peak_live, plan_greedy_by_size
 
     tensors = lifetimes(gpt_trace, round_to=512)
     offsets = plan_greedy_by_size(tensors)
@@ -567,7 +567,7 @@ MESH_SHAPES = [
 @pytest.mark.parametrize("shape,names", MESH_SHAPES, ids=lambda v: "x".join(map(str, v)) if isinstance(v[0], int) else None)
 def test_coords_match_torch_unravel_index(shape, names):
     """Check coords_of(rank) against torch.unravel_index and rank_of as its inverse, all ranks."""
-    from labkit.device_mesh import coords_of, rank_of
+    from labkit.lab6.device_mesh import coords_of, rank_of
 
     n = math.prod(shape)
     ref = torch.stack(torch.unravel_index(torch.arange(n), shape), dim=1).tolist()
@@ -584,7 +584,7 @@ def test_coords_match_torch_unravel_index(shape, names):
 def test_axis_groups_match_the_mesh_tensor(shape, names):
     """Check every axis' groups against the mesh tensor torch's DeviceMesh builds,
     ``arange(world_size).view(shape)``: the groups along dim d are its rows after moving d last."""
-    from labkit.device_mesh import axis_groups
+    from labkit.lab6.device_mesh import axis_groups
 
     mesh = torch.arange(math.prod(shape)).view(shape)
     for d, axis in enumerate(names):
@@ -597,7 +597,7 @@ def test_axis_groups_match_the_mesh_tensor(shape, names):
 def test_bad_meshes_raise():
     """Not graded (the checks are infrastructure, in the stub too): a shape whose product is not
     the world size, a dimension name twice, an unknown axis, a rank outside."""
-    from labkit.device_mesh import axis_groups, check_mesh, coords_of
+    from labkit.lab6.device_mesh import axis_groups, check_mesh, coords_of
 
     with pytest.raises(ValueError, match="world_size"):
         check_mesh((2, 3), ("dp", "tp"), world_size=8)
@@ -611,7 +611,7 @@ def test_bad_meshes_raise():
 
 @pytest.fixture(scope="module")
 def mesh_ranks():
-    from labkit.device_mesh import mesh_worker
+    from labkit.lab6.device_mesh import mesh_worker
     from labkit.dist import launch
 
     try:
@@ -628,7 +628,7 @@ def mesh_ranks():
 def test_groups_match_init_device_mesh_on_8_gloo_ranks(mesh_ranks):
     """On 8 real gloo ranks (2×2×2, dp, pp, tp): every rank's group along each axis equals the
     ranks of init_device_mesh's group for that dimension, and the mesh layouts agree."""
-    from labkit.device_mesh import rank_of
+    from labkit.lab6.device_mesh import rank_of
 
     want_mesh = [[[rank_of((d, p, t), (2, 2, 2)) for t in range(2)] for p in range(2)] for d in range(2)]
     for rank, out in enumerate(mesh_ranks):
@@ -665,7 +665,7 @@ def test_fused_gelu_matches_torch_gelu_tanh():
     """Outputs and input gradients equal torch.nn.functional.gelu(x, approximate="tanh")."""
     import torch.nn.functional as F
 
-    from labkit.fusion import fused_gelu_tanh
+    from labkit.lab6.fusion import fused_gelu_tanh
 
     torch.manual_seed(0)
     x = (3 * torch.randn(37, 129)).requires_grad_()
@@ -682,7 +682,7 @@ def test_fused_gelu_matches_torch_gelu_tanh():
 @pytest.mark.exercise("6.5", points=1)
 def test_fused_gelu_gradcheck_in_float64():
     """torch.autograd.gradcheck (finite differences in float64) on the fused backward."""
-    from labkit.fusion import fused_gelu_tanh
+    from labkit.lab6.fusion import fused_gelu_tanh
 
     x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(fused_gelu_tanh, (x,)), "gradcheck failed: the backward is not the derivative of the forward"
@@ -693,7 +693,7 @@ def test_fused_gelu_saves_only_its_input():
     """Saved bytes (saved_tensors_hooks, distinct storages): the unfused chain saves x, tanh's
     output t, 0.5·x and 1 + t — 16 bytes per fp32 element (measured here on the chain); the
     fused operator only x: 4 bytes per element, 12 fewer."""
-    from labkit.fusion import fused_gelu_tanh, gelu_tanh_unfused
+    from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused
     from labkit.measure import saved_activation_bytes
 
     x = torch.randn(64, 1000, requires_grad=True)
@@ -712,7 +712,7 @@ def test_fused_gelu_lowers_held_and_peak_bytes_by_the_prediction():
     saved tensors); the peak of forward + backward is lower by at least 12·n·(L − 2): at the
     peak both hold all layers' saved tensors, and a fused backward may allocate up to 3
     temporaries of n elements more than the chain's (12·n of slack)."""
-    from labkit.fusion import fused_gelu_tanh, gelu_tanh_unfused, retained_bytes
+    from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused, retained_bytes
     from labkit.measure import peak_bytes
 
     x = torch.randn(64, 1000, requires_grad=True)

@@ -2,7 +2,7 @@
 
 The reference is a brute-force search written here: every (dp, tp, pp) in 1..N with
 cp = N/(dp·tp·pp), every micro-batch size in 1..global_batch, every recipe, optimizer, ZeRO stage,
-offload flag and recomputation, filtered by the constraints that ``labkit.planner.plan``'s
+offload flag and recomputation, filtered by the constraints that ``labkit.lab7.planner.plan``'s
 docstring states, scored with the module's given ``evaluate`` (memory and time are not the
 exercise) and sorted by the stated order. No pruning, no cleverness: it is slow and obviously
 right. The planner must return the same best configuration and the same runners-up, in order.
@@ -26,7 +26,8 @@ import random
 
 import pytest
 
-from labkit import memory_model, planner
+from labkit import memory_model
+from labkit.lab7 import planner
 
 GB = 10**9
 SEED_100B = dict(n_params=100e9, n_layer=80, hidden=10240, n_head=80, seq_len=2048, name="100B")
@@ -253,8 +254,8 @@ def test_no_valid_layout_is_explained():
 # ---------------------------------------------------------------- the given pieces (not graded)
 
 def test_reference_memory_matches_lab6_when_written():
-    """The formulas above agree with labkit.parallel_memory wherever 6.4 is done."""
-    from labkit import parallel_memory
+    """The formulas above agree with labkit.lab6.parallel_memory wherever 6.4 is done."""
+    from labkit.lab6 import parallel_memory
     kw = dict(world_size=16, dp=2, tp=2, pp=2, cp=2, zero_stage=2, n_layer=8, hidden=256,
               n_head=4, seq_len=128, micro_batch=2, n_micro=4, checkpointing="selective",
               sequence_parallel=True)

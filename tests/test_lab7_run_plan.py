@@ -1,7 +1,7 @@
 """Graders of Lab 7, exercise 7.2 (labs/07_panorama.ipynb): run a plan on 4 real gloo ranks.
 
 The lab's GPT (``lab_config("cpu")``) trains 3 steps on a batch of 16 sequences under each of the
-three plans of ``labkit.run_plan.PLANS`` — ZeRO-3 over 4 replicas; TP 2 × DP 2 (plain Adam, the
+three plans of ``labkit.lab7.run_plan.PLANS`` — ZeRO-3 over 4 replicas; TP 2 × DP 2 (plain Adam, the
 replicas' gradients all-reduced); PP 2 × DP 2 (1F1B, 2 micro-batches, ZeRO-1) — all in ONE
 ``labkit.dist.launch`` of 4 ranks (each plan makes its own process groups).
 
@@ -51,7 +51,7 @@ def _setup():
 def runs() -> dict:
     """{plan name: per-rank results of run_plans_worker}: one launch for the three plans."""
     from labkit.dist import launch
-    from labkit.run_plan import PLANS, run_plans_worker
+    from labkit.lab7.run_plan import PLANS, run_plans_worker
 
     _, state, batches = _setup()
     plans = [PLANS[n] for n in NAMES]
@@ -113,7 +113,7 @@ def test_losses_equal_one_device_adam_on_the_whole_batch(name):
 def test_every_ranks_peak_is_within_10_percent_of_the_prediction(name):
     """Check each rank's MemTracker peak over the 3 steps is within 10% of predict_peak(plan,
     cfg, 16, rank) for that rank."""
-    from labkit.run_plan import PLANS, predict_peak
+    from labkit.lab7.run_plan import PLANS, predict_peak
 
     for rank, result in enumerate(runs()[name]):
         want = predict_peak(PLANS[name], CFG, BATCH, rank)
@@ -148,7 +148,7 @@ BAD_PLANS = [  # (plan fields, world_size, batch_size, the words the message mus
                          ids=[w + "-" + "-".join(f"{k}{v}" for k, v in f.items()) for f, _, _, w in BAD_PLANS])
 def test_a_plan_the_ranks_cannot_run_is_refused_naming_the_argument(fields, world_size, batch_size, words):
     """Check check_plan (and predict_peak, which calls it) raise ValueError naming the field."""
-    from labkit.run_plan import Plan, check_plan, predict_peak
+    from labkit.lab7.run_plan import Plan, check_plan, predict_peak
 
     plan = Plan(**fields)
     with pytest.raises(ValueError) as info:
@@ -166,11 +166,11 @@ def test_a_plan_the_ranks_cannot_run_is_refused_naming_the_argument(fields, worl
 def test_an_earlier_exercise_left_undone_is_named_not_a_traceback():
     """The runner turns a stub's NotImplementedError from exercise 3.7 into a RuntimeError that
     says which exercise and module to finish first; 7.2's own stubs stay NotImplementedError."""
-    from labkit.run_plan import _prerequisite_error
+    from labkit.lab7.run_plan import _prerequisite_error
 
     err = _prerequisite_error(NotImplementedError("exercise 3.7: resize the full buffer (labs/03_parameters.ipynb)"))
     assert isinstance(err, RuntimeError)
-    assert "exercise 3.7 (labkit.zero3) is not done yet" in str(err)
+    assert "exercise 3.7 (labkit.lab3.zero3) is not done yet" in str(err)
     assert 'labkit.check("3.7")' in str(err)
     own = NotImplementedError("exercise 7.2: ...")
     assert _prerequisite_error(own) is own
@@ -180,21 +180,21 @@ def test_the_prerequisites_are_listed_until_written():
     """Stubs of the exercises 7.2 builds on are listed by exercise and module; none with the
     solutions."""
     import labkit
-    from labkit.run_plan import PREREQUISITES, missing_prerequisites
+    from labkit.lab7.run_plan import PREREQUISITES, missing_prerequisites
 
     assert set(PREREQUISITES.values()) >= {"2.5", "3.4", "3.6", "3.7", "6.3", "6.4", "1.3"}
     missing = missing_prerequisites()
     if any("solutions" in str(p) for p in labkit.__path__):
         assert missing == []
     else:  # the student edition, nothing written yet
-        assert "3.7 (labkit.zero3)" in missing
+        assert "3.7 (labkit.lab3.zero3)" in missing
 
 
 def test_plans_with_zero2_or_checkpointing_train_like_one_device():
     """Not graded (no graded plan uses them): ZeRO-2 (4.3) and checkpointing (5.2) still compose
     with the runner — 2 ranks, a 2-layer GPT, 3 steps, the same loss tolerance as above."""
     from labkit.dist import launch
-    from labkit.run_plan import Plan, run_plans_worker
+    from labkit.lab7.run_plan import Plan, run_plans_worker
 
     cfg = lab_config("cpu", n_layer=2)
     torch.manual_seed(0)
@@ -217,7 +217,7 @@ def test_a_three_axis_plan_on_8_ranks_trains_like_one_device():
     10.9% above the prediction on the solutions (the model leaves out the received activation
     and gradient buffers of send/recv, which a PP × TP stage holds whole per TP rank)."""
     from labkit.dist import launch
-    from labkit.run_plan import Plan, predict_peak, run_plans_worker
+    from labkit.lab7.run_plan import Plan, predict_peak, run_plans_worker
 
     model, state, batches = _setup()
     plan = Plan(dp=2, pp=2, tp=2, zero_stage=1, n_micro=2, schedule="1f1b")

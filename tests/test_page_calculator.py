@@ -1,7 +1,7 @@
 """The book's in-browser calculator computes what the Python calculator computes.
 
 Two references: ``labkit.memory_model`` (infrastructure) for data parallelism, and
-``labkit.widgets.calculator_bytes`` — ``labkit.parallel_memory`` (exercise 6.4's reference
+``labkit.widgets.calculator_bytes`` — ``labkit.lab6.parallel_memory`` (exercise 6.4's reference
 solution, loaded with LABKIT_SOLUTIONS) plus Chapter 1's framework options — for every
 D × T × P × C layout, sequence parallelism, recomputation and micro-batch count.  Both sides
 compute in IEEE doubles with the same operations in possibly different orders: they must agree
@@ -34,11 +34,11 @@ def run_js(expression_of_cases: str, cases: list) -> list:
 
 
 def needs_6_4():
-    """Skip where labkit.parallel_memory is the student's unwritten stub."""
+    """Skip where labkit.lab6.parallel_memory is the student's unwritten stub."""
     try:
         calculator_bytes(**settings(world_size=64, tp=8))
     except NotImplementedError:
-        pytest.skip("needs labkit.parallel_memory (exercise 6.4): run with LABKIT_SOLUTIONS")
+        pytest.skip("needs labkit.lab6.parallel_memory (exercise 6.4): run with LABKIT_SOLUTIONS")
 
 
 def _data_parallel_grid():
@@ -88,7 +88,7 @@ def _parallel_grid():
 def test_javascript_model_equals_parallel_memory_on_every_layout():
     """8 layouts × SP × recomputation × m ∈ {1, 4, 16} × ZeRO stage × recipe × gradient buffer ×
     fp32 logits × b ∈ {1, 3}: the page equals labkit.widgets.calculator_bytes, which is
-    labkit.parallel_memory.per_gpu_bytes plus the buffer and the logits."""
+    labkit.lab6.parallel_memory.per_gpu_bytes plus the buffer and the logits."""
     needs_6_4()
     cases = [settings(**c) for c in _parallel_grid()]
     got = run_js("cases.map((v) => wtmgPerGpu(v, T))", cases)
@@ -98,7 +98,7 @@ def test_javascript_model_equals_parallel_memory_on_every_layout():
         for consumer in memory_model.CONSUMERS:
             assert js[consumer] == pytest.approx(py[consumer], rel=REL), (
                 f"{consumer}: JavaScript {js[consumer]:,} B, calculator_bytes {py[consumer]:,} B "
-                f"for {case}: is JS_MODEL out of step with labkit.parallel_memory?")
+                f"for {case}: is JS_MODEL out of step with labkit.lab6.parallel_memory?")
 
 
 INVALID = [  # (changes to DEFAULTS, a word the page's message and Python's error both contain)

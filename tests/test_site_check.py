@@ -2,7 +2,7 @@
 
 Each page below has one planted fault (or none); the checker must report it, by kind, and
 nothing on the clean page. The last tests drive the book's JS calculator in the browser and
-compare the numbers it draws with labkit.widgets.calculator_bytes (labkit.parallel_memory). The browser tests skip without Chromium
+compare the numbers it draws with labkit.widgets.calculator_bytes (labkit.lab6.parallel_memory). The browser tests skip without Chromium
 (tools/ensure_chromium.sh installs it); the font and link tests need no browser.
 """
 import re
@@ -290,7 +290,7 @@ def _check_drawn(tab, where):
         assert abs(float(gb) - want) <= 0.005 + 1e-9 * want, (
             f"{where}: the chart draws {consumer} at stage {stage} as "
             f"{gb} GB, labkit.widgets.calculator_bytes({kwargs}) gives {want:.4f} GB: "
-            f"is the page's JavaScript out of step with labkit.parallel_memory?")
+            f"is the page's JavaScript out of step with labkit.lab6.parallel_memory?")
     # the summary repeats the selected stage's numbers
     total = sum(calculator_bytes(**kwargs).values()) / 1e9
     assert f"total {total:.2f} GB" in drawn["summary"], \
@@ -307,13 +307,13 @@ def _set(tab, name, value):
 @needs_chromium
 def test_calculator_draws_what_labkit_parallel_memory_computes(calculator_tab):
     """Every control moved in turn, then four D×T×P×C layouts: the drawn bars and the summary
-    equal the Python calculator (labkit.parallel_memory with LABKIT_SOLUTIONS)."""
+    equal the Python calculator (labkit.lab6.parallel_memory with LABKIT_SOLUTIONS)."""
     from labkit.widgets import calculator_bytes, settings
 
     try:
         calculator_bytes(**settings(world_size=64, tp=8))
     except NotImplementedError:
-        pytest.skip("needs labkit.parallel_memory (exercise 6.4): run with LABKIT_SOLUTIONS")
+        pytest.skip("needs labkit.lab6.parallel_memory (exercise 6.4): run with LABKIT_SOLUTIONS")
     tab = calculator_tab
     controls = tab.evaluate(CONTROLS_JS)
     assert {"n_params", "recipe", "optimizer", "zero_stage", "world_size", "dp", "tp", "pp", "cp",

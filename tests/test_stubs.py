@@ -27,10 +27,13 @@ def test_committed_stubs_equal_the_generated_ones():
 
 @needs_solutions
 def test_every_solution_module_has_a_stub_and_no_stub_holds_a_solution():
-    for solution in SOLUTIONS.glob("*.py"):
-        stub = ROOT / "src" / "labkit" / solution.name
-        assert stub.exists(), f"{solution.name} has no stub in src/labkit"
-    for stub in (ROOT / "src" / "labkit").glob("*.py"):
+    solutions = sorted(SOLUTIONS.rglob("*.py"))
+    assert solutions and all(s.parent.name.startswith("lab") for s in solutions), \
+        "solutions/labkit holds only lab folders (solutions/labkit/labN/<module>.py)"
+    for solution in solutions:
+        stub = ROOT / "src" / "labkit" / solution.relative_to(SOLUTIONS)
+        assert stub.exists(), f"{solution.relative_to(SOLUTIONS)} has no stub in src/labkit"
+    for stub in (ROOT / "src" / "labkit").rglob("*.py"):
         assert "# BEGIN SOLUTION" not in stub.read_text(), f"solution leaked into {stub}"
 
 
@@ -71,13 +74,24 @@ def test_make_stub_rejects_malformed_markers(source, problem):
 
 
 def test_solutions_overlay_loads_the_solution_module(tmp_path):
-    """LABKIT_SOLUTIONS=<dir> puts <dir>/labkit in front of labkit's search path."""
-    (tmp_path / "labkit").mkdir()
-    (tmp_path / "labkit" / "overlay_probe.py").write_text("WHO = 'solution'\n")
-    code = "import labkit.overlay_probe as m, labkit.models; print(m.WHO, labkit.models.__name__)"
+    """LABKIT_SOLUTIONS=<dir> puts <dir>/labkit/labN in front of lab N's search path; the
+    toolkit (labkit.models) is never taken from <dir>, and a module only the stub folder has
+    still loads from there."""
+    (tmp_path / "labkit" / "lab1").mkdir(parents=True)
+    (tmp_path / "labkit" / "lab1" / "accounting.py").write_text("WHO = 'solution'\n")
+    (tmp_path / "labkit" / "models.py").write_text("raise SystemExit('the toolkit was overlaid')\n")
+    code = ("import labkit.lab1.accounting as m, labkit.models, labkit.lab2.zero1 as z; "
+            "print(getattr(m, 'WHO', 'stub'), labkit.models.__name__, z.__file__.split('/')[-3])")
     env = {"LABKIT_SOLUTIONS": str(tmp_path), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert out.stdout.split() == ["solution", "labkit.models"], out.stderr
+    assert out.stdout.split() == ["solution", "labkit.models", "labkit"], out.stderr
+
+
+def test_without_solutions_the_stub_is_loaded():
+    code = "import labkit.lab1.accounting as m; print(m.__file__)"
+    env = {"PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip().endswith("src/labkit/lab1/accounting.py"), out.stdout + out.stderr
 
 
 def test_solutions_overlay_with_a_wrong_path_says_so(tmp_path):

@@ -1,12 +1,12 @@
 """Generate the student edition of each exercise module from its reference solution.
 
-``solutions/labkit/<module>.py`` is the complete module.  Each exercise body in it sits between
+``solutions/labkit/labN/<module>.py`` is the complete module.  Each exercise body in it sits between
 
     # BEGIN SOLUTION 1.2: <one line saying what to write>
     ...
     # END SOLUTION
 
-``src/labkit/<module>.py`` is the same file with each marked block replaced by
+``src/labkit/labN/<module>.py`` is the same file with each marked block replaced by
 ``raise NotImplementedError("exercise 1.2: <what to write> (labs/01_....ipynb)")`` at the
 block's indentation.  Never edit a stub by hand: run ``make stubs`` (this script); a test
 (`tests/test_stubs.py`) fails when a committed stub differs from what this script writes.
@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report stubs that differ")
     args = parser.parse_args(argv)
     differ = []
-    for solution in sorted((ROOT / "solutions" / "labkit").glob("*.py")):
-        stub_path = ROOT / "src" / "labkit" / solution.name
+    solutions = ROOT / "solutions" / "labkit"
+    for solution in sorted(solutions.glob("lab[0-9]*/*.py")):
+        stub_path = ROOT / "src" / "labkit" / solution.relative_to(solutions)
         stub = make_stub(solution.read_text(), str(solution.relative_to(ROOT)))
         current = stub_path.read_text() if stub_path.exists() else None
         if current != stub:

@@ -1,8 +1,8 @@
-"""Sphinx role ``{src}`labkit/lomo.py``` → a link to that file in the course repository.
+"""Sphinx role ``{src}`labkit/lab2/lomo.py``` → a link to that file in the course repository.
 
 The link is built from the repository URL and branch that Jupyter Book passes to the theme
 (``repository.url`` and ``repository.branch`` in ``_config.yml``), so a course host who moves
-the repository changes one setting and every link follows.  ``{src}`text <labkit/zero1.py>```
+the repository changes one setting and every link follows.  ``{src}`text <labkit/lab2/zero1.py>```
 sets the link text.
 """
 from __future__ import annotations

@@ -1,13 +1,20 @@
-"""labkit: the toolkit of the course *Where the Memory Goes*.
+"""labkit: the package of the course *Where the Memory Goes*.
 
-Infrastructure (complete): ``models`` (the course's GPT and its synthetic data),
-``measure`` (bytes by consumer with PyTorch's MemTracker, FLOPs), ``dist`` (launch N real
-ranks), ``plot`` (one figure style), ``widgets``, ``grading`` (the pytest plugin behind
-``check``).  Exercise modules (``accounting``, ...) are the ones you write in the labs.
+Two rooms:
+
+* ``labkit/lab1/`` … ``labkit/lab7/``: **the student's room**. Each holds exactly one lab's
+  exercise modules (one technique per module, named after it: ``labkit.lab2.zero1``,
+  ``labkit.lab5.flash_attention``); the lab package's docstring is the lab's map.
+* everything at the top of ``labkit``: **the course's toolkit**, complete and tested: ``models``
+  (the course's GPT and its synthetic data), ``measure`` (bytes by consumer with PyTorch's
+  MemTracker, FLOPs), ``dist`` (launch N real ranks), ``plot`` (one figure style), ``widgets``,
+  ``grading`` (the pytest plugin behind ``check``), the references the graders compare with.
+  Use it; don't edit it.
 
 Setting ``LABKIT_SOLUTIONS=<path to solutions/>`` before the first ``import labkit`` makes
-``import labkit.<module>`` load the reference solution instead of the student stub: the
-solutions' ``labkit`` folder is put in front of this package's search path.
+``import labkit.labN.<module>`` load the reference solution instead of the student stub: each lab
+package puts ``solutions/labkit/labN`` in front of its own search path (``solutions_overlay``).
+The toolkit is never overlaid: there is one copy of it.
 """
 from __future__ import annotations
 
@@ -63,15 +70,36 @@ _torch_version = _installed_torch()
 if _torch_version is not None:
     check_torch_version(_torch_version)
 
-_solutions = _os.environ.get("LABKIT_SOLUTIONS")
-if _solutions:
-    _overlay = _os.path.join(_os.path.abspath(_solutions), "labkit")
-    if not _os.path.isdir(_overlay):
+
+
+def _solutions_root() -> str | None:
+    """``$LABKIT_SOLUTIONS/labkit``, checked, or None when the variable is unset or empty."""
+    solutions = _os.environ.get("LABKIT_SOLUTIONS")
+    if not solutions:
+        return None
+    root = _os.path.join(_os.path.abspath(solutions), "labkit")
+    if not _os.path.isdir(root):
         raise ImportError(
-            f"LABKIT_SOLUTIONS={_solutions!r} has no labkit/ folder; "
+            f"LABKIT_SOLUTIONS={solutions!r} has no labkit/ folder; "
             "point it at the repository's solutions/ directory or unset it"
         )
-    __path__.insert(0, _overlay)  # noqa: F821  (the package's own __path__)
+    return root
+
+
+_SOLUTIONS_ROOT = _solutions_root()
+
+
+def solutions_overlay(package_path: list[str], lab: str) -> None:
+    """Put ``$LABKIT_SOLUTIONS/labkit/<lab>`` first on a lab package's ``__path__``.
+
+    Called by each ``labkit/labN/__init__.py``: with the variable set, ``import
+    labkit.labN.zero1`` finds the solution's module before the stub beside it.
+    """
+    if _SOLUTIONS_ROOT is None:
+        return
+    overlay = _os.path.join(_SOLUTIONS_ROOT, lab)
+    if _os.path.isdir(overlay) and overlay not in package_path:
+        package_path.insert(0, overlay)
 
 __version__ = "0.1.0"
 

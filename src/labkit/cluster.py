@@ -17,35 +17,35 @@ this rank communicated, and the step time, then a line ``json: {...}`` with the 
 
 Demos (``DEMOS``):
 
-- ``zero1``: data-parallel training of the course GPT with ZeRO-1 (``labkit.zero1``, lab 2):
+- ``zero1``: data-parallel training of the course GPT with ZeRO-1 (``labkit.lab2.zero1``, lab 2):
   each rank's optimizer state next to 8Ψ/N (Adam's two fp32 moments, 1/N each), the
   MemTracker peak of the run, and bytes sent per step in units of the fp32 model, 4Ψ.
-- ``ring_attention``: attention over a sequence split into N chunks (``labkit.ring_attention``,
+- ``ring_attention``: attention over a sequence split into N chunks (``labkit.lab5.ring_attention``,
   lab 5): each rank's peak next to one device's peak over the whole sequence, bytes sent next
   to the ring's 2(N-1)·B·H·(S/N)·D elements.
 - ``tensor_parallel``: one layer of the course GPT (its MLP, or its attention with ``--layer
-  attn``) split over the N ranks (``labkit.tensor_parallel``, lab 3), forward and backward:
+  attn``) split over the N ranks (``labkit.lab3.tensor_parallel``, lab 3), forward and backward:
   each rank's parameter bytes next to 1/N of the layer's (the row-parallel bias stays whole),
   bytes sent next to two all-reduces of the (B, S, C) activation, one in forward, one in backward.
-- ``zero2``: data-parallel training with ZeRO-2 (``labkit.zero2``, lab 4): each rank's gradient
+- ``zero2``: data-parallel training with ZeRO-2 (``labkit.lab4.zero2``, lab 4): each rank's gradient
   shard next to 4⌈Ψ/N⌉ B, the most ``.grad`` bytes alive during backward (full gradients are
   freed bucket by bucket, ``--bucket-kb``) next to the full 4Ψ, bytes sent per step over 4Ψ.
-- ``zero3``: data-parallel training with ZeRO-3 (``labkit.zero3``, lab 3; CPU only: its buffers
+- ``zero3``: data-parallel training with ZeRO-3 (``labkit.lab3.zero3``, lab 3; CPU only: its buffers
   live on the CPU): each rank's parameter shards next to Σ_units 4⌈Ψ_unit/N⌉ B, the most
   gathered bytes next to the root unit plus the largest block, bytes sent per step over 4Ψ.
-- ``pipeline``: the course GPT cut into N stages, one per rank (``labkit.pipeline``, lab 3),
+- ``pipeline``: the course GPT cut into N stages, one per rank (``labkit.lab3.pipeline``, lab 3),
   one step of ``--microbatches`` M micro-batches of ``--batch`` sequences under the
-  ``--schedule`` (gpipe or 1f1b) that ``labkit.pipeline_schedule.make_schedule`` generates
+  ``--schedule`` (gpipe or 1f1b) that ``labkit.lab3.pipeline_schedule.make_schedule`` generates
   (CPU only, like ``run_stage``'s buffers): each stage's peak of saved activations next to k ×
   one micro-batch's (k = M under GPipe, min(N−s, M) under 1F1B), bytes sent next to M
   messages of b·T·C·4 per neighbour.
 - ``sequence_parallel``: the second half of a GPT block, x + MLP(LayerNorm(x)), with tensor
-  and sequence parallelism over the N ranks (``labkit.sequence_parallel``, lab 5), forward and
+  and sequence parallelism over the N ranks (``labkit.lab5.sequence_parallel``, lab 5), forward and
   backward: the LayerNorm's saved bytes next to 1/N of one device's, the ring bytes of its
   all-gathers and reduce-scatters next to those of one all-reduce per direction (tensor
   parallelism's).
 
-- ``plan``: the course GPT trained under a parallel plan (``labkit.run_plan``, lab 7):
+- ``plan``: the course GPT trained under a parallel plan (``labkit.lab7.run_plan``, lab 7):
   ``--config`` names it, e.g. ``tp2xdp2`` (TP 2 inside, DP 2 outside), ``pp2xdp2``, ``zero3x4``,
   or tokens joined by ``x``: ``dpN``, ``tpN``, ``ppN``, ``zeroK``, ``mN`` (micro-batches),
   ``gpipe``, ``ckpt`` (default ``zero3``: ZeRO-3 over every rank; the data-parallel size is what
@@ -109,7 +109,7 @@ def zero1_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_head:
                vocab_size: int, seq: int, batch: int, steps: int, device: str) -> dict:
     """Train the course GPT for ``steps`` steps with ZeRO-1 on this rank; measure it."""
     from labkit.models import GPT, GPTConfig, SyntheticData
-    from labkit.zero1 import train_data_parallel
+    from labkit.lab2.zero1 import train_data_parallel
 
     torch.manual_seed(0)  # the same initial model on every rank
     cfg = GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head,
@@ -137,7 +137,7 @@ def zero1_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_head:
 def ring_attention_demo(rank: int, world_size: int, *, batch: int, heads: int, seq: int,
                         head_dim: int, causal: bool, device: str) -> dict:
     """Ring attention over a sequence of ``seq`` positions split over the ranks; measure it."""
-    from labkit.ring_attention import ring_bytes_per_rank, ring_worker, single_device_peak_bytes
+    from labkit.lab5.ring_attention import ring_bytes_per_rank, ring_worker, single_device_peak_bytes
 
     gen = torch.Generator().manual_seed(0)  # the same q, k, v on every rank
     q, k, v = (torch.randn(batch, heads, seq, head_dim, generator=gen).to(device) for _ in range(3))
@@ -184,7 +184,7 @@ def tensor_parallel_demo(rank: int, world_size: int, *, layer: str, n_embd: int,
                          seq: int, batch: int, device: str) -> dict:
     """Forward and backward of one GPT layer (``layer``: "mlp" or "attn") split over the ranks."""
     from labkit.models import GPTConfig, MLP, CausalSelfAttention
-    from labkit.tensor_parallel import run_tp
+    from labkit.lab3.tensor_parallel import run_tp
 
     torch.manual_seed(0)  # the same full layer, input and output gradient on every rank
     cfg = GPTConfig(vocab_size=16, block_size=seq, n_layer=1, n_head=n_head, n_embd=n_embd)
@@ -207,7 +207,7 @@ def tensor_parallel_demo(rank: int, world_size: int, *, layer: str, n_embd: int,
 def zero2_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_head: int,
                vocab_size: int, seq: int, batch: int, steps: int, bucket_kb: int, device: str) -> dict:
     """Train the course GPT for ``steps`` steps with ZeRO-2 on this rank; measure it."""
-    from labkit.zero2 import train_zero2
+    from labkit.lab4.zero2 import train_zero2
 
     model, batches = _gpt_and_batches(world_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
                                       vocab_size=vocab_size, seq=seq, batch=batch, steps=steps,
@@ -230,7 +230,7 @@ def zero2_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_head:
 def zero3_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_head: int,
                vocab_size: int, seq: int, batch: int, steps: int, device: str) -> dict:
     """Train the course GPT for ``steps`` steps with ZeRO-3 on this rank; measure it."""
-    from labkit.zero3 import train_zero3
+    from labkit.lab3.zero3 import train_zero3
 
     model, batches = _gpt_and_batches(world_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
                                       vocab_size=vocab_size, seq=seq, batch=batch, steps=steps,
@@ -257,8 +257,8 @@ def pipeline_demo(rank: int, world_size: int, *, n_layer: int, n_embd: int, n_he
     """One pipeline step of the course GPT, stage ``rank`` of ``world_size``; measure it."""
     from labkit.measure import peak_saved_bytes
     from labkit.models import GPT, GPTConfig, SyntheticData
-    from labkit.pipeline import pipeline_worker, split_gpt
-    from labkit.pipeline_schedule import make_schedule
+    from labkit.lab3.pipeline import pipeline_worker, split_gpt
+    from labkit.lab3.pipeline_schedule import make_schedule
 
     torch.manual_seed(0)  # the same model on every rank
     cfg = GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head,
@@ -295,7 +295,7 @@ def sequence_parallel_demo(rank: int, world_size: int, *, n_embd: int, seq: int,
     """x + MLP(LayerNorm(x)) with tensor and sequence parallelism over the ranks; measure it."""
     from labkit.measure import saved_activation_bytes
     from labkit.models import GPTConfig, MLP
-    from labkit.sequence_parallel import run_sp
+    from labkit.lab5.sequence_parallel import run_sp
 
     torch.manual_seed(0)  # the same layer, input and output gradient on every rank
     cfg = GPTConfig(vocab_size=16, block_size=seq, n_layer=1, n_head=1, n_embd=n_embd)
@@ -314,8 +314,8 @@ def sequence_parallel_demo(rank: int, world_size: int, *, n_embd: int, seq: int,
 
 
 def plan_from_config(config: str, world_size: int):
-    """``--config`` → a ``labkit.run_plan.Plan`` of ``world_size`` ranks (UsageError if it cannot be)."""
-    from labkit.run_plan import PLANS, Plan
+    """``--config`` → a ``labkit.lab7.run_plan.Plan`` of ``world_size`` ranks (UsageError if it cannot be)."""
+    from labkit.lab7.run_plan import PLANS, Plan
 
     if config in PLANS:
         plan = PLANS[config]
@@ -355,7 +355,7 @@ def plan_demo(rank: int, world_size: int, *, config: str, n_layer: int, n_embd: 
     """Train the course GPT for ``steps`` steps under the plan ``config`` on this rank; measure it."""
     from labkit.comm_count import count_comm
     from labkit.models import GPT, GPTConfig, SyntheticData
-    from labkit.run_plan import predict_peak, run_plans_worker
+    from labkit.lab7.run_plan import predict_peak, run_plans_worker
 
     plan = plan_from_config(config, world_size)
     torch.manual_seed(0)  # the same initial model and batches on every rank
@@ -453,12 +453,12 @@ def demo_call(args: argparse.Namespace, world_size: int, device: str):
             return plan_demo, {**_plan_kwargs(args, kwargs, world_size, device), "config": args.config}
         if args.demo == "zero3":
             if device != "cpu":
-                raise UsageError("zero3 runs on the CPU only (labkit.zero3 keeps its shards and "
+                raise UsageError("zero3 runs on the CPU only (labkit.lab3.zero3 keeps its shards and "
                                  "buffers on the CPU): use --device cpu")
             return zero3_demo, kwargs
         if args.demo == "pipeline":
             if device != "cpu":
-                raise UsageError("pipeline runs on the CPU only (labkit.pipeline's run_stage "
+                raise UsageError("pipeline runs on the CPU only (labkit.lab3.pipeline's run_stage "
                                  "receives into CPU buffers): use --device cpu")
             if kwargs["n_layer"] % world_size:
                 raise UsageError(f"pipeline cuts --n-layer {kwargs['n_layer']} blocks into "
@@ -498,7 +498,7 @@ def demo_call(args: argparse.Namespace, world_size: int, device: str):
 def _plan_kwargs(args, kwargs: dict, world_size: int, device: str) -> dict:
     """The plan demo's keyword arguments, after checking the plan fits the job and the model."""
     if device != "cpu":
-        raise UsageError("plan runs on the CPU only (labkit.pipeline and labkit.zero3 keep their "
+        raise UsageError("plan runs on the CPU only (labkit.lab3.pipeline and labkit.lab3.zero3 keep their "
                          "buffers on the CPU): use --device cpu")
     plan = plan_from_config(args.config, world_size)
     if kwargs["n_head"] % plan.tp:

@@ -1,10 +1,10 @@
 """Per-rank bytes of the course's own ZeRO-2, ZeRO-3, tensor-parallel and pipeline code, measured
-on real gloo ranks, for comparison with the per-GPU memory model ``labkit.parallel_memory``.
+on real gloo ranks, for comparison with the per-GPU memory model ``labkit.lab6.parallel_memory``.
 
 Chapter 6 checks its model of a configuration (exercise 6.4) against what the implementations
-of Labs 3 and 4 actually keep on each rank: ``labkit.zero2.ZeRO2Adam`` (exercise 4.3),
-``labkit.zero3.ZeRO3`` (3.7), ``labkit.tensor_parallel.TPAttention`` / ``TPMLP`` (3.4) and the
-stages of ``labkit.pipeline`` (3.6). Each function below runs in one rank under
+of Labs 3 and 4 actually keep on each rank: ``labkit.lab4.zero2.ZeRO2Adam`` (exercise 4.3),
+``labkit.lab3.zero3.ZeRO3`` (3.7), ``labkit.lab3.tensor_parallel.TPAttention`` / ``TPMLP`` (3.4) and the
+stages of ``labkit.lab3.pipeline`` (3.6). Each function below runs in one rank under
 ``labkit.dist.launch``, takes one fp32 Adam step and returns this rank's bytes of
 parameters, gradients and optimizer states (every storage counted once, Adam's step counters
 excluded as the model excludes them), counted from the tensors themselves.
@@ -36,7 +36,7 @@ def zero2_bytes(rank: int, world_size: int, model: torch.nn.Module, batch) -> di
     Parameters: the full model (ZeRO-2 keeps them); gradients: the gradient shard plus any full
     ``.grad`` still alive after the step; optimizer states: the shard's states (m, v, and an
     fp32 master slice for 16-bit parameters)."""
-    from labkit.zero2 import ZeRO2Adam
+    from labkit.lab4.zero2 import ZeRO2Adam
 
     torch.set_num_threads(1)
     params = list(model.parameters())
@@ -57,7 +57,7 @@ def zero3_bytes(rank: int, world_size: int, model: torch.nn.Module, batch) -> di
     Parameters: the shards plus whatever gathered full buffers are still allocated after the
     step (none once every unit is freed); gradients: the averaged gradient slices after
     backward plus any full ``.grad`` left; optimizer states: m and v of the shards."""
-    from labkit.zero3 import ZeRO3
+    from labkit.lab3.zero3 import ZeRO3
 
     torch.set_num_threads(1)
     z = ZeRO3(model, lr=1e-3)
@@ -77,7 +77,7 @@ def tensor_parallel_bytes(rank: int, world_size: int, block: torch.nn.Module,
 
     Returns this rank's bytes of their parameters, gradients and ``torch.optim.Adam`` states,
     and ``n_params``: the parameters of the unsplit attention and MLP (LayerNorms excluded)."""
-    from labkit.tensor_parallel import TPAttention, TPMLP
+    from labkit.lab3.tensor_parallel import TPAttention, TPMLP
 
     torch.set_num_threads(1)
     n_params = sum(p.numel() for m in (block.attn, block.mlp) for p in m.parameters())
@@ -95,12 +95,12 @@ def tensor_parallel_bytes(rank: int, world_size: int, block: torch.nn.Module,
 
 def pipeline_bytes(rank: int, world_size: int, cfg, state: dict, x: torch.Tensor,
                    y: torch.Tensor) -> dict:
-    """One step of stage ``rank`` of ``world_size`` (``labkit.pipeline.split_gpt``, run by
+    """One step of stage ``rank`` of ``world_size`` (``labkit.lab3.pipeline.split_gpt``, run by
     ``run_stage``, exercise 3.6; one micro-batch) with ``torch.optim.Adam`` on the stage.
 
     Returns this stage's bytes of parameters, gradients and Adam states."""
     from labkit.models import GPT
-    from labkit.pipeline import run_stage, split_gpt
+    from labkit.lab3.pipeline import run_stage, split_gpt
 
     torch.set_num_threads(1)
     model = GPT(cfg)

@@ -86,7 +86,7 @@ GRAD_BUFFERS = {
     "fp32": "fp32 main_grad instead (Megatron-LM)",
     "16bit+fp32": "16-bit gradients + an fp32 copy (DeepSpeed)",
 }
-"""Where the gradients live, by name (see ``labkit.accounting.GRAD_BUFFERS``)."""
+"""Where the gradients live, by name (see ``labkit.lab1.accounting.GRAD_BUFFERS``)."""
 
 
 def _choice(name: str, value, allowed) -> None:

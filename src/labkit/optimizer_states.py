@@ -5,7 +5,7 @@
 The count reads the optimizer's ``state`` (a ``torch.optim.Optimizer``'s param → dict of
 tensors, or a dict name → tensor), and counts every
 tensor's storage once, so a table shared by many parameters (bitsandbytes' quantization maps)
-is not counted twice. ``ZeroRedundancyOptimizer`` and ``labkit.zero1.ZeRO1`` are read through their local optimizer
+is not counted twice. ``ZeroRedundancyOptimizer`` and ``labkit.lab2.zero1.ZeRO1`` are read through their local optimizer
 (``.optim``): the states this rank keeps, plus ZeRO1's fp32 master slice (``.master``) for
 16-bit parameters. On CPU this is exactly what
 ``labkit.measure.measure_step`` reports as "optimizer states" after the step (MemTracker on

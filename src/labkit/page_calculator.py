@@ -10,10 +10,10 @@ over D·C, T·P splitting the weights, Korthikanti et al.'s activations with ten
 context parallelism, recomputation and the first 1F1B stage's micro-batches in flight — is the
 JavaScript twin of ``labkit.widgets.calculator_bytes`` (``JS_MODEL``; a browser runs no Python).
 ``tests/test_page_calculator.py`` runs it under Node on thousands of combinations and requires it
-to agree with ``calculator_bytes`` computed by the reference ``labkit.parallel_memory``, and
+to agree with ``calculator_bytes`` computed by the reference ``labkit.lab6.parallel_memory``, and
 ``tests/test_site_check.py`` moves every control in Chromium and compares the drawn bars.
 Invalid settings (D·T·P·C ≠ N, T not dividing the heads, P not dividing the layers, ...) show
-a message in place of the chart, the same check ``labkit.parallel_memory`` makes.
+a message in place of the chart, the same check ``labkit.lab6.parallel_memory`` makes.
 
 Chapters: book/01_where_the_memory_goes.md (data parallelism), book/06_system.md (D × T × P × C).
 """

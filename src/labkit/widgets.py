@@ -13,7 +13,7 @@ of static state, and with ZeRO-1 on D = 64 GPUs 12Ψ/64 ≈ 19 GB of optimizer s
 Where the arithmetic lives (``calculator_bytes``):
 
 * the configuration (D, T, P, C, sequence parallelism, recomputation, micro-batches) is
-  ``labkit.parallel_memory.per_gpu_bytes`` — Lab 6's exercise 6.4.  In the course's own
+  ``labkit.lab6.parallel_memory.per_gpu_bytes`` — Lab 6's exercise 6.4.  In the course's own
   edition that is the reference solution; in a student's it is the student's code, so the
   calculator shows the student's own model once 6.4 is written.  Until then (the stub raises
   ``NotImplementedError``) the calculator still computes every data-parallel configuration
@@ -45,7 +45,7 @@ from labkit.plot import stacked_bars
 GB = 10**9
 
 CHECKPOINTING = ("none", "selective", "full")
-"""Activation recomputation, as ``labkit.parallel_memory.CHECKPOINTING``."""
+"""Activation recomputation, as ``labkit.lab6.parallel_memory.CHECKPOINTING``."""
 
 DEFAULTS = dict(n_params=100e9, recipe="mixed", optimizer="adam", zero_stage=1, world_size=64,
                 dp=64, tp=1, pp=1, cp=1, sequence_parallel=False, checkpointing="none",
@@ -60,7 +60,7 @@ STAGE_NAMES = {0: "no ZeRO", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 LAYOUT = ("dp", "tp", "pp", "cp")
 """The four parallel sizes D, T, P, C; their product must be ``world_size``."""
 
-NEEDS_6_4 = ("T, P, C > 1 and recomputation are computed by labkit.parallel_memory, exercise 6.4 "
+NEEDS_6_4 = ("T, P, C > 1 and recomputation are computed by labkit.lab6.parallel_memory, exercise 6.4 "
              "(labs/06_system.ipynb), which is not written yet: set T = P = C = 1 and no "
              "recomputation, or write 6.4")
 
@@ -89,13 +89,13 @@ def calculator_bytes(*, n_params, recipe, optimizer, zero_stage, world_size, dp,
                      batch_size, seq_len, grad_buffer, vocab_size, fp32_logits) -> dict[str, float]:
     """Bytes of the four consumers (``memory_model.CONSUMERS``) on the busiest GPU.
 
-    ``labkit.parallel_memory.per_gpu_bytes`` for the configuration (``batch_size`` is its
+    ``labkit.lab6.parallel_memory.per_gpu_bytes`` for the configuration (``batch_size`` is its
     micro-batch), plus the gradient buffer and the fp32 logits as the module docstring says.
     Raises ``ValueError`` naming the setting for bad input (a layout whose product is not
     ``world_size``, T not dividing the heads, ...), and ``NotImplementedError`` (saying so)
     for a configuration beyond data parallelism while exercise 6.4 is a stub.
     """
-    from labkit import parallel_memory
+    from labkit.lab6 import parallel_memory
 
     if isinstance(n_params, bool) or not isinstance(n_params, (int, float)) \
             or not 0 < n_params < math.inf:

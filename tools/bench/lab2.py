@@ -44,9 +44,9 @@ def _step_case(label, make_ours, make_ref, ref_name, repeat=15):
 
 
 def cases() -> list[Case]:
-    from labkit.adafactor import Adafactor
-    from labkit.adam8bit import Adam8bit
-    from labkit.lomo import LOMO
+    from labkit.lab2.adafactor import Adafactor
+    from labkit.lab2.adam8bit import Adam8bit
+    from labkit.lab2.lomo import LOMO
 
     rows = []
     try:
@@ -86,7 +86,7 @@ def cases() -> list[Case]:
 
     from labkit.dist import launch
     from labkit.models import GPT, SyntheticData, lab_config
-    from labkit.zero1 import train_data_parallel
+    from labkit.lab2.zero1 import train_data_parallel
 
     torch.manual_seed(0)
     zmodel = GPT(lab_config("cpu"))
@@ -107,9 +107,9 @@ def cases() -> list[Case]:
 def _offload_cases() -> list[Case]:
     import tempfile
 
-    from labkit.came import CAME
-    from labkit.nvme_offload import NVMeAdam
-    from labkit.zero_offload import ZeROOffload
+    from labkit.lab2.came import CAME
+    from labkit.lab2.nvme_offload import NVMeAdam
+    from labkit.lab2.zero_offload import ZeROOffload
 
     rows = [_step_case("CAME step, lab GPT", lambda p: CAME(p), lambda p: torch.optim.Adafactor(p, lr=1e-2),
                        "torch Adafactor", )]

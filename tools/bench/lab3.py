@@ -21,10 +21,10 @@ def cases():
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from labkit.loss_scaler import DynamicLossScaler
+    from labkit.lab3.loss_scaler import DynamicLossScaler
     from labkit.models import GPT, MLP, SyntheticData, lab_config
-    from labkit.tensor_parallel import TPMLP
-    from labkit.zero3 import ZeRO3
+    from labkit.lab3.tensor_parallel import TPMLP
+    from labkit.lab3.zero3 import ZeRO3
 
     one_rank_group()
     cfg = lab_config("cpu")
@@ -98,7 +98,7 @@ def cases():
     # ---- 3.6: one pipeline step, one stage, M = 4 micro-batches of 2 sequences
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    from labkit.pipeline import run_stage, split_gpt
+    from labkit.lab3.pipeline import run_stage, split_gpt
 
     M = 4
     stage_ours = split_gpt(copy.deepcopy(base), 1)[0]

@@ -16,10 +16,10 @@ from tools.bench.case import Case, one_rank_group
 def _ddp_cases() -> list[Case]:
     from torch.nn.parallel import DistributedDataParallel
 
-    from labkit.bucketed_ddp import BucketedDDP
-    from labkit.grad_accumulation import accumulate_gradients
+    from labkit.lab4.bucketed_ddp import BucketedDDP
+    from labkit.lab4.grad_accumulation import accumulate_gradients
     from labkit.models import GPT, SyntheticData, lab_config
-    from labkit.zero2 import ZeRO2Adam
+    from labkit.lab4.zero2 import ZeRO2Adam
 
     one_rank_group()
     torch.manual_seed(0)
@@ -104,8 +104,8 @@ def _compression_cases() -> list[Case]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ref_psgd
 
-    from labkit.compression import CompressionState, compression_hook
-    from labkit.powersgd import PowerSGDState, powersgd_hook
+    from labkit.lab4.compression import CompressionState, compression_hook
+    from labkit.lab4.powersgd import PowerSGDState, powersgd_hook
 
     one_rank_group()
     ref_state = ref_psgd.PowerSGDState(None, matrix_approximation_rank=4, start_powerSGD_iter=2,

@@ -18,7 +18,7 @@ from tools.bench.case import Case
 def attention_cases(sizes=(512, 1024, 2048), repeat=None, naive=True, lab=5):
     """Rows: the FlashAttention toy's forward + backward (causal, 1 × 4 heads × S × 64) vs SDPA
     and, if ``naive``, vs naive attention, at each S in ``sizes``."""
-    from labkit.flash_attention import flash_attention, naive_attention
+    from labkit.lab5.flash_attention import flash_attention, naive_attention
 
     cases = []
     for s in sizes:
@@ -47,7 +47,7 @@ def attention_cases(sizes=(512, 1024, 2048), repeat=None, naive=True, lab=5):
 def _ring_rank(parts, rank, n, layout):
     """Rank ``rank``'s causal compute over the N steps of the ring (the solution's blocks and
     merges, the transfers left out): parts[r] = rank r's (q, k, v) chunk under ``layout``."""
-    from labkit.ring_attention import attention_with_lse, merge_attention
+    from labkit.lab5.ring_attention import attention_with_lse, merge_attention
 
     q = parts[rank][0]
     half = q.shape[2] // 2
@@ -77,7 +77,7 @@ def _ring_rank(parts, rank, n, layout):
 
 def ring_parts(q, k, v, n, layout):
     """Every rank's (q, k, v) chunk under ``layout``."""
-    from labkit.ring_attention import rank_positions
+    from labkit.lab5.ring_attention import rank_positions
 
     return [tuple(t[:, :, rank_positions(q.shape[2], n, r, layout)].contiguous()
                   for t in (q, k, v)) for r in range(n)]
@@ -88,7 +88,7 @@ def ring_cases(s=1024, ranks=(2, 4), repeat=11, lab=5):
     sequence (the same work: how fast the fused per-block kernel and the merges are); and N ×
     the slowest rank's compute vs SDPA (the ring's time on N devices against a perfect 1/N
     split of SDPA: what the causal imbalance costs), for the contiguous and zigzag layouts."""
-    from labkit.ring_attention import count_attention_work
+    from labkit.lab5.ring_attention import count_attention_work
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 4, s, 64) for _ in range(3))
@@ -126,7 +126,7 @@ def ring_cases(s=1024, ranks=(2, 4), repeat=11, lab=5):
 
 
 def _checkpoint_cases():
-    from labkit.checkpointing import Schedule, apply_schedule, sqrt_schedule
+    from labkit.lab5.checkpointing import Schedule, apply_schedule, sqrt_schedule
     from labkit.measure import count_flops
     from labkit.models import GPT, lab_config
     from torch.utils.checkpoint import set_checkpoint_early_stop

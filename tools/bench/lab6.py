@@ -8,8 +8,8 @@ from tools.bench.case import Case
 
 
 def cases() -> list[Case]:
-    from labkit.caching_allocator import record_trace, replay
-    from labkit.fusion import fused_gelu_tanh, gelu_tanh_unfused
+    from labkit.lab6.caching_allocator import record_trace, replay
+    from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused
     from labkit.models import GPT, SyntheticData, lab_config
 
     cfg = lab_config("cpu")

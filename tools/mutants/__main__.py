@@ -3,7 +3,7 @@
 Each lab lists its mutants in ``tools/mutants/labN.py``::
 
     MUTANTS = [
-        Mutant("2.5", "zero1.py", find="flat_grad /= self.world_size", replace="pass",
+        Mutant("2.5", "lab2/zero1.py", find="flat_grad /= self.world_size", replace="pass",
                why="forgets to average the gradients over the ranks"),
         ...
     ]

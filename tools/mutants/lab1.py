@@ -1,7 +1,7 @@
-"""Plausible student bugs in Lab 1 (labkit.accounting); the graders must catch ≥ 95%."""
+"""Plausible student bugs in Lab 1 (labkit.lab1.accounting); the graders must catch ≥ 95%."""
 from tools.mutants.mutant import Mutant
 
-F = "accounting.py"
+F = "lab1/accounting.py"
 
 MUTANTS = [
     # 1.1 count_params

@@ -3,240 +3,240 @@ from tools.mutants.mutant import Mutant
 
 MUTANTS = [
     # ------------------------------------------------------------ 3.1 loss scaler
-    Mutant("3.1", "loss_scaler.py", find="return loss * self._scale.to(device=loss.device)",
+    Mutant("3.1", "lab3/loss_scaler.py", find="return loss * self._scale.to(device=loss.device)",
            replace="return loss * float(self._scale) ** 0.5",
            why="scales the loss by the wrong factor"),
-    Mutant("3.1", "loss_scaler.py", find="p.grad.mul_(inv_scale.to(p.grad.device))",
+    Mutant("3.1", "lab3/loss_scaler.py", find="p.grad.mul_(inv_scale.to(p.grad.device))",
            replace="p.grad.div_(self._scale)",
            why="divides by the scale instead of multiplying by its float32 reciprocal"),
-    Mutant("3.1", "loss_scaler.py", find="if not torch.isfinite(p.grad).all():",
+    Mutant("3.1", "lab3/loss_scaler.py", find="if not torch.isfinite(p.grad).all():",
            replace="if torch.isinf(p.grad).any():",
            why="checks for inf but forgets NaN"),
-    Mutant("3.1", "loss_scaler.py", find="""        if self._found_inf:
+    Mutant("3.1", "lab3/loss_scaler.py", find="""        if self._found_inf:
             return False
         optimizer.step()""", replace="""        optimizer.step()""",
            why="steps the optimizer even when a gradient is inf or NaN"),
-    Mutant("3.1", "loss_scaler.py", find="""            self._scale = self._scale * self.backoff_factor
+    Mutant("3.1", "lab3/loss_scaler.py", find="""            self._scale = self._scale * self.backoff_factor
             self._growth_tracker = 0""", replace="""            self._scale = self._scale * self.backoff_factor""",
            why="forgets to reset the good-step count after a backoff"),
-    Mutant("3.1", "loss_scaler.py", find="if self._growth_tracker == self.growth_interval:",
+    Mutant("3.1", "lab3/loss_scaler.py", find="if self._growth_tracker == self.growth_interval:",
            replace="if self._growth_tracker > self.growth_interval:",
            why="grows one step late (off by one)"),
-    Mutant("3.1", "loss_scaler.py", find="""                if torch.isfinite(grown):
+    Mutant("3.1", "lab3/loss_scaler.py", find="""                if torch.isfinite(grown):
                     self._scale = grown""", replace="""                self._scale = grown""",
            why="lets the scale grow to inf"),
-    Mutant("3.1", "loss_scaler.py", find="""        if self._found_inf is None:
+    Mutant("3.1", "lab3/loss_scaler.py", find="""        if self._found_inf is None:
             self.unscale_(optimizer)""", replace="""        self._found_inf = None
         self.unscale_(optimizer)""",
            why="unscales again in step() after an explicit unscale_()"),
     # ------------------------------------------------------------ 3.2 mixed-precision Adam
-    Mutant("3.2", "mixed_precision.py", find="""                master.addcdiv_(m, denom, value=-lr / (1 - beta1 ** t))
+    Mutant("3.2", "lab3/mixed_precision.py", find="""                master.addcdiv_(m, denom, value=-lr / (1 - beta1 ** t))
                 p.copy_(master)""", replace="""                p.addcdiv_(m.to(p.dtype), denom.to(p.dtype), value=-lr / (1 - beta1 ** t))""",
            why="updates the 16-bit parameter directly; the master never moves"),
-    Mutant("3.2", "mixed_precision.py", find='state["exp_avg"] = torch.zeros_like(state["master"])',
+    Mutant("3.2", "lab3/mixed_precision.py", find='state["exp_avg"] = torch.zeros_like(state["master"])',
            replace='state["exp_avg"] = torch.zeros_like(p)', why="keeps the first moment in 16 bits"),
-    Mutant("3.2", "mixed_precision.py", find="denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(eps)",
+    Mutant("3.2", "lab3/mixed_precision.py", find="denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(eps)",
            replace="denom = v.sqrt().add_(eps)", why="forgets the second moment's bias correction"),
-    Mutant("3.2", "mixed_precision.py", find="                p.copy_(master)\n",
+    Mutant("3.2", "lab3/mixed_precision.py", find="                p.copy_(master)\n",
            replace="", why="never copies the master back into the 16-bit parameter"),
-    Mutant("3.2", "mixed_precision.py", find='state["step"] = 0',
+    Mutant("3.2", "lab3/mixed_precision.py", find='state["step"] = 0',
            replace='state["step"] = torch.tensor(0.0)', why="keeps the step count as a tensor (4 more bytes per parameter tensor)"),
-    Mutant("3.2", "mixed_precision.py", find="g = p.grad.float()",
+    Mutant("3.2", "lab3/mixed_precision.py", find="g = p.grad.float()",
            replace="g = p.grad.float() * (1 - beta1)", why="scales the gradient twice by (1 − β1)"),
     # ------------------------------------------------------------ 3.4 tensor parallel
-    Mutant("3.4", "tensor_parallel.py", find="""        grad = grad.contiguous().clone()
+    Mutant("3.4", "lab3/tensor_parallel.py", find="""        grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None""", replace="""        return grad, None""",
            why="f forgets the all-reduce in backward"),
-    Mutant("3.4", "tensor_parallel.py", find="""        out = x.contiguous().clone()
+    Mutant("3.4", "lab3/tensor_parallel.py", find="""        out = x.contiguous().clone()
         dist.all_reduce(out, group=group)
         return out""", replace="""        return x.clone()""",
            why="g forgets the all-reduce in forward"),
-    Mutant("3.4", "tensor_parallel.py", find="""        out = reduce_from_tp(F.linear(x, self.weight), self.group)
+    Mutant("3.4", "lab3/tensor_parallel.py", find="""        out = reduce_from_tp(F.linear(x, self.weight), self.group)
         return out if self.bias is None else out + self.bias""",
            replace="""        return reduce_from_tp(F.linear(x, self.weight, self.bias), self.group)""",
            why="adds the row-parallel bias on every rank before the all-reduce (T times)"),
-    Mutant("3.4", "tensor_parallel.py", find="self.weight = nn.Parameter(full.weight.detach()[:, r * per:(r + 1) * per].clone())",
+    Mutant("3.4", "lab3/tensor_parallel.py", find="self.weight = nn.Parameter(full.weight.detach()[:, r * per:(r + 1) * per].clone())",
            replace="self.weight = nn.Parameter(full.weight.detach()[r * per:(r + 1) * per].clone().T.contiguous() if full.weight.shape[0] == full.weight.shape[1] else full.weight.detach()[:, r * per:(r + 1) * per].clone())",
            why="slices rows instead of columns of a square row-parallel weight"),
-    Mutant("3.4", "tensor_parallel.py", find="self.c_attn = ColumnParallelLinear(attn.c_attn, group, rows=torch.cat([own, C + own, 2 * C + own]))",
+    Mutant("3.4", "lab3/tensor_parallel.py", find="self.c_attn = ColumnParallelLinear(attn.c_attn, group, rows=torch.cat([own, C + own, 2 * C + own]))",
            replace="self.c_attn = ColumnParallelLinear(attn.c_attn, group)",
            why="takes a contiguous slice of the fused qkv weight instead of the same heads of q, k and v"),
-    Mutant("3.4", "tensor_parallel.py", find="return self.c_proj(F.gelu(self.c_fc(copy_to_tp(x, self.group))))",
+    Mutant("3.4", "lab3/tensor_parallel.py", find="return self.c_proj(F.gelu(self.c_fc(copy_to_tp(x, self.group))))",
            replace="return self.c_proj(F.gelu(self.c_fc(x)))",
            why="leaves f out of the MLP"),
-    Mutant("3.4", "tensor_parallel.py", find="self.weight = nn.Parameter(full.weight.detach()[rows].clone())",
+    Mutant("3.4", "lab3/tensor_parallel.py", find="self.weight = nn.Parameter(full.weight.detach()[rows].clone())",
            replace="self.weight = nn.Parameter(full.weight.detach().clone())",
            why="keeps the whole column-parallel weight on every rank"),
     # ------------------------------------------------------------ 3.5 pipeline schedules
-    Mutant("3.5", "pipeline_schedule.py", find="warmup = min(P - s, M)", replace="warmup = min(P - s - 1, M)",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="warmup = min(P - s, M)", replace="warmup = min(P - s - 1, M)",
            why="one warm-up forward too few (then B before its F on the last stage)"),
-    Mutant("3.5", "pipeline_schedule.py", find="warmup = min(P - s, M)", replace="warmup = min(P, M)",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="warmup = min(P - s, M)", replace="warmup = min(P, M)",
            why="every stage warms up with P forwards"),
-    Mutant("3.5", "pipeline_schedule.py", find="            order += [backwards[b], forwards[f]]",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="            order += [backwards[b], forwards[f]]",
            replace="            order += [forwards[f], backwards[b]]",
            why="alternates forward-then-backward in the steady state"),
-    Mutant("3.5", "pipeline_schedule.py", find="            stages.append(forwards + backwards)",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="            stages.append(forwards + backwards)",
            replace="            stages.append(forwards + backwards[::-1])",
            why="GPipe's backwards in reverse micro-batch order"),
-    Mutant("3.5", "pipeline_schedule.py", find="    return [(s, \"F\", m, c)] + ([(nxt, \"B\", m, (vs + 1) // P)] if vs < v * P - 1 else [])",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="    return [(s, \"F\", m, c)] + ([(nxt, \"B\", m, (vs + 1) // P)] if vs < v * P - 1 else [])",
            replace="    return [(s, \"F\", m, c)]",
            why="forgets that B waits for the next stage's B"),
-    Mutant("3.5", "pipeline_schedule.py", find="start = max([free[s]] + [end[d] for d in deps])",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="start = max([free[s]] + [end[d] for d in deps])",
            replace="start = max([end[d] for d in deps] or [free[s]])",
            why="the simulator lets a stage run two actions at once"),
-    Mutant("3.5", "pipeline_schedule.py", find="return Timeline(spans, makespan, 1 - Fraction(busy, P * makespan), in_flight)",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="return Timeline(spans, makespan, 1 - Fraction(busy, P * makespan), in_flight)",
            replace="return Timeline(spans, makespan, Fraction(P - 1, makespan), in_flight)",
            why="bubble as idle time of one stage over the makespan"),
-    Mutant("3.5", "pipeline_schedule.py", find="                elif sp.start < dep.end:",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="                elif sp.start < dep.end:",
            replace="                elif sp.start < dep.start:",
            why="the checker compares with the dependency's start instead of its end"),
-    Mutant("3.5", "pipeline_schedule.py", find="            if b.start < a.end:",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="            if b.start < a.end:",
            replace="            if False:",
            why="the checker ignores overlapping spans on one stage"),
     # 3.5, interleaved 1F1B
-    Mutant("3.5", "pipeline_schedule.py", find="warmup = min((v - 1) * R + 2 * (P - 1 - s), v * M)",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="warmup = min((v - 1) * R + 2 * (P - 1 - s), v * M)",
            replace="warmup = min(2 * (P - 1 - s), v * M)",
            why="interleaved warm-up forgets the other chunks' round ((v−1)·R forwards)"),
-    Mutant("3.5", "pipeline_schedule.py", find="warmup = min((v - 1) * R + 2 * (P - 1 - s), v * M)",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="warmup = min((v - 1) * R + 2 * (P - 1 - s), v * M)",
            replace="warmup = min((v - 1) * R + (P - 1 - s), v * M)",
            why="interleaved warm-up counts one forward per hop instead of two (F and B each cross it)"),
-    Mutant("3.5", "pipeline_schedule.py", find="R = M // max(1, M // P)  # micro-batches per round",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="R = M // max(1, M // P)  # micro-batches per round",
            replace="R = P  # micro-batches per round",
            why="rounds of P micro-batches even when M is not a multiple of P (torch's flexible rounds)"),
-    Mutant("3.5", "pipeline_schedule.py", find="""        order.append(take("F", (k // R) % v))
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="""        order.append(take("F", (k // R) % v))
         order.append(take("B", v - 1 - ((k - warmup) // R) % v))""",
            replace="""        order.append(take("B", v - 1 - ((k - warmup) // R) % v))
         order.append(take("F", (k // R) % v))""",
            why="interleaved steady state runs the backward before the forward"),
-    Mutant("3.5", "pipeline_schedule.py", find="""        order.append(take("B", v - 1 - ((k - warmup) // R) % v))
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="""        order.append(take("B", v - 1 - ((k - warmup) // R) % v))
     for k in range(v * M, v * M + warmup):""", replace="""        order.append(take("B", ((k - warmup) // R) % v))
     for k in range(v * M, v * M + warmup):""",
            why="backwards visit the chunks in forward order instead of reversed (steady state)"),
-    Mutant("3.5", "pipeline_schedule.py", find="    prev, nxt = (vs - 1) % P, (vs + 1) % P",
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="    prev, nxt = (vs - 1) % P, (vs + 1) % P",
            replace="    prev, nxt = s - 1, s + 1",
            why="the previous/next virtual stage is on the neighbouring rank index, not wrapped around"),
-    Mutant("3.5", "pipeline_schedule.py", find='return [(prev, "F", m, (vs - 1) // P)] if vs > 0 else []',
+    Mutant("3.5", "lab3/pipeline_schedule.py", find='return [(prev, "F", m, (vs - 1) // P)] if vs > 0 else []',
            replace='return [(prev, "F", m, c)] if vs > 0 else []',
            why="a forward waits for the same chunk on the previous rank, not the previous virtual stage"),
     # ------------------------------------------------------------ 3.7 ZeRO-3
-    Mutant("3.7", "zero3.py", find="        mine /= self.world_size\n",
+    Mutant("3.7", "lab3/zero3.py", find="        mine /= self.world_size\n",
            replace="", why="forgets to average the reduce-scattered gradient over the ranks"),
-    Mutant("3.7", "zero3.py", find="u.shard = flat[shard_range(self.rank, u.shard_size)].clone()",
+    Mutant("3.7", "lab3/zero3.py", find="u.shard = flat[shard_range(self.rank, u.shard_size)].clone()",
            replace="u.shard = flat[shard_range(0, u.shard_size)].clone()",
            why="every rank keeps rank 0's slice"),
-    Mutant("3.7", "zero3.py", find="u.shard_size, u.padding = partition(u.numel, self.world_size)",
+    Mutant("3.7", "lab3/zero3.py", find="u.shard_size, u.padding = partition(u.numel, self.world_size)",
            replace="u.shard_size, u.padding = u.numel // self.world_size + 1, (u.numel // self.world_size + 1) * self.world_size - u.numel",
            why="S = floor(Ψ/N) + 1 instead of ceil(Ψ/N): one element too many when N divides Ψ"),
-    Mutant("3.7", "zero3.py", find="        u.full.untyped_storage().resize_(0)\n",
+    Mutant("3.7", "lab3/zero3.py", find="        u.full.untyped_storage().resize_(0)\n",
            replace="        pass\n", why="never frees the gathered parameters"),
-    Mutant("3.7", "zero3.py", find="            _all_gather_flat(u.full, u.shard, group=self.group)",
+    Mutant("3.7", "lab3/zero3.py", find="            _all_gather_flat(u.full, u.shard, group=self.group)",
            replace="            u.full = torch.empty_like(u.full)\n            _all_gather_flat(u.full, u.shard, group=self.group)",
            why="gathers into a fresh buffer, which the parameters do not view"),
-    Mutant("3.7", "zero3.py", find="denom = (u.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** t)).add_(self.eps)",
+    Mutant("3.7", "lab3/zero3.py", find="denom = (u.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** t)).add_(self.eps)",
            replace="denom = u.exp_avg_sq.sqrt().add_(self.eps)",
            why="forgets Adam's bias correction of the second moment"),
-    Mutant("3.7", "zero3.py", find="""        for p in u.params:
+    Mutant("3.7", "lab3/zero3.py", find="""        for p in u.params:
             p.grad = None
         self._free(u)""", replace="""        for p in u.params:
             p.grad = None""", why="keeps the unit gathered after its backward"),
     # 3.7, prefetch
-    Mutant("3.7", "zero3.py", find="u.pending = _all_gather_flat(u.full, u.shard, group=self.group, async_op=True)",
+    Mutant("3.7", "lab3/zero3.py", find="u.pending = _all_gather_flat(u.full, u.shard, group=self.group, async_op=True)",
            replace="u.pending = _all_gather_flat(u.full, u.shard, group=self.group, async_op=False)",
            why="the prefetch all-gather waits (no overlap with the current block)"),
-    Mutant("3.7", "zero3.py", find="""        if u.pending is not None:
+    Mutant("3.7", "lab3/zero3.py", find="""        if u.pending is not None:
             u.pending.wait()
             u.pending = None
             return""", replace="""        if u.pending is not None:
             u.pending.wait()
             return""", why="keeps the finished prefetch handle: the backward gather returns without gathering"),
-    Mutant("3.7", "zero3.py", find="""        if u.pending is not None:
+    Mutant("3.7", "lab3/zero3.py", find="""        if u.pending is not None:
             u.pending.wait()
             u.pending = None
             return""", replace="", why="_gather ignores a prefetch in flight (never waits for it, never clears its handle)"),
-    Mutant("3.7", "zero3.py", find="""        if u.pending is not None or u.full.untyped_storage().nbytes() == nbytes:
+    Mutant("3.7", "lab3/zero3.py", find="""        if u.pending is not None or u.full.untyped_storage().nbytes() == nbytes:
             return
         u.full.untyped_storage().resize_(nbytes)""", replace="""        if u.pending is not None or u.full.untyped_storage().nbytes() == nbytes:
             return""", why="prefetches into the freed (0-byte) storage"),
-    Mutant("3.7", "zero3.py", find="""        if u.pending is not None:
+    Mutant("3.7", "lab3/zero3.py", find="""        if u.pending is not None:
             u.pending.wait()
             u.pending = None
             return""", replace="""        if u.pending is not None:
             u.pending = None
             return""", why="never waits for the prefetch (computes on a buffer still being filled)"),
     # ------------------------------------------------------------ 3.3 fp8 linear
-    Mutant("3.3", "fp8.py", find="return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
+    Mutant("3.3", "lab3/fp8.py", find="return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
            replace="return (torch.finfo(fmt).max / (amax * 2.0 ** margin)).to(torch.float32)",
            why="returns the quantisation scale max/amax where _scaled_mm wants the dequantisation scale"),
-    Mutant("3.3", "fp8.py", find="return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
+    Mutant("3.3", "lab3/fp8.py", find="return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
            replace="return (amax * 2.0 ** margin / 448.0).to(torch.float32)",
            why="hard-codes E4M3's 448 for every format (E5M2 too)"),
-    Mutant("3.3", "fp8.py", find="return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
+    Mutant("3.3", "lab3/fp8.py", find="return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
            replace="return (amax / 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
            why="applies the margin the wrong way (amax above the format's max)"),
-    Mutant("3.3", "fp8.py", find="return (x.float() / scale.to(x.device)).clamp(-top, top).to(fmt)",
+    Mutant("3.3", "lab3/fp8.py", find="return (x.float() / scale.to(x.device)).clamp(-top, top).to(fmt)",
            replace="return (x.float() / scale.to(x.device)).to(fmt)",
            why="relies on the cast to saturate (the CPU E5M2 cast overflows to inf)"),
-    Mutant("3.3", "fp8.py", find="return (x.float() / scale.to(x.device)).clamp(-top, top).to(fmt)",
+    Mutant("3.3", "lab3/fp8.py", find="return (x.float() / scale.to(x.device)).clamp(-top, top).to(fmt)",
            replace="return (x.float() * scale.to(x.device)).clamp(-top, top).to(fmt)",
            why="multiplies by the dequantisation scale instead of dividing"),
-    Mutant("3.3", "fp8.py", find="return (x.float() / scale.to(x.device)).clamp(-top, top).to(fmt)",
+    Mutant("3.3", "lab3/fp8.py", find="return (x.float() / scale.to(x.device)).clamp(-top, top).to(fmt)",
            replace="return (x / scale.to(x.device)).clamp(-top, top).to(fmt)",
            why="divides in the input's dtype (bf16 rounds x/scale before the fp8 cast)"),
-    Mutant("3.3", "fp8.py", find="""        self.history.append(amax)
+    Mutant("3.3", "lab3/fp8.py", find="""        self.history.append(amax)
         del self.history[:-self.history_len]
         return scale""", replace="""        self.history.append(amax)
         del self.history[:-self.history_len]
         return amax_scale(max(self.history), self.fmt, self.margin).to(x.device)""",
            why="records the amax before computing the scale (current scaling, not delayed)"),
-    Mutant("3.3", "fp8.py", find="del self.history[:-self.history_len]",
+    Mutant("3.3", "lab3/fp8.py", find="del self.history[:-self.history_len]",
            replace="del self.history[:-self.history_len - 1]", why="keeps one amax too many (off by one)"),
-    Mutant("3.3", "fp8.py", find="scale = amax_scale(max(self.history) if self.history else amax, self.fmt, self.margin)",
+    Mutant("3.3", "lab3/fp8.py", find="scale = amax_scale(max(self.history) if self.history else amax, self.fmt, self.margin)",
            replace="scale = amax_scale(self.history[-1] if self.history else amax, self.fmt, self.margin)",
            why="uses only the last amax instead of the history's max"),
-    Mutant("3.3", "fp8.py", find="qg = quantize(grad_out, sg, e5m2)",
+    Mutant("3.3", "lab3/fp8.py", find="qg = quantize(grad_out, sg, e5m2)",
            replace="qg = quantize(grad_out, sg, torch.float8_e4m3fn)",
            why="casts the gradient to E4M3 with E5M2's scale"),
-    Mutant("3.3", "fp8.py", find="sg = ctx.scalers[\"grad\"].scale_for(grad_out) if ctx.scalers else _current(grad_out, e5m2)",
+    Mutant("3.3", "lab3/fp8.py", find="sg = ctx.scalers[\"grad\"].scale_for(grad_out) if ctx.scalers else _current(grad_out, e5m2)",
            replace="sg = ctx.scalers[\"grad\"].scale_for(grad_out) if ctx.scalers else _current(grad_out, torch.float8_e4m3fn)",
            why="scales the gradient for E4M3's range but casts to E5M2"),
-    Mutant("3.3", "fp8.py", find="grad_x = torch._scaled_mm(qg, qw.t().contiguous().t(), scale_a=sg, scale_b=sw, out_dtype=ctx.out_dtype)",
+    Mutant("3.3", "lab3/fp8.py", find="grad_x = torch._scaled_mm(qg, qw.t().contiguous().t(), scale_a=sg, scale_b=sw, out_dtype=ctx.out_dtype)",
            replace="grad_x = torch._scaled_mm(qg, qw.t().contiguous().t(), scale_a=sg, scale_b=sx, out_dtype=ctx.out_dtype)",
            why="uses x's scale for the weight in grad_x"),
-    Mutant("3.3", "fp8.py", find="qx, qw = quantize(x, sx, e4m3), quantize(weight, sw, e4m3)",
+    Mutant("3.3", "lab3/fp8.py", find="qx, qw = quantize(x, sx, e4m3), quantize(weight, sw, e4m3)",
            replace="qx, qw = quantize(x, sx, e4m3), quantize(weight, sx, e4m3)",
            why="quantises the weight with x's scale"),
-    Mutant("3.3", "fp8.py", find="return torch._scaled_mm(qx, qw.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype)",
+    Mutant("3.3", "lab3/fp8.py", find="return torch._scaled_mm(qx, qw.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype)",
            replace="return (qx.float() * sx) @ (qw.float() * sw).t()",
            why="dequantises and multiplies in fp32 instead of the fp8 kernel"),
-    Mutant("3.3", "fp8.py", find="ctx.save_for_backward(qx, qw, sx, sw)",
+    Mutant("3.3", "lab3/fp8.py", find="ctx.save_for_backward(qx, qw, sx, sw)",
            replace="ctx.save_for_backward(qx, qw, sx, sw, x)",
            why="also saves the high-precision input for backward"),
     # ------------------------------------------------------------ 3.6 pipeline over send/recv
-    Mutant("3.6", "pipeline.py", find="targets[m].reshape(-1)) / M",
+    Mutant("3.6", "lab3/pipeline.py", find="targets[m].reshape(-1)) / M",
            replace="targets[m].reshape(-1))",
            why="forgets to divide each micro-batch's loss by M (gradients M times too large)"),
-    Mutant("3.6", "pipeline.py", find="targets[m].reshape(-1)) / M",
+    Mutant("3.6", "lab3/pipeline.py", find="targets[m].reshape(-1)) / M",
            replace="targets[m].reshape(-1)) / len(actions)",
            why="divides by the number of actions (2M) instead of M"),
-    Mutant("3.6", "pipeline.py", find="out.backward(grad)",
+    Mutant("3.6", "lab3/pipeline.py", find="out.backward(grad)",
            replace="out.backward(grad, retain_graph=True)",
            why="keeps every micro-batch's graph after its backward (retain_graph)"),
-    Mutant("3.6", "pipeline.py", find="for kind, m in actions:",
+    Mutant("3.6", "lab3/pipeline.py", find="for kind, m in actions:",
            replace="for kind, m in sorted(actions, key=lambda a: a[0] == \"B\"):",
            why="ignores the given order and runs all forwards first (GPipe whatever the schedule)"),
-    Mutant("3.6", "pipeline.py", find="                x.requires_grad_()\n",
+    Mutant("3.6", "lab3/pipeline.py", find="                x.requires_grad_()\n",
            replace="",
            why="the received activation does not require grad, so no input gradient to send back"),
-    Mutant("3.6", "pipeline.py", find="pending.append(dist.isend(x.grad, group=group, group_dst=rank - 1))",
+    Mutant("3.6", "lab3/pipeline.py", find="pending.append(dist.isend(x.grad, group=group, group_dst=rank - 1))",
            replace="pending.append(dist.isend(x.detach(), group=group, group_dst=rank - 1))",
            why="sends the stage's input activation back instead of its gradient"),
-    Mutant("3.6", "pipeline.py", find="dist.recv(x, group=group, group_src=rank - 1)", replace="dist.recv(x, group=group, group_src=0)",
+    Mutant("3.6", "lab3/pipeline.py", find="dist.recv(x, group=group, group_src=rank - 1)", replace="dist.recv(x, group=group, group_src=0)",
            why="every stage receives from rank 0 (right only for P = 2)"),
-    Mutant("3.6", "pipeline.py", find="pending.append(dist.isend(out.detach(), group=group, group_dst=rank + 1))",
+    Mutant("3.6", "lab3/pipeline.py", find="pending.append(dist.isend(out.detach(), group=group, group_dst=rank + 1))",
            replace="pending.append(dist.isend(out.detach(), group=group, group_dst=world_size - 1))",
            why="every stage sends its activation to the last rank (right only for P = 2)"),
-    Mutant("3.6", "pipeline.py", find="total = out.detach() if total is None else total + out.detach()",
+    Mutant("3.6", "lab3/pipeline.py", find="total = out.detach() if total is None else total + out.detach()",
            replace="total = out.detach()",
            why="returns only the last micro-batch's loss instead of the sum over micro-batches"),
 ]

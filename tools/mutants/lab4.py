@@ -3,25 +3,25 @@ from tools.mutants.mutant import Mutant
 
 MUTANTS = [
     # ---------------------------------------------------------------- 4.1 gradient accumulation
-    Mutant("4.1", "grad_accumulation.py", find="loss = model(xi, yi) * (size / total)",
+    Mutant("4.1", "lab4/grad_accumulation.py", find="loss = model(xi, yi) * (size / total)",
            replace="loss = model(xi, yi)",
            why="forgets to scale each micro-batch's loss (gradient k times too large)"),
-    Mutant("4.1", "grad_accumulation.py", find="loss = model(xi, yi) * (size / total)",
+    Mutant("4.1", "lab4/grad_accumulation.py", find="loss = model(xi, yi) * (size / total)",
            replace="loss = model(xi, yi) / len(micro)",
            why="scales by 1/k, wrong when k does not divide the batch"),
-    Mutant("4.1", "grad_accumulation.py",
+    Mutant("4.1", "lab4/grad_accumulation.py",
            find="sizes = [int((yi != IGNORE_INDEX).sum()) for _, yi in micro]",
            replace="sizes = [yi.numel() for _, yi in micro]",
            why="counts every target token, masked ones too"),
-    Mutant("4.1", "grad_accumulation.py",
+    Mutant("4.1", "lab4/grad_accumulation.py",
            find="sync = model.no_sync() if (is_ddp and i != last) else contextlib.nullcontext()",
            replace="sync = contextlib.nullcontext()",
            why="all-reduces after every micro-batch under DDP (no no_sync)"),
-    Mutant("4.1", "grad_accumulation.py",
+    Mutant("4.1", "lab4/grad_accumulation.py",
            find="sync = model.no_sync() if (is_ddp and i != last) else contextlib.nullcontext()",
            replace="sync = model.no_sync() if is_ddp else contextlib.nullcontext()",
            why="wraps every micro-batch in no_sync, so DDP never averages the gradients"),
-    Mutant("4.1", "grad_accumulation.py",
+    Mutant("4.1", "lab4/grad_accumulation.py",
            find="""            loss = model(xi, yi) * (size / total)
             loss.backward()
         loss_sum += float(loss.detach())
@@ -31,94 +31,94 @@ MUTANTS = [
     loss_sum.backward()
     return float(loss_sum)""",
            why="sums the k losses and runs one backward at the end (all k activations alive)"),
-    Mutant("4.1", "grad_accumulation.py", find="        loss_sum += float(loss.detach())",
+    Mutant("4.1", "lab4/grad_accumulation.py", find="        loss_sum += float(loss.detach())",
            replace="        loss_sum = float(loss.detach())",
            why="returns the last micro-batch's loss instead of the batch's"),
     # ---------------------------------------------------------------- 4.3 ZeRO-2
-    Mutant("4.3", "zero2.py", find="        g = self.grad_shard / self.world_size",
+    Mutant("4.3", "lab4/zero2.py", find="        g = self.grad_shard / self.world_size",
            replace="        g = self.grad_shard",
            why="forgets to average over the ranks (sum instead of mean)"),
-    Mutant("4.3", "zero2.py", find="""        self._send_bucket()
+    Mutant("4.3", "lab4/zero2.py", find="""        self._send_bucket()
         for work, output, mine in self.in_flight:""",
            replace="""        for work, output, mine in self.in_flight:""",
            why="never sends the last, partial bucket"),
-    Mutant("4.3", "zero2.py", find="""        for p in self.bucket:
+    Mutant("4.3", "lab4/zero2.py", find="""        for p in self.bucket:
             p.grad = None
 """, replace="",
            why="keeps the full gradients after reducing them (no memory saved)"),
-    Mutant("4.3", "zero2.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:\n            self._send_bucket()",
+    Mutant("4.3", "lab4/zero2.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:\n            self._send_bucket()",
            replace="        pass",
            why="sends everything as one bucket at the step (all gradients alive at the end of backward)"),
-    Mutant("4.3", "zero2.py", find="        self.grad_shard.zero_()\n",
+    Mutant("4.3", "lab4/zero2.py", find="        self.grad_shard.zero_()\n",
            replace="",
            why="forgets to reset the gradient shard after the step (gradients leak into the next step)"),
-    Mutant("4.3", "zero2.py",
+    Mutant("4.3", "lab4/zero2.py",
            find="self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]",
            replace="self.grad_shard[offset:offset + length] += output[offset:offset + length]",
            why="puts a received piece at its offset in the bucket instead of its place in the shard"),
-    Mutant("4.3", "zero2.py", find="        self.bucket_bytes += 4 * param.numel()",
+    Mutant("4.3", "lab4/zero2.py", find="        self.bucket_bytes += 4 * param.numel()",
            replace="        self.bucket_bytes += 1",
            why="counts gradients instead of bytes, so buckets grow far past the cap"),
-    Mutant("4.3", "zero2.py", find="""        self.in_flight.append((work, output, mine))""",
+    Mutant("4.3", "lab4/zero2.py", find="""        self.in_flight.append((work, output, mine))""",
            replace="""        work.wait()
         work = dist.reduce_scatter(output, inputs, group=self.group, async_op=True)
         self.in_flight.append((work, output, mine))""",
            why="sends a bucket twice (e.g. a retry left in)"),
     # ---------------------------------------------------------------- 4.2 bucketed DDP
-    Mutant("4.2", "bucketed_ddp.py", find="            flat /= self.world_size\n", replace="",
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="            flat /= self.world_size\n", replace="",
            why="sums the gradients over the ranks instead of averaging"),
-    Mutant("4.2", "bucketed_ddp.py", find="""        self._send_bucket()
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="""        self._send_bucket()
         for work, flat, params in self.in_flight:""", replace="""        for work, flat, params in self.in_flight:""",
            why="never sends the last, partial bucket"),
-    Mutant("4.2", "bucketed_ddp.py", find="""        if self.bucket_bytes >= self.bucket_cap_bytes:
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="""        if self.bucket_bytes >= self.bucket_cap_bytes:
             self._send_bucket()""", replace="        pass",
            why="sends everything in finish(): no overlap with backward"),
-    Mutant("4.2", "bucketed_ddp.py", find="""        with torch.no_grad():
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="""        with torch.no_grad():
             for p in module.parameters():
                 dist.broadcast(p, src=dist.get_global_rank(group, 0) if group else 0, group=group)
 """, replace="",
            why="forgets the initial broadcast: replicas start from different parameters"),
-    Mutant("4.2", "bucketed_ddp.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:",
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:",
            replace="        if self.bucket_bytes > 2 * self.bucket_cap_bytes:",
            why="closes buckets past the cap (off by a whole bucket)"),
-    Mutant("4.2", "bucketed_ddp.py", find="        work = dist.all_reduce(flat, group=self.group, async_op=True)",
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="        work = dist.all_reduce(flat, group=self.group, async_op=True)",
            replace="        work = dist.all_reduce(flat, group=self.group, async_op=True)\n        work.wait()\n        work = dist.all_reduce(flat, group=self.group, async_op=True)",
            why="all-reduces a bucket twice"),
-    Mutant("4.2", "bucketed_ddp.py", find="                    p.grad.copy_(piece)",
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="                    p.grad.copy_(piece)",
            replace="                    p.grad.add_(piece)",
            why="adds the average to the local gradient instead of replacing it"),
     # ---------------------------------------------------------------- 4.5 PowerSGD
-    Mutant("4.5", "powersgd.py", find="        buf.add_(state.error[index])",
+    Mutant("4.5", "lab4/powersgd.py", find="        buf.add_(state.error[index])",
            replace="        pass",
            why="keeps the error but never adds it back (no error feedback)"),
-    Mutant("4.5", "powersgd.py", find="    state.error[index] = before - buf",
+    Mutant("4.5", "lab4/powersgd.py", find="    state.error[index] = before - buf",
            replace="    state.error[index] = buf - before",
            why="stores the error with the wrong sign"),
-    Mutant("4.5", "powersgd.py", find="        if index in state.q:",
+    Mutant("4.5", "lab4/powersgd.py", find="        if index in state.q:",
            replace="        if False:",
            why="no warm start: draws a fresh random Q every step"),
-    Mutant("4.5", "powersgd.py", find="        q_flat.div_(world)",
+    Mutant("4.5", "lab4/powersgd.py", find="        q_flat.div_(world)",
            replace="        pass",
            why="forgets to divide the all-reduced Q by the number of ranks"),
-    Mutant("4.5", "powersgd.py", find="            ps[i] = orthogonalize_(p_flat[off:off + p.numel()].view_as(p))",
+    Mutant("4.5", "lab4/powersgd.py", find="            ps[i] = orthogonalize_(p_flat[off:off + p.numel()].view_as(p))",
            replace="            ps[i] = p_flat[off:off + p.numel()].view_as(p)",
            why="does not orthonormalise P after the all-reduce"),
     # (Not a mutant: skipping the orthonormalisation of the starting Q changes nothing, since
     # Gram–Schmidt of M·Q·R, R upper triangular, equals Gram–Schmidt of M·Q.)
-    Mutant("4.5", "powersgd.py", find="""    if index in state.error:
+    Mutant("4.5", "lab4/powersgd.py", find="""    if index in state.error:
         buf.add_(state.error[index])
     before = buf.detach().clone()""",
            replace="""    before = buf.detach().clone()
     if index in state.error:
         buf.add_(state.error[index])""",
            why="copies the gradient before adding the old error: the new error forgets the old one"),
-    Mutant("4.5", "powersgd.py", find="    flat.div_(world)",
+    Mutant("4.5", "lab4/powersgd.py", find="    flat.div_(world)",
            replace="    pass",
            why="sums the uncompressed vectors instead of averaging them"),
-    Mutant("4.5", "powersgd.py", find="        if should_compress(n, m, min(n, m, state.rank)):",
+    Mutant("4.5", "lab4/powersgd.py", find="        if should_compress(n, m, min(n, m, state.rank)):",
            replace="        if True:",
            why="compresses vectors too (n×1 factors cost more than the vector)"),
-    Mutant("4.5", "powersgd.py", find="""        for mat, p, q in zip(mats, ps, qs):
+    Mutant("4.5", "lab4/powersgd.py", find="""        for mat, p, q in zip(mats, ps, qs):
             mat.copy_(p @ q.t())""",
            replace="""        for mat, p, q in zip(mats, ps, qs):
             dist.all_reduce(p, group=group)
@@ -128,54 +128,54 @@ MUTANTS = [
 
 MUTANTS += [
     # ---------------------------------------------------------------- 4.4 compression + error feedback
-    Mutant("4.4", "compression.py", find="    scales = padded.abs().amax(dim=1) / 127",
+    Mutant("4.4", "lab4/compression.py", find="    scales = padded.abs().amax(dim=1) / 127",
            replace="    scales = padded.abs().amax(dim=1) / 128",
            why="divides the chunk's maximum by 128 (the int8 range's size), so the largest entry clips"),
-    Mutant("4.4", "compression.py",
+    Mutant("4.4", "lab4/compression.py",
            find="    codes = (padded / safe[:, None]).round_().clamp_(-127, 127).to(torch.int8)",
            replace="    codes = (padded / safe[:, None]).clamp_(-127, 127).to(torch.int8)",
            why="truncates instead of rounding (the cast to int8 rounds toward zero)"),
-    Mutant("4.4", "compression.py", find="    scales = padded.abs().amax(dim=1) / 127",
+    Mutant("4.4", "lab4/compression.py", find="    scales = padded.abs().amax(dim=1) / 127",
            replace="    scales = padded.abs().amax().expand(chunks) / 127",
            why="one scale for the whole tensor, repeated per chunk"),
-    Mutant("4.4", "compression.py", find="    idx = x.detach().abs().topk(k, sorted=False).indices",
+    Mutant("4.4", "lab4/compression.py", find="    idx = x.detach().abs().topk(k, sorted=False).indices",
            replace="    idx = x.detach().topk(k, sorted=False).indices",
            why="takes the K largest values instead of the K largest magnitudes"),
-    Mutant("4.4", "compression.py", find="""        g = buf.detach().float() + state.error[index]""",
+    Mutant("4.4", "lab4/compression.py", find="""        g = buf.detach().float() + state.error[index]""",
            replace="""        g = buf.detach().float().clone()""",
            why="keeps the error but never adds it back"),
-    Mutant("4.4", "compression.py", find="        state.error[index] = g.sub_(sent)",
+    Mutant("4.4", "lab4/compression.py", find="        state.error[index] = g.sub_(sent)",
            replace="        state.error[index] = sent - g",
            why="stores the error with the wrong sign"),
-    Mutant("4.4", "compression.py", find="    buf.copy_(total.div_(world))",
+    Mutant("4.4", "lab4/compression.py", find="    buf.copy_(total.div_(world))",
            replace="    buf.copy_(total)",
            why="sums what the ranks sent instead of averaging"),
-    Mutant("4.4", "compression.py", find="        state.error[index] = g.sub_(sent)",
+    Mutant("4.4", "lab4/compression.py", find="        state.error[index] = g.sub_(sent)",
            replace="        state.error[index] = g - total / world",
            why="keeps the gradient minus the ranks' mean instead of minus what this rank sent"),
-    Mutant("4.4", "compression.py",
+    Mutant("4.4", "lab4/compression.py",
            find="            idx = random_indices(n, k, seed=state.seed, bucket=index, step=step)",
            replace="            idx = random_indices(n, k, seed=state.seed, bucket=index, step=0)",
            why="draws the same random indices every step (the rest is never sent)"),
-    Mutant("4.4", "compression.py",
+    Mutant("4.4", "lab4/compression.py",
            find="            dist.all_gather_single(all_idx, idx.to(torch.int32), group=group)",
            replace="            all_idx = torch.empty(world * k, dtype=torch.int64)\n"
                    "            dist.all_gather_single(all_idx, idx, group=group)",
            why="sends the indices as int64 (12 bytes per entry instead of 8)"),
-    Mutant("4.4", "compression.py", find="""    if state.error_feedback:
+    Mutant("4.4", "lab4/compression.py", find="""    if state.error_feedback:
         state.error[index] = g.sub_(sent)""", replace="""    state.error[index] = g - sent""",
            why="keeps an error even with error_feedback=False"),
-    Mutant("4.4", "compression.py",
+    Mutant("4.4", "lab4/compression.py",
            find="parts = [dequantize_int8(piece[4 * c:], piece[:4 * c].clone().view(torch.float32), state.chunk)",
            replace="parts = [dequantize_int8(piece[4 * c:], scales, state.chunk)",
            why="decodes every rank's codes with this rank's own scales"),
-    Mutant("4.4", "compression.py", find="            values = g[idx]\n",
+    Mutant("4.4", "lab4/compression.py", find="            values = g[idx]\n",
            replace="            values = g[idx] * (n / k)\n",
            why="rescales random-K by numel/K (unbiased, but with error feedback the error explodes)"),
-    Mutant("4.4", "compression.py", find="            total.index_add_(0, all_idx.long(), all_values)",
+    Mutant("4.4", "lab4/compression.py", find="            total.index_add_(0, all_idx.long(), all_values)",
            replace="            total[all_idx.long()] = all_values",
            why="writes the ranks' values instead of adding them: where two ranks chose the same index, one is lost"),
-    Mutant("4.4", "compression.py", find="    state.step[index] = step + 1",
+    Mutant("4.4", "lab4/compression.py", find="    state.step[index] = step + 1",
            replace="    state.step[index] = step",
            why="never advances the bucket's step count"),
 ]

@@ -1,8 +1,8 @@
 """Plausible student bugs in Lab 6's exercises; the graders must catch them (python -m tools.mutants --lab 6)."""
 from tools.mutants.mutant import Mutant
 
-CA, MP, DM, FU = "caching_allocator.py", "memory_planner.py", "device_mesh.py", "fusion.py"
-PM = "parallel_memory.py"
+CA, MP, DM, FU = "lab6/caching_allocator.py", "lab6/memory_planner.py", "lab6/device_mesh.py", "lab6/fusion.py"
+PM = "lab6/parallel_memory.py"
 
 MUTANTS = [
     # ------------------------------------------------------------------ 6.1 allocator

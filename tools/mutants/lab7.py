@@ -1,8 +1,8 @@
 """Plausible student bugs in Lab 7's exercises; the graders must catch them (python -m tools.mutants --lab 7)."""
 from tools.mutants.mutant import Mutant
 
-PL = "planner.py"
-RP = "run_plan.py"
+PL = "lab7/planner.py"
+RP = "lab7/run_plan.py"
 
 MUTANTS = [
     # ------------------------------------------------------------------ 7.1 the planner

@@ -9,7 +9,7 @@ class Mutant:
     exercise: str
     """The exercise whose graders must catch it, e.g. ``"2.5"``."""
     file: str
-    """The module under ``solutions/labkit``, e.g. ``"zero1.py"``."""
+    """The module under ``solutions/labkit``, e.g. ``"lab2/zero1.py"``."""
     find: str
     """Text that occurs exactly once in that file."""
     replace: str

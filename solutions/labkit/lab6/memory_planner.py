@@ -33,9 +33,9 @@ class TensorLife:
 
 
 def lifetimes(trace, *, round_to: int = 1) -> list[TensorLife]:
-    """The tensors of an allocation trace (``labkit.caching_allocator`` format), sizes rounded
+    """The tensors of an allocation trace (``labkit.lab6.caching_allocator`` format), sizes rounded
     up to a multiple of ``round_to`` bytes (512 to compare with the CUDA allocator)."""
-    from labkit.caching_allocator import check_trace
+    from labkit.lab6.caching_allocator import check_trace
 
     check_trace(trace)
     if not isinstance(round_to, int) or round_to < 1:
@@ -97,14 +97,28 @@ def place(tensors, order) -> dict[int, int]:
         raise ValueError("order must list every tensor id exactly once")
     offsets: dict[int, int] = {}
     placed: list[TensorLife] = []
-    raise NotImplementedError("exercise 6.2: for each tensor in order, the lowest gap among the placed tensors it conflicts with (labs/06_system.ipynb)")
+    # BEGIN SOLUTION 6.2: for each tensor in order, the lowest gap among the placed tensors it conflicts with
+    for ident in order:
+        t = by_id[ident]
+        busy = sorted((offsets[p.id], offsets[p.id] + p.size) for p in placed if conflict(p, t))
+        offset = 0
+        for lo, hi in busy:
+            if lo - offset >= t.size:
+                break
+            offset = max(offset, hi)
+        offsets[ident] = offset
+        placed.append(t)
+    # END SOLUTION
     return offsets
 
 
 def plan_greedy_by_size(tensors) -> dict[int, int]:
     """Largest first (ties: longer lifetime first, then lower id), each at the lowest offset."""
     tensors = _check_tensors(tensors)
-    raise NotImplementedError("exercise 6.2: order by size (largest first; ties by longer lifetime, then id) and place (labs/06_system.ipynb)")
+    # BEGIN SOLUTION 6.2: order by size (largest first; ties by longer lifetime, then id) and place
+    order = sorted(tensors, key=lambda t: (-t.size, -(t.end - t.start), t.id))
+    return place(tensors, [t.id for t in order])
+    # END SOLUTION
 
 
 def plan_in_order_of_allocation(tensors) -> dict[int, int]:
@@ -112,7 +126,10 @@ def plan_in_order_of_allocation(tensors) -> dict[int, int]:
     allocator that never moves anything and always takes the lowest gap would do, knowing the
     future frees."""
     tensors = _check_tensors(tensors)
-    raise NotImplementedError("exercise 6.2: order by start (then id) and place (labs/06_system.ipynb)")
+    # BEGIN SOLUTION 6.2: order by start (then id) and place
+    order = sorted(tensors, key=lambda t: (t.start, t.id))
+    return place(tensors, [t.id for t in order])
+    # END SOLUTION
 
 
 def plan_optimal(tensors, max_tensors: int = 8) -> dict[int, int]:
@@ -124,4 +141,12 @@ def plan_optimal(tensors, max_tensors: int = 8) -> dict[int, int]:
     tensors = _check_tensors(tensors)
     if len(tensors) > max_tensors:
         raise ValueError(f"brute force is for at most max_tensors = {max_tensors} tensors, got {len(tensors)}")
-    raise NotImplementedError("exercise 6.2: try every order with place and keep the smallest arena (labs/06_system.ipynb)")
+    # BEGIN SOLUTION 6.2: try every order with place and keep the smallest arena
+    best, best_size = None, None
+    for order in itertools.permutations([t.id for t in tensors]):
+        offsets = place(tensors, order)
+        size = arena_size(tensors, offsets)
+        if best_size is None or size < best_size:
+            best, best_size = offsets, size
+    return best if best is not None else {}
+    # END SOLUTION

@@ -2,7 +2,7 @@
 
 fp32 Adam keeps 8 bytes of state per parameter (m and v, 4 bytes each). 8-bit Adam
 (Dettmers et al. 2021, arXiv 2110.02861) keeps each moment as one byte per element plus one
-fp32 scale per block of B elements (``labkit.quantize8bit``): 2·Ψ + 8·Σ ceil(n/B) bytes,
+fp32 scale per block of B elements (``labkit.lab2.quantize8bit``): 2·Ψ + 8·Σ ceil(n/B) bytes,
 a quarter of fp32 Adam's. Every step dequantizes the moments of one parameter to fp32,
 updates them and the parameter exactly as Adam does, and quantizes them back; the fp32 copies
 are temporaries that live only while that parameter is updated.
@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from labkit.quantize8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
+from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
 
 
 class Adam8bit(torch.optim.Optimizer):
@@ -65,7 +65,7 @@ class Adam8bit(torch.optim.Optimizer):
         (same lr, betas, eps, bias correction) would move it from the moments that were
         stored, the only difference being the moments' rounding to 8 bits; afterwards
         ``state`` holds this step's m and v quantized block-wise (blocks of B, ``code_m`` for m,
-        ``code_v`` for v, as ``labkit.quantize8bit`` does), the fp32 moments being temporaries
+        ``code_v`` for v, as ``labkit.lab2.quantize8bit`` does), the fp32 moments being temporaries
         of this parameter's update only; and a v that is not zero is never stored as the
         code's 0 (it would leave ε alone under m).
         """

@@ -55,7 +55,7 @@ def fused_gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 def retained_bytes(fn, x: torch.Tensor) -> int:
     """Bytes of the tensors created by ``y = fn(x)`` that are still alive after it returns,
     while ``y`` (and so its autograd graph) is alive: the output plus what backward keeps."""
-    from labkit.caching_allocator import record_trace
+    from labkit.lab6.caching_allocator import record_trace
 
     trace, y = record_trace(fn, x)
     sizes = {}

@@ -261,7 +261,7 @@ def _check_schedule_type(schedule) -> None:
         and all(isinstance(b, int) and not isinstance(b, bool) for b in pair)
         for pair in schedule)
     if not ok:
-        raise TypeError(f"schedule must be a labkit.checkpointing.Schedule (e.g. sqrt_schedule(L), "
+        raise TypeError(f"schedule must be a labkit.lab5.checkpointing.Schedule (e.g. sqrt_schedule(L), "
                         f"Schedule.every_layer(L), optimal_schedule(...)) or a list of "
                         f"(start, stop) pairs of block indices, got {schedule!r}")
 

@@ -1,6 +1,6 @@
 """NVMe offload (ZeRO-Infinity): the optimizer states live in files, one group in memory at a time.
 
-ZeRO-Offload (``labkit.zero_offload``) moves Adam's 12Ψ bytes from the GPU to host memory. For
+ZeRO-Offload (``labkit.lab2.zero_offload``) moves Adam's 12Ψ bytes from the GPU to host memory. For
 the largest models host memory is too small as well, and ZeRO-Infinity (Rajbhandari et al.
 2021, "ZeRO-Infinity: Breaking the GPU Memory Wall for Extreme Scale Deep Learning", arXiv
 2104.07857) moves them one level further, to NVMe drives. The step then streams the state: for
@@ -33,7 +33,7 @@ import torch
 
 from labkit.adam_args import check_adam_args
 
-LAYOUT = "labkit.nvme_offload/1"
+LAYOUT = "labkit.lab2.nvme_offload/1"
 
 
 class Prefetch:

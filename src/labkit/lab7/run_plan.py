@@ -8,13 +8,13 @@ ZeRO shards the optimizer states (stage 1), the gradients (2) or the parameters 
 replicas, and activation checkpointing recomputes every block in backward. Nothing here is new:
 
 * the ranks are laid out as the device mesh of exercise 6.3, shape (D, P, T), tensor-parallel
-  ranks innermost (``labkit.device_mesh``);
-* tensor parallelism is exercise 3.4 (``labkit.tensor_parallel``), the pipeline exercises 3.5 and
-  3.6 (``labkit.pipeline_schedule``, ``labkit.pipeline``), ZeRO-1/2/3 exercises 2.5, 4.3 and 3.7
-  (``labkit.zero1``, ``labkit.zero2``, ``labkit.zero3``), checkpointing exercise 5.2
-  (``labkit.checkpointing``);
-* the memory prediction is chapter 6's (``labkit.parallel_memory``, exercise 6.4) with the lab
-  model's exact activations (``labkit.accounting``, exercise 1.3).
+  ranks innermost (``labkit.lab6.device_mesh``);
+* tensor parallelism is exercise 3.4 (``labkit.lab3.tensor_parallel``), the pipeline exercises 3.5 and
+  3.6 (``labkit.lab3.pipeline_schedule``, ``labkit.lab3.pipeline``), ZeRO-1/2/3 exercises 2.5, 4.3 and 3.7
+  (``labkit.lab2.zero1``, ``labkit.lab4.zero2``, ``labkit.lab3.zero3``), checkpointing exercise 5.2
+  (``labkit.lab5.checkpointing``);
+* the memory prediction is chapter 6's (``labkit.lab6.parallel_memory``, exercise 6.4) with the lab
+  model's exact activations (``labkit.lab1.accounting``, exercise 1.3).
 
 What composing them adds is small but easy to get wrong: which group each piece gets; that the
 replicas' gradients are averaged (by ZeRO's reduce-scatter, or by an all-reduce over the
@@ -96,9 +96,9 @@ averaged by an all-reduce (plain Adam); 2 pipeline stages (1F1B, 2 micro-batches
 replicas with ZeRO-1."""
 
 PREREQUISITES = {
-    "labkit.device_mesh": "6.3", "labkit.tensor_parallel": "3.4", "labkit.pipeline_schedule": "3.5",
-    "labkit.pipeline": "3.6", "labkit.zero1": "2.5", "labkit.zero2": "4.3", "labkit.zero3": "3.7",
-    "labkit.checkpointing": "5.2", "labkit.parallel_memory": "6.4", "labkit.accounting": "1.3",
+    "labkit.lab6.device_mesh": "6.3", "labkit.lab3.tensor_parallel": "3.4", "labkit.lab3.pipeline_schedule": "3.5",
+    "labkit.lab3.pipeline": "3.6", "labkit.lab2.zero1": "2.5", "labkit.lab4.zero2": "4.3", "labkit.lab3.zero3": "3.7",
+    "labkit.lab5.checkpointing": "5.2", "labkit.lab6.parallel_memory": "6.4", "labkit.lab1.accounting": "1.3",
 }
 """The exercise behind each module exercise 7.2 builds on."""
 
@@ -115,9 +115,9 @@ class RankSetup:
             and ``"embedding"``: the group of the first and last stage of this rank's pipeline
             (None without a pipeline, or on a middle stage).
         module: what this rank runs: the GPT (its blocks tensor-parallel when T > 1, checkpointed
-            when asked), or with P > 1 its ``labkit.pipeline.GPTStage``.
-        optimizer: has ``step()`` and ``zero_grad()``: ``torch.optim.Adam`` (ZeRO-0), ``labkit.zero1.ZeRO1``,
-            ``labkit.zero2.ZeRO2Adam`` or ``labkit.zero3.ZeRO3``, over the data-parallel group.
+            when asked), or with P > 1 its ``labkit.lab3.pipeline.GPTStage``.
+        optimizer: has ``step()`` and ``zero_grad()``: ``torch.optim.Adam`` (ZeRO-0), ``labkit.lab2.zero1.ZeRO1``,
+            ``labkit.lab4.zero2.ZeRO2Adam`` or ``labkit.lab3.zero3.ZeRO3``, over the data-parallel group.
         actions: with P > 1, this stage's schedule (a list of ("F" | "B", m)); else None.
     """
 
@@ -187,11 +187,11 @@ def predict_peak(plan: Plan, cfg: GPTConfig, batch_size: int, rank: int) -> int:
     device):
 
     * **backward begins**: this rank's parameters and optimizer states
-      (``labkit.parallel_memory.static_bytes`` of the parameters this rank holds — its blocks'
+      (``labkit.lab6.parallel_memory.static_bytes`` of the parameters this rank holds — its blocks'
       share under TP, the embeddings on the first stage, ``ln_f`` and the head on the last —
       sharded by ZeRO over the D replicas; ZeRO-1 also keeps an fp32 copy of its slice), plus
       the activations of the micro-batches in flight on this rank (exercise 1.3's exact count per
-      block and for the head, ``labkit.accounting.activation_bytes``, with what TP splits divided
+      block and for the head, ``labkit.lab1.accounting.activation_bytes``, with what TP splits divided
       by T; with checkpointing, each block's input and one block recomputed), the gradients of
       the log-probabilities and logits on the last stage; with ZeRO-3 the root unit, one
       gathered block and its full gradients; on a pipeline stage its kept outputs and a block's
@@ -227,7 +227,7 @@ def _prerequisite_error(exc: NotImplementedError) -> Exception:
 
 def missing_prerequisites() -> list[str]:
     """The exercises 7.2 builds on whose module still holds a stub of them, e.g.
-    ``["3.7 (labkit.zero3)"]``; empty when all are written (whether they pass is for
+    ``["3.7 (labkit.lab3.zero3)"]``; empty when all are written (whether they pass is for
     ``labkit.check``)."""
     import importlib
     import inspect

@@ -16,7 +16,7 @@ host memory and the update to the CPU, which is fast enough for an elementwise s
 Device memory: 2Ψ of weights plus a gradient in flight instead of 16Ψ; the link carries 2Ψ
 bytes each way per step (16-bit gradients down, 16-bit weights up). ZeRO-Offload keeps the
 16-bit *parameters* on the GPU; only ZeRO-Infinity also offloads parameters, and uses NVMe
-(``labkit.nvme_offload``).
+(``labkit.lab2.nvme_offload``).
 
 On a CPU-only machine "device" and "host" are the same memory: the same code runs and is
 graded on the numerics and the order of events, and ``memory_by_location`` accounts each tensor
@@ -103,21 +103,7 @@ class ZeROOffload:
         before the copy has read it), the parameter's index is added to ``self.arrived``, and
         the device gradient is released before this returns (``param.grad`` is None).
         """
-        # BEGIN SOLUTION 2.6: move this parameter's finished gradient into its host buffer (CUDA: side stream, event, no race), note that it arrived, release the device gradient
-        i = self.index[id(param)]
-        grad = param.grad
-        if self.stream is None:
-            self.host_grads[i].copy_(grad)
-        else:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))  # grad is written
-            with torch.cuda.stream(self.stream):
-                self.host_grads[i].copy_(grad, non_blocking=True)
-                grad.record_stream(self.stream)  # not reused before the copy has read it
-                self.copied[i] = torch.cuda.Event()
-                self.copied[i].record(self.stream)
-        self.arrived.add(i)
-        param.grad = None
-        # END SOLUTION
+        raise NotImplementedError("exercise 2.6: move this parameter's finished gradient into its host buffer (CUDA: side stream, event, no race), note that it arrived, release the device gradient (labs/02_optimizer_states.ipynb)")
 
     @torch.no_grad()
     def step(self) -> None:
@@ -129,20 +115,7 @@ class ZeROOffload:
         leave it; parameters without a gradient this step are not touched (Adam skips them);
         the optimizer's state stays on the host; ``arrived`` is empty again.
         """
-        # BEGIN SOLUTION 2.6: wait for the copies, step the host optimizer on the arrived gradients (fp32), write the rounded master weights back to the device, reset arrived
-        for i, master in enumerate(self.master):
-            if i in self.arrived:
-                if self.copied[i] is not None:
-                    self.copied[i].synchronize()  # the host buffer is complete
-                master.grad = self.host_grads[i].float()
-            else:
-                master.grad = None
-        self.optim.step()
-        for i in sorted(self.arrived):
-            self.params[i].copy_(self.master[i].to(self.params[i].dtype))
-            self.master[i].grad = None
-        self.arrived.clear()
-        # END SOLUTION
+        raise NotImplementedError("exercise 2.6: wait for the copies, step the host optimizer on the arrived gradients (fp32), write the rounded master weights back to the device, reset arrived (labs/02_optimizer_states.ipynb)")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Nothing to do: every device gradient was released during backward."""

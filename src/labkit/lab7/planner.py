@@ -8,7 +8,7 @@ keeps the configurations whose busiest GPU fits. Among them it returns the faste
 runners-up and the reason each lost. The order of the search follows the chapter: fit the
 static state first (ZeRO, TP, PP), then the activations (recomputation, SP, CP), then speed.
 
-Memory (``memory_estimate``): lab 6's per-GPU model (``labkit.parallel_memory.per_gpu_bytes``,
+Memory (``memory_estimate``): lab 6's per-GPU model (``labkit.lab6.parallel_memory.per_gpu_bytes``,
 exercise 6.4) with sequence parallelism whenever T > 1 (Megatron's practice); offload moves the
 optimizer states (master copy and moments) to CPU memory (ZeRO-Offload, Ren et al. 2021,
 https://arxiv.org/abs/2101.06840). A configuration fits if its total is at most
@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass, field
 
 from labkit.memory_model import CONSUMERS, OPTIMIZERS, RECIPES, ZERO_STAGES, bytes_per_parameter
-from labkit.parallel_memory import CHECKPOINTING, per_gpu_bytes
+from labkit.lab6.parallel_memory import CHECKPOINTING, per_gpu_bytes
 
 GB = 10**9
 AXES = ("dp", "tp", "pp", "cp", "offload")

@@ -1,6 +1,6 @@
 """CAME: Adafactor's factored second moment plus a factored *confidence* of the update.
 
-Adafactor (``labkit.adafactor``) saves Adam's second moment by storing its row and column means,
+Adafactor (``labkit.lab2.adafactor``) saves Adam's second moment by storing its row and column means,
 but its updates are unstable without a first moment. CAME (Luo et al. 2023, "CAME:
 Confidence-guided Adaptive Memory Efficient Optimization", arXiv 2307.02047) keeps a first
 moment m of the normalized update and measures how far each new update strays from it,

@@ -8,13 +8,13 @@ ZeRO shards the optimizer states (stage 1), the gradients (2) or the parameters 
 replicas, and activation checkpointing recomputes every block in backward. Nothing here is new:
 
 * the ranks are laid out as the device mesh of exercise 6.3, shape (D, P, T), tensor-parallel
-  ranks innermost (``labkit.device_mesh``);
-* tensor parallelism is exercise 3.4 (``labkit.tensor_parallel``), the pipeline exercises 3.5 and
-  3.6 (``labkit.pipeline_schedule``, ``labkit.pipeline``), ZeRO-1/2/3 exercises 2.5, 4.3 and 3.7
-  (``labkit.zero1``, ``labkit.zero2``, ``labkit.zero3``), checkpointing exercise 5.2
-  (``labkit.checkpointing``);
-* the memory prediction is chapter 6's (``labkit.parallel_memory``, exercise 6.4) with the lab
-  model's exact activations (``labkit.accounting``, exercise 1.3).
+  ranks innermost (``labkit.lab6.device_mesh``);
+* tensor parallelism is exercise 3.4 (``labkit.lab3.tensor_parallel``), the pipeline exercises 3.5 and
+  3.6 (``labkit.lab3.pipeline_schedule``, ``labkit.lab3.pipeline``), ZeRO-1/2/3 exercises 2.5, 4.3 and 3.7
+  (``labkit.lab2.zero1``, ``labkit.lab4.zero2``, ``labkit.lab3.zero3``), checkpointing exercise 5.2
+  (``labkit.lab5.checkpointing``);
+* the memory prediction is chapter 6's (``labkit.lab6.parallel_memory``, exercise 6.4) with the lab
+  model's exact activations (``labkit.lab1.accounting``, exercise 1.3).
 
 What composing them adds is small but easy to get wrong: which group each piece gets; that the
 replicas' gradients are averaged (by ZeRO's reduce-scatter, or by an all-reduce over the
@@ -96,9 +96,9 @@ averaged by an all-reduce (plain Adam); 2 pipeline stages (1F1B, 2 micro-batches
 replicas with ZeRO-1."""
 
 PREREQUISITES = {
-    "labkit.device_mesh": "6.3", "labkit.tensor_parallel": "3.4", "labkit.pipeline_schedule": "3.5",
-    "labkit.pipeline": "3.6", "labkit.zero1": "2.5", "labkit.zero2": "4.3", "labkit.zero3": "3.7",
-    "labkit.checkpointing": "5.2", "labkit.parallel_memory": "6.4", "labkit.accounting": "1.3",
+    "labkit.lab6.device_mesh": "6.3", "labkit.lab3.tensor_parallel": "3.4", "labkit.lab3.pipeline_schedule": "3.5",
+    "labkit.lab3.pipeline": "3.6", "labkit.lab2.zero1": "2.5", "labkit.lab4.zero2": "4.3", "labkit.lab3.zero3": "3.7",
+    "labkit.lab5.checkpointing": "5.2", "labkit.lab6.parallel_memory": "6.4", "labkit.lab1.accounting": "1.3",
 }
 """The exercise behind each module exercise 7.2 builds on."""
 
@@ -115,9 +115,9 @@ class RankSetup:
             and ``"embedding"``: the group of the first and last stage of this rank's pipeline
             (None without a pipeline, or on a middle stage).
         module: what this rank runs: the GPT (its blocks tensor-parallel when T > 1, checkpointed
-            when asked), or with P > 1 its ``labkit.pipeline.GPTStage``.
-        optimizer: has ``step()`` and ``zero_grad()``: ``torch.optim.Adam`` (ZeRO-0), ``labkit.zero1.ZeRO1``,
-            ``labkit.zero2.ZeRO2Adam`` or ``labkit.zero3.ZeRO3``, over the data-parallel group.
+            when asked), or with P > 1 its ``labkit.lab3.pipeline.GPTStage``.
+        optimizer: has ``step()`` and ``zero_grad()``: ``torch.optim.Adam`` (ZeRO-0), ``labkit.lab2.zero1.ZeRO1``,
+            ``labkit.lab4.zero2.ZeRO2Adam`` or ``labkit.lab3.zero3.ZeRO3``, over the data-parallel group.
         actions: with P > 1, this stage's schedule (a list of ("F" | "B", m)); else None.
     """
 
@@ -148,7 +148,7 @@ def check_plan(plan: Plan, cfg: GPTConfig, batch_size: int, world_size: int) -> 
         raise TypeError(f"cfg must be a labkit.models.GPTConfig, got {type(cfg).__name__}")
     # BEGIN SOLUTION 7.2: refuse every plan the docstring lists, naming the field and what is allowed
     if not isinstance(plan, Plan):
-        raise TypeError(f"plan must be a labkit.run_plan.Plan, got {type(plan).__name__}")
+        raise TypeError(f"plan must be a labkit.lab7.run_plan.Plan, got {type(plan).__name__}")
     for name in ("dp", "tp", "pp", "n_micro"):
         value = getattr(plan, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -200,11 +200,11 @@ def build_rank(plan: Plan, model: GPT, rank: int) -> RankSetup:
     "dp" group. ``model`` may be changed in place.
     """
     # BEGIN SOLUTION 7.2: groups from the mesh; TP, pipeline stage, checkpointing, then the optimizer over the dp group
-    from labkit.checkpointing import Schedule, apply_schedule
-    from labkit.device_mesh import axis_groups, build_process_groups, coords_of
-    from labkit.pipeline import split_gpt
-    from labkit.pipeline_schedule import make_schedule
-    from labkit.tensor_parallel import TPAttention, TPMLP
+    from labkit.lab5.checkpointing import Schedule, apply_schedule
+    from labkit.lab6.device_mesh import axis_groups, build_process_groups, coords_of
+    from labkit.lab3.pipeline import split_gpt
+    from labkit.lab3.pipeline_schedule import make_schedule
+    from labkit.lab3.tensor_parallel import TPAttention, TPMLP
 
     shape, names = (plan.dp, plan.pp, plan.tp), ("dp", "pp", "tp")
     coords = dict(zip(names, coords_of(rank, shape)))
@@ -230,13 +230,13 @@ def build_rank(plan: Plan, model: GPT, rank: int) -> RankSetup:
     if plan.zero_stage == 0:
         optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
     elif plan.zero_stage == 1:
-        from labkit.zero1 import ZeRO1
+        from labkit.lab2.zero1 import ZeRO1
         optimizer = ZeRO1(list(module.parameters()), torch.optim.Adam, group=dp, lr=1e-3)
     elif plan.zero_stage == 2:
-        from labkit.zero2 import ZeRO2Adam
+        from labkit.lab4.zero2 import ZeRO2Adam
         optimizer = ZeRO2Adam(module.parameters(), lr=1e-3, group=dp)
     else:
-        from labkit.zero3 import ZeRO3
+        from labkit.lab3.zero3 import ZeRO3
         optimizer = ZeRO3(module, lr=1e-3, group=dp)
     return RankSetup(plan, rank, coords, groups, module, optimizer, actions)
     # END SOLUTION
@@ -255,7 +255,7 @@ def train_step(setup: RankSetup, x: torch.Tensor, y: torch.Tensor) -> float | No
     pipeline, its last stage with one), None on the other ranks.
     """
     # BEGIN SOLUTION 7.2: this replica's slice; forward and backward (through the pipeline if any); sum the tied weight's two gradients; average over the replicas unless ZeRO does; step
-    from labkit.pipeline import run_stage
+    from labkit.lab3.pipeline import run_stage
 
     plan, module = setup.plan, setup.module
     b = x.shape[0] // plan.dp
@@ -290,11 +290,11 @@ def predict_peak(plan: Plan, cfg: GPTConfig, batch_size: int, rank: int) -> int:
     device):
 
     * **backward begins**: this rank's parameters and optimizer states
-      (``labkit.parallel_memory.static_bytes`` of the parameters this rank holds — its blocks'
+      (``labkit.lab6.parallel_memory.static_bytes`` of the parameters this rank holds — its blocks'
       share under TP, the embeddings on the first stage, ``ln_f`` and the head on the last —
       sharded by ZeRO over the D replicas; ZeRO-1 also keeps an fp32 copy of its slice), plus
       the activations of the micro-batches in flight on this rank (exercise 1.3's exact count per
-      block and for the head, ``labkit.accounting.activation_bytes``, with what TP splits divided
+      block and for the head, ``labkit.lab1.accounting.activation_bytes``, with what TP splits divided
       by T; with checkpointing, each block's input and one block recomputed), the gradients of
       the log-probabilities and logits on the last stage; with ZeRO-3 the root unit, one
       gathered block and its full gradients; on a pipeline stage its kept outputs and a block's
@@ -311,9 +311,9 @@ def predict_peak(plan: Plan, cfg: GPTConfig, batch_size: int, rank: int) -> int:
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < plan.world_size:
         raise ValueError(f"rank must be an int in 0..{plan.world_size - 1}, got {rank!r}")
     # BEGIN SOLUTION 7.2: this rank's parameters, gradients and states (parallel_memory), its activations in flight (accounting), the largest of the three moments
-    from labkit.accounting import activation_bytes
-    from labkit.device_mesh import coords_of
-    from labkit.parallel_memory import static_bytes
+    from labkit.lab1.accounting import activation_bytes
+    from labkit.lab6.device_mesh import coords_of
+    from labkit.lab6.parallel_memory import static_bytes
 
     D, P, T, M = plan.dp, plan.pp, plan.tp, plan.n_micro
     _, stage, _ = coords_of(rank, (D, P, T))
@@ -388,7 +388,7 @@ def _prerequisite_error(exc: NotImplementedError) -> Exception:
 
 def missing_prerequisites() -> list[str]:
     """The exercises 7.2 builds on whose module still holds a stub of them, e.g.
-    ``["3.7 (labkit.zero3)"]``; empty when all are written (whether they pass is for
+    ``["3.7 (labkit.lab3.zero3)"]``; empty when all are written (whether they pass is for
     ``labkit.check``)."""
     import importlib
     import inspect
