@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from labkit.adam_args import check_adam_args
+from labkit.validate import adam_args as check_adam_args
 
 LAYOUT = "labkit.lab2.nvme_offload/1"
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.adam_args import check_adam_args
+from labkit.validate import adam_args as check_adam_args
 from labkit.optimizer_states import state_tensors
 
 
