@@ -7,6 +7,11 @@ Each lab lists its mutants in ``tools/mutants/labN.py``::
                why="forgets to average the gradients over the ranks"),
         ...
     ]
+    INDEPENDENT = [...]   # a second list, written before reading the graders (optional)
+
+``MUTANTS`` is the list written beside the graders; ``INDEPENDENT`` a second one, written by someone
+who had not read them (plausible student bugs, not the graders' own targets). ``--list`` picks
+which (default: both, reported apart).
 
 ``find`` must occur exactly once in ``solutions/labkit/<file>`` (the runner refuses otherwise,
 so a list never silently stops applying). For every mutant the runner copies ``solutions/`` to
@@ -93,14 +98,20 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--workers", type=int, default=2,
                         help="mutants graded at the same time (default 2: one per core)")
+    parser.add_argument("--list", choices=("both", "mutants", "independent"), default="both",
+                        help="which list of each lab: MUTANTS, INDEPENDENT or both (default)")
     parser.add_argument("--min-rate", type=float, default=0.95,
                         help="exit 1 if a lab's catch rate is below this (default 0.95)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
     report, bad, low = {}, 0, []
-    for lab in _labs(args.lab):
-        mutants = importlib.import_module(f"tools.mutants.lab{lab}").MUTANTS
+    lists = {"both": ("MUTANTS", "INDEPENDENT"), "mutants": ("MUTANTS",),
+             "independent": ("INDEPENDENT",)}[args.list]
+    for lab, list_name in [(lab, n) for lab in _labs(args.lab) for n in lists]:
+        mutants = getattr(importlib.import_module(f"tools.mutants.lab{lab}"), list_name, None)
+        if mutants is None:
+            continue
         if args.only:
             mutants = [m for m in mutants if m.exercise == args.only]
         with ThreadPoolExecutor(max_workers=args.workers) as pool:  # each mutant is a subprocess
@@ -118,10 +129,11 @@ def main(argv=None) -> int:
         for ex_id in sorted(per_exercise, key=_order):
             c, n = per_exercise[ex_id]
             print(f"  exercise {ex_id:<6} {c:>3} / {n:<3} caught ({c / n:.0%})")
-        print(f"lab {lab}: {caught} / {len(mutants)} mutants caught ({rate:.0%})\n", flush=True)
+        print(f"lab {lab} {list_name}: {caught} / {len(mutants)} mutants caught ({rate:.0%})\n",
+              flush=True)
         if mutants and rate < args.min_rate:
-            low.append(lab)
-        report[lab] = {"caught": caught, "total": len(mutants), "rate": rate,
+            low.append(f"{lab} ({list_name})")
+        report[f"{lab} {list_name}"] = {"caught": caught, "total": len(mutants), "rate": rate,
                        "per_exercise": {k: {"caught": c, "total": n} for k, (c, n) in per_exercise.items()},
                        "mutants": rows}
     if args.json:
