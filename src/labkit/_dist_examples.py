@@ -104,3 +104,12 @@ def count_both_spellings(rank: int, world_size: int, new_names: bool | None = No
             (gather or dist.all_gather_into_tensor)(out, x)
             (scatter or dist.reduce_scatter_tensor)(x, out)
     return {"calls": dict(counts.calls), "bytes_sent": dict(counts.bytes_sent)}
+
+
+def cpu_seconds_so_far(rank: int, world_size: int) -> dict:
+    """This rank's CPU seconds since its process began (start-up, imports, joining the group),
+    and its process id: what one rank costs to start (``tools/launch_cost.py``)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"rank": rank, "pid": os.getpid(), "cpu_s": usage.ru_utime + usage.ru_stime}
