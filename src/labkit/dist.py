@@ -580,7 +580,9 @@ def _collect(procs, conns, fn, world_size, deadline, timeout, pg_timeout, stack_
                   f"process-group timeout (a peer never joined it):\n{stuck[r][2]}" for r in sorted(stuck)]
         lines += [f"  rank {r} was still running; its stack, most recent call first:\n"
                   f"{stacks.get(r, '(no stack: the rank did not answer)')}" for r in sorted(pending)]
-        first = min(pending) if pending else unfinished[0]
+        # blame a rank busy in its own code before one waiting for it in a collective
+        waiting = {r for r in pending if "distributed_c10d" in stacks.get(r, "")}
+        first = min(pending - waiting or pending) if pending else unfinished[0]
         child_tb = stacks.get(first, "") if pending else stuck[first][2]
         raise RankTimeout("\n".join(lines), rank=first, ranks=unfinished, exc_type=None,
                           child_traceback=child_tb, pids=pids)
