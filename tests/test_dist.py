@@ -6,8 +6,10 @@ operating system (is a process id still alive?), not against anything labkit com
 """
 from __future__ import annotations
 
+import importlib
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 from labkit import _dist_examples as ex
+from labkit import dist as labkit_dist
 from labkit.dist import RankError, RankTimeout, launch
 
 
@@ -155,13 +158,11 @@ def test_spawn_runs_an_importable_worker():
     assert [r["sum"][0].item() for r in results] == [3.0, 3.0]
 
 
-def test_start_method_is_spawn_once_cuda_is_initialised(monkeypatch):
-    """Check the rule: fork while CUDA is untouched in the parent, spawn once it is initialised."""
-    from labkit import dist as labkit_dist
-
+def test_start_method_is_forkserver_once_cuda_is_initialised(monkeypatch):
+    """Check the rule: fork while CUDA is untouched in the parent, forkserver once it is initialised."""
     assert labkit_dist._default_start_method() == "fork"  # POSIX test machines, CPU torch
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    assert labkit_dist._default_start_method() == "spawn"
+    assert labkit_dist._default_start_method() == "forkserver"
 
 
 def test_spawn_refuses_a_function_it_cannot_import():
@@ -194,11 +195,12 @@ def test_count_comm_counts_calls_and_bytes_exactly(world_size):
         assert ring.get("send", 0) == (B if rank == 0 else 0) and ring.get("recv", 0) == 0
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
 def test_a_rank_changes_only_its_own_copy_of_the_arguments(start_method):
-    """Check that arguments go to each rank by value under both start methods: a rank that adds
-    rank+1 in place to a tensor, to a module's parameters and writes to a dict sees its change,
-    the parent's objects keep their values (spawn must not hand out shared memory)."""
+    """Check that arguments go to each rank by value under both default start methods: a rank
+    that adds rank+1 in place to a tensor, to a module's parameters and writes to a dict sees its
+    change, the parent's objects keep their values (forkserver and spawn pickle the arguments,
+    and must not hand out shared memory)."""
     tensor, model, state = torch.zeros(4), torch.nn.Linear(3, 2), {"touched_by": None}
     weight = model.weight.detach().clone()
     results = launch(ex.change_arguments_in_place, 2, tensor, model, state,
@@ -213,19 +215,19 @@ def test_a_rank_changes_only_its_own_copy_of_the_arguments(start_method):
     assert state == {"touched_by": None} and not tensor.is_shared()
 
 
-def test_start_method_is_spawn_whenever_ranks_may_use_cuda(monkeypatch):
-    """Check the rule: fork for CPU ranks; spawn for nccl, a CUDA `device` hint, a CUDA tensor
-    among the arguments, or CUDA initialised in the parent."""
+def test_start_method_never_forks_when_ranks_may_use_cuda(monkeypatch):
+    """Check the rule: fork for CPU ranks; forkserver for nccl, a CUDA `device` hint, a CUDA
+    tensor among the arguments, or CUDA initialised in the parent."""
     from labkit.dist import start_method_for
 
     assert start_method_for() == "fork"
     assert start_method_for("gloo", (torch.zeros(2),), {"device": "cpu"}) == "fork"
-    assert start_method_for("nccl") == "spawn"
-    assert start_method_for("gloo", (), {"device": "cuda"}) == "spawn"
-    assert start_method_for("gloo", (), {"device": torch.device("cuda", 1)}) == "spawn"
-    assert start_method_for("gloo", (torch.empty(2, device="meta"), "cuda:0")) == "spawn"
+    assert start_method_for("nccl") == "forkserver"
+    assert start_method_for("gloo", (), {"device": "cuda"}) == "forkserver"
+    assert start_method_for("gloo", (), {"device": torch.device("cuda", 1)}) == "forkserver"
+    assert start_method_for("gloo", (torch.empty(2, device="meta"), "cuda:0")) == "forkserver"
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    assert start_method_for() == "spawn"
+    assert start_method_for() == "forkserver"
 
 
 def test_spawn_explains_arguments_it_cannot_copy():
@@ -244,7 +246,7 @@ def test_spawn_explains_arguments_it_cannot_copy():
     ({"timeout": float("nan")}, ValueError, "timeout must be"),
     ({"timeout": "60"}, TypeError, "timeout must be"),
     ({"backend": "mpi"}, ValueError, r"backend must be one of \('gloo', 'nccl'\)"),
-    ({"start_method": "forkserver"}, ValueError, "start_method must be one of"),
+    ({"start_method": "thread"}, ValueError, "start_method must be one of"),
     ({"fn": 3}, TypeError, "fn must be a callable"),
 ])
 def test_launch_refuses_bad_input_before_starting_anything(kwargs, error, words):
@@ -268,3 +270,69 @@ def test_both_spellings_of_gather_and_scatter_are_counted_the_same():
     old, new = launch(ex.count_both_spellings, 2)
     assert old == new, f"old names counted {old}, new names {new}"
     assert old["calls"] == {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1}
+
+
+def test_the_rank_blamed_at_the_deadline_is_the_one_still_inside_the_function():
+    """Issue 27.9: 8 ranks, rank 7 asleep, ranks 0-6 returned at once and wait in launch's
+    closing barrier, where they give up first (the process-group timeout) and see their peers
+    vanish ("Connection closed by peer"). The error must be a RankTimeout naming rank 7 alone,
+    not a RankError of a barrier echo nor the lowest rank still alive."""
+    with pytest.raises(RankError) as info:
+        launch(ex.return_unless_rank, 8, stuck_rank=7, timeout=6.0)
+    error = info.value
+    assert isinstance(error, RankTimeout), f"expected RankTimeout, got {type(error).__name__}: {error}"
+    assert (error.rank, error.ranks) == (7, [7]), f"blamed rank {error.rank} of {error.ranks}"
+    assert "return_unless_rank" in error.child_traceback  # rank 7's stack at the deadline
+    assert "ranks 0, 1, 2, 3, 4, 5, 6 had returned" in str(error)
+    _assert_all_gone(error.pids)
+
+
+def test_nccl_with_more_ranks_than_gpus_is_refused_before_any_rank_starts(monkeypatch):
+    """Check that backend='nccl' with N ranks on fewer GPUs says why (NCCL refuses two ranks on
+    one GPU) at once, instead of ranks crashing in init_process_group (a 1-GPU Colab, faked)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"one GPU per rank: world_size=2 ranks, and this machine has 1 GPU"):
+        launch(ex.all_reduce_ranks, 2, backend="nccl")
+    assert time.monotonic() - started < 1.0, "refused only after starting ranks"
+
+
+def test_forkserver_ranks_come_from_one_zygote_that_follows_the_environment(monkeypatch):
+    """Check the start-up cost fix: under forkserver (the default once CUDA is initialised) every
+    rank of every launch is forked from the same zygote process (which imported torch once),
+    not started as a fresh interpreter; and a variable set in os.environ after the zygote
+    started still reaches the ranks (the zygote is started again)."""
+    first = launch(ex.where_started, 2, start_method="forkserver", timeout=120)
+    second = launch(ex.where_started, 2, start_method="forkserver", timeout=120)
+    zygote = labkit_dist._zygote_pid()
+    assert {r["ppid"] for r in first + second} == {zygote}, f"parents {first + second}, zygote {zygote}"
+    assert len({r["pid"] for r in first + second}) == 4  # new ranks every launch
+    monkeypatch.setenv("LABKIT_EXAMPLE", "set after the zygote started")
+    third = launch(ex.where_started, 2, start_method="forkserver", timeout=120)
+    assert [r["env"] for r in third] == ["set after the zygote started"] * 2
+    assert {r["ppid"] for r in third} == {labkit_dist._zygote_pid()} != {zygote}
+
+
+def test_a_function_imported_before_its_module_was_reloaded_runs_its_new_code(tmp_path, monkeypatch):
+    """Issue 28.3: under Colab's %autoreload 2 (IPython 7.34) an edited module is reloaded, and
+    a name imported before the edit keeps the old function object, which pickle refuses ("it's
+    not the same object as ..."). Simulated here as autoreload does it: reload the module,
+    keep the old objects. The launch must send the module's current definitions, of the
+    function and of a class among the arguments, and the ranks must run the new code."""
+    module = tmp_path / "edited_worker.py"
+    module.write_text("class Scale:\n    factor = 1\n\n"
+                      "def work(rank, world_size, scale):\n    return ('v1', rank * scale.factor)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    edited = importlib.import_module("edited_worker")
+    old_work, old_scale = edited.work, edited.Scale()
+    module.write_text("class Scale:\n    factor = 10\n\n"
+                      "def work(rank, world_size, scale):\n    return ('v2', rank * scale.factor)\n")
+    importlib.invalidate_caches()
+    try:
+        importlib.reload(edited)
+        assert old_work is not edited.work and type(old_scale) is not edited.Scale
+        results = launch(old_work, 2, old_scale, start_method="forkserver", timeout=120)
+    finally:
+        sys.modules.pop("edited_worker", None)
+    assert results == [("v2", 0), ("v2", 10)], f"ranks returned {results}"

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from labkit.measure import CONSUMERS, by_consumer, count_flops, measure_step, peak_bytes, saved_activation_bytes
+from labkit.measure import (CONSUMERS, by_consumer, count_flops, measure_step, peak_bytes, peak_over_calls,
+                            saved_activation_bytes)
 from labkit.models import GPT, SyntheticData, lab_config
 
 FP32 = 4
@@ -185,3 +186,26 @@ def test_peak_saved_bytes_counts_what_autograd_holds_at_its_most():
     assert peak_saved_bytes(step) == 2 * 64 * 64 * 4
     with pytest.raises(TypeError, match="fn"):
         peak_saved_bytes(3)
+
+
+def test_peak_over_calls_tracks_a_module_called_many_times_exactly():
+    """A Linear(64, 32) called 3 times on a (8, 64) input, the outputs kept: MemTracker alone
+    refuses the second call; peak_over_calls counts the parameters once, 64·32 + 32 fp32, and
+    the three (8, 32) fp32 outputs as activations; the module's class is restored after."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    lin, x = torch.nn.Linear(64, 32), torch.randn(8, 64)
+
+    def three_calls():
+        with torch.no_grad():
+            return [lin(x) for _ in range(3)]
+
+    with pytest.raises(NotImplementedError, match="multiple iterative calls"), MemTracker():
+        three_calls()
+    peak, at_peak, outputs = peak_over_calls(lin, three_calls)
+    assert at_peak["parameters"] == (64 * 32 + 32) * FP32
+    assert at_peak["activations"] == 3 * 8 * 32 * FP32
+    assert peak == sum(at_peak.values()) and len(outputs) == 3
+    assert type(lin) is torch.nn.Linear
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module"):
+        peak_over_calls(three_calls, three_calls)

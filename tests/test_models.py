@@ -87,8 +87,36 @@ def test_lab_config_is_small_on_cpu_and_takes_overrides():
     (lambda: SyntheticData(64, 16, 4).batch(-1), "i"),
     (lambda: lab_config("tpu"), "device"),
     (lambda: lab_config("cpu", n_layers=3), "n_layers"),
-    (lambda: lab_batch_size(42), "device"),
+    (lambda: lab_batch_size(42), "device"),  # an int: refused on CPU and CUDA builds alike
+    (lambda: lab_config(1.5), "device"),
 ])
 def test_models_refuse_bad_input_naming_the_argument(call, name):
     with pytest.raises((ValueError, TypeError), match=name):
+        call()
+
+
+class _AnyRealDevice(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, _REAL_DEVICE)
+
+
+_REAL_DEVICE = torch.device
+
+
+class _CudaBuildDevice(metaclass=_AnyRealDevice):
+    """torch.device as a CUDA build of torch behaves: an int is an accelerator index, cuda:N."""
+
+    def __new__(cls, spec, index=None):
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            return _REAL_DEVICE("cuda", spec)
+        return _REAL_DEVICE(spec) if index is None else _REAL_DEVICE(spec, index)
+
+
+@pytest.mark.parametrize("call", [lambda: lab_batch_size(42), lambda: lab_config(0)])
+def test_an_int_device_is_refused_on_a_cuda_build_too(monkeypatch, call):
+    """Issue 28: on a CUDA build torch.device(42) is cuda:42, so a check that relies on torch
+    refusing it passes on CPU machines only. Here torch.device behaves as on a CUDA build."""
+    monkeypatch.setattr(torch, "device", _CudaBuildDevice)
+    assert torch.device(42) == _REAL_DEVICE("cuda", 42)  # the fake does what a CUDA build does
+    with pytest.raises(ValueError, match="device must be None, 'cpu', 'cuda' or a torch.device, got"):
         call()

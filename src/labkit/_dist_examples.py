@@ -50,6 +50,20 @@ def hang_on_rank(rank: int, world_size: int, stuck_rank: int = 1, pid_dir: str |
     dist.barrier()
 
 
+def return_unless_rank(rank: int, world_size: int, stuck_rank: int = 1) -> int:
+    """Every rank but ``stuck_rank`` returns its rank at once (and waits in ``launch``'s closing
+    barrier); ``stuck_rank`` sleeps forever: the one rank still inside the function."""
+    while rank == stuck_rank:
+        time.sleep(1)
+    return rank
+
+
+def where_started(rank: int, world_size: int, env_name: str = "LABKIT_EXAMPLE") -> dict:
+    """This rank's process id, its parent's (the zygote's, under forkserver) and the value of
+    the environment variable ``env_name`` as this rank sees it."""
+    return {"rank": rank, "pid": os.getpid(), "ppid": os.getppid(), "env": os.environ.get(env_name)}
+
+
 # torch 2.13 deprecates all_gather_into_tensor / reduce_scatter_tensor for these new names
 # (same c10d operators, so count_comm reports them under the old names).
 all_gather_into_tensor = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -104,3 +118,12 @@ def count_both_spellings(rank: int, world_size: int, new_names: bool | None = No
             (gather or dist.all_gather_into_tensor)(out, x)
             (scatter or dist.reduce_scatter_tensor)(x, out)
     return {"calls": dict(counts.calls), "bytes_sent": dict(counts.bytes_sent)}
+
+
+def cpu_seconds_so_far(rank: int, world_size: int) -> dict:
+    """This rank's CPU seconds since its process began (start-up, imports, joining the group),
+    and its process id: what one rank costs to start (``tools/launch_cost.py``)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"rank": rank, "pid": os.getpid(), "cpu_s": usage.ru_utime + usage.ru_stime}

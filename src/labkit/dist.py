@@ -13,10 +13,22 @@ Mechanism, and the choices behind it:
   ~0.1-0.6 s; a spawned child starts a fresh interpreter and imports torch again (4-11 s) and
   can only run functions it can import by name. A forked child cannot use CUDA once the parent
   has touched the driver (``torch.cuda.is_available()`` is enough: every lab calls it through
-  ``default_device()``), so ``launch`` spawns whenever the ranks may use CUDA: CUDA already
-  initialised here, ``backend="nccl"``, a ``device`` keyword argument that names CUDA, or a CUDA
-  tensor or module among the arguments (see :func:`start_method_for`). Pass
-  ``start_method="spawn"`` yourself if ``fn`` moves data to the GPU on its own.
+  ``default_device()``), so ``launch`` does not fork whenever the ranks may use CUDA: CUDA
+  already initialised here, ``backend="nccl"``, a ``device`` keyword argument that names CUDA,
+  or a CUDA tensor or module among the arguments (see :func:`start_method_for`).
+- **forkserver, not spawn, when fork is unsafe.** Then the ranks are forked from a *zygote*:
+  one clean process (multiprocessing's forkserver) that imported torch once and never touches
+  CUDA, started on the first such launch and kept until this process ends (it is restarted if
+  ``os.environ`` changes, since its children inherit its environment). Each rank still starts
+  as a new process, imports ``fn``'s module fresh (an edit to labkit is always seen: the zygote
+  holds torch only, never the course's code) and can use CUDA; it costs what a fork costs,
+  not a fresh interpreter's import of torch (see ``tools/launch_cost.py`` for the figures).
+  ``start_method="spawn"`` still gives a fresh interpreter per rank.
+- **A function is sent by name, as its module defines it now.** Under forkserver and spawn a
+  rank imports ``fn`` (and any function or class among the arguments) by module and qualified
+  name. After IPython's ``%autoreload 2`` has reloaded an edited module, a name imported before
+  the edit still points at the old object, which ``pickle`` refuses ("it's not the same object
+  as ..."); ``launch`` looks each one up again in its module and sends the current definition.
 - **Arguments by value, always.** A forked child works on a copy-on-write copy of the parent's
   memory. A spawned child receives its arguments through a pipe, and multiprocessing's pickler,
   as torch extends it, would move CPU tensors into shared memory: every rank would then train
@@ -34,7 +46,9 @@ Mechanism, and the choices behind it:
   rank stuck in a collective gives up by itself), the parent waits with an outer deadline, and
   on any exit (result, error, deadline, Ctrl-C) it kills each child's whole process group.
   A failing rank's traceback is re-raised in the parent as :class:`RankError`; at the deadline
-  the parent prints where the unfinished ranks were stuck and raises :class:`RankTimeout`.
+  the parent prints where the unfinished ranks were stuck and raises :class:`RankTimeout`,
+  naming only the ranks still inside ``fn``: each rank sends its result *before* the closing
+  barrier, so a rank that returned and waits there for a slow peer is never the one blamed.
 - **Collectives never run in the parent.** A mismatched collective can abort the process that
   runs it; here that is a child, never the notebook kernel or the pytest process.
 
@@ -58,6 +72,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 import warnings
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -89,7 +104,7 @@ class RankTimeout(RankError, TimeoutError):
 
 
 BACKENDS = ("gloo", "nccl")
-START_METHODS = ("fork", "spawn")
+START_METHODS = ("fork", "forkserver", "spawn")
 
 
 def _mentions_cuda(obj, depth: int = 0) -> bool:
@@ -111,31 +126,82 @@ def _mentions_cuda(obj, depth: int = 0) -> bool:
 
 
 def start_method_for(backend: str = "gloo", args: tuple = (), kwargs: dict | None = None) -> str:
-    """The start method ``launch`` uses by default: ``"spawn"`` whenever the ranks may use CUDA.
+    """The start method ``launch`` uses by default: never ``"fork"`` when the ranks may use CUDA.
 
-    Spawn if CUDA is initialised in this process, or the backend is ``"nccl"``, or a ``device``
-    keyword argument names CUDA, or an argument is (or holds) a CUDA tensor or module; also where
-    fork does not exist (Windows). Otherwise fork, which starts a rank in a fraction of a second.
+    Not fork if CUDA is initialised in this process, or the backend is ``"nccl"``, or a ``device``
+    keyword argument names CUDA, or an argument is (or holds) a CUDA tensor or module: then
+    ``"forkserver"`` (ranks forked from a clean process that imported torch once), or
+    ``"spawn"`` where forkserver does not exist (Windows). Otherwise fork, which starts a rank
+    in a fraction of a second.
     """
     kwargs = kwargs or {}
     wants_cuda = (torch.cuda.is_initialized() or backend == "nccl"
                   or _mentions_cuda(kwargs.get("device")) or _mentions_cuda(args)
                   or _mentions_cuda({k: v for k, v in kwargs.items() if k != "device"}))
-    fork_ok = "fork" in mp.get_all_start_methods() and not wants_cuda
-    return "fork" if fork_ok else "spawn"
+    methods = mp.get_all_start_methods()
+    if "fork" in methods and not wants_cuda:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
 
 
 def _default_start_method() -> str:  # kept for callers of the old name
     return start_method_for()
 
 
-def _dumps_by_value(obj, what: str) -> bytes:
-    """Plain pickle (no shared memory): the child gets a copy, never the parent's storage."""
+def _by_name(module: str, qualname: str):
+    """In a rank: the object ``module.qualname`` (how :class:`_CurrentPickler` sends a definition)."""
+    import importlib
+
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def current_definition(obj):
+    """``obj``'s module's current object of the same name, if ``obj`` is a stale function or class.
+
+    After a module is reloaded (IPython's ``%autoreload 2`` on an edited file), a function or
+    class imported *before* the edit is no longer the object its module holds under that name;
+    pickle sends such objects by name and refuses them ("it's not the same object as ...").
+    Returns the module's object when it has the same qualified name (the code a rank importing
+    it by name gets), else ``obj`` itself.
+    """
+    if not isinstance(obj, (types.FunctionType, type)):
+        return obj
+    module, qualname = sys.modules.get(getattr(obj, "__module__", None) or ""), obj.__qualname__
+    if module is None or "<" in qualname:
+        return obj
+    current = module
+    for part in qualname.split("."):
+        current = getattr(current, part, None)
+        if current is None:
+            return obj
+    same_kind = isinstance(current, (types.FunctionType, type))
+    return current if same_kind and getattr(current, "__qualname__", None) == qualname else obj
+
+
+class _CurrentPickler(pickle.Pickler):
+    """Plain pickle (no shared memory: the child gets a copy, never the parent's storage) that
+    sends a stale function or class (see :func:`current_definition`) as its current definition."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, (types.FunctionType, type)):
+            current = current_definition(obj)
+            if current is not obj:
+                return _by_name, (current.__module__, current.__qualname__)
+        return NotImplemented
+
+
+def _dumps_by_value(obj, what: str, method: str = "spawn") -> bytes:
+    """``obj`` pickled by value with :class:`_CurrentPickler`; TypeError naming ``what`` if it cannot be."""
     try:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        buffer = io.BytesIO()
+        _CurrentPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+        return buffer.getvalue()
     except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
-        raise TypeError(f"launch(..., start_method='spawn') cannot copy {what} to the ranks: {exc}. "
-                        "Spawned ranks receive their arguments pickled; pass tensors, modules and "
+        raise TypeError(f"launch(..., start_method={method!r}) cannot copy {what} to the ranks: {exc}. "
+                        "Spawned (and forkserver) ranks receive their arguments pickled; pass tensors, modules and "
                         "plain values (a tensor that is the result of an operation needing grad: "
                         "pass .detach())") from exc
 
@@ -162,7 +228,7 @@ def _check_launch_arguments(fn, world_size, timeout, backend, start_method) -> N
         raise ValueError("start_method='fork' does not exist on this system; use 'spawn' or None")
 
 
-def _check_spawnable(fn) -> None:
+def _check_spawnable(fn, method: str) -> None:
     """A spawned child finds ``fn`` by importing its module: refuse what it cannot import."""
     qualname, reason = getattr(fn, "__qualname__", repr(fn)), None
     if "<lambda>" in qualname or "<locals>" in qualname:
@@ -171,15 +237,63 @@ def _check_spawnable(fn) -> None:
         reason = "it is defined in a notebook cell or an interactive session"
     else:
         try:
-            pickle.dumps(fn)
+            _CurrentPickler(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(fn)
         except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
             reason = f"it cannot be pickled ({exc})"
     if reason:
         raise ValueError(
-            f"launch(..., start_method='spawn') cannot send {qualname!r} to the children: {reason}. "
-            "Spawned ranks import the function by name, so define it at module level in an "
-            "importable module (e.g. labkit.<module>), or use start_method='fork' on Linux/macOS."
+            f"launch(..., start_method={method!r}) cannot send {qualname!r} to the children: {reason}. "
+            f"{method.capitalize()}ed ranks import the function by name, so define it at module level in an "
+            "importable module (e.g. labkit.<module>), or use start_method='fork' on Linux/macOS "
+            "(only while CUDA is not initialised in this process)."
         )
+
+
+def _check_gpus_for_nccl(world_size: int, backend: str) -> None:
+    """NCCL refuses two ranks on one GPU: say so before starting any, not as a rank's crash."""
+    if backend != "nccl":
+        return
+    gpus = torch.cuda.device_count()
+    if world_size > gpus:
+        raise ValueError(
+            f"backend='nccl' needs one GPU per rank: world_size={world_size} ranks, and this machine "
+            f"has {gpus} GPU{'s' if gpus != 1 else ''} (NCCL refuses two ranks on one GPU). Use "
+            f"backend='gloo' (the ranks compute on the CPU, as every lab does) or world_size <= {gpus}")
+
+
+_zygote_env: dict | None = None  # os.environ when the forkserver (the zygote) was started
+ZYGOTE_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
+"""What the zygote imports once for all its ranks: torch only, never the course's own code."""
+
+
+def _zygote_context():
+    """multiprocessing's forkserver context, its server importing ``ZYGOTE_PRELOAD`` once.
+
+    The server starts on first use and lives until this process ends. Its children inherit its
+    environment, not ours: if ``os.environ`` changed since it started, it is stopped and started
+    again (sys.path and the working directory go to each child with multiprocessing's own
+    preparation data)."""
+    global _zygote_env
+    import multiprocessing.forkserver as forkserver
+
+    import torch._dynamo  # noqa: F401  sets TORCHINDUCTOR_CACHE_DIR: here first, so the zygote's
+    # environment, inherited from ours, is ours after its own preload too
+    context, server, env = mp.get_context("forkserver"), forkserver._forkserver, dict(os.environ)
+    running = getattr(server, "_forkserver_pid", None) is not None
+    if running and _zygote_env is not None and env != _zygote_env and hasattr(server, "_stop"):
+        server._stop()
+        running = False
+    if not running:
+        context.set_forkserver_preload(list(ZYGOTE_PRELOAD))
+        server.ensure_running()
+        _zygote_env = env
+    return context
+
+
+def _zygote_pid() -> int | None:
+    import multiprocessing.forkserver as forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
 def _torchrun_group(world_size: int) -> int | None:
@@ -222,7 +336,10 @@ def _format_child_exception(exc: BaseException) -> str:
 
 
 def _become_independent(parent_pid: int) -> None:
-    """Own process group (the parent kills us and our children at once); die with the parent."""
+    """Own process group (the parent kills us and our children at once); die with the parent.
+
+    ``parent_pid``: the process that started us (``launch``'s, or the zygote's under forkserver,
+    which itself exits when ``launch``'s process does)."""
     if hasattr(os, "setsid"):
         os.setsid()
     if sys.platform.startswith("linux"):
@@ -235,14 +352,16 @@ def _run_rank(fn, rank, world_size, args, kwargs, port, backend, pg_timeout, con
               payload=None):
     """Body of one child process: join the group, run ``fn``, report back, exit.
 
-    ``payload``: under spawn, ``(args, kwargs)`` pickled by value in the parent (then ``args``
-    and ``kwargs`` are empty)."""
+    ``payload``: under forkserver and spawn, ``(fn, args, kwargs)`` pickled by value in the
+    parent (then ``fn`` is None and ``args``, ``kwargs`` are empty). The result goes to the
+    parent as soon as ``fn`` returns, *before* the closing barrier: a rank that finished is
+    never mistaken for one still inside ``fn`` (it may wait in the barrier for a slow peer)."""
     torch.set_num_threads(1)  # first of all: see the module docstring
     _become_independent(parent_pid)
-    code = 0
+    code, message = 0, None
     try:
         if payload is not None:
-            args, kwargs = pickle.loads(payload)
+            fn, args, kwargs = pickle.loads(payload)
         if hasattr(signal, "SIGUSR1"):  # the parent asks for our stack at the deadline
             stack_file = open(stack_path, "a")  # noqa: SIM115 - must stay open until exit
             faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
@@ -259,15 +378,18 @@ def _run_rank(fn, rank, world_size, args, kwargs, port, backend, pg_timeout, con
             _ResultPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(result)
         except Exception as exc:
             raise TypeError(f"rank {rank} returned a value that cannot be pickled back: {exc}") from exc
+        message = ("ok", buffer.getvalue())
+        conn.send(message)  # returned: from now on this rank is done, whatever its peers do
         if dist.is_initialized():  # no rank leaves while a peer may still read from it
             dist.barrier()
             dist.destroy_process_group()
-        message = ("ok", buffer.getvalue())
     except BaseException as exc:  # noqa: BLE001 - report everything, SystemExit included
         code = 1
-        message = ("error", type(exc).__name__, str(exc), _format_child_exception(exc))
+        if message is None:  # an error after the result was sent (the barrier) is no news
+            message = ("error", type(exc).__name__, str(exc), _format_child_exception(exc))
+            with contextlib.suppress(Exception):
+                conn.send(message)
     try:
-        conn.send(message)
         conn.close()
     finally:
         with contextlib.suppress(Exception):
@@ -334,12 +456,14 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
     ``[this rank's result]``.
 
     Args:
-        fn: the per-rank function; with ``spawn`` it must be importable (module level).
+        fn: the per-rank function; unless forked it must be importable (module level).
         world_size: number of ranks N, an int >= 1.
         timeout: seconds (> 0) before the parent kills every rank and raises :class:`RankTimeout`.
-        backend: ``"gloo"`` (CPU, the default) or ``"nccl"`` (one GPU per rank).
-        start_method: ``"fork"``, ``"spawn"`` or None (default: :func:`start_method_for`, i.e.
-            spawn whenever the ranks may use CUDA, fork otherwise).
+        backend: ``"gloo"`` (CPU, the default) or ``"nccl"`` (one GPU per rank: refused, before
+            any rank starts, when ``world_size`` exceeds the GPUs here).
+        start_method: ``"fork"``, ``"forkserver"``, ``"spawn"`` or None (default:
+            :func:`start_method_for`, i.e. forkserver whenever the ranks may use CUDA, fork
+            otherwise).
 
     Returns:
         ``[result of rank 0, ..., result of rank N-1]``.
@@ -347,20 +471,28 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
     Raises:
         TypeError, ValueError: bad arguments (named), before any process starts.
         RankError: a rank raised or died; names the rank, carries its traceback.
-        RankTimeout: some ranks had not finished after ``timeout`` seconds.
+        RankTimeout: some ranks had not finished after ``timeout`` seconds; names the ranks
+            still inside ``fn`` (not those that returned and wait in the closing barrier).
     """
     _check_launch_arguments(fn, world_size, timeout, backend, start_method)
     inside = _torchrun_group(world_size)
     if inside is not None:  # already one rank of a torchrun job: run here, on the existing group
         return [fn(inside, world_size, *args, **kwargs)]
+    _check_gpus_for_nccl(world_size, backend)
     method = start_method or start_method_for(backend, args, kwargs)
-    payload = None
+    payload, parent_pid = None, os.getpid()
     if method == "fork":  # a dispatch mode (count_comm, MemTracker) imports torch._dynamo on
         import torch._dynamo  # noqa: F401  first use (1-3 s): once here, not in every rank
+        context = mp.get_context(method)
     else:
-        _check_spawnable(fn)
-        payload = _dumps_by_value((args, kwargs), "the arguments")
-    context = mp.get_context(method)
+        _check_spawnable(fn, method)
+        # fn checked above: a failure here is one of the arguments
+        payload = _dumps_by_value((fn, args, kwargs), "the arguments", method)
+        if method == "forkserver":
+            context = _zygote_context()
+            parent_pid = _zygote_pid()
+        else:
+            context = mp.get_context(method)
     started = time.monotonic()
     pg_timeout = timeout - min(max(1.0, 0.1 * timeout), 0.5 * timeout)
     port = _free_port()
@@ -370,10 +502,10 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
             receiver, sender = context.Pipe(duplex=False)
             stack_path = os.path.join(stack_dir, f"rank{rank}.stack")
             Path(stack_path).touch()
-            by_ref = (args, kwargs) if payload is None else ((), {})
+            direct = (fn, args, kwargs) if payload is None else (None, (), {})
             procs.append(context.Process(target=_run_rank, name=f"labkit-rank{rank}", args=(
-                fn, rank, world_size, *by_ref, port, backend, pg_timeout, sender,
-                stack_path, os.getpid(), payload)))
+                direct[0], rank, world_size, *direct[1:], port, backend, pg_timeout, sender,
+                stack_path, parent_pid, payload)))
             with warnings.catch_warnings():  # Python 3.12 warns on any fork from a threaded
                 warnings.simplefilter("ignore", DeprecationWarning)  # process (a kernel is)
                 procs[-1].start()
@@ -441,11 +573,16 @@ def _collect(procs, conns, fn, world_size, deadline, timeout, pg_timeout, stack_
         unfinished = sorted(pending | set(stuck))
         lines = [f"{_ranks_text(unfinished)} of {world_size} had not finished {fn_name} after "
                  f"{timeout:g} s (launch timeout); every rank has been killed"]
+        if results:
+            lines.append(f"  {_ranks_text(results)} had returned and waited for the others in "
+                         "launch's closing barrier")
         lines += [f"  rank {r} gave up waiting in a collective after the {pg_timeout:g} s "
                   f"process-group timeout (a peer never joined it):\n{stuck[r][2]}" for r in sorted(stuck)]
         lines += [f"  rank {r} was still running; its stack, most recent call first:\n"
                   f"{stacks.get(r, '(no stack: the rank did not answer)')}" for r in sorted(pending)]
-        first = min(pending) if pending else unfinished[0]
+        # blame a rank busy in its own code before one waiting for it in a collective
+        waiting = {r for r in pending if "distributed_c10d" in stacks.get(r, "")}
+        first = min(pending - waiting or pending) if pending else unfinished[0]
         child_tb = stacks.get(first, "") if pending else stuck[first][2]
         raise RankTimeout("\n".join(lines), rank=first, ranks=unfinished, exc_type=None,
                           child_traceback=child_tb, pids=pids)

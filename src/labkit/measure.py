@@ -278,6 +278,51 @@ def peak_bytes(fn: Callable, *args, **kwargs) -> tuple[int, object]:
     return int(sum(snap.get("Total", 0) for snap in peak.values())), result
 
 
+def peak_over_calls(module: torch.nn.Module, fn: Callable, *args,
+                    **kwargs) -> tuple[int, dict[str, int], object]:
+    """Run ``fn(*args, **kwargs)``, which may call ``module`` many times, under MemTracker.
+
+    MemTracker refuses a module's second forward in one tracking session (it would count its
+    activations twice) unless its module statistics are reset first; training loops, gradient
+    accumulation and pipeline micro-batches call the model again and again. So for the run,
+    each call of ``module`` resets them just before it starts (``module``'s class is swapped
+    for a subclass whose ``__call__`` does that, and restored afterwards, also on error). The
+    byte counts themselves are untouched: the peak is the whole run's.
+
+    Returns:
+        (peak bytes tracked over the run, summed over devices; bytes by consumer at the peak,
+        keys ``CONSUMERS``; ``fn``'s result). Used by ``labkit.cluster`` and lab 7's plans.
+    """
+    import warnings
+
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    tracker, cls = MemTracker(), type(module)
+
+    class _ResetEachCall(cls):
+        def __call__(self, *a, **k):
+            tracker.reset_mod_stats()
+            return super().__call__(*a, **k)
+
+    _ResetEachCall.__name__ = _ResetEachCall.__qualname__ = cls.__name__
+    module.__class__ = _ResetEachCall
+    try:
+        with tracker, warnings.catch_warnings():
+            # MemTracker looks for tensors among a module's outputs and warns at each None
+            warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper")
+            result = fn(*args, **kwargs)
+    finally:
+        module.__class__ = cls
+    peak = tracker.get_tracker_snapshot("peak")
+    at_peak = dict.fromkeys(CONSUMERS, 0)
+    for snap in peak.values():
+        for consumer, nbytes in by_consumer(snap).items():
+            at_peak[consumer] += nbytes
+    return int(sum(snap.get("Total", 0) for snap in peak.values())), at_peak, result
+
+
 def count_flops(fn: Callable, *args, **kwargs) -> tuple[int, object]:
     """Run ``fn(*args, **kwargs)`` under ``FlopCounterMode``; return (total FLOPs, fn's result).
 

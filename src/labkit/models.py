@@ -229,13 +229,16 @@ def default_device() -> torch.device:
 
 
 def _device(device) -> torch.device:
+    """None (the default device), a device string or a ``torch.device``; anything else is refused
+    the same way on every build (a CUDA build of torch reads ``torch.device(42)`` as cuda:42)."""
     if device is None:
         return default_device()
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device must be None, 'cpu', 'cuda' or a torch.device, got {device!r}") \
-            from None
+    if isinstance(device, (str, torch.device)):
+        try:
+            return torch.device(device)
+        except (RuntimeError, TypeError):
+            pass
+    raise ValueError(f"device must be None, 'cpu', 'cuda' or a torch.device, got {device!r}")
 
 
 def lab_config(device: str | torch.device | None = None, **overrides) -> GPTConfig:
