@@ -43,7 +43,7 @@ def setup():
 @functools.lru_cache(maxsize=None)
 def run(T):
     from labkit.dist import launch
-    from labkit.lab5.sequence_parallel import run_sp
+    from labkit.harness.lab5 import run_sp
 
     ln, mlp, x, grad_out, ref, ref_xgrad, grads = setup()
     return launch(run_sp, T, ln, mlp, x, grad_out, timeout=90), ref, ref_xgrad, grads
@@ -166,7 +166,7 @@ def test_parallelize_module_sequence_parallel_agrees(T):
     """Not graded (infrastructure): PyTorch's SequenceParallel on the same weights gives the
     same slices with the same collectives in forward."""
     from labkit.dist import launch
-    from labkit.lab5.sequence_parallel import run_sequence_parallel_module
+    from labkit.reference.lab5 import run_sequence_parallel_module
 
     ln, mlp, x, _, ref, _, _ = setup()
     for r, res in enumerate(launch(run_sequence_parallel_module, T, ln, mlp, x, timeout=90)):
@@ -223,7 +223,7 @@ def setup_block():
 @functools.lru_cache(maxsize=None)
 def run_attn(T):
     from labkit.dist import launch
-    from labkit.lab5.sequence_parallel import run_sp_attn
+    from labkit.harness.lab5 import run_sp_attn
 
     block, x, grad_out, *refs = setup_block()
     return launch(run_sp_attn, T, block, x, grad_out, SEED, timeout=90), *refs
