@@ -17,8 +17,9 @@ grows with the number of ranks (Liu et al. 2023, https://arxiv.org/abs/2310.0188
 sends N - 1 key/value blocks a step: 2·(N-1)·B·H·(S/N)·D elements.
 
 Causal balance (``layout="zigzag"``). With contiguous chunks and a causal mask rank r computes
-r + 1 of the N blocks (the others lie after its queries): the last rank does N times the first
-one's work. Zigzag (Brandon et al. 2023, https://arxiv.org/abs/2311.09431, and the context
+r whole blocks and its own block under the mask (the others lie after its queries): with
+c = S/N, r·c² + c(c+1)/2 score entries a head, so the last rank does ((2N-1)·c + 1)/(c + 1),
+about 2N - 1 times the first one's work. Zigzag (Brandon et al. 2023, https://arxiv.org/abs/2311.09431, and the context
 parallelism of Megatron-LM) cuts the sequence into 2N pieces of S/(2N) positions and gives rank r
 pieces r and 2N-1-r, one early and one late: every step then costs every rank the same
 (S/N)²/2 score entries, and nothing the mask hides is computed.
