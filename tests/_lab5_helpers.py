@@ -41,9 +41,11 @@ def one_thread():
 B, T, C, V = 2, 32, 64, 64
 
 
-def small_gpt(n_layer: int, **overrides) -> GPT:
+def small_gpt(n_layer: int, n_head: int = 2, **overrides) -> GPT:
+    """The graders' GPT (B, T, C, V above); ``n_head`` 2 gives head size d = 32 = T, so tests
+    whose rule depends on d or on T (FLOPs per byte of q·kᵀ and softmax·v) also use 4 heads."""
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=n_layer, n_head=2, n_embd=C,
+    return GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=n_layer, n_head=n_head, n_embd=C,
                          **overrides))
 
 

@@ -200,6 +200,32 @@ def test_scheduled_gradients_equal_the_plain_model():
 
 
 @pytest.mark.exercise("5.2", points=1)
+def test_scheduled_gradients_with_dropout_equal_the_plain_model():
+    """Check gradients with dropout p = 0.2 in training mode, same seed: the recompute must draw
+    the masks forward drew (a segment of several blocks and one of a single block)."""
+    from labkit.lab5.checkpointing import apply_schedule
+
+    idx, targets = data()
+
+    def run(segments):
+        model = small_gpt(N6, dropout=0.2)
+        names = {id(p): n for n, p in model.named_parameters()}
+        if segments is not None:
+            apply_schedule(model, list(segments))
+        torch.manual_seed(11)
+        model(idx, targets).backward()
+        return {names[id(p)]: p.grad for p in model.parameters()}
+
+    expected = run(None)
+    segments = [[0, 3], [4, 5]]
+    for name, grad in run(segments).items():
+        torch.testing.assert_close(
+            grad, expected[name], **GRAD_TOL,
+            msg=lambda m, name=name: f"{segments} with dropout 0.2: gradient of {name}: {m} — does "
+            f"the recompute draw new dropout masks (the RNG state forward used must be restored)?")
+
+
+@pytest.mark.exercise("5.2", points=1)
 def test_segments_use_the_non_reentrant_checkpoint():
     """Check that no node of the reentrant checkpoint (CheckpointFunctionBackward) is in the graph."""
     idx, targets = data()
@@ -345,7 +371,8 @@ def test_bad_schedules_are_refused_before_the_model_changes():
     bad = {"unsorted": [[2, 4], [0, 2]], "past the last block": [[4, 7]],
            "negative start": [[-1, 2]], "duplicate": [[0, 2], [0, 2]],
            "overlapping": [[0, 3], [2, 4]], "empty segment": [[3, 3]],
-           "another depth": Schedule(5, ((0, 5),))}
+           "sharing one block": [[0, 3], [2, 3]],
+           "another depth": Schedule(5, ((0, 5),)), "a deeper plan": Schedule(7, ((0, 7),))}
     for label, schedule in bad.items():
         model = small_gpt(N6)
         before = list(model.h)

@@ -105,7 +105,7 @@ def test_flash_keeps_statistics_in_float32_for_16_bit_inputs(dtype):
     """Check 16-bit inputs: L in float32 and within 1e-4 of the exact log-sum-exp; O in dtype.
 
     1e-4: float32 statistics land ~1e-6 from the float64 reference on these inputs; running
-    max and sum kept in bfloat16 (8 bits of mantissa) are ~3e-2 off, float16 ~4e-3.
+    max and sum kept in bfloat16 (8 significant bits) are ~3e-2 off, float16 ~4e-3.
     O: half an ulp of the 16-bit output (|O| < 4) plus float32 rounding: 1.6e-2 for bfloat16,
     2e-3 for float16.
     """
@@ -126,6 +126,31 @@ def test_flash_keeps_statistics_in_float32_for_16_bit_inputs(dtype):
     atol = 1.6e-2 if dtype == torch.bfloat16 else 2e-3
     torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=0,
                                msg=lambda m: f"O of {dtype} inputs: {m} — accumulator in {dtype}?")
+
+
+@pytest.mark.exercise("5.6", points=1)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_backward_of_16_bit_inputs_matches_float64_gradients(dtype):
+    """Check dq, dk, dv of 16-bit inputs (causal, ragged tiles) against float64 SDPA's gradients
+    on the same rounded inputs, returned in the input dtype.
+
+    Tolerance: float32 accumulation lands ~1e-6 from float64; rounding the results to the 16-bit
+    output dtype costs half an ulp of |g| < 4: 1.6e-2 for bfloat16, 2e-3 for float16 (measured
+    errors 7e-3 and 8e-4). Accumulating in the 16-bit dtype is ~10x off, or fails to run.
+    """
+    from labkit.lab5.flash_attention import flash_attention_backward, flash_attention_forward
+
+    torch.manual_seed(4)
+    q, k, v, g = (torch.randn(2, 2, 300, 16, dtype=dtype) for _ in range(4))
+    out, lse = flash_attention_forward(q, k, v, causal=True, block_q=32, block_k=48)
+    grads = flash_attention_backward(q, k, v, out, lse, g, causal=True, block_q=32, block_k=48)
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    F.scaled_dot_product_attention(qd, kd, vd, is_causal=True).backward(g.double())
+    atol = 1.6e-2 if dtype == torch.bfloat16 else 2e-3
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (qd.grad, kd.grad, vd.grad)):
+        assert got.dtype == dtype, f"{name} of {dtype} inputs came back in {got.dtype}"
+        torch.testing.assert_close(got.double(), want, atol=atol, rtol=0,
+                                   msg=lambda m, name=name: f"{name} of {dtype} inputs: {m}")
 
 
 @pytest.mark.exercise("5.6", points=1)

@@ -100,6 +100,26 @@ def test_offloader_accounts_every_saved_tensor_by_where_it_lives(min_bytes):
 
 
 @pytest.mark.exercise("5.5", points=1)
+def test_offloader_min_bytes_boundary_is_exclusive():
+    """Check the threshold: a saved tensor of exactly min_bytes goes to the host, one element
+    fewer stays on the device ("smaller than min_bytes stay")."""
+    from labkit.lab5.offload import ActivationOffloader
+
+    for numel, where in ((256, "host"), (255, "device")):
+        x = torch.randn(numel, requires_grad=True)  # 4 bytes an element: 1,024 B or 1,020 B
+        offloader = ActivationOffloader(min_bytes=1024)
+        with offloader:
+            y = (x * x).sum()  # mul saves x (twice: self and other)
+        y.backward()
+        got = {"host": offloader.host_bytes, "device": offloader.device_bytes}
+        want = {"host": 4 * numel, "device": 0} if where == "host" else {"host": 0, "device": 8 * numel}
+        assert got == want, (
+            f"a saved tensor of {4 * numel} B with min_bytes=1024: got {got}, expected {want} "
+            f"(tensors smaller than min_bytes stay on the device, the others go to the host once)")
+        torch.testing.assert_close(x.grad, 2 * x.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.exercise("5.5", points=1)
 def test_offloader_counts_a_view_by_its_own_bytes():
     """Check a saved slice of a larger tensor counts its 16 columns, not its 64-column storage."""
     from labkit.lab5.offload import ActivationOffloader

@@ -36,6 +36,45 @@ def test_merge_attention_equals_attention_over_all_keys():
                                msg=lambda m: f"merged O: {m} — each part weighted by e^(Li − L)?")
 
 
+@pytest.mark.exercise("5.7", points=1)
+def test_merge_attention_stays_finite_for_large_log_sum_exps():
+    """Check merging parts whose log-sum-exps are ~±1,000 (scores that large occur in bf16 models
+    without QK-norm): the float64 logaddexp, no overflow to inf or NaN."""
+    from labkit.lab5.ring_attention import merge_attention
+
+    torch.manual_seed(3)
+    out_a, out_b = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+    for shift in (1000.0, -1000.0):
+        lse_a, lse_b = shift + torch.randn(1, 2, 8), shift + torch.randn(1, 2, 8)
+        out, lse = merge_attention(out_a, lse_a, out_b, lse_b)
+        want_lse = torch.logaddexp(lse_a.double(), lse_b.double())
+        w_a = torch.exp(lse_a.double() - want_lse)[..., None]
+        want = w_a * out_a.double() + (1 - w_a) * out_b.double()
+        torch.testing.assert_close(lse.double(), want_lse, **ATTN_TOL,
+                                   msg=lambda m: f"merged L for L ≈ {shift:+g}: {m}")
+        torch.testing.assert_close(out.double(), want, **ATTN_TOL,
+                                   msg=lambda m: f"merged O for L ≈ {shift:+g}: {m}")
+
+
+@pytest.mark.exercise("5.7", points=1)
+def test_ring_attention_runs_inside_a_subgroup():
+    """Check a 4-rank world split into two rings ({0, 1} and {2, 3}, ``group=`` given): each ring
+    computes causal zigzag attention over the whole sequence. ``dist.isend``/``irecv`` take
+    global ranks: a ring's neighbours must be translated from group ranks."""
+    from labkit.dist import launch
+    from labkit.harness.lab5 import ring_worker
+
+    torch.manual_seed(21)
+    q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    results = launch(ring_worker, 4, q, k, v, True, layout="zigzag", group_size=2, timeout=60)
+    for rank, r in enumerate(results):
+        rows = zigzag_rows(64, 2, rank % 2)
+        torch.testing.assert_close(r["out"], want[:, :, rows], **ATTN_TOL,
+                                   msg=lambda m, rank=rank: f"rank {rank} (rank {rank % 2} of its "
+                                   f"group of 2): {m}")
+
+
 RING_B, RING_H, RING_D = 1, 2, 16
 RING_RUNS = [(128, 2, False), (128, 4, False), (128, 2, True), (128, 4, True), (256, 8, False)]
 

@@ -5,6 +5,8 @@ by a dispatch mode, PyTorch's per-block checkpointing and the plain model for gr
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -30,9 +32,9 @@ class _OpRecorder(TorchDispatchMode):
         return out
 
 
-def _block_ops():
+def _block_ops(n_head=2, attention="naive"):
     with _OpRecorder() as recorder:
-        small_gpt(1).h[0](torch.randn(B, T, C))
+        small_gpt(1, n_head=n_head, attention=attention).h[0](torch.randn(B, T, C))
     return recorder.calls
 
 
@@ -68,6 +70,70 @@ def test_policy_keeps_what_costs_more_flops_per_byte_than_the_threshold(threshol
                 f"{got}, expected {want}: it costs {flops:,} FLOPs to recompute and keeps "
                 f"{nbytes:,} B ({flops / max(nbytes, 1):.1f} FLOPs/B). Compare FLOPs with "
                 f"threshold × bytes; FLOPs as FlopCounterMode counts them (0 for element-wise)")
+
+
+@pytest.mark.exercise("5.4", points=1)
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_policy_decides_at_each_operators_own_flops_per_byte(attention):
+    """Check the boundary: at a threshold equal to an operator's FLOPs per byte (when exact) the
+    output is recomputed, just below it kept; on a block with 4 heads (d = 16 ≠ T = 32) and with
+    PyTorch's fused attention (two outputs: O and the log-sum-exp)."""
+    from types import SimpleNamespace
+
+    from labkit.lab5.selective_checkpoint import FlopsPerBytePolicy
+
+    for func, args, kwargs, out in _block_ops(n_head=4, attention=attention):
+        flops, nbytes = _plain_flops_and_bytes(func, args, kwargs, out)
+        if not flops or not nbytes:
+            continue
+        at = flops / nbytes
+        thresholds = [math.nextafter(at, 0), math.nextafter(at, math.inf)]
+        if at * nbytes == flops:
+            thresholds.append(at)
+        for threshold in thresholds:
+            want = (CheckpointPolicy.MUST_SAVE if flops > threshold * nbytes
+                    else CheckpointPolicy.PREFER_RECOMPUTE)
+            got = FlopsPerBytePolicy(threshold)(SimpleNamespace(op_output=out, is_recompute=False),
+                                                func, *args, **kwargs)
+            assert got == want, (
+                f"{attention} attention, {func}: {flops:,} FLOPs over {nbytes:,} B of output (all "
+                f"its outputs) = {at:.4f} FLOPs/B; at threshold {threshold!r} the policy says "
+                f"{got}, expected {want}")
+
+
+@pytest.mark.exercise("5.4", points=1)
+def test_a_threshold_between_the_attention_matmuls_keeps_softmax_v_only():
+    """Check the measured trade with 4 heads (d = 16, T = 32): q·kᵀ does 2·d/4 = 8 FLOPs per byte
+    of its (T × T) output, softmax·v 2·T/4 = 16 per byte of its (T × d) output; at 12 FLOPs/B
+    only q·kᵀ is recomputed."""
+    from labkit.lab5.selective_checkpoint import FlopsPerBytePolicy, apply_selective_checkpointing
+
+    n_layers, threshold = 2, 12
+    idx, targets = data()
+    low_flops = low_bytes = 0
+    for func, args, kwargs, out in _block_ops(n_head=4):
+        if func == aten.bmm.default:
+            flops, nbytes = _plain_flops_and_bytes(func, args, kwargs, out)
+            if flops <= threshold * nbytes:
+                low_flops, low_bytes = low_flops + flops, low_bytes + nbytes
+    assert low_flops > 0
+
+    def step_flops(model):
+        with set_checkpoint_early_stop(False):
+            return count_flops(lambda: model(idx, targets).backward())[0]
+
+    plain = step_flops(small_gpt(n_layers, n_head=4))
+    model = apply_selective_checkpointing(small_gpt(n_layers, n_head=4), FlopsPerBytePolicy(threshold))
+    got = step_flops(model)
+    assert got - plain == n_layers * low_flops, (
+        f"threshold {threshold}, head size 16, T = 32: {got - plain:,} extra FLOPs, expected "
+        f"{n_layers * low_flops:,} (q·kᵀ of {n_layers} blocks recomputed, softmax·v kept): FLOPs "
+        f"per byte of each matmul's own output, 2·(inner size)/4")
+    held_default, _ = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers, n_head=4)))
+    held, _ = blocks_memory(model)
+    assert held_default - held == n_layers * low_bytes, (
+        f"threshold {threshold}, 4 heads: holds {held_default - held:,} B less than threshold 0 "
+        f"after forward, expected {n_layers * low_bytes:,} (q·kᵀ's outputs)")
 
 
 @pytest.mark.exercise("5.4", points=2)

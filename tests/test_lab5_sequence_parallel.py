@@ -335,6 +335,24 @@ def test_whole_block_with_dropout_equals_the_single_device_block(T):
 
 
 @pytest.mark.exercise("5.8", points=1)
+def test_whole_block_runs_inside_a_subgroup():
+    """Check a 4-rank world split into two groups of T = 2 ({0, 1} and {2, 3}, ``group=`` given):
+    each rank's whole-block output (dropout p > 0) and ∂L/∂x are its group's slice of the single
+    device's. Every rank and position follow the group's ranks, not the global ones."""
+    from labkit.dist import launch
+    from labkit.harness.lab5 import run_sp_attn
+
+    block, x, grad_out, _, (ref, ref_xgrad), _ = setup_block()
+    results = launch(run_sp_attn, 4, block, x, grad_out, SEED, True, 2, timeout=90)
+    for r, res in enumerate(results):
+        g = r % 2
+        torch.testing.assert_close(res["block"]["out"], rows(ref, g, 2), **TOL, msg=lambda m, r=r: (
+            f"rank {r} (rank {r % 2} of its group of 2): whole-block output: {m}"))
+        torch.testing.assert_close(res["block"]["x_grad"], rows(ref_xgrad, g, 2), **TOL,
+                                   msg=lambda m, r=r: f"rank {r} (rank {r % 2} of its group): ∂L/∂x: {m}")
+
+
+@pytest.mark.exercise("5.8", points=1)
 def test_slice_dropout_masks_do_not_depend_on_the_split():
     """slice_dropout of rows [a, b) equals rows [a, b) of slice_dropout of the whole sequence,
     and follows the documented seed scheme; bad p / seed / start → ValueError naming them."""
