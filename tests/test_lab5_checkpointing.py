@@ -193,10 +193,12 @@ def test_scheduled_gradients_equal_the_plain_model():
             f"block skipped or run twice in forward?")
         loss.backward()
         for p in params:
+            assert p.grad is not None, (
+                f"{label} {segments}: no gradient reached {names[id(p)]}: is the segment's input "
+                f"detached from the graph (or the block run under no_grad with nothing to recompute)?")
             torch.testing.assert_close(
                 p.grad, expected[names[id(p)]], **GRAD_TOL,
-                msg=lambda m, n=names[id(p)]: f"{label} {segments}: gradient of {n}: {m} — is "
-                f"a segment's input detached, or a block outside its segment?")
+                msg=lambda m, n=names[id(p)]: f"{label} {segments}: gradient of {n}: {m}")
 
 
 @pytest.mark.exercise("5.2", points=1)

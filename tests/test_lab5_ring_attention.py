@@ -30,10 +30,16 @@ def test_merge_attention_equals_attention_over_all_keys():
     second = attention_with_lse(q, k[:, :, 15:], v[:, :, 15:])
     out, lse = merge_attention(*first, *second)
     full_scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
+    is_max = torch.allclose(lse, torch.maximum(first[1], second[1]))
     torch.testing.assert_close(lse, torch.logsumexp(full_scores, dim=-1), **ATTN_TOL,
-                               msg=lambda m: f"merged L: {m} — L = log(e^L1 + e^L2), not a max")
+                               msg=lambda m: f"merged L: {m}"
+                               + (" — it equals max(L1, L2): the smaller part's mass is lost"
+                                  if is_max else ""))
+    is_mean = torch.allclose(out, (first[0] + second[0]) / 2)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), **ATTN_TOL,
-                               msg=lambda m: f"merged O: {m} — each part weighted by e^(Li − L)?")
+                               msg=lambda m: f"merged O: {m}"
+                               + (" — it equals (O1 + O2)/2: the parts are not weighted by their "
+                                  "softmax mass" if is_mean else ""))
 
 
 @pytest.mark.exercise("5.7", points=1)
