@@ -102,6 +102,36 @@ def test_policy_decides_at_each_operators_own_flops_per_byte(attention):
 
 
 @pytest.mark.exercise("5.4", points=1)
+@pytest.mark.parametrize("op", ["_scaled_dot_product_efficient_attention",
+                                "_scaled_dot_product_flash_attention"])
+def test_policy_counts_every_output_of_a_fused_attention(op):
+    """Check the policy on CUDA's fused attention operators (several outputs: O, the log-sum-exp,
+    RNG state…), run here on the meta device: the bytes kept are all the outputs' bytes, so the
+    decision flips exactly at FLOPs / (all outputs' bytes). On a CPU the fused kernel has no FLOP
+    formula, so only this case shows it."""
+    from types import SimpleNamespace
+
+    from torch.utils.flop_counter import flop_registry
+
+    from labkit.lab5.selective_checkpoint import FlopsPerBytePolicy
+
+    func = getattr(aten, op).default
+    q, k, v = (torch.empty(2, 4, 32, 16, device="meta") for _ in range(3))
+    args = (q, k, v, None, True) if "efficient" in op else (q, k, v)
+    out = func(*args)
+    flops = flop_registry[func.overloadpacket](*args, out_val=out)
+    nbytes = sum(t.numel() * t.element_size() for t in out if isinstance(t, torch.Tensor))
+    at = flops / nbytes
+    for threshold, want in ((math.nextafter(at, 0), CheckpointPolicy.MUST_SAVE),
+                            (math.nextafter(at, math.inf), CheckpointPolicy.PREFER_RECOMPUTE)):
+        got = FlopsPerBytePolicy(threshold)(SimpleNamespace(op_output=out, is_recompute=False),
+                                            func, *args)
+        assert got == want, (
+            f"{op}: {flops:,} FLOPs over {nbytes:,} B of outputs ({len(out)} outputs, "
+            f"{at:.4f} FLOPs/B); at threshold {threshold!r} the policy says {got}, expected {want}")
+
+
+@pytest.mark.exercise("5.4", points=1)
 def test_a_threshold_between_the_attention_matmuls_keeps_softmax_v_only():
     """Check the measured trade with 4 heads (d = 16, T = 32): q·kᵀ does 2·d/4 = 8 FLOPs per byte
     of its (T × T) output, softmax·v 2·T/4 = 16 per byte of its (T × d) output; at 12 FLOPs/B
