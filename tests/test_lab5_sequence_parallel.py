@@ -43,7 +43,7 @@ def setup():
 @functools.lru_cache(maxsize=None)
 def run(T):
     from labkit.dist import launch
-    from labkit.lab5.sequence_parallel import run_sp
+    from labkit.harness.lab5 import run_sp
 
     ln, mlp, x, grad_out, ref, ref_xgrad, grads = setup()
     return launch(run_sp, T, ln, mlp, x, grad_out, timeout=90), ref, ref_xgrad, grads
@@ -166,7 +166,7 @@ def test_parallelize_module_sequence_parallel_agrees(T):
     """Not graded (infrastructure): PyTorch's SequenceParallel on the same weights gives the
     same slices with the same collectives in forward."""
     from labkit.dist import launch
-    from labkit.lab5.sequence_parallel import run_sequence_parallel_module
+    from labkit.reference.lab5 import run_sequence_parallel_module
 
     ln, mlp, x, _, ref, _, _ = setup()
     for r, res in enumerate(launch(run_sequence_parallel_module, T, ln, mlp, x, timeout=90)):
@@ -223,7 +223,7 @@ def setup_block():
 @functools.lru_cache(maxsize=None)
 def run_attn(T):
     from labkit.dist import launch
-    from labkit.lab5.sequence_parallel import run_sp_attn
+    from labkit.harness.lab5 import run_sp_attn
 
     block, x, grad_out, *refs = setup_block()
     return launch(run_sp_attn, T, block, x, grad_out, SEED, timeout=90), *refs
@@ -332,6 +332,24 @@ def test_whole_block_with_dropout_equals_the_single_device_block(T):
         assert calls == {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}, (
             f"T={T} rank {r} whole-block forward collectives: expected 2 all-gathers + 2 reduce-scatters "
             f"(g and ḡ per sub-block), got {calls}")
+
+
+@pytest.mark.exercise("5.8", points=1)
+def test_whole_block_runs_inside_a_subgroup():
+    """Check a 4-rank world split into two groups of T = 2 ({0, 1} and {2, 3}, ``group=`` given):
+    each rank's whole-block output (dropout p > 0) and ∂L/∂x are its group's slice of the single
+    device's. Every rank and position follow the group's ranks, not the global ones."""
+    from labkit.dist import launch
+    from labkit.harness.lab5 import run_sp_attn
+
+    block, x, grad_out, _, (ref, ref_xgrad), _ = setup_block()
+    results = launch(run_sp_attn, 4, block, x, grad_out, SEED, True, 2, timeout=90)
+    for r, res in enumerate(results):
+        g = r % 2
+        torch.testing.assert_close(res["block"]["out"], rows(ref, g, 2), **TOL, msg=lambda m, r=r: (
+            f"rank {r} (rank {r % 2} of its group of 2): whole-block output: {m}"))
+        torch.testing.assert_close(res["block"]["x_grad"], rows(ref_xgrad, g, 2), **TOL,
+                                   msg=lambda m, r=r: f"rank {r} (rank {r % 2} of its group): ∂L/∂x: {m}")
 
 
 @pytest.mark.exercise("5.8", points=1)

@@ -33,6 +33,10 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from labkit.validate import positive_int
+
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 @dataclass(frozen=True)
 class Schedule:
@@ -55,7 +59,7 @@ class Schedule:
     recompute: float | None = None
 
     def __post_init__(self) -> None:
-        _require_positive_int("n_layers", self.n_layers)
+        positive_int("n_layers", self.n_layers)
         try:
             segments = tuple(tuple(segment) for segment in self.segments)
         except TypeError:
@@ -111,11 +115,6 @@ class Cost(NamedTuple):
     """Forward cost run a second time in backward (sum of the recomputed layers' flops)."""
 
 
-def _require_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
-
 def _costs(n_layers: int | None, **arrays: Sequence[float]) -> list[list[float]]:
     """Check per-layer cost arrays: equal lengths (= n_layers when given), finite, >= 0."""
     out = []
@@ -141,6 +140,8 @@ def _costs(n_layers: int | None, **arrays: Sequence[float]) -> list[list[float]]
                                  "counts the layer's input among what it saves")
     return out
 
+
+# ==== exercise 5.1: your code ====
 
 def schedule_cost(schedule: Schedule, act_bytes: Sequence[float], input_bytes: Sequence[float],
                   flops: Sequence[float]) -> Cost:
@@ -197,7 +198,7 @@ def sqrt_schedule(n_layers: int) -> Schedule:
         ValueError: ``n_layers`` is not an int >= 1.
     """
     # BEGIN SOLUTION 5.1: build the segments the docstring describes and attach their predicted cost
-    _require_positive_int("n_layers", n_layers)
+    positive_int("n_layers", n_layers)
     n_segments = math.isqrt(n_layers - 1) + 1  # ⌈√L⌉ for L >= 1
     base, extra = divmod(n_layers, n_segments)
     segments, start = [], 0
@@ -211,6 +212,8 @@ def sqrt_schedule(n_layers: int) -> Schedule:
     return Schedule(n_layers, plan.segments, peak=cost.peak, recompute=cost.recompute)
     # END SOLUTION
 
+
+# ==== exercise 5.2: your code ====
 
 class CheckpointedSegment(nn.Module):
     """Consecutive blocks that keep only their input for backward: one recomputed segment."""
@@ -244,6 +247,8 @@ class CheckpointedSegment(nn.Module):
         # END SOLUTION
 
 
+# ==== given: the course's code — read it, call it, don't change it ====
+
 def blocks_of(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a course GPT, in order, whether or not they are checkpointed."""
     blocks = []
@@ -265,6 +270,8 @@ def _check_schedule_type(schedule) -> None:
                         f"Schedule.every_layer(L), optimal_schedule(...)) or a list of "
                         f"(start, stop) pairs of block indices, got {schedule!r}")
 
+
+# ==== exercise 5.2: your code ====
 
 def apply_schedule(model: nn.Module, schedule: "Schedule | Sequence[tuple[int, int]]") -> nn.Module:
     """Make the course's GPT run ``schedule`` in every forward and backward; return the model.
@@ -330,6 +337,8 @@ def apply_schedule(model: nn.Module, schedule: "Schedule | Sequence[tuple[int, i
     # END SOLUTION
 
 
+# ==== exercise 5.3: your code ====
+
 def optimal_schedule(act_bytes: Sequence[float], input_bytes: Sequence[float],
                      flops: Sequence[float], budget: float) -> Schedule:
     """The schedule with the least recompute whose predicted peak fits in ``budget``.
@@ -384,6 +393,8 @@ def optimal_schedule(act_bytes: Sequence[float], input_bytes: Sequence[float],
     return Schedule(n, segments, peak=peak, recompute=recompute)
     # END SOLUTION
 
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 def _smallest_peak(act: list[float], inp: list[float]) -> float:
     """The least peak over all schedules (DP over prefixes: min over splits of max(...))."""

@@ -33,6 +33,10 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from labkit.validate import positive_int
+
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 @dataclass(frozen=True)
 class Schedule:
@@ -55,7 +59,7 @@ class Schedule:
     recompute: float | None = None
 
     def __post_init__(self) -> None:
-        _require_positive_int("n_layers", self.n_layers)
+        positive_int("n_layers", self.n_layers)
         try:
             segments = tuple(tuple(segment) for segment in self.segments)
         except TypeError:
@@ -111,11 +115,6 @@ class Cost(NamedTuple):
     """Forward cost run a second time in backward (sum of the recomputed layers' flops)."""
 
 
-def _require_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
-
 def _costs(n_layers: int | None, **arrays: Sequence[float]) -> list[list[float]]:
     """Check per-layer cost arrays: equal lengths (= n_layers when given), finite, >= 0."""
     out = []
@@ -141,6 +140,8 @@ def _costs(n_layers: int | None, **arrays: Sequence[float]) -> list[list[float]]
                                  "counts the layer's input among what it saves")
     return out
 
+
+# ==== exercise 5.1: your code ====
 
 def schedule_cost(schedule: Schedule, act_bytes: Sequence[float], input_bytes: Sequence[float],
                   flops: Sequence[float]) -> Cost:
@@ -183,6 +184,8 @@ def sqrt_schedule(n_layers: int) -> Schedule:
     raise NotImplementedError("exercise 5.1: build the segments the docstring describes and attach their predicted cost (labs/05_activations.ipynb)")
 
 
+# ==== exercise 5.2: your code ====
+
 class CheckpointedSegment(nn.Module):
     """Consecutive blocks that keep only their input for backward: one recomputed segment."""
 
@@ -213,6 +216,8 @@ class CheckpointedSegment(nn.Module):
         raise NotImplementedError("exercise 5.2: run the segment so that backward recomputes it from its input alone (labs/05_activations.ipynb)")
 
 
+# ==== given: the course's code — read it, call it, don't change it ====
+
 def blocks_of(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a course GPT, in order, whether or not they are checkpointed."""
     blocks = []
@@ -234,6 +239,8 @@ def _check_schedule_type(schedule) -> None:
                         f"Schedule.every_layer(L), optimal_schedule(...)) or a list of "
                         f"(start, stop) pairs of block indices, got {schedule!r}")
 
+
+# ==== exercise 5.2: your code ====
 
 def apply_schedule(model: nn.Module, schedule: "Schedule | Sequence[tuple[int, int]]") -> nn.Module:
     """Make the course's GPT run ``schedule`` in every forward and backward; return the model.
@@ -272,6 +279,8 @@ def apply_schedule(model: nn.Module, schedule: "Schedule | Sequence[tuple[int, i
     raise NotImplementedError("exercise 5.2: check the schedule against the model's blocks, then make model.h run it (labs/05_activations.ipynb)")
 
 
+# ==== exercise 5.3: your code ====
+
 def optimal_schedule(act_bytes: Sequence[float], input_bytes: Sequence[float],
                      flops: Sequence[float], budget: float) -> Schedule:
     """The schedule with the least recompute whose predicted peak fits in ``budget``.
@@ -293,6 +302,8 @@ def optimal_schedule(act_bytes: Sequence[float], input_bytes: Sequence[float],
     """
     raise NotImplementedError("exercise 5.3: find the least-recompute schedule whose predicted peak fits the budget (ValueError when none does) (labs/05_activations.ipynb)")
 
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 def _smallest_peak(act: list[float], inp: list[float]) -> float:
     """The least peak over all schedules (DP over prefixes: min over splits of max(...))."""

@@ -30,11 +30,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labkit.comm_count import count_comm
+from labkit.validate import non_negative_int, number, tensor
 
-__all__ = ["gather_from_sp", "reduce_scatter_to_sp", "slice_dropout", "SPMLPBlock", "SPAttnBlock", "SPBlock",
-           "run_sp", "run_sp_attn", "run_sequence_parallel_module"]
+__all__ = ["gather_from_sp", "reduce_scatter_to_sp", "slice_dropout", "SPMLPBlock", "SPAttnBlock", "SPBlock"]
 
+
+# ==== exercise 5.8: your code ====
 
 def _all_gather_seq(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     """Return the ranks' ``x`` concatenated along ``dim`` in rank order, with exactly one
@@ -72,9 +73,10 @@ class _ReduceScatterToSP(torch.autograd.Function):
         raise NotImplementedError("exercise 5.8: ḡ's backward: what the row-parallel layer of each rank needs (labs/05_activations.ipynb)")
 
 
+# ==== given: the course's code — read it, call it, don't change it ====
+
 def _check_dim(x, dim):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    tensor("x", x)
     if not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim()}) for a {x.dim()}-d x, got {dim!r}")
 
@@ -86,6 +88,8 @@ def gather_from_sp(x: torch.Tensor, dim: int = 1, group=None) -> torch.Tensor:
     _check_dim(x, dim)
     return _GatherFromSP.apply(x, dim, group)
 
+
+# ==== exercise 5.8: your code ====
 
 def reduce_scatter_to_sp(x: torch.Tensor, dim: int = 1, group=None) -> torch.Tensor:
     """Megatron's ḡ over ``group`` (T ranks): returns rank r's r-th slice along ``dim`` of the
@@ -135,10 +139,14 @@ class SPMLPBlock(nn.Module):
         raise NotImplementedError("exercise 5.8: the norm on the slice, g, the two local matmuls with GELU, ḡ, the bias once, dropout and the residual on the slice (labs/05_activations.ipynb)")
 
 
+# ==== given: the course's code — read it, call it, don't change it ====
+
 def _check_seed(seed):
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+    if non_negative_int("seed", seed) >= 2**31:
         raise ValueError(f"seed must be an int in [0, 2**31), got {seed!r}")
 
+
+# ==== exercise 5.8: your code ====
 
 def slice_dropout(h: torch.Tensor, p: float, seed: int, start: int, training: bool = True) -> torch.Tensor:
     """Dropout of ``h`` (B, L, C), the rows [start, start + L) of a (B, S, C) sequence, with the
@@ -151,15 +159,15 @@ def slice_dropout(h: torch.Tensor, p: float, seed: int, start: int, training: bo
     dtype and device.
     ``training`` False or p = 0 → ``h`` unchanged. p outside [0, 1) → ValueError naming p;
     seed outside [0, 2**31) → ValueError naming seed; start < 0 → ValueError naming start."""
-    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p < 1:
-        raise ValueError(f"p must be a float in [0, 1), got {p!r}")
+    number("p", p, low=0, high=1, high_open=True)
     _check_seed(seed)
-    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
-        raise ValueError(f"start must be an int ≥ 0 (the first sequence position of h), got {start!r}")
+    non_negative_int("start", start)
     if not training or p == 0:
         return h
     raise NotImplementedError("exercise 5.8: one mask row per sequence position of h, drawn as the docstring says, then keep and rescale (labs/05_activations.ipynb)")
 
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 class _SliceDropout(nn.Module):
     """``slice_dropout`` on this rank's rows: rank r's input (B, L, C) is rows [r·L, (r+1)·L)."""
@@ -172,6 +180,8 @@ class _SliceDropout(nn.Module):
     def forward(self, h):
         return slice_dropout(h, self.p, self.seed, dist.get_rank(self.group) * h.shape[1], self.training)
 
+
+# ==== exercise 5.8: your code ====
 
 class SPAttnBlock(nn.Module):
     """The first half of a ``labkit.models.Block`` — ``x + attn(ln_1(x))`` — with tensor and
@@ -214,6 +224,8 @@ class SPAttnBlock(nn.Module):
         raise NotImplementedError("exercise 5.8: the norm on the slice, g, this rank's heads over the whole sequence (causal), ḡ, the bias once, dropout on this rank's rows and the residual (labs/05_activations.ipynb)")
 
 
+# ==== given: the course's code — read it, call it, don't change it ====
+
 class SPBlock(nn.Module):
     """A whole ``labkit.models.Block`` with sequence parallelism: :class:`SPAttnBlock` on
     ``block.ln_1``/``block.attn`` (seed ``seed``), then :class:`SPMLPBlock` on
@@ -227,141 +239,3 @@ class SPBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.attn(x))
-
-
-# ---------------------------------------------------------------- per-rank workers (infrastructure)
-
-def _counts(c) -> dict:
-    return {"calls": dict(c.calls), "bytes": dict(c.bytes_sent), "ring": dict(c.ring_bytes)}
-
-
-class _SavedAll:
-    """Bytes autograd saves inside the ``with`` block; each storage once, parameters excluded."""
-
-    def __init__(self):
-        self.bytes, self._seen = 0, set()
-
-    def _pack(self, t):
-        base = t._base if t._base is not None else t
-        if not isinstance(base, nn.Parameter):
-            key = base.untyped_storage().data_ptr()
-            if key not in self._seen:
-                self._seen.add(key)
-                self.bytes += base.untyped_storage().nbytes()
-        return t
-
-    def __enter__(self):
-        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._ctx.__exit__(*exc)
-
-
-class _SavedIn(_SavedAll):
-    """Bytes autograd saves while a module's forward runs (pre-hook enters saved_tensors_hooks,
-    forward hook leaves); each storage once, parameters excluded."""
-
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        self.input_bytes = 0
-        module.register_forward_pre_hook(self._enter)
-        module.register_forward_hook(self._leave)
-
-    def _enter(self, module, args):
-        self.input_bytes += args[0].numel() * args[0].element_size()
-        self.__enter__()
-
-    def _leave(self, module, args, out):
-        self.__exit__(None, None, None)
-
-
-def run_sp(rank: int, world_size: int, ln: nn.LayerNorm, mlp: nn.Module, x: torch.Tensor,
-           grad_out: torch.Tensor) -> dict:
-    """Build ``SPMLPBlock(ln, mlp)`` on this rank, run forward on its slice of ``x`` (B, S, C)
-    and backward with its slice of ``grad_out``; run by ``labkit.dist.launch``.
-
-    Returns ``{"out", "x_grad", "grads": {name: grad}, "forward", "backward": comm counts,
-    "ln_saved_bytes", "ln_input_bytes", "dropout_input_bytes", "all_reduce_ring_bytes"}``; the
-    last is the ring bytes of one plain all-reduce of a (B, S, C) tensor, counted here."""
-    S = x.shape[1]
-    per = S // world_size
-    sp = SPMLPBlock(ln, mlp)
-    ln_saved, drop_in = _SavedIn(sp.ln), _SavedIn(sp.dropout)
-    xr = x[:, rank * per:(rank + 1) * per].clone().requires_grad_()
-    with count_comm() as fwd:
-        out = sp(xr)
-    with count_comm() as bwd:
-        out.backward(grad_out[:, rank * per:(rank + 1) * per])
-    with count_comm() as plain:
-        dist.all_reduce(torch.zeros_like(x))
-    return {"out": out.detach(), "x_grad": xr.grad,
-            "grads": {n: p.grad for n, p in sp.named_parameters()},
-            "forward": _counts(fwd), "backward": _counts(bwd),
-            "ln_saved_bytes": ln_saved.bytes, "ln_input_bytes": ln_saved.input_bytes,
-            "dropout_input_bytes": drop_in.input_bytes,
-            "all_reduce_ring_bytes": plain.ring_bytes["all_reduce"]}
-
-
-def run_sp_attn(rank: int, world_size: int, block: nn.Module, x: torch.Tensor, grad_out: torch.Tensor,
-                seed: int = 0, whole_block: bool = True) -> dict:
-    """Build ``SPAttnBlock(block.ln_1, block.attn, seed=seed)`` on this rank (training mode),
-    run forward on its slice of ``x`` (B, S, C) and backward with its slice of ``grad_out``;
-    then, if ``whole_block``, the same with ``SPBlock(block, seed=seed)``. Run by
-    ``labkit.dist.launch``.
-
-    Returns ``{"attn": {"out", "x_grad", "grads", "forward", "backward", "ln_saved_bytes",
-    "ln_input_bytes"}, "block": {"out", "x_grad", "forward", "backward", "saved_bytes"}}``
-    ("block" absent when ``whole_block`` is False); ``saved_bytes``: what autograd saves in the
-    whole block's forward on this rank, each storage once, parameters excluded."""
-    per = x.shape[1] // world_size
-    rows = slice(rank * per, (rank + 1) * per)
-    sp = SPAttnBlock(block.ln_1, block.attn, seed=seed)
-    ln_saved = _SavedIn(sp.ln)
-    xr = x[:, rows].clone().requires_grad_()
-    with count_comm() as fwd:
-        out = sp(xr)
-    with count_comm() as bwd:
-        out.backward(grad_out[:, rows])
-    res = {"attn": {"out": out.detach(), "x_grad": xr.grad,
-                    "grads": {n: p.grad for n, p in sp.named_parameters()},
-                    "forward": _counts(fwd), "backward": _counts(bwd),
-                    "ln_saved_bytes": ln_saved.bytes, "ln_input_bytes": ln_saved.input_bytes}}
-    if whole_block:
-        sb = SPBlock(block, seed=seed)
-        xr = x[:, rows].clone().requires_grad_()
-        with count_comm() as fwd, _SavedAll() as saved:
-            out = sb(xr)
-        with count_comm() as bwd:
-            out.backward(grad_out[:, rows])
-        res["block"] = {"out": out.detach(), "x_grad": xr.grad, "forward": _counts(fwd),
-                        "backward": _counts(bwd), "saved_bytes": saved.bytes}
-    return res
-
-
-def run_sequence_parallel_module(rank: int, world_size: int, ln: nn.LayerNorm, mlp: nn.Module,
-                                 x: torch.Tensor) -> dict:
-    """PyTorch's version on the same weights: ``parallelize_module`` with ``SequenceParallel``
-    on the LayerNorm, ``ColwiseParallel(input_layouts=Shard(1))`` on c_fc and
-    ``RowwiseParallel(output_layouts=Shard(1))`` on c_proj, on a CPU DeviceMesh; returns this
-    rank's slice of ``x + mlp(ln(x))`` and the forward's comm counts."""
-    import copy
-
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                                   parallelize_module)
-
-    mesh = init_device_mesh("cpu", (world_size,))
-    ln, mlp = copy.deepcopy(ln), copy.deepcopy(mlp)
-    parallelize_module(ln, mesh, SequenceParallel())
-    parallelize_module(mlp, mesh, {"c_fc": ColwiseParallel(input_layouts=Shard(1)),
-                                   "c_proj": RowwiseParallel(output_layouts=Shard(1))})
-    per = x.shape[1] // world_size
-    xr = x[:, rank * per:(rank + 1) * per].clone()
-    with count_comm() as fwd:
-        out = xr + mlp(ln(xr))
-        out = out.wait() if hasattr(out, "wait") else out
-    dist.barrier()
-    return {"out": torch.Tensor(out.detach()).clone(), "forward": _counts(fwd)}

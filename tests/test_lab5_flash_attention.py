@@ -1,0 +1,222 @@
+"""Graders of lab 5's exercise 5.6 (labs/05_activations.ipynb): FlashAttention forward and backward.
+
+References: ``F.scaled_dot_product_attention`` (PyTorch's) and its autograd for outputs and
+gradients, the plain softmax in float64, and ``MemTracker`` for peak bytes.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from labkit.measure import saved_activation_bytes
+from _lab5_helpers import one_thread  # noqa: F401  (autouse fixture)
+from _lab5_helpers import ATTN_TOL, B, refuses
+
+
+# ------------------------------------------------------------------ 5.6 FlashAttention
+
+ATTN_SHAPES = [(2, 3, 100, 16, 32, 16), (1, 2, 64, 8, 64, 64), (1, 1, 7, 4, 3, 5),
+               (2, 2, 130, 32, 64, 64)]  # (B, H, S, D, block_q, block_k); S need not divide
+
+
+@pytest.mark.exercise("5.6", points=2)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_forward_matches_sdpa(causal):
+    """Check O against F.scaled_dot_product_attention and L against logsumexp of the scores."""
+    from labkit.lab5.flash_attention import flash_attention_forward
+
+    for b, h, s, d, bq, bk in ATTN_SHAPES:
+        q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+        out, lse = flash_attention_forward(q, k, v, causal=causal, block_q=bq, block_k=bk)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                   **ATTN_TOL)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)
+        if causal:
+            scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), **ATTN_TOL)
+
+
+@pytest.mark.exercise("5.6", points=3)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_backward_matches_sdpa_gradients(causal):
+    """Check dq, dk, dv through flash_attention against autograd through SDPA."""
+    from labkit.lab5.flash_attention import flash_attention
+
+    for b, h, s, d, bq, bk in ATTN_SHAPES:
+        q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+        grad_out = torch.randn(b, h, s, d)
+        ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=bq,
+                                                   block_k=bk), (q, k, v), grad_out)
+        ref = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                  (q, k, v), grad_out)
+        for name, g, r in zip("qkv", ours, ref):
+            torch.testing.assert_close(g, r, **ATTN_TOL, msg=f"d{name}, shape {(b, h, s, d)}")
+
+
+def _reference_attention(q, k, v, causal):
+    """SDPA and the rows' log-sum-exp, computed in float64 on the same (rounded) inputs."""
+    q, k, v = (t.double() for t in (q, k, v))
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if causal:
+        s = q.shape[-2]
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal), torch.logsumexp(scores, -1)
+
+
+@pytest.mark.exercise("5.6", points=1)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_keeps_float64_accuracy(causal):
+    """Check float64 inputs give float64 results: O, L and the gradients within 1e-12 of SDPA.
+
+    1e-12: float64 rounding over sums of a few hundred terms is ~1e-14; statistics kept in
+    float32 land near 1e-7.
+    """
+    from labkit.lab5.flash_attention import flash_attention, flash_attention_forward
+
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 150, 16, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    out, lse = flash_attention_forward(q, k, v, causal=causal, block_q=32, block_k=64)
+    ref_out, ref_lse = _reference_attention(q.detach(), k.detach(), v.detach(), causal)
+    assert out.dtype == torch.float64 and lse.dtype == torch.float64, (
+        f"float64 inputs gave O in {out.dtype} and L in {lse.dtype}; expected float64 for both: "
+        f"are the statistics forced to float32?")
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-12,
+                               msg=lambda m: f"O in float64: {m} — float32 somewhere inside?")
+    torch.testing.assert_close(lse, ref_lse, atol=1e-12, rtol=1e-12,
+                               msg=lambda m: f"L in float64: {m} — float32 somewhere inside?")
+    grad_out = torch.randn_like(ref_out)
+    ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=32, block_k=64),
+                               (q, k, v), grad_out)
+    ref = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                              (q, k, v), grad_out)
+    for name, g, r in zip("qkv", ours, ref):
+        torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12,
+                                   msg=lambda m: f"d{name} in float64: {m} — are the backward's "
+                                                 f"accumulators float32?")
+
+
+@pytest.mark.exercise("5.6", points=2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_keeps_statistics_in_float32_for_16_bit_inputs(dtype):
+    """Check 16-bit inputs: L in float32 and within 1e-4 of the exact log-sum-exp; O in dtype.
+
+    1e-4: float32 statistics land ~1e-6 from the float64 reference on these inputs; running
+    max and sum kept in bfloat16 (8 significant bits) are ~3e-2 off, float16 ~4e-3.
+    O: half an ulp of the 16-bit output (|O| < 4) plus float32 rounding: 1.6e-2 for bfloat16,
+    2e-3 for float16.
+    """
+    from labkit.lab5.flash_attention import flash_attention_forward
+
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 300, 16, dtype=dtype) for _ in range(3))
+    out, lse = flash_attention_forward(q, k, v, causal=True, block_q=32, block_k=32)
+    assert lse.dtype == torch.float32, (
+        f"{dtype} inputs gave L in {lse.dtype}, expected torch.float32: keep the running max, "
+        f"sum and log-sum-exp in float32 whatever the input's precision")
+    ref_out, ref_lse = _reference_attention(q, k, v, causal=True)
+    err = (lse.double() - ref_lse).abs().max().item()
+    assert err <= 1e-4, (
+        f"L of {dtype} inputs is {err:.2e} off the exact log-sum-exp (allowed 1e-4): are the "
+        f"running max/sum or the tile scores kept in {dtype}?")
+    assert out.dtype == dtype, f"O must come back in the input's dtype {dtype}, got {out.dtype}"
+    atol = 1.6e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=0,
+                               msg=lambda m: f"O of {dtype} inputs: {m} — accumulator in {dtype}?")
+
+
+@pytest.mark.exercise("5.6", points=1)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_backward_of_16_bit_inputs_matches_float64_gradients(dtype):
+    """Check dq, dk, dv of 16-bit inputs (causal, ragged tiles) against float64 SDPA's gradients
+    on the same rounded inputs, returned in the input dtype.
+
+    Tolerance: float32 accumulation lands ~1e-6 from float64; rounding the results to the 16-bit
+    output dtype costs half an ulp of |g| < 4: 1.6e-2 for bfloat16, 2e-3 for float16 (measured
+    errors 7e-3 and 8e-4). Accumulating in the 16-bit dtype is ~10x off, or fails to run.
+    """
+    from labkit.lab5.flash_attention import flash_attention_backward, flash_attention_forward
+
+    torch.manual_seed(4)
+    q, k, v, g = (torch.randn(2, 2, 300, 16, dtype=dtype) for _ in range(4))
+    out, lse = flash_attention_forward(q, k, v, causal=True, block_q=32, block_k=48)
+    grads = flash_attention_backward(q, k, v, out, lse, g, causal=True, block_q=32, block_k=48)
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    F.scaled_dot_product_attention(qd, kd, vd, is_causal=True).backward(g.double())
+    atol = 1.6e-2 if dtype == torch.bfloat16 else 2e-3
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (qd.grad, kd.grad, vd.grad)):
+        assert got.dtype == dtype, f"{name} of {dtype} inputs came back in {got.dtype}"
+        torch.testing.assert_close(got.double(), want, atol=atol, rtol=0,
+                                   msg=lambda m, name=name: f"{name} of {dtype} inputs: {m}")
+
+
+@pytest.mark.exercise("5.6", points=1)
+def test_flash_saves_only_inputs_output_and_log_sum_exp():
+    """Check autograd keeps q, k, v, O and L: 4·B·H·S·D + B·H·S floats, no S × S matrix."""
+    from labkit.lab5.flash_attention import flash_attention
+
+    b, h, s, d = 1, 2, 256, 32
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    saved = saved_activation_bytes(lambda: flash_attention(q, k, v, causal=True))
+    assert saved == (4 * b * h * s * d + b * h * s) * 4
+
+
+def _attention_peak(fn, s, b=1, h=2, d=32):
+    """MemTracker's peak bytes over forward + backward of fn(q, k, v)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(b, h, s, d)
+    with MemTracker() as tracker:
+        fn(q, k, v).backward(grad_out)
+    return sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
+
+
+@pytest.mark.exercise("5.6", points=2)
+def test_flash_peak_memory_grows_linearly_naive_quadratically():
+    """Check the growth of MemTracker's peak at S, 2S, 4S: second step / first step.
+
+    Linear memory doubles its increment when S doubles (ratio 2); quadratic memory quadruples
+    it (ratio 4). Allowed: ≤ 2.5 for flash, ≥ 3 for naive (lower-order terms pull it down).
+    """
+    from labkit.lab5.flash_attention import flash_attention, naive_attention
+
+    sizes = (128, 256, 512)
+    flash = [_attention_peak(lambda q, k, v: flash_attention(q, k, v, causal=True), s)
+             for s in sizes]
+    naive = [_attention_peak(lambda q, k, v: naive_attention(q, k, v, causal=True), s)
+             for s in sizes]
+    growth = lambda p: (p[2] - p[1]) / (p[1] - p[0])  # noqa: E731
+    assert growth(flash) <= 2.5, flash
+    assert growth(naive) >= 3.0, naive
+    assert flash[2] < naive[2] / 4
+
+
+
+# ---- bad input (not graded)
+
+def _flash_cases():
+    from labkit.lab5 import flash_attention as f
+
+    x = torch.randn(1, 1, 8, 4)
+    return [
+        ("mixed dtypes", lambda: f.flash_attention(x, x.double(), x), TypeError, "dtype"),
+        ("integer tensors", lambda: f.flash_attention(x.long(), x.long(), x.long()), TypeError,
+         "floating"),
+        ("not a tensor", lambda: f.flash_attention(x.tolist(), x, x), TypeError, "q"),
+        ("3-d", lambda: f.flash_attention(x[0], x[0], x[0]), ValueError, "shape"),
+        ("shapes differ", lambda: f.flash_attention(x, x[:, :, :4], x), ValueError, "shape"),
+        ("block_q 0", lambda: f.flash_attention(x, x, x, block_q=0), ValueError, "block_q"),
+        ("block_k float", lambda: f.flash_attention(x, x, x, block_k=2.0), ValueError, "block_k"),
+        ("causal text", lambda: f.flash_attention(x, x, x, causal="yes"), TypeError, "causal"),
+        ("forward mixed", lambda: f.flash_attention_forward(x.half(), x, x), TypeError, "dtype"),
+    ]
+
+
+def test_bad_input_is_refused_with_the_argument_named():
+    """Check each public function refuses bad input with ValueError/TypeError naming it, before any
+    work. The checks sit outside the exercise blocks, so this passes on the stubs: not graded."""
+    refuses(_flash_cases())
