@@ -47,12 +47,12 @@ import torch.distributed as dist
 # imported when the demo runs. One line per demo: when a function moves, its line follows.
 USES = {
     "zero1": "labkit.lab2.zero1:train_data_parallel",
-    "ring_attention": "labkit.lab5.ring_attention:ring_worker,ring_bytes_per_rank,single_device_peak_bytes",
+    "ring_attention": "labkit.harness.lab5:ring_worker labkit.reference.lab5:ring_bytes_per_rank,single_device_peak_bytes",
     "tensor_parallel": "labkit.lab3.tensor_parallel:run_tp",
     "zero2": "labkit.lab4.zero2:train_zero2",
     "zero3": "labkit.lab3.zero3:train_zero3",
     "pipeline": "labkit.lab3.pipeline:pipeline_worker,split_gpt labkit.lab3.pipeline_schedule:make_schedule",
-    "sequence_parallel": "labkit.lab5.sequence_parallel:run_sp",
+    "sequence_parallel": "labkit.harness.lab5:run_sp",
     "plan": "labkit.lab7.run_plan:run_plans_worker,predict_peak,PLANS,Plan",
 }
 
