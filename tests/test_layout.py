@@ -87,7 +87,8 @@ def test_references_import_no_lab_package_even_indirectly():
             "print(sorted(m for m in sys.modules if m.startswith('labkit.lab')))")
     for env in ({}, {"LABKIT_SOLUTIONS": str(ROOT / "solutions")}):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env={"PATH": "/usr/bin:/bin", **env}, timeout=120)
+                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src"), **env},
+                             timeout=120)
         assert out.returncode == 0, out.stderr[-3000:]
         assert out.stdout.strip() == "[]", (f"a reference pulls in lab packages {out.stdout.strip()}: "
                                             "its value would follow a student's edit")
