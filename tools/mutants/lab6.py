@@ -147,3 +147,53 @@ MUTANTS = [
            replace="        return x * (1 + t)\n        # END SOLUTION\n\n    @staticmethod",
            why="forgets the 0.5 in forward"),
 ]
+
+# ---------------------------------------------------------------------------------------------
+# 6.3 and 6.4: a second list, written from the solution modules before reading their graders
+# (issue 25). Appended to any INDEPENDENT list of the other exercises of lab 6.
+DM = "lab6/device_mesh.py"
+_INDEPENDENT_63_64 = [
+    # ------------------------------------------------------------------ 6.3 the device mesh
+    Mutant("6.3", DM, find="    for size in reversed(shape):\n        rank, c = divmod(rank, size)\n"
+                           "        coords.append(c)\n    return tuple(reversed(coords))",
+           replace="    for size in shape:\n        rank, c = divmod(rank, size)\n"
+                   "        coords.append(c)\n    return tuple(coords)",
+           why="column-major coordinates (first dimension fastest)"),
+    Mutant("6.3", DM, find="        coords.append(c)\n    return tuple(reversed(coords))",
+           replace="        coords.append(c)\n    return tuple(coords)",
+           why="forgets to reverse the digits (innermost coordinate first)"),
+    Mutant("6.3", DM, find="        rank = rank * size + c\n",
+           replace="        rank = rank * shape[-1] + c\n",
+           why="uses the innermost size as every stride (right only when all sizes are equal)"),
+    Mutant("6.3", DM, find="        groups.append([rank_of(c[:dim] + (k,) + c[dim + 1:], shape) for k in range(shape[dim])])",
+           replace="        groups.append([rank + k * math.prod(shape[:dim]) for k in range(shape[dim])])",
+           why="the stride of an axis taken as the product of the sizes before it, not after it"),
+    Mutant("6.3", DM, find="        groups.append([rank_of(c[:dim] + (k,) + c[dim + 1:], shape) for k in range(shape[dim])])",
+           replace="        groups.append(list(range(rank, rank + shape[dim])))",
+           why="every group as consecutive ranks (right for the innermost axis only)"),
+    Mutant("6.3", DM, find="        if c[dim] != 0:\n            continue\n", replace="",
+           why="one group per rank: every group listed shape[axis] times"),
+    # ------------------------------------------------------------------ 6.4 the parallel memory model
+    Mutant("6.4", PM, find="    n = dp * cp\n", replace="    n = dp\n",
+           why="ZeRO shards over the D data-parallel ranks only, not D·C"),
+    Mutant("6.4", PM, find="    n = dp * cp\n", replace="    n = world_size\n",
+           why="ZeRO shards over every GPU (T and P ranks hold different weights)"),
+    Mutant("6.4", PM, find="    local = n_params / (tp * pp)\n", replace="    local = n_params / tp\n",
+           why="forgets that a pipeline stage holds only its layers' parameters"),
+    Mutant("6.4", PM, find='"gradients": zero_stage >= 2', replace='"gradients": zero_stage > 2',
+           why="ZeRO-2 leaves the gradients whole (stage boundary off by one)"),
+    Mutant("6.4", PM, find="    in_flight = min(pp, n_micro)\n", replace="    in_flight = pp\n",
+           why="the first stage holds P micro-batches even when there are fewer"),
+    Mutant("6.4", PM, find="    in_flight = min(pp, n_micro)\n", replace="    in_flight = n_micro\n",
+           why="every micro-batch in flight (GPipe's count, not 1F1B's)"),
+    Mutant("6.4", PM, find="unsplit = sbh * e if checkpointing == \"full\" else sbh * (4 * e + 2)",
+           replace="unsplit = sbh * e if checkpointing == \"full\" else sbh * 5 * e",
+           why="dropout masks counted at e bytes (right only for 16-bit activations)"),
+    Mutant("6.4", PM, find="        return unsplit / tp if sequence_parallel else unsplit\n",
+           replace="        return unsplit\n",
+           why="full recomputation's kept inputs not split by sequence parallelism"),
+    Mutant("6.4", PM, find="    if checkpointing == \"none\":\n        split +=",
+           replace="    if checkpointing != \"full\":\n        split +=",
+           why="selective recomputation still keeps the attention scores"),
+]
+INDEPENDENT = globals().get("INDEPENDENT", []) + _INDEPENDENT_63_64
