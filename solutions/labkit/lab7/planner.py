@@ -563,26 +563,42 @@ def rank_of_layout(ranked: list[Estimate], dp: int, tp: int, pp: int, cp: int = 
 
 SENSITIVITY = (0.8, 1.0, 1.2)
 """The factors ``sensitivity`` applies to the utilisation and to each bandwidth."""
+KNOBS = ("utilisation", "intra_bw", "inter_bw", "pcie_bw")
+"""The cluster's inputs ``sensitivity`` moves; a step's time is linear in the inverse of each."""
+
+
+def time_terms(model: ModelSpec, cluster: Cluster, cfg: Config, global_batch: int) -> tuple[float, dict]:
+    """``(t0, parts)``: the step time on ``cluster`` and, per knob of ``KNOBS``, the part of it
+    that scales with 1/knob (compute and bubble with 1/utilisation, each axis' bytes with 1/its
+    bandwidth; the CPU step with none), so that with every knob k scaled by f_k the step takes
+    t0 + Σ parts[k]·(1/f_k − 1). Found by halving each knob (exact: the time is linear in 1/knob)."""
+    t0 = step_time(model, cluster, cfg, global_batch).total
+    parts = {k: step_time(model, replace(cluster, **{k: getattr(cluster, k) / 2}), cfg,
+                          global_batch).total - t0 for k in KNOBS}
+    return t0, parts
 
 
 def sensitivity(model: ModelSpec, cluster: Cluster, global_batch: int, ranked: list[Estimate],
                 factors=SENSITIVITY) -> dict:
-    """Re-rank ``ranked`` (``every_fitting``'s list) on clusters whose utilisation, NVLink,
-    InfiniBand and PCIe bandwidths each take every factor of ``factors`` (3⁴ = 81 clusters by
-    default; memory does not change, only time). Returns ``{"winners": {Config: number of
-    clusters where it is fastest}, "nominal": the first Config, "spread": {Config: (fastest,
-    slowest) step time over the clusters}}`` for the winners: the configurations the model cannot
-    tell apart within ±20% of its inputs."""
+    """Re-rank ``ranked`` (``every_fitting``'s list) with the utilisation, NVLink, InfiniBand and
+    PCIe bandwidths each scaled by every factor of ``factors`` (3⁴ = 81 combinations by default;
+    memory does not change, only time; a scaled utilisation above 1 is allowed: it is a model
+    input). Returns ``{"winners": {Config: combinations where it is fastest}, "spread": {Config:
+    (fastest, slowest) step time}}`` for the winners, most wins first: the configurations this
+    model cannot tell apart within those factors. A configuration slower than best·max(f)/min(f)
+    at the nominal inputs can win nowhere and is skipped."""
+    lo, hi = min(factors), max(factors)
+    limit = ranked[0].time.total * (1 / lo) / (1 / hi)  # the best's slowest vs another's fastest
+    terms = [(e, *time_terms(model, cluster, e.config, global_batch)) for e in ranked
+             if e.time.total <= limit]
     wins, spread = {}, {}
-    for u, nv, ib, pc in itertools.product(factors, repeat=4):
-        c = replace(cluster, utilisation=min(1.0, cluster.utilisation * u), intra_bw=cluster.intra_bw * nv,
-                    inter_bw=cluster.inter_bw * ib, pcie_bw=cluster.pcie_bw * pc)
-        times = [(step_time(model, c, e.config, global_batch).total, e.memory["total"], e.config)
-                 for e in ranked]
+    for combo in itertools.product(factors, repeat=len(KNOBS)):
+        times = [(t0 + sum(parts[k] * (1 / f - 1) for k, f in zip(KNOBS, combo)), e.memory["total"], e.config)
+                 for e, t0, parts in terms]
         best = min(times)
         wins[best[2]] = wins.get(best[2], 0) + 1
-        for t, _, cfg in times:
-            lo, hi = spread.get(cfg, (math.inf, 0.0))
-            spread[cfg] = (min(lo, t), max(hi, t))
-    return {"winners": dict(sorted(wins.items(), key=lambda kv: -kv[1])),
-            "nominal": ranked[0].config, "spread": {cfg: spread[cfg] for cfg in wins}}
+        for tt, _, cfg in times:
+            a, b = spread.get(cfg, (math.inf, 0.0))
+            spread[cfg] = (min(a, tt), max(b, tt))
+    order = sorted(wins.items(), key=lambda kv: -kv[1])
+    return {"winners": dict(order), "spread": {cfg: spread[cfg] for cfg, _ in order}}
