@@ -150,9 +150,11 @@ INDEPENDENT = [
     Mutant("7.1", PL, find="    return PlanResult(fitting[0], fitting[1:1 + n_runners_up])",
            replace="    return PlanResult(fitting[0], fitting[1:n_runners_up])",
            why="one runner-up too few"),
-    Mutant("7.1", PL, find="                if static > usable:\n",
-           replace="                if static >= usable:\n",
-           why="prunes a static state exactly at the usable memory"),
+    # (replaced: "static >= usable" was equivalent — a configuration whose static state is exactly
+    # the usable memory has activations > 0 and never fits)
+    Mutant("7.1", PL, find="                if host > host_usable:\n",
+           replace="                if host > usable:\n",
+           why="checks the host's bytes against the GPU's usable memory"),
     # ------------------------------------------------------------------ 7.2 running a plan
     Mutant("7.2", RP, find="    if plan.zero_stage == 2 and plan.pp > 1:\n        raise ValueError(\"plan.zero_stage = 2 runs without a pipeline (plan.pp = 1)\")\n",
            replace="",
