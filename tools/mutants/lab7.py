@@ -62,6 +62,9 @@ MUTANTS = [
            why="never searches the attention kernel (naive attention only)"),
     Mutant("7.1", PL, find="        if smallest_total == math.inf:\n", replace="        if False:\n",
            why="blames the activations when a node's host memory cannot hold the offloaded states"),
+    Mutant("7.1", PL, find='on_gpu = ("parameters",) if True in space["offload"] else CONSUMERS[:3]',
+           replace='on_gpu = ("parameters", "gradients") if True in space["offload"] else CONSUMERS[:3]',
+           why="counts the 16-bit gradients as staying on the GPU under offload (the old model)"),
 
     # ------------------------------------------------------------------ 7.2 check_plan
     Mutant("7.2", RP, find="    if plan.world_size != world_size:",
