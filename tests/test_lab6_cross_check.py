@@ -52,7 +52,7 @@ def test_zero2_keeps_what_the_model_predicts(gpt):
     """ZeRO2Adam on 4 ranks: 4Ψ of parameters, 4Ψ/N of gradients, 8Ψ/N of Adam state per rank.
     Exact here (Ψ is a multiple of N: no padding); the flat partition pads at most N − 1
     elements otherwise."""
-    needs_solutions("zero2", "parallel_memory")
+    needs_solutions("lab4.zero2", "lab6.parallel_memory")
     from labkit.cross_check import zero2_bytes
     from labkit.dist import launch
     from labkit.lab6.parallel_memory import static_bytes
@@ -70,7 +70,7 @@ def test_zero3_keeps_what_the_model_predicts(gpt):
     """ZeRO3 on 4 ranks: 4Ψ/N of parameter shards (no gathered buffer left after the step),
     4Ψ/N of gradient slices after backward, 8Ψ/N of Adam state. Padding: at most N − 1
     elements per unit (none here)."""
-    needs_solutions("zero3", "parallel_memory")
+    needs_solutions("lab3.zero3", "lab6.parallel_memory")
     from labkit.cross_check import zero3_bytes
     from labkit.dist import launch
     from labkit.lab6.parallel_memory import static_bytes
@@ -88,7 +88,7 @@ def test_tensor_parallelism_keeps_what_the_model_predicts(gpt):
     """TPAttention + TPMLP at T = 2: Ψ_block/T of parameters, gradients and 2× of Adam state per
     rank, where Ψ_block is the attention's and MLP's parameters. The row-parallel layers keep
     their whole bias on every rank: + 0.26% here."""
-    needs_solutions("tensor_parallel", "parallel_memory")
+    needs_solutions("lab3.tensor_parallel", "lab6.parallel_memory")
     from labkit.cross_check import tensor_parallel_bytes
     from labkit.dist import launch
     from labkit.lab6.parallel_memory import static_bytes
@@ -104,7 +104,7 @@ def test_pipeline_stages_keep_what_the_model_predicts(gpt):
     parameters evenly; the real first stage also holds the embeddings (+2.9%) and the last the
     untied output layer (+1.1%), a rounding error at 100B but not at this size (at P = 4 the
     first stage is 9% over: this test stays at P = 2)."""
-    needs_solutions("pipeline", "parallel_memory")
+    needs_solutions("lab3.pipeline", "lab6.parallel_memory")
     from labkit.cross_check import pipeline_bytes
     from labkit.dist import launch
     from labkit.lab6.parallel_memory import static_bytes
