@@ -204,6 +204,26 @@ def test_ranks_follow_the_course_mesh_order_and_the_embedding_group_joins_first_
                 f"(the first and last stage of its pipeline {pipe}, which hold the tied weight's two copies)")
 
 
+@pytest.mark.exercise("7.2", points=2)
+def test_a_four_stage_pipeline_trains_like_one_device():
+    """Check P = 4 on 4 gloo ranks (1F1B, 4 micro-batches; the 4-layer lab model, one block a
+    stage): the losses equal one device's Adam on the whole batch within 1e-4. With P ≥ 3 the
+    pipeline group is not the embedding group: the tied weight's two gradients are summed
+    between the first and last stage only, the middle stages take no part."""
+    from labkit.dist import launch
+    from labkit.harness.lab7 import run_plans_worker
+    from labkit.lab7.run_plan import Plan
+
+    _, state, batches = _setup()
+    plan = Plan(pp=4, n_micro=4, schedule="1f1b")
+    results = [rank[0] for rank in launch(run_plans_worker, 4, [plan], CFG, state, batches, timeout=120)]
+    got, want = whole_batch_losses(results), one_device_losses()
+    worst = max(abs(a - b) for a, b in zip(got, want))
+    assert worst < LOSS_TOL, (
+        f"P = 4: losses {[round(v, 6) for v in got]}, one device {[round(v, 6) for v in want]} "
+        f"(largest |Δ| {worst:.1e}): from step 2 on, the update differs")
+
+
 # ------------------------------------------------------------ infrastructure (not graded)
 
 def test_an_earlier_exercise_left_undone_is_named_not_a_traceback():
