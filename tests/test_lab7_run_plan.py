@@ -178,7 +178,12 @@ def built():
     state = GPT(cfg).state_dict()
     out = {}
     for plan, world in [(Plan(dp=2, pp=2, tp=2, zero_stage=1, n_micro=2), 8), (Plan(pp=4, n_micro=4), 4)]:
-        out[plan.label] = (plan, launch(build_worker, world, plan, cfg, state, timeout=120))
+        try:
+            out[plan.label] = (plan, launch(build_worker, world, plan, cfg, state, timeout=120))
+        except Exception as exc:  # a stub's NotImplementedError arrives wrapped in RankError
+            if "NotImplementedError" in str(exc) and "exercise 7.2" in str(exc):
+                raise NotImplementedError(f"exercise 7.2: {exc}") from exc
+            raise
     return out
 
 
