@@ -414,3 +414,26 @@ def test_why_slower_names_the_term_that_grew():
                                                            "full", 1, 256), 256)
     why = planner.why_slower(fast, slow)
     assert slow.time.total > fast.time.total and why.split(": ")[1].startswith("compute +"), why
+
+
+def test_time_terms_are_exact_and_sensitivity_lists_every_winner():
+    """Not graded (given code): the step time under scaled inputs equals step_time on that
+    cluster (it is linear in 1/knob), and every configuration that is fastest on one of the 81
+    scaled clusters is a winner of ``sensitivity``."""
+    import dataclasses
+
+    model = planner.ModelSpec(2e9, 8, 2048, 16, 1024, "2B")
+    cluster = planner.Cluster(16, host_adam_rate=1e9, memory_bytes=24 * GB)
+    ranked = planner.every_fitting(model, cluster, 32, offload=(False, True))
+    factors = dict(utilisation=1.2, intra_bw=0.8, inter_bw=1.2, pcie_bw=0.8)
+    scaled = dataclasses.replace(cluster, **{k: getattr(cluster, k) * f for k, f in factors.items()})
+    for e in ranked[:20]:
+        t0, parts = planner.time_terms(model, cluster, e.config, 32)
+        got = t0 + sum(parts[k] * (1 / f - 1) for k, f in factors.items())
+        assert got == pytest.approx(planner.step_time(model, scaled, e.config, 32).total, rel=1e-12)
+    sens = planner.sensitivity(model, cluster, 32, ranked)
+    fastest = min(ranked, key=lambda e: (planner.step_time(model, scaled, e.config, 32).total,
+                                         e.memory["total"], e.config))
+    assert fastest.config in sens["winners"] and sum(sens["winners"].values()) == 81
+    rank, est = planner.rank_of_layout(ranked, *[getattr(ranked[3].config, f) for f in ("dp", "tp", "pp", "cp")])
+    assert 1 <= rank <= 4 and est is not None
