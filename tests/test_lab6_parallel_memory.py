@@ -6,7 +6,9 @@ References nobody in this course wrote:
 * Korthikanti et al. 2022 (https://arxiv.org/abs/2205.05198), Table 2 and §4–5: activations per
   layer sbh(34 + 5as/h), with TP sbh(10 + 24/t + 5as/(ht)), with TP + SP sbh(34 + 5as/h)/t,
   selective recomputation sbh·34/t, full recomputation 2sbh; the first 1F1B stage holds p
-  micro-batches;
+  micro-batches; under context parallelism a rank's s/C queries attend to all s keys (the score
+  term a·(s/C)·s·b); fused attention (Dao et al. 2022, https://arxiv.org/abs/2205.14135) stores no
+  score tensor; a Llama-style layer's tensors listed one by one (``_llama_layer_bytes``);
 * ``labkit.memory_model`` (infrastructure, data parallelism only) where the two overlap;
 * per-rank bytes measured on real gloo ranks with PyTorch's own implementations:
   ``ZeroRedundancyOptimizer`` (ZeRO-1), FSDP2 ``fully_shard`` (ZeRO-3) and
@@ -136,13 +138,91 @@ def test_first_pipeline_stage_holds_min_p_m_micro_batches(pp, n_micro):
 
 
 @pytest.mark.exercise("6.4", points=1)
-def test_context_parallelism_splits_the_sequence():
-    """C = 4: each rank holds s/C tokens (scores one (s/C)² block): the formula at s/C."""
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_context_parallelism_splits_the_sequence(cp):
+    """C ranks, naive attention: each rank holds s/C tokens, and its s/C queries attend to all s
+    keys, so every sbh term is the s/C layer's and the score term is a·(s/C)·s·b·5 (e = 2): the
+    s² term divided by C, not C² (an (s/C)² block is what a *fused* ring holds at one moment,
+    and it stores none of them for backward)."""
     from labkit.lab6.parallel_memory import activation_bytes_per_layer
 
-    got = activation_bytes_per_layer(8192, 1, 4096, 32, cp=4)
-    want = memory_model.activation_bytes_per_layer(2048, 1, 4096, 32)
-    assert close(got, want), f"activations per layer with C = 4, s = 8192: {got:,.0f} B, expected the s = 2048 layer's {want:,.0f}: is the sequence split by C?"
+    s, b, h, a = 8192, 1, 4096, 32
+    local = s // cp
+    want = local * b * h * 34 + 5 * a * local * s * b  # Korthikanti's sbh(34 + 5as/h) at s/C queries
+    got = activation_bytes_per_layer(s, b, h, a, cp=cp)
+    over_c2 = memory_model.activation_bytes_per_layer(local, b, h, a)
+    hint = (": the score term divided by C², as if a rank's queries attended to its own s/C keys only"
+            if close(got, over_c2) else ": is the sequence split by C, and do the s/C queries see all s keys?")
+    assert close(got, want), (f"activations per layer with C = {cp}, s = {s}, naive attention: {got:,.0f} B, "
+                              f"expected sbh(34) at s/C + 5·a·(s/C)·s·b = {want:,.0f}{hint}")
+
+
+@pytest.mark.exercise("6.4", points=1)
+@pytest.mark.parametrize("tp,sp,cp", [(1, False, 1), (8, False, 1), (8, True, 4), (1, False, 8)])
+def test_fused_attention_stores_no_scores(tp, sp, cp):
+    """Fused attention (FlashAttention, and every context-parallel ring) keeps no a·s² tensor for
+    backward: the layer is Korthikanti's without the score terms (selective recomputation's count,
+    without recomputing anything), at s/C tokens."""
+    from labkit.lab6.parallel_memory import activation_bytes_per_layer
+
+    s, b, h, a = 8192, 2, 4096, 32
+    sbh = s // cp * b * h
+    want = sbh * 34 / tp if sp else sbh * (10 + 24 / tp)
+    got = activation_bytes_per_layer(s, b, h, a, tp=tp, cp=cp, sequence_parallel=sp, attention="fused")
+    naive = activation_bytes_per_layer(s, b, h, a, tp=tp, cp=cp, sequence_parallel=sp)
+    hint = ": the scores are still counted" if close(got, naive) else ""
+    assert close(got, want), (f"fused attention, T = {tp}, SP {sp}, C = {cp}: {got:,.0f} B per layer, "
+                              f"expected {want:,.0f} (no s² term){hint}")
+
+
+def _llama_layer_bytes(s, b, h, a, g, f, e, tp, sp):
+    """A Llama-style layer's saved tensors, listed one by one (RMSNorm, GQA, SwiGLU, no dropout,
+    no biases): the inputs of the two norms, of the QKV and first MLP matmuls (not split by TP);
+    Q, K and V (K and V g/a of Q), the attention output, the gate, up and product tensors of the
+    MLP, and the naive softmax output a·s²·b (split by TP)."""
+    unsplit = [s * b * h] * 4
+    split = [s * b * h, s * b * h * g // a, s * b * h * g // a, s * b * h, s * b * f, s * b * f,
+             s * b * f, a * s * s * b]
+    n_unsplit, n_split = e * sum(unsplit), e * sum(split)
+    return (n_unsplit + n_split) / tp if sp else n_unsplit + n_split / tp
+
+
+@pytest.mark.exercise("6.4", points=1)
+@pytest.mark.parametrize("tp,sp", [(1, False), (8, False), (8, True)])
+def test_llama_style_layer(tp, sp):
+    """Llama-2/3-70B's shape (h 8192, 64 heads, 8 KV heads, SwiGLU of 28,672, no dropout) at
+    s = 4096, 16-bit: every saved tensor listed by hand (``_llama_layer_bytes``)."""
+    from labkit.lab6.parallel_memory import activation_bytes_per_layer
+
+    s, b, h, a, g, f = 4096, 1, 8192, 64, 8, 28672
+    want = _llama_layer_bytes(s, b, h, a, g, f, 2, tp, sp)
+    got = activation_bytes_per_layer(s, b, h, a, tp=tp, sequence_parallel=sp, n_kv_head=g,
+                                     ffn_hidden=f, gated_mlp=True, dropout=False)
+    gpt = activation_bytes_per_layer(s, b, h, a, tp=tp, sequence_parallel=sp)
+    hint = (": the GPT layer's count, the model's shape ignored" if close(got, gpt) else
+            f": {got - want:+,.0f} B: K and V are g/a of Q's size, a gated MLP keeps three f-wide "
+            "tensors, and without dropout there are no masks and no dropped copy of the scores")
+    assert close(got, want), (f"Llama-style layer, T = {tp}, SP {sp}: {got:,.0f} B, expected {want:,.0f}{hint}")
+
+
+@pytest.mark.exercise("6.4", points=1)
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_shards_over_data_and_context_ranks(stage):
+    """D = 4, C = 2, T = 2, P = 2 (32 GPUs): the 8 ranks of one D×C group hold the same weights,
+    so ZeRO shards over D·C = 8 (Megatron-LM's distributed optimizer; torchtitan's FSDP over
+    dp × cp)."""
+    from labkit.lab6.parallel_memory import static_bytes
+
+    local, n = PSI / 4, 8
+    per = memory_model.bytes_per_parameter("mixed", "adam")
+    sharded = {"optimizer states": stage >= 1, "gradients": stage >= 2, "parameters": stage >= 3}
+    got = static_bytes(PSI, world_size=32, dp=4, tp=2, pp=2, cp=2, zero_stage=stage)
+    for c, k in per.items():
+        want = local * k / (n if sharded[c] else 1)
+        by_d = local * k / (4 if sharded[c] else 1)
+        hint = ": sharded over D alone; the C context ranks hold the same weights too" if close(got[c], by_d) else ""
+        assert close(got[c], want), (f"ZeRO-{stage}, D×T×P×C = 4×2×2×2: {c} {got[c]:,.0f} B, expected "
+                                     f"{want:,.0f} (ZeRO over D·C = 8){hint}")
 
 
 @pytest.mark.parametrize("kwargs,word", [
@@ -155,6 +235,10 @@ def test_context_parallelism_splits_the_sequence():
     (dict(checkpointing="some"), "checkpointing"),
     (dict(world_size=0, dp=0), "world_size"),
     (dict(n_micro=0), "n_micro"),
+    (dict(attention="flash"), "attention"),
+    (dict(n_kv_head=5), "n_kv_head"),                          # 5 does not divide 12
+    (dict(ffn_hidden=0), "ffn_hidden"),
+    (dict(gated_mlp=1), "gated_mlp"),
 ])
 def test_bad_configurations_raise(kwargs, word):
     """Not graded (the checks are infrastructure, in the stub too): a layout whose product is not
@@ -164,8 +248,17 @@ def test_bad_configurations_raise(kwargs, word):
 
     args = dict(world_size=1, n_layer=12, hidden=768, n_head=12, seq_len=1024, micro_batch=1)
     args.update(kwargs)
-    with pytest.raises(ValueError, match=word):
+    with pytest.raises((ValueError, TypeError), match=word):
         per_gpu_bytes(1e9, **args)
+
+
+@pytest.mark.parametrize("n_params", [float("nan"), float("inf"), -1.0, 0, "1e9", True])
+def test_static_bytes_refuses_a_bad_parameter_count(n_params):
+    """Not graded (the check is in the stub too): NaN, ∞, ≤ 0 or a non-number is refused by name."""
+    from labkit.lab6.parallel_memory import static_bytes
+
+    with pytest.raises(ValueError, match="n_params"):
+        static_bytes(n_params, world_size=1)
 
 
 # ---------------------------------------------------------------- measured on real gloo ranks
@@ -211,7 +304,8 @@ def test_zero3_matches_fsdp2_fully_shard_on_gloo_ranks(small_gpt):
     moments, per rank, within 5% of 4Ψ/N, 4Ψ/N, 8Ψ/N (FSDP2 pads dim 0 to a multiple of N)."""
     from labkit.dist import launch
     from labkit.models import SyntheticData
-    from labkit.lab6.parallel_memory import fsdp2_step, static_bytes
+    from labkit.lab6.parallel_memory import static_bytes
+    from labkit.reference.lab6_parallel import fsdp2_step
 
     model, psi = small_gpt
     want = static_bytes(psi, world_size=N, dp=N, zero_stage=3, recipe="fp32")
@@ -229,7 +323,8 @@ def test_tensor_parallelism_matches_parallelize_module_on_gloo_ranks(small_gpt):
     row-wise) keeps, per rank, the MLPs' parameters, gradients and Adam moments within 5% of
     your model for those parameters (the row-wise biases stay whole on every rank: +0.4%)."""
     from labkit.dist import launch
-    from labkit.lab6.parallel_memory import static_bytes, tensor_parallel_mlp_step
+    from labkit.lab6.parallel_memory import static_bytes
+    from labkit.reference.lab6_parallel import tensor_parallel_mlp_step
 
     model, _ = small_gpt
     got = launch(tensor_parallel_mlp_step, 2, model, torch.randn(2, 32, 32), timeout=120.0)

@@ -611,7 +611,7 @@ def test_bad_meshes_raise():
 
 @pytest.fixture(scope="module")
 def mesh_ranks():
-    from labkit.lab6.device_mesh import mesh_worker
+    from labkit.harness.lab6_parallel import mesh_worker
     from labkit.dist import launch
 
     try:

@@ -35,8 +35,12 @@ SEED_100B = dict(n_params=100e9, n_layer=80, hidden=10240, n_head=80, seq_len=20
 
 def reference_per_gpu_bytes(n_params, *, world_size, dp=1, tp=1, pp=1, cp=1, zero_stage=0,
                             recipe="mixed", optimizer="adam", n_layer, hidden, n_head, seq_len,
-                            micro_batch, n_micro=1, checkpointing="none", sequence_parallel=False):
-    """Lab 6's per-GPU model, written out: ZeRO's table and Korthikanti's activations."""
+                            micro_batch, n_micro=1, checkpointing="none", sequence_parallel=False,
+                            attention="naive", n_kv_head=None, ffn_hidden=None, gated_mlp=False,
+                            dropout=True):
+    """Lab 6's per-GPU model, written out: ZeRO's table and Korthikanti's activations (a rank's
+    s/C queries against all s keys; fused attention keeps no scores; a Llama-style layer's
+    K, V of n_kv_head heads, three f-wide SwiGLU tensors, no dropout masks)."""
     assert dp * tp * pp * cp == world_size and n_head % tp == 0 and n_layer % pp == 0
     per = memory_model.bytes_per_parameter(recipe, optimizer)
     local, n = n_params / (tp * pp), dp * cp
@@ -45,12 +49,14 @@ def reference_per_gpu_bytes(n_params, *, world_size, dp=1, tp=1, pp=1, cp=1, zer
            "optimizer states": local * per["optimizer states"] / (n if zero_stage >= 1 else 1)}
     e = memory_model.RECIPES[recipe].activation
     s, b, h, a = seq_len // cp, micro_batch, hidden, n_head
+    g, f = n_kv_head or a, ffn_hidden or 4 * h
+    masks = 1 if dropout else 0
     if checkpointing == "full":
         layer = e * s * b * h / (tp if sequence_parallel else 1)
     else:
-        attention = (2 * e + 1) * a * s * s * b if checkpointing == "none" else 0
-        split = (12 * e * s * b * h + attention) / tp
-        layer = (4 * e + 2) * s * b * h / (tp if sequence_parallel else 1) + split
+        scores = a * s * seq_len * b * (e + masks * (e + 1)) if (checkpointing, attention) == ("none", "naive") else 0
+        split = (e * s * b * (2 * h + 2 * h * g / a + (3 if gated_mlp else 2) * f) + scores) / tp
+        layer = (4 * e + 2 * masks) * s * b * h / (tp if sequence_parallel else 1) + split
     out["activations"] = n_layer // pp * min(pp, n_micro) * layer
     return out
 
@@ -75,18 +81,22 @@ def brute_layouts(model, cluster, global_batch):
 
 def brute_force(model, cluster, global_batch, *, recipes=("mixed",), optimizers=("adam",),
                 zero_stages=(0, 1, 2, 3), checkpointing=("none", "selective", "full"),
-                offload=(False, True), margin=0.1):
-    """Every configuration of the space, evaluated; (fitting ones sorted, all of them)."""
+                offload=(False,), attention=("naive", "fused"), margin=0.1):
+    """Every configuration of the space, evaluated; (fitting ones sorted, all of them). The rules
+    of plan()'s docstring: offload needs ZeRO ≥ 1, CP needs fused attention, selective
+    recomputation needs naive attention."""
     every = []
-    for recipe, opt, zero, off in itertools.product(recipes, optimizers, zero_stages, offload):
+    for recipe, opt, zero, off, attn in itertools.product(recipes, optimizers, zero_stages, offload, attention):
         if off and zero == 0:
             continue
         for dp, tp, pp, cp in brute_layouts(model, cluster, global_batch):
+            if cp > 1 and attn != "fused":
+                continue
             for b, ckpt in itertools.product(range(1, global_batch + 1), checkpointing):
-                if global_batch % (dp * b):
+                if global_batch % (dp * b) or (ckpt == "selective" and attn == "fused"):
                     continue
                 cfg = planner.Config(recipe, opt, zero, off, dp, tp, pp, cp, ckpt, b,
-                                     global_batch // (dp * b))
+                                     global_batch // (dp * b), attn)
                 every.append(planner.evaluate(model, cluster, cfg, global_batch, margin))
     fitting = sorted((e for e in every if e.fits),
                      key=lambda e: (e.time.total, e.memory["total"], e.config))
@@ -100,14 +110,21 @@ def random_case(i):
     hidden = n_head * rng.choice([16, 32, 64])
     n_layer = rng.choice([1, 2, 3, 4, 6, 8])
     seq_len = rng.choice([64, 128, 256, 512, 1024])
+    llama = rng.random() < 0.4  # a Llama-style layer: GQA, SwiGLU, no dropout
+    kv = rng.choice([k for k in (1, 2, n_head) if n_head % k == 0]) if llama else None
     model = planner.ModelSpec(12.0 * n_layer * hidden**2 + 1000 * hidden, n_layer, hidden, n_head,
-                              seq_len, f"case {i}")
+                              seq_len, f"case {i}", n_kv_head=kv, ffn_hidden=3 * hidden if llama else None,
+                              gated_mlp=llama, dropout=not llama)
     n_gpus = rng.choice([1, 2, 4, 6, 8, 12, 16])
     global_batch = rng.choice([1, 2, 4, 6, 8, 12, 16])
     space = dict(recipes=tuple(rng.sample(sorted(memory_model.RECIPES), rng.choice([1, 2]))),
-                 optimizers=tuple(rng.sample(sorted(memory_model.OPTIMIZERS), rng.choice([1, 2]))))
+                 optimizers=tuple(rng.sample(sorted(memory_model.OPTIMIZERS), rng.choice([1, 2]))),
+                 offload=rng.choice([(False,), (False, True), (True, False)]))
+    # host memory: sometimes too small for some offloaded shards (the host constraint binds)
     kw = dict(n_gpus=n_gpus, gpus_per_node=rng.choice([1, 2, 4, 8]),
-              intra_bw=rng.choice([100, 450]) * GB, inter_bw=rng.choice([12.5, 50]) * GB)
+              intra_bw=rng.choice([100, 450]) * GB, inter_bw=rng.choice([12.5, 50]) * GB,
+              host_adam_rate=rng.choice([1e6, 1e9]),
+              host_memory_bytes=rng.choice([2.0, 8.0, 1e6]) * model.n_params)
     _, every = brute_force(model, planner.Cluster(**kw), global_batch, **space)
     totals = sorted(e.memory["total"] for e in every)
     if not totals:
@@ -221,11 +238,57 @@ def test_seed_100b_on_16_gpus_says_20_gpus_needed():
     assert "at least 20 GPUs of 80 GB" in msg and "static state" in msg, (
         f"the error should say 'needs at least 20 GPUs of 80 GB for the static state alone' "
         f"(⌈16 B × 100e9 / 80e9⌉ = 20), got: {msg!r}")
-    with pytest.raises(ValueError) as err:  # offload: only 2 + 2 bytes per parameter stay
-        planner.plan(model, planner.Cluster(4), 256)
+    with pytest.raises(ValueError) as err:  # offload: only the 2 bytes of the parameters stay
+        planner.plan(model, planner.Cluster(2, host_adam_rate=1e9), 256, offload=(False, True))
     msg = str(err.value)
-    assert "at least 5 GPUs of 80 GB" in msg, (
-        f"with offload allowed the GPU keeps 4 B per parameter: ⌈4 × 100e9 / 80e9⌉ = 5 GPUs; got: {msg!r}")
+    assert "at least 3 GPUs of 80 GB" in msg, (
+        f"with offload allowed the GPU keeps the 2 B of each 16-bit parameter (the gradients leave "
+        f"as backward makes them): ⌈2 × 100e9 / 80e9⌉ = 3 GPUs; got: {msg!r}")
+
+
+@pytest.mark.exercise("7.1", points=2)
+def test_host_memory_that_never_holds_the_offloaded_states_is_named():
+    """Check the error when only offload fits the GPU and no node's host memory holds the states."""
+    model = planner.ModelSpec(**SEED_100B)
+    cluster = planner.Cluster(8, host_memory_bytes=100 * GB, host_adam_rate=1e9)
+    with pytest.raises(ValueError) as err:
+        planner.plan(model, cluster, 8, offload=(False, True))
+    msg = str(err.value)
+    assert "host" in msg and "activations" not in msg, (
+        f"100B on 8 × 80 GB fits only offloaded (16Ψ/8 = 200 GB per GPU otherwise), and one node's "
+        f"100 GB of host memory cannot hold 14 B × 100e9 of states and gradient buffers: the error "
+        f"should name the host memory, got: {msg!r}")
+
+
+@pytest.mark.exercise("7.1", points=2)
+def test_plan_searches_the_attention_kernel():
+    """Check that fused attention is searched (and CP only with it): 70B at 8k tokens on 64 GPUs,
+    without recomputation, fits only with a kernel that stores no a·s² scores."""
+    model = planner.ModelSpec(70e9, 80, 8192, 64, 8192, "70B")
+    cluster = planner.Cluster(64)
+    result = planner.plan(model, cluster, 64, checkpointing=("none",), zero_stages=(1, 3), n_runners_up=3)
+    fitting, _ = brute_force(model, cluster, 64, checkpointing=("none",), zero_stages=(1, 3))
+    got = [e.config for e in [result.best] + result.runners_up]
+    assert all(c.attention == "fused" for c in got), (
+        f"70B, s = 8192, no recomputation: the planner chose {[c.label() for c in got]}: naive "
+        f"attention's scores alone need a·s²·b·5/T bytes a layer; is the attention kernel searched?")
+    assert all(c.attention == "fused" for c in got if c.cp > 1), (
+        f"context parallelism runs only with fused attention: {[c.label() for c in got]}")
+    assert got == [e.config for e in fitting[:4]], (
+        f"plan chose {[c.label() for c in got]}, the brute-force search {[e.config.label() for e in fitting[:4]]}")
+
+
+def test_an_empty_search_space_is_named():
+    """Not graded (``check_space`` is given code): a space with nothing in it says so, not
+    'needs at least 1 GPU … inf GB per GPU'."""
+    model = planner.ModelSpec(1e6, 2, 64, 2, 128, "tiny")
+    for kw, word in [(dict(zero_stages=(0,), offload=(True,)), "offload"),
+                     (dict(checkpointing=("selective",), attention=("fused",)), "selective")]:
+        with pytest.raises(ValueError) as err:
+            planner.plan(model, planner.Cluster(2, host_adam_rate=1e9), 4, **kw)
+        msg = str(err.value)
+        assert "empty" in msg and word in msg and "inf" not in msg, (
+            f"plan(..., {kw}) should say the search space is empty and why ({word}), got: {msg!r}")
 
 
 @pytest.mark.exercise("7.1", points=2)
@@ -256,14 +319,17 @@ def test_no_valid_layout_is_explained():
 def test_reference_memory_matches_lab6_when_written():
     """The formulas above agree with labkit.lab6.parallel_memory wherever 6.4 is done."""
     from labkit.lab6 import parallel_memory
-    kw = dict(world_size=16, dp=2, tp=2, pp=2, cp=2, zero_stage=2, n_layer=8, hidden=256,
-              n_head=4, seq_len=128, micro_batch=2, n_micro=4, checkpointing="selective",
-              sequence_parallel=True)
-    try:
-        got = parallel_memory.per_gpu_bytes(1e8, **kw)
-    except NotImplementedError:
-        pytest.skip("exercise 6.4 not written")
-    assert got == pytest.approx(reference_per_gpu_bytes(1e8, **kw), rel=1e-12)
+    base = dict(world_size=16, dp=2, tp=2, pp=2, cp=2, zero_stage=2, n_layer=8, hidden=256,
+                n_head=4, seq_len=128, micro_batch=2, n_micro=4, sequence_parallel=True)
+    for extra in (dict(checkpointing="selective"), dict(checkpointing="none", attention="naive"),
+                  dict(checkpointing="none", attention="fused", n_kv_head=2, ffn_hidden=640,
+                       gated_mlp=True, dropout=False)):
+        kw = {**base, **extra}
+        try:
+            got = parallel_memory.per_gpu_bytes(1e8, **kw)
+        except NotImplementedError:
+            pytest.skip("exercise 6.4 not written")
+        assert got == pytest.approx(reference_per_gpu_bytes(1e8, **kw), rel=1e-12), extra
 
 
 def test_step_time_pieces():
@@ -276,17 +342,33 @@ def test_step_time_pieces():
     assert t.compute == pytest.approx(flops / (64 * 989e12 * 0.4), rel=1e-12)
     assert t.bubble == pytest.approx(t.compute * 3 / 128, rel=1e-12)
     assert t.bubble / (t.compute + t.bubble) == pytest.approx(3 / (128 + 3), rel=1e-12)
-    assert t.comm["offload"] == 0 and t.comm["cp"] == 0
+    assert t.comm["offload"] == 0 and t.comm["cp"] == 0 and t.comm["cpu adam"] == 0
     assert set(t.comm) == set(planner.AXES)
+    fused = planner.step_time(model, cluster, planner.Config(**{**cfg.__dict__, "attention": "fused"}), 256)
+    assert fused.compute == pytest.approx(t.compute * (6 * 100e9 + 14 * 80 * 2048 * 10240)
+                                          / (6 * 100e9 + 12 * 80 * 2048 * 10240), rel=1e-12)
 
 
-def test_offload_moves_optimizer_states_off_the_gpu():
-    model, cluster = planner.ModelSpec(**SEED_100B), planner.Cluster(64)
+def test_offload_moves_states_and_gradients_off_the_gpu():
+    """ZeRO-Offload: no optimizer state on the GPU, one layer's 16-bit gradients (a bucket) instead
+    of the shard's, the host holding 12 + 2 B per parameter of each of its 8 GPUs' shards, PCIe
+    carrying 2 + 2 B per shard parameter and the CPU updating the node's shards at its rate."""
+    model = planner.ModelSpec(**SEED_100B)
+    cluster = planner.Cluster(64, host_adam_rate=2e9)
     on = planner.Config("mixed", "adam", 1, False, 8, 8, 1, 1, "full", 1, 32)
     off = planner.Config("mixed", "adam", 1, True, 8, 8, 1, 1, "full", 1, 32)
     a, b = planner.memory_estimate(model, cluster, on), planner.memory_estimate(model, cluster, off)
-    assert b["optimizer states"] == 0 and a["optimizer states"] == pytest.approx(12 * 100e9 / 64)
-    assert a["total"] - b["total"] == pytest.approx(a["optimizer states"])
+    local = 100e9 / 8
+    assert b["optimizer states"] == 0 and a["optimizer states"] == pytest.approx(12 * local / 8)
+    assert a["gradients"] == pytest.approx(2 * local) and b["gradients"] == pytest.approx(2 * local / 80)
+    shard = local / 8
+    assert planner.host_bytes(model, cluster, off) == pytest.approx(8 * 14 * shard)
+    assert planner.host_bytes(model, cluster, on) == 0
+    t = planner.step_time(model, cluster, off, 256)
+    assert t.comm["offload"] == pytest.approx(4 * shard / cluster.pcie_bw)
+    assert t.comm["cpu adam"] == pytest.approx(8 * shard / 2e9)
+    with pytest.raises(ValueError, match="host_adam_rate"):
+        planner.step_time(model, planner.Cluster(64), off, 256)
 
 
 @pytest.mark.parametrize("call,name", [
@@ -301,9 +383,17 @@ def test_offload_moves_optimizer_states_off_the_gpu():
                           recipes=("fp8",)), "recipes"),
     (lambda: planner.plan(planner.ModelSpec(1e6, 2, 64, 2, 128), planner.Cluster(2), 4,
                           margin=1.0), "margin"),
+    (lambda: planner.plan(planner.ModelSpec(1e6, 2, 64, 2, 128), planner.Cluster(2), 4,
+                          attention=("flash",)), "attention"),
+    (lambda: planner.plan(planner.ModelSpec(1e6, 2, 64, 2, 128), planner.Cluster(2), 4,
+                          offload=(False, True)), "host_adam_rate"),
+    (lambda: planner.ModelSpec(float("nan"), 2, 64, 2, 128), "n_params"),
+    (lambda: planner.ModelSpec(1e6, 2, 64, 4, 128, n_kv_head=3), "n_kv_head"),
+    (lambda: planner.Cluster(8, host_adam_rate=0.0), "host_adam_rate"),
+    (lambda: planner.Cluster(8, inter_bw=float("inf")), "inter_bw"),
 ])
 def test_bad_arguments_are_named(call, name):
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises((ValueError, TypeError), match=name):
         call()
 
 
@@ -324,3 +414,26 @@ def test_why_slower_names_the_term_that_grew():
                                                            "full", 1, 256), 256)
     why = planner.why_slower(fast, slow)
     assert slow.time.total > fast.time.total and why.split(": ")[1].startswith("compute +"), why
+
+
+def test_time_terms_are_exact_and_sensitivity_lists_every_winner():
+    """Not graded (given code): the step time under scaled inputs equals step_time on that
+    cluster (it is linear in 1/knob), and every configuration that is fastest on one of the 81
+    scaled clusters is a winner of ``sensitivity``."""
+    import dataclasses
+
+    model = planner.ModelSpec(2e9, 8, 2048, 16, 1024, "2B")
+    cluster = planner.Cluster(16, host_adam_rate=1e9, memory_bytes=24 * GB)
+    ranked = planner.every_fitting(model, cluster, 32, offload=(False, True))
+    factors = dict(utilisation=1.2, intra_bw=0.8, inter_bw=1.2, pcie_bw=0.8)
+    scaled = dataclasses.replace(cluster, **{k: getattr(cluster, k) * f for k, f in factors.items()})
+    for e in ranked[:20]:
+        t0, parts = planner.time_terms(model, cluster, e.config, 32)
+        got = t0 + sum(parts[k] * (1 / f - 1) for k, f in factors.items())
+        assert got == pytest.approx(planner.step_time(model, scaled, e.config, 32).total, rel=1e-12)
+    sens = planner.sensitivity(model, cluster, 32, ranked)
+    fastest = min(ranked, key=lambda e: (planner.step_time(model, scaled, e.config, 32).total,
+                                         e.memory["total"], e.config))
+    assert fastest.config in sens["winners"] and sum(sens["winners"].values()) == 81
+    rank, est = planner.rank_of_layout(ranked, *[getattr(ranked[3].config, f) for f in ("dp", "tp", "pp", "cp")])
+    assert 1 <= rank <= 4 and est is not None

@@ -51,7 +51,8 @@ def _setup():
 def runs() -> dict:
     """{plan name: per-rank results of run_plans_worker}: one launch for the three plans."""
     from labkit.dist import launch
-    from labkit.lab7.run_plan import PLANS, run_plans_worker
+    from labkit.harness.lab7 import run_plans_worker
+    from labkit.lab7.run_plan import PLANS
 
     _, state, batches = _setup()
     plans = [PLANS[n] for n in NAMES]
@@ -140,6 +141,8 @@ BAD_PLANS = [  # (plan fields, world_size, batch_size, the words the message mus
     (dict(dp=4, zero_stage=5), 4, 16, "plan.zero_stage"),
     (dict(dp=2, pp=2, n_micro=2, schedule="zigzag"), 4, 16, "plan.schedule"),
     (dict(dp=4, n_micro=2), 4, 16, "plan.n_micro"),
+    (dict(dp=2, pp=2, n_micro=2, zero_stage=2), 4, 16, "plan.zero_stage"),   # ZeRO-2's hooks need the whole model
+    (dict(dp=2, pp=2, n_micro=2, checkpointing=True), 4, 16, "plan.checkpointing"),
 ]
 
 
@@ -161,12 +164,77 @@ def test_a_plan_the_ranks_cannot_run_is_refused_naming_the_argument(fields, worl
             predict_peak(plan, CFG, batch_size, 0)
 
 
+@pytest.fixture(scope="module")
+def built():
+    """{plan label: per-rank build_worker results} for two plans where a wrong mesh or embedding
+    group gives a different answer: D 2 × P 2 × T 2 on 8 ranks (T and P both > 1: the orders
+    differ) and P 4 on 4 ranks (P ≥ 3: the pipeline group is not the embedding group)."""
+    from labkit.dist import launch
+    from labkit.harness.lab7 import build_worker
+    from labkit.lab7.run_plan import Plan
+
+    cfg = lab_config("cpu", n_layer=4)
+    torch.manual_seed(0)
+    state = GPT(cfg).state_dict()
+    out = {}
+    for plan, world in [(Plan(dp=2, pp=2, tp=2, zero_stage=1, n_micro=2), 8), (Plan(pp=4, n_micro=4), 4)]:
+        try:
+            out[plan.label] = (plan, launch(build_worker, world, plan, cfg, state, timeout=120))
+        except Exception as exc:  # a stub's NotImplementedError arrives wrapped in RankError
+            if "NotImplementedError" in str(exc) and "exercise 7.2" in str(exc):
+                raise NotImplementedError(f"exercise 7.2: {exc}") from exc
+            raise
+    return out
+
+
+@pytest.mark.exercise("7.2", points=1)
+def test_ranks_follow_the_course_mesh_order_and_the_embedding_group_joins_first_and_last(built):
+    """Check every rank's coordinates and groups against the device mesh in the course's order
+    (pp, dp, tp), computed here with ``torch.arange(world).view(P, D, T)``, and that the embedding
+    group is exactly the first and last stage of the rank's pipeline."""
+    for label, (plan, results) in built.items():
+        mesh = torch.arange(plan.world_size).view(plan.pp, plan.dp, plan.tp)
+        for rank, res in enumerate(results):
+            p, d, t = (int(i) for i in (mesh == rank).nonzero()[0])
+            assert res["coords"] == {"pp": p, "dp": d, "tp": t}, (
+                f"{label}, rank {rank}: coords {res['coords']}, expected pp={p}, dp={d}, tp={t}: the mesh "
+                f"is (P, D, T), pipeline outermost, tensor-parallel innermost")
+            want = {"pp": mesh[:, d, t].tolist(), "dp": mesh[p, :, t].tolist(), "tp": mesh[p, d, :].tolist()}
+            for axis, ranks in want.items():
+                assert res["groups"][axis] == ranks, f"{label}, rank {rank}: {axis} group {res['groups'][axis]}, expected {ranks}"
+            pipe = want["pp"]
+            emb = [pipe[0], pipe[-1]] if rank in (pipe[0], pipe[-1]) else None
+            assert res["groups"]["embedding"] == emb, (
+                f"{label}, rank {rank}: embedding group {res['groups']['embedding']}, expected {emb} "
+                f"(the first and last stage of its pipeline {pipe}, which hold the tied weight's two copies)")
+
+
+@pytest.mark.exercise("7.2", points=2)
+def test_a_four_stage_pipeline_trains_like_one_device():
+    """Check P = 4 on 4 gloo ranks (1F1B, 4 micro-batches; the 4-layer lab model, one block a
+    stage): the losses equal one device's Adam on the whole batch within 1e-4. With P ≥ 3 the
+    pipeline group is not the embedding group: the tied weight's two gradients are summed
+    between the first and last stage only, the middle stages take no part."""
+    from labkit.dist import launch
+    from labkit.harness.lab7 import run_plans_worker
+    from labkit.lab7.run_plan import Plan
+
+    _, state, batches = _setup()
+    plan = Plan(pp=4, n_micro=4, schedule="1f1b")
+    results = [rank[0] for rank in launch(run_plans_worker, 4, [plan], CFG, state, batches, timeout=120)]
+    got, want = whole_batch_losses(results), one_device_losses()
+    worst = max(abs(a - b) for a, b in zip(got, want))
+    assert worst < LOSS_TOL, (
+        f"P = 4: losses {[round(v, 6) for v in got]}, one device {[round(v, 6) for v in want]} "
+        f"(largest |Δ| {worst:.1e}): from step 2 on, the update differs")
+
+
 # ------------------------------------------------------------ infrastructure (not graded)
 
 def test_an_earlier_exercise_left_undone_is_named_not_a_traceback():
     """The runner turns a stub's NotImplementedError from exercise 3.7 into a RuntimeError that
     says which exercise and module to finish first; 7.2's own stubs stay NotImplementedError."""
-    from labkit.lab7.run_plan import _prerequisite_error
+    from labkit.harness.lab7 import _prerequisite_error
 
     err = _prerequisite_error(NotImplementedError("exercise 3.7: resize the full buffer (labs/03_parameters.ipynb)"))
     assert isinstance(err, RuntimeError)
@@ -194,7 +262,8 @@ def test_plans_with_zero2_or_checkpointing_train_like_one_device():
     """Not graded (no graded plan uses them): ZeRO-2 (4.3) and checkpointing (5.2) still compose
     with the runner — 2 ranks, a 2-layer GPT, 3 steps, the same loss tolerance as above."""
     from labkit.dist import launch
-    from labkit.lab7.run_plan import Plan, run_plans_worker
+    from labkit.harness.lab7 import run_plans_worker
+    from labkit.lab7.run_plan import Plan
 
     cfg = lab_config("cpu", n_layer=2)
     torch.manual_seed(0)
@@ -217,7 +286,8 @@ def test_a_three_axis_plan_on_8_ranks_trains_like_one_device():
     10.9% above the prediction on the solutions (the model leaves out the received activation
     and gradient buffers of send/recv, which a PP × TP stage holds whole per TP rank)."""
     from labkit.dist import launch
-    from labkit.lab7.run_plan import Plan, predict_peak, run_plans_worker
+    from labkit.harness.lab7 import run_plans_worker
+    from labkit.lab7.run_plan import Plan, predict_peak
 
     model, state, batches = _setup()
     plan = Plan(dp=2, pp=2, tp=2, zero_stage=1, n_micro=2, schedule="1f1b")

@@ -48,6 +48,11 @@ PAGES = {
         <img src="pic.png" alt="a picture" style="background: #fff; width: 40px">"""),
     "wide.html": ("", '<table><tr><td style="min-width: 900px">a table wider than the column</td></tr></table>'),
     "cut.html": ("", '<div style="overflow: hidden"><div style="width: 900px">cut at the edge</div></div>'),
+    "squeezed.html": ("", '<table style="width: 400px; table-layout: fixed"><tr><td style="width: 380px">'
+                          'a wide first column</td><td>why: an explanation squeezed into a few characters</td>'
+                          '</tr></table>'),
+    "clipped.html": ("", '<table style="width: 300px; table-layout: fixed"><tr><td style="width: 150px">'
+                         'anunbreakablewordmuchwiderthanitscell</td><td>b</td></tr></table>'),
     "noalt.html": ("", '<img src="pic.png" style="width: 40px">'),
     "missing.html": ("", '<img src="gone.png" alt="a picture that is not there">'),
     "console.html": ("", "<script>console.error('boom'); setTimeout(() => { throw new Error('late'); });</script>"),
@@ -71,6 +76,8 @@ EXPECTED = {
     "clean.html": None,
     "wide.html": r"table .* past its column .* does not scroll",
     "cut.html": r"past its column .* is cut off",
+    "squeezed.html": r"table cell squeezed to \d+ px .*why: an explanation",
+    "clipped.html": r"table cell clipped: its text needs \d+ px in \d+ px",
     "noalt.html": r"image without alt text: pic\.png",
     "missing.html": r"HTTP 404: /gone\.png",
     "console.html": r"console error: boom",

@@ -14,6 +14,8 @@ width in the theme's dark mode. A page fails on:
   wider than the window;
 - an image without alt text (an alt text that is the image's file name, as myst-nb writes for
   a cell's output, is a warning; ``--strict`` fails it too);
+- a table cell squeezed below a readable width (under 6 em for more than 24 characters of
+  text) or whose text runs past the cell's edge (clipped);
 - (warning) a display equation that fits its column only by scrolling sideways;
 - a broken internal link or anchor (the target file or the ``#id`` in it does not exist);
 - math that MathJax did not typeset, an ipywidget or a calculator that did not draw;

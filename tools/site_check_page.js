@@ -174,6 +174,22 @@
     }
   }
 
+  // 4b. table cells: text squeezed into a column a few characters wide, or running past the
+  // cell's own edge (clipped, or drawn over its neighbour)
+  if (article) {
+    let cells = 0;
+    for (const cell of article.querySelectorAll("td, th")) {
+      const text = cell.textContent.trim();
+      if (!text || !cell.getClientRects().length) continue;
+      const em = parseFloat(getComputedStyle(cell).fontSize) || 16;
+      const w = cell.clientWidth;
+      if (cell.scrollWidth > w + 1 && cells++ < 5)
+        problems.push(`table cell clipped: its text needs ${cell.scrollWidth} px in ${w} px: ${describe(cell)}`);
+      else if (text.length > 24 && w < 6 * em && cells++ < 5)
+        problems.push(`table cell squeezed to ${w} px (under 6 em) for ${text.length} characters: ${describe(cell)}`);
+    }
+  }
+
   // An equation that fits only by scrolling sideways is readable but awkward: a warning, so that
   // the chapter can break it (aligned) where it is too wide.
   document.querySelectorAll("article mjx-container[display='true']").forEach((m) => {

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit import validate
+
 CONSUMERS = ("parameters", "gradients", "optimizer states", "activations")
 """The four consumers, in the order the calculator stacks them."""
 
@@ -90,18 +92,18 @@ GRAD_BUFFERS = {
 
 
 def _choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+    validate.one_of(name, value, tuple(allowed))
 
 
 def _positive(name: str, value, kind=int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) \
-            or not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a positive, finite {kind.__name__}, got {value!r}")
+    if kind is float:
+        validate.positive_number(name, value)
+    else:
+        validate.positive_int(name, value)
 
 
 def _flag(name: str, value) -> None:
-    if not isinstance(value, bool):
+    if not isinstance(value, bool):  # ValueError, as the calculator's other checks
         raise ValueError(f"{name} must be a bool (True or False), got {value!r}")
 
 

@@ -61,7 +61,8 @@ function wtmgPerGpu(v, T) {
   } else {
     const unsplit = sbh * (4 * e + 2);               // LayerNorm inputs, QKV/MLP inputs, 2 masks
     let split = sbh * 12 * e;                         // Q, K, V, projection input, GELU in/out
-    if (v.checkpointing === "none") split += a * s * s * b * (2 * e + 1);  // scores, softmax
+    // scores, softmax, dropout: this rank's s/C queries against all s keys (the s² term / C)
+    if (v.checkpointing === "none") split += a * s * v.seq_len * b * (2 * e + 1);
     layer = v.sequence_parallel ? (unsplit + split) / t : unsplit + split / t;
   }
   let acts = (v.n_layer / v.pp) * Math.min(v.pp, v.n_micro) * layer;

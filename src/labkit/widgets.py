@@ -39,7 +39,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from labkit import memory_model
+from labkit import memory_model, validate
 from labkit.plot import stacked_bars
 
 GB = 10**9
@@ -97,9 +97,7 @@ def calculator_bytes(*, n_params, recipe, optimizer, zero_stage, world_size, dp,
     """
     from labkit.lab6 import parallel_memory
 
-    if isinstance(n_params, bool) or not isinstance(n_params, (int, float)) \
-            or not 0 < n_params < math.inf:
-        raise ValueError(f"n_params must be a positive, finite number, got {n_params!r}")
+    validate.positive_number("n_params", n_params)
     for name, flag in (("sequence_parallel", sequence_parallel), ("fp32_logits", fp32_logits)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be a bool (True or False), got {flag!r}")

@@ -101,15 +101,15 @@ MUTANTS = [
            why="shards the gradients from stage 1 (stage 1 = stage 2)"),
     Mutant("6.4", PM, find='"parameters": zero_stage >= 3', replace='"parameters": zero_stage >= 2',
            why="shards the parameters already at stage 2"),
-    Mutant("6.4", PM, find="    unsplit = sbh * e if checkpointing == \"full\" else sbh * (4 * e + 2)",
+    Mutant("6.4", PM, find="    unsplit = sbh * (4 * e + 2 * masks)",
            replace="    unsplit = sbh * e if checkpointing == \"full\" else sbh * 5 * e",
            why="counts the dropout masks at the activation element size instead of 1 byte"),
-    Mutant("6.4", PM, find="        split += a * s * s * b * (2 * e + 1)", replace="        split += a * s * s * b * 2 * e",
+    Mutant("6.4", PM, find="        split += a * s * seq_len * b * (e + masks * (e + 1))", replace="        split += a * s * seq_len * b * (e + masks * e)",
            why="forgets the attention-dropout mask (1 byte per score)"),
     Mutant("6.4", PM, find="    return (unsplit + split) / tp if sequence_parallel else unsplit + split / tp",
            replace="    return (unsplit + split) / tp",
            why="divides everything by T even without sequence parallelism"),
-    Mutant("6.4", PM, find="    if checkpointing == \"none\":\n        split +=", replace="    if checkpointing != \"full\":\n        split +=",
+    Mutant("6.4", PM, find="    if checkpointing == \"none\" and attention == \"naive\":", replace="    if checkpointing != \"full\" and attention == \"naive\":",
            why="selective recomputation still keeps the attention scores"),
     Mutant("6.4", PM, find="    s, b, h, a, e = seq_len // cp,", replace="    s, b, h, a, e = seq_len,",
            why="context parallelism does not split the sequence"),
@@ -121,6 +121,20 @@ MUTANTS = [
            replace="    out[\"activations\"] = n_layer * in_flight * per_layer",
            why="counts all layers on every pipeline stage"),
     # ------------------------------------------------------------------ 6.5 fusion
+    # issue 26: the old model's mistakes, each a plausible student reading
+    Mutant("6.4", PM, find="        split += a * s * seq_len * b * (e + masks * (e + 1))",
+           replace="        split += a * s * s * b * (e + masks * (e + 1))",
+           why="context parallelism divides the s² term by C² (a rank's queries against its own keys only)"),
+    Mutant("6.4", PM, find="    if checkpointing == \"none\" and attention == \"naive\":",
+           replace="    if checkpointing == \"none\":",
+           why="fused attention still stores the a·s² scores"),
+    Mutant("6.4", PM, find="    kv = 2 * e * sbh * n_kv_head / n_head\n", replace="    kv = 2 * e * sbh\n",
+           why="grouped-query attention ignored: K and V as large as Q"),
+    Mutant("6.4", PM, find="    mlp = (3 if gated_mlp else 2) * e * s * b * ffn_hidden\n",
+           replace="    mlp = 2 * e * s * b * ffn_hidden\n",
+           why="a gated (SwiGLU) MLP keeps two f-wide tensors, not three"),
+    Mutant("6.4", PM, find="    masks = 1 if dropout else 0\n", replace="    masks = 1\n",
+           why="dropout masks counted for a model without dropout"),
     Mutant("6.5", FU, find=("        ctx.save_for_backward(x)\n        t = torch.tanh(K * (x + A * x * x * x))\n"
                             "        return 0.5 * x * (1 + t)\n        # END SOLUTION\n\n    @staticmethod\n"
                             "    def backward(ctx, grad_out: torch.Tensor) -> torch.Tensor:\n"
@@ -147,3 +161,53 @@ MUTANTS = [
            replace="        return x * (1 + t)\n        # END SOLUTION\n\n    @staticmethod",
            why="forgets the 0.5 in forward"),
 ]
+
+# ---------------------------------------------------------------------------------------------
+# 6.3 and 6.4: a second list, written from the solution modules before reading their graders
+# (issue 25). Appended to any INDEPENDENT list of the other exercises of lab 6.
+DM = "lab6/device_mesh.py"
+_INDEPENDENT_63_64 = [
+    # ------------------------------------------------------------------ 6.3 the device mesh
+    Mutant("6.3", DM, find="    for size in reversed(shape):\n        rank, c = divmod(rank, size)\n"
+                           "        coords.append(c)\n    return tuple(reversed(coords))",
+           replace="    for size in shape:\n        rank, c = divmod(rank, size)\n"
+                   "        coords.append(c)\n    return tuple(coords)",
+           why="column-major coordinates (first dimension fastest)"),
+    Mutant("6.3", DM, find="        coords.append(c)\n    return tuple(reversed(coords))",
+           replace="        coords.append(c)\n    return tuple(coords)",
+           why="forgets to reverse the digits (innermost coordinate first)"),
+    Mutant("6.3", DM, find="        rank = rank * size + c\n",
+           replace="        rank = rank * shape[-1] + c\n",
+           why="uses the innermost size as every stride (right only when all sizes are equal)"),
+    Mutant("6.3", DM, find="        groups.append([rank_of(c[:dim] + (k,) + c[dim + 1:], shape) for k in range(shape[dim])])",
+           replace="        groups.append([rank + k * math.prod(shape[:dim]) for k in range(shape[dim])])",
+           why="the stride of an axis taken as the product of the sizes before it, not after it"),
+    Mutant("6.3", DM, find="        groups.append([rank_of(c[:dim] + (k,) + c[dim + 1:], shape) for k in range(shape[dim])])",
+           replace="        groups.append(list(range(rank, rank + shape[dim])))",
+           why="every group as consecutive ranks (right for the innermost axis only)"),
+    Mutant("6.3", DM, find="        if c[dim] != 0:\n            continue\n", replace="",
+           why="one group per rank: every group listed shape[axis] times"),
+    # ------------------------------------------------------------------ 6.4 the parallel memory model
+    Mutant("6.4", PM, find="    n = dp * cp\n", replace="    n = dp\n",
+           why="ZeRO shards over the D data-parallel ranks only, not D·C"),
+    Mutant("6.4", PM, find="    n = dp * cp\n", replace="    n = world_size\n",
+           why="ZeRO shards over every GPU (T and P ranks hold different weights)"),
+    Mutant("6.4", PM, find="    local = n_params / (tp * pp)\n", replace="    local = n_params / tp\n",
+           why="forgets that a pipeline stage holds only its layers' parameters"),
+    Mutant("6.4", PM, find='"gradients": zero_stage >= 2', replace='"gradients": zero_stage > 2',
+           why="ZeRO-2 leaves the gradients whole (stage boundary off by one)"),
+    Mutant("6.4", PM, find="    in_flight = min(pp, n_micro)\n", replace="    in_flight = pp\n",
+           why="the first stage holds P micro-batches even when there are fewer"),
+    Mutant("6.4", PM, find="    in_flight = min(pp, n_micro)\n", replace="    in_flight = n_micro\n",
+           why="every micro-batch in flight (GPipe's count, not 1F1B's)"),
+    Mutant("6.4", PM, find="    unsplit = sbh * (4 * e + 2 * masks)",
+           replace="    unsplit = sbh * (4 * e + e * masks)",
+           why="dropout masks counted at e bytes (right only for 16-bit activations)"),
+    Mutant("6.4", PM, find="        return sbh * e / tp if sequence_parallel else sbh * e\n",
+           replace="        return sbh * e\n",
+           why="full recomputation's kept inputs not split by sequence parallelism"),
+    Mutant("6.4", PM, find="    if checkpointing == \"none\" and attention == \"naive\":",
+           replace="    if checkpointing != \"full\" and attention == \"naive\":",
+           why="selective recomputation still keeps the attention scores"),
+]
+INDEPENDENT = globals().get("INDEPENDENT", []) + _INDEPENDENT_63_64

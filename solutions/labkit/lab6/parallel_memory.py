@@ -7,7 +7,7 @@ of exercise 6.3), and each divides a different consumer:
 * **Static state** (parameters, gradients, optimizer states; bytes per parameter from
   ``memory_model.bytes_per_parameter``). Tensor parallelism (T) splits every weight matrix
   and pipeline parallelism (P) splits the layers, so one GPU holds Ψ/(T·P) parameters (this
-  model splits *all* parameters evenly: embeddings and LayerNorms are a rounding error at
+  model splits *all* parameters evenly: embeddings and norms are a rounding error at
   100B). ZeRO then shards that state over the ranks that hold the same weights: the D
   data-parallel ranks times the C context-parallel ranks (Megatron-LM's distributed optimizer
   shards over the DP×CP group; with C = 1 that is the N = D of the ZeRO paper). Stage 1
@@ -15,47 +15,81 @@ of exercise 6.3), and each divides a different consumer:
   16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N with mixed-precision Adam.
 * **Activations** (Korthikanti et al. 2022, https://arxiv.org/abs/2205.05198; e bytes per
   activation element, 1-byte dropout masks; e = 2 gives the paper's numbers). Per layer and
-  micro-batch of b sequences of s tokens, hidden h, a heads:
-  - no recomputation: the parts TP does not split (LayerNorm inputs, the inputs of the QKV
-    and first MLP matmuls, two dropout masks: (4e + 2)·sbh) plus the parts it splits
-    (Q, K, V, the projection input, GELU in and out: 12e·sbh; scores, softmax-dropout mask
-    and output: (2e + 1)·a·s²·b) divided by T. Sequence parallelism (SP) splits the first
-    part by T as well. e = 2: sbh(10 + 24/T + 5as/(hT)), with SP sbh(34 + 5as/h)/T.
-  - selective recomputation drops the a·s² terms (the attention core is recomputed).
-  - full recomputation keeps only each layer's input, e·sbh (÷T with SP).
-  Context parallelism gives each rank s/C tokens (the formulas with s → s/C: ring attention
-  holds one (s/C)² block of scores at a time). With pipeline parallelism a GPU holds L/P layers;
-  under 1F1B the first stage keeps min(P, m) micro-batches in flight (m micro-batches per
-  step); without pipelining the micro-batches run one after another: one in flight.
-  Embedding and logits activations are not counted.
+  micro-batch of b sequences, hidden h, a query heads, g key/value heads (g = a without
+  grouped-query attention), MLP width f (4h by default). A rank of a context-parallel group of
+  C holds s' = s/C of the s tokens of each sequence:
+  - what tensor parallelism does not split: the inputs of the two norms, of the QKV matmul and
+    of the first MLP matmul, and, with dropout, the masks after attention and after the MLP:
+    (4e + 2)·s'bh bytes ((4e)·s'bh without dropout). Sequence parallelism (SP) splits it by T.
+  - what TP splits by T: Q (e·s'bh), K and V (e·s'b·hg/a each), the projection's input
+    (e·s'bh) and the MLP's f-wide tensors: GELU's input and output (2e·s'bf), or with a gated
+    (SwiGLU) MLP the gate, the up projection and their product (3e·s'bf).
+  - the attention scores (``attention="naive"``): this rank's s' queries attend to all s keys,
+    so the softmax output is e·a·s'·s·b bytes, and with dropout its 1-byte mask and the dropped
+    copy add (e + 1)·a·s'·s·b: (2e + 1)·a·s'·s·b with dropout. That is the s² term divided by
+    C, not by C². Split by T. Fused attention (``attention="fused"``, FlashAttention; every
+    context-parallel implementation, the course's ring of exercise 5.5) never stores them: it
+    keeps the output and a per-row softmax statistic (4 bytes per query and head, not counted).
+  e = 2, GPT defaults: sbh(10 + 24/T + 5as/(hT)), with SP sbh(34 + 5as/h)/T (the paper's).
+  - selective recomputation drops the score terms (the attention core is recomputed); with
+    fused attention there are none to drop.
+  - full recomputation keeps only each layer's input, e·s'bh (÷T with SP).
+  With pipeline parallelism a GPU holds L/P layers; under 1F1B the first stage keeps min(P, m)
+  micro-batches in flight (m micro-batches per step); without pipelining the micro-batches run
+  one after another: one in flight. Embedding and logits activations are not counted.
 
 Chapter 6 (book/06_system.md); Lab 6, exercise 6.4 (labs/06_system.ipynb).
 """
 from __future__ import annotations
 
-import math
-
-import torch
-
-from labkit.memory_model import CONSUMERS, OPTIMIZERS, RECIPES, ZERO_STAGES, bytes_per_parameter
+from labkit import validate
+from labkit.memory_model import OPTIMIZERS, RECIPES, ZERO_STAGES, bytes_per_parameter
 
 CHECKPOINTING = ("none", "selective", "full")
 """Activation recomputation: none, selective (the attention core), full (every layer)."""
 
+ATTENTION = ("naive", "fused")
+"""The attention kernel: naive (stores the a·s² scores for backward) or fused (FlashAttention)."""
 
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
+# ==== given: the course's code — read it, call it, don't change it ====
 
 def check_config(world_size: int, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1) -> None:
     """Validate a parallel layout: positive ints whose product D·T·P·C is ``world_size``."""
     for name, value in (("world_size", world_size), ("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp)):
-        _positive_int(name, value)
+        validate.positive_int(name, value)
     if dp * tp * pp * cp != world_size:
         raise ValueError(f"dp·tp·pp·cp = {dp}·{tp}·{pp}·{cp} = {dp * tp * pp * cp} "
                          f"must equal world_size = {world_size}")
 
+
+def check_layer(seq_len, micro_batch, hidden, n_head, *, tp, cp, sequence_parallel,
+                checkpointing, element_bytes, attention, n_kv_head, ffn_hidden, gated_mlp,
+                dropout) -> tuple[int, int]:
+    """Validate ``activation_bytes_per_layer``'s arguments; returns (n_kv_head, ffn_hidden)
+    with their defaults filled in (n_head, 4·hidden)."""
+    for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("hidden", hidden),
+                        ("n_head", n_head), ("tp", tp), ("cp", cp), ("element_bytes", element_bytes)):
+        validate.positive_int(name, value)
+    n_kv_head = n_head if n_kv_head is None else validate.positive_int("n_kv_head", n_kv_head)
+    ffn_hidden = 4 * hidden if ffn_hidden is None else validate.positive_int("ffn_hidden", ffn_hidden)
+    if hidden % n_head:
+        raise ValueError(f"n_head={n_head} must divide hidden={hidden}")
+    if n_head % n_kv_head:
+        raise ValueError(f"n_kv_head={n_kv_head} must divide n_head={n_head} (grouped-query attention)")
+    if n_head % tp:
+        raise ValueError(f"tp={tp} must divide n_head={n_head} (each rank keeps whole heads)")
+    if seq_len % cp:
+        raise ValueError(f"cp={cp} must divide seq_len={seq_len}")
+    validate.one_of("checkpointing", checkpointing, CHECKPOINTING)
+    validate.one_of("attention", attention, ATTENTION)
+    for name, value in (("sequence_parallel", sequence_parallel), ("gated_mlp", gated_mlp),
+                        ("dropout", dropout)):
+        validate.boolean(name, value)
+    return n_kv_head, ffn_hidden
+
+
+# ==== exercise 6.4: your code ====
 
 def static_bytes(n_params: float, *, world_size: int, dp: int = 1, tp: int = 1, pp: int = 1,
                  cp: int = 1, zero_stage: int = 0, recipe: str = "mixed",
@@ -67,11 +101,9 @@ def static_bytes(n_params: float, *, world_size: int, dp: int = 1, tp: int = 1, 
     ZeRO stage ``zero_stage`` shards divided among the ranks that hold the same weights
     (the module docstring says which). Raises ``ValueError`` for bad input before any work.
     """
-    if isinstance(n_params, bool) or not isinstance(n_params, (int, float)) or n_params <= 0:
-        raise ValueError(f"n_params must be a positive number, got {n_params!r}")
+    validate.positive_number("n_params", n_params)
     check_config(world_size, dp, tp, pp, cp)
-    if zero_stage not in ZERO_STAGES:
-        raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {zero_stage!r}")
+    validate.one_of("zero_stage", zero_stage, ZERO_STAGES)
     per = bytes_per_parameter(recipe, optimizer)  # raises for an unknown recipe or optimizer
     # BEGIN SOLUTION 6.4: this GPU's bytes of each static consumer
     local = n_params / (tp * pp)
@@ -84,37 +116,37 @@ def static_bytes(n_params: float, *, world_size: int, dp: int = 1, tp: int = 1, 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, n_head: int, *,
                                tp: int = 1, cp: int = 1, sequence_parallel: bool = False,
-                               checkpointing: str = "none", element_bytes: int = 2) -> float:
+                               checkpointing: str = "none", element_bytes: int = 2,
+                               attention: str = "naive", n_kv_head: int | None = None,
+                               ffn_hidden: int | None = None, gated_mlp: bool = False,
+                               dropout: bool = True) -> float:
     """Activation bytes one GPU keeps for one transformer layer and one micro-batch.
 
     ``tp`` and ``cp`` are the tensor- and context-parallel sizes; ``element_bytes`` the bytes
-    of one activation element (dropout masks are 1 byte). With ``tp=cp=1``,
-    ``checkpointing="none"`` this equals ``memory_model.activation_bytes_per_layer``.
+    of one activation element (dropout masks are 1 byte); ``attention`` one of ``ATTENTION``;
+    the model's shape: ``n_kv_head`` key/value heads (default ``n_head``), an MLP of
+    ``ffn_hidden`` (default 4·hidden), gated (SwiGLU, three f-wide tensors) or not, with or
+    without ``dropout`` (the module docstring counts every tensor). With the defaults,
+    ``tp=cp=1`` and ``checkpointing="none"`` this equals ``memory_model.activation_bytes_per_layer``.
     Raises ``ValueError`` if tp does not divide n_head, cp does not divide seq_len, or an
     argument is out of range.
     """
-    for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("hidden", hidden),
-                        ("n_head", n_head), ("tp", tp), ("cp", cp), ("element_bytes", element_bytes)):
-        _positive_int(name, value)
-    if hidden % n_head:
-        raise ValueError(f"n_head={n_head} must divide hidden={hidden}")
-    if n_head % tp:
-        raise ValueError(f"tp={tp} must divide n_head={n_head} (each rank keeps whole heads)")
-    if seq_len % cp:
-        raise ValueError(f"cp={cp} must divide seq_len={seq_len}")
-    if checkpointing not in CHECKPOINTING:
-        raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
-    if not isinstance(sequence_parallel, bool):
-        raise TypeError(f"sequence_parallel must be a bool, got {sequence_parallel!r}")
+    n_kv_head, ffn_hidden = check_layer(
+        seq_len, micro_batch, hidden, n_head, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
+        checkpointing=checkpointing, element_bytes=element_bytes, attention=attention,
+        n_kv_head=n_kv_head, ffn_hidden=ffn_hidden, gated_mlp=gated_mlp, dropout=dropout)
     # BEGIN SOLUTION 6.4: the bytes one layer keeps for backward on this GPU
     s, b, h, a, e = seq_len // cp, micro_batch, hidden, n_head, element_bytes
     sbh = s * b * h
-    unsplit = sbh * e if checkpointing == "full" else sbh * (4 * e + 2)
+    masks = 1 if dropout else 0
     if checkpointing == "full":
-        return unsplit / tp if sequence_parallel else unsplit
-    split = sbh * 12 * e
-    if checkpointing == "none":
-        split += a * s * s * b * (2 * e + 1)
+        return sbh * e / tp if sequence_parallel else sbh * e
+    unsplit = sbh * (4 * e + 2 * masks)
+    kv = 2 * e * sbh * n_kv_head / n_head
+    mlp = (3 if gated_mlp else 2) * e * s * b * ffn_hidden
+    split = 2 * e * sbh + kv + mlp
+    if checkpointing == "none" and attention == "naive":
+        split += a * s * seq_len * b * (e + masks * (e + 1))
     return (unsplit + split) / tp if sequence_parallel else unsplit + split / tp
     # END SOLUTION
 
@@ -123,27 +155,31 @@ def per_gpu_bytes(n_params: float, *, world_size: int, dp: int = 1, tp: int = 1,
                   cp: int = 1, zero_stage: int = 0, recipe: str = "mixed", optimizer: str = "adam",
                   n_layer: int, hidden: int, n_head: int, seq_len: int, micro_batch: int,
                   n_micro: int = 1, checkpointing: str = "none",
-                  sequence_parallel: bool = False) -> dict[str, float]:
+                  sequence_parallel: bool = False, attention: str = "naive",
+                  n_kv_head: int | None = None, ffn_hidden: int | None = None,
+                  gated_mlp: bool = False, dropout: bool = True) -> dict[str, float]:
     """Bytes of the four consumers (keys ``memory_model.CONSUMERS``) on the busiest GPU.
 
     Static state from ``static_bytes``; activations of the first pipeline stage: its layers
     times the micro-batches it holds at once (the module docstring's schedule) times
-    ``activation_bytes_per_layer``. Raises ``ValueError`` (pp not dividing n_layer, a layout
-    whose product is not world_size, ...) before any work.
+    ``activation_bytes_per_layer`` (the model's shape and ``attention`` passed on). Raises
+    ``ValueError`` (pp not dividing n_layer, a layout whose product is not world_size, ...)
+    before any work.
     """
-    _positive_int("n_layer", n_layer)
-    _positive_int("n_micro", n_micro)
+    validate.positive_int("n_layer", n_layer)
+    validate.positive_int("n_micro", n_micro)
     check_config(world_size, dp, tp, pp, cp)
     if n_layer % pp:
         raise ValueError(f"pp={pp} must divide n_layer={n_layer}")
-    if recipe not in RECIPES:
-        raise ValueError(f"recipe must be one of {tuple(RECIPES)}, got {recipe!r}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {tuple(OPTIMIZERS)}, got {optimizer!r}")
+    validate.one_of("recipe", recipe, tuple(RECIPES))
+    validate.one_of("optimizer", optimizer, tuple(OPTIMIZERS))
     per_layer = activation_bytes_per_layer(seq_len, micro_batch, hidden, n_head, tp=tp, cp=cp,
                                            sequence_parallel=sequence_parallel,
                                            checkpointing=checkpointing,
-                                           element_bytes=RECIPES[recipe].activation)
+                                           element_bytes=RECIPES[recipe].activation,
+                                           attention=attention, n_kv_head=n_kv_head,
+                                           ffn_hidden=ffn_hidden, gated_mlp=gated_mlp,
+                                           dropout=dropout)
     out = static_bytes(n_params, world_size=world_size, dp=dp, tp=tp, pp=pp, cp=cp,
                        zero_stage=zero_stage, recipe=recipe, optimizer=optimizer)
     # BEGIN SOLUTION 6.4: the activations of the busiest GPU, added to out
@@ -151,71 +187,3 @@ def per_gpu_bytes(n_params: float, *, world_size: int, dp: int = 1, tp: int = 1,
     out["activations"] = (n_layer // pp) * in_flight * per_layer
     return out
     # END SOLUTION
-
-
-
-# ---------------------------------------------------------------- per-rank workers (infrastructure)
-
-def _local_bytes(t: torch.Tensor) -> int:
-    local = t.to_local() if hasattr(t, "to_local") else t
-    return local.numel() * local.element_size()
-
-
-def fsdp2_step(rank: int, world_size: int, model: torch.nn.Module, batch) -> dict:
-    """One Adam step of ``model`` under FSDP2 ``fully_shard`` (ZeRO-3) on ``world_size`` gloo ranks.
-
-    Every block and then the root are sharded over a 1-D CPU mesh. Returns this rank's bytes
-    of parameters, gradients and optimizer states (the local shards of the DTensors; Adam's
-    step counters excluded) after the step, before ``zero_grad``.
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    mesh = init_device_mesh("cpu", (world_size,))
-    for block in model.h:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x, y = batch
-    model(x, y).backward()
-    opt.step()
-    params = list(model.parameters())
-    states = [v for st in opt.state.values() for k, v in st.items()
-              if k != "step" and isinstance(v, torch.Tensor)]
-    return {"parameters": sum(_local_bytes(p) for p in params),
-            "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
-            "optimizer states": sum(_local_bytes(v) for v in states)}
-
-
-def tensor_parallel_mlp_step(rank: int, world_size: int, model: torch.nn.Module, x: torch.Tensor) -> dict:
-    """One Adam step of the MLPs of ``model``'s blocks under tensor parallelism on gloo ranks.
-
-    ``parallelize_module`` shards each block's ``mlp.c_fc`` column-wise and ``mlp.c_proj``
-    row-wise (Megatron's MLP: one all-reduce in forward) over a 1-D CPU mesh of ``world_size``;
-    the MLPs run on the hidden states ``x`` (the same on every rank) and take one Adam step.
-    Returns this rank's bytes of the MLPs' parameters, gradients and optimizer states (local
-    shards; Adam's step counters excluded) and the number of MLP parameters.
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
-
-    mesh = init_device_mesh("cpu", (world_size,))
-    mlps = [block.mlp for block in model.h]
-    n_params = sum(p.numel() for m in mlps for p in m.parameters())
-    for mlp in mlps:
-        parallelize_module(mlp, mesh, {"c_fc": ColwiseParallel(), "c_proj": RowwiseParallel()})
-    params = [p for m in mlps for p in m.parameters()]
-    opt = torch.optim.Adam(params, lr=1e-3)
-    h = x
-    for mlp in mlps:
-        h = h + mlp(h)
-    h.pow(2).mean().backward()
-    opt.step()
-    states = [v for st in opt.state.values() for k, v in st.items()
-              if k != "step" and isinstance(v, torch.Tensor)]
-    return {"n_params": n_params,
-            "parameters": sum(_local_bytes(p) for p in params),
-            "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
-            "optimizer states": sum(_local_bytes(v) for v in states)}

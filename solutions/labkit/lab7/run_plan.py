@@ -7,8 +7,9 @@ GPipe schedule) and T tensor-parallel shards (each keeps 1/T of every block's ma
 ZeRO shards the optimizer states (stage 1), the gradients (2) or the parameters too (3) over the D
 replicas, and activation checkpointing recomputes every block in backward. Nothing here is new:
 
-* the ranks are laid out as the device mesh of exercise 6.3, shape (D, P, T), tensor-parallel
-  ranks innermost (``labkit.lab6.device_mesh``);
+* the ranks are laid out as the device mesh of exercise 6.3 in the course's order
+  (``labkit.lab6.device_mesh.AXES``: pipeline outermost, tensor-parallel innermost), shape
+  (P, D, T);
 * tensor parallelism is exercise 3.4 (``labkit.lab3.tensor_parallel``), the pipeline exercises 3.5 and
   3.6 (``labkit.lab3.pipeline_schedule``, ``labkit.lab3.pipeline``), ZeRO-1/2/3 exercises 2.5, 4.3 and 3.7
   (``labkit.lab2.zero1``, ``labkit.lab4.zero2``, ``labkit.lab3.zero3``), checkpointing exercise 5.2
@@ -30,14 +31,12 @@ an update-time peak (checkpointing, small batches) moves by up to one flat gradi
 the timing of gloo's worker thread.
 
 Lab 7, exercise 7.2 (labs/07_panorama.ipynb): :func:`check_plan`, :func:`build_rank`,
-:func:`train_step` and :func:`predict_peak`. :func:`run_plans_worker` runs them on the ranks and
+:func:`train_step` and :func:`predict_peak`. ``labkit.harness.lab7.run_plans_worker`` runs them on the ranks and
 measures each rank's peak with MemTracker. Chapter 7 (book/07_panorama.md).
 """
 from __future__ import annotations
 
 import math
-import time
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -47,10 +46,15 @@ from torch import nn
 from labkit.models import GPT, GPTConfig
 
 __all__ = ["Plan", "PLANS", "RankSetup", "check_plan", "build_rank", "train_step", "predict_peak",
-           "run_plans_worker", "PREREQUISITES", "missing_prerequisites", "replica_losses"]
+           "PREREQUISITES", "missing_prerequisites", "replica_losses", "MESH", "mesh_shape"]
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = ("1f1b", "gpipe")
+MESH = ("pp", "dp", "tp")
+"""The mesh's axes, outermost to innermost: the course's order (``labkit.lab6.device_mesh.AXES``)
+without context parallelism."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,11 @@ class Plan:
         return " × ".join(parts) + (f" ({', '.join(extra)})" if extra else "")
 
 
+def mesh_shape(plan: Plan) -> tuple[int, int, int]:
+    """The mesh's shape for ``plan``, in the order of ``MESH``: (P, D, T)."""
+    return plan.pp, plan.dp, plan.tp
+
+
 PLANS = {
     "zero3x4": Plan(dp=4, zero_stage=3),
     "tp2xdp2": Plan(dp=2, tp=2, zero_stage=0),
@@ -110,7 +119,7 @@ class RankSetup:
     Attributes:
         plan: the plan.
         rank: this rank in the default group.
-        coords: this rank's place in the mesh, ``{"dp": d, "pp": p, "tp": t}``.
+        coords: this rank's place in the mesh, ``{"pp": p, "dp": d, "tp": t}``.
         groups: the process group of this rank along each axis (``"dp"``, ``"pp"``, ``"tp"``),
             and ``"embedding"``: the group of the first and last stage of this rank's pipeline
             (None without a pipeline, or on a middle stage).
@@ -131,7 +140,7 @@ class RankSetup:
     extra: dict = field(default_factory=dict)
 
 
-# ------------------------------------------------------------------ the exercise
+# ==== exercise 7.2: your code ====
 
 def check_plan(plan: Plan, cfg: GPTConfig, batch_size: int, world_size: int) -> None:
     """Refuse a plan these ranks cannot run, before any work: ValueError naming the argument.
@@ -191,7 +200,7 @@ def build_rank(plan: Plan, model: GPT, rank: int) -> RankSetup:
 
     Every rank calls it with the same plan, in the same order (process groups are created
     collectively). Guarantees: ``coords`` and ``groups`` follow the device mesh of shape
-    (D, P, T), axes ("dp", "pp", "tp"); with T > 1 every block's attention and MLP are the
+    (P, D, T), axes ("pp", "dp", "tp") (``MESH``); with T > 1 every block's attention and MLP are the
     tensor-parallel ones over the "tp" group; with P > 1 ``module`` is stage p of the model cut
     into P stages, ``actions`` that stage's ``plan.schedule`` over ``plan.n_micro``
     micro-batches, and ``groups["embedding"]`` holds the first and last stage of this pipeline
@@ -206,7 +215,7 @@ def build_rank(plan: Plan, model: GPT, rank: int) -> RankSetup:
     from labkit.lab3.pipeline_schedule import make_schedule
     from labkit.lab3.tensor_parallel import TPAttention, TPMLP
 
-    shape, names = (plan.dp, plan.pp, plan.tp), ("dp", "pp", "tp")
+    shape, names = mesh_shape(plan), MESH
     coords = dict(zip(names, coords_of(rank, shape)))
     groups = build_process_groups(shape, names)
     groups["embedding"] = None
@@ -304,7 +313,7 @@ def predict_peak(plan: Plan, cfg: GPTConfig, batch_size: int, rank: int) -> int:
     * **the update**: parameters, gradients (full; the slice under ZeRO-2/3), states, Adam's two
       temporaries of the largest tensor it updates, and ZeRO-1's flat gradient and averaged slice.
 
-    Returns bytes (int), compared with the MemTracker peak of :func:`run_plans_worker`.
+    Returns bytes (int), compared with the MemTracker peak of ``labkit.harness.lab7.run_plans_worker``.
     Raises what :func:`check_plan` raises; ``rank`` outside 0..world_size−1 → ValueError.
     """
     check_plan(plan, cfg, batch_size, plan.world_size)
@@ -316,7 +325,7 @@ def predict_peak(plan: Plan, cfg: GPTConfig, batch_size: int, rank: int) -> int:
     from labkit.lab6.parallel_memory import static_bytes
 
     D, P, T, M = plan.dp, plan.pp, plan.tp, plan.n_micro
-    _, stage, _ = coords_of(rank, (D, P, T))
+    stage, _, _ = coords_of(rank, mesh_shape(plan))
     first, last = stage == 0, stage == P - 1
     C, V, S, L = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.n_layer
     layers = L // P
@@ -371,20 +380,7 @@ def predict_peak(plan: Plan, cfg: GPTConfig, batch_size: int, rank: int) -> int:
     # END SOLUTION
 
 
-# ---------------------------------------------------------------- per-rank worker (infrastructure)
-
-def _prerequisite_error(exc: NotImplementedError) -> Exception:
-    """A stub of an earlier exercise was hit: name it, rather than a traceback from deep inside."""
-    text = str(exc)
-    if text.startswith("exercise 7.2"):
-        return exc  # 7.2 itself: the grader reports "not attempted"
-    exercise = text.split(":")[0].removeprefix("exercise ").strip() if text.startswith("exercise ") else "?"
-    module = next((m for m, e in PREREQUISITES.items() if e == exercise), "an earlier exercise's module")
-    return RuntimeError(
-        f"exercise 7.2 runs the plan on your own pieces, but exercise {exercise} ({module}) is "
-        f"not done yet: {text}. Make labkit.check(\"{exercise}\") pass first; exercise 7.2 needs "
-        f"exercises {', '.join(sorted(set(PREREQUISITES.values())))}.")
-
+# ==== given: the course's code — read it, call it, don't change it ====
 
 def missing_prerequisites() -> list[str]:
     """The exercises 7.2 builds on whose module still holds a stub of them, e.g.
@@ -410,62 +406,3 @@ def replica_losses(results: list[dict]) -> list[float]:
             replicas.setdefault(r["coords"]["dp"], r["losses"])
     steps = len(next(iter(replicas.values())))
     return [sum(ls[s] for ls in replicas.values()) / len(replicas) for s in range(steps)]
-
-
-def _measured(module: nn.Module, fn):
-    """(MemTracker peak bytes, bytes by consumer at the peak, result of ``fn()``); ``module`` may
-    be called several times (micro-batches, steps): its statistics are reset before each call."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    from labkit.measure import by_consumer
-
-    tracker, cls = MemTracker(), type(module)
-
-    class _ResetEachCall(cls):
-        def __call__(self, *a, **k):
-            tracker.reset_mod_stats()
-            return super().__call__(*a, **k)
-
-    module.__class__ = _ResetEachCall
-    try:
-        with tracker, warnings.catch_warnings():
-            # MemTracker looks for tensors among a module's outputs and warns at each None
-            warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper")
-            result = fn()
-    finally:
-        module.__class__ = cls
-    peak = tracker.get_tracker_snapshot("peak")
-    total = int(sum(snap.get("Total", 0) for snap in peak.values()))
-    at_peak = {}
-    for snap in peak.values():
-        for k, v in by_consumer(snap).items():
-            at_peak[k] = at_peak.get(k, 0) + v
-    return total, at_peak, result
-
-
-def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: dict,
-                     batches) -> list[dict]:
-    """Run by ``labkit.dist.launch``: for each plan, build the GPT from ``state``, check the plan,
-    :func:`build_rank`, then :func:`train_step` on each ``batches[step] = (x, y)`` under MemTracker.
-
-    Returns, per plan, ``{"label", "coords", "losses": per step (None where this rank computes
-    no loss), "peak": MemTracker's peak bytes over the steps, "at_peak": bytes by consumer at
-    that moment, "seconds"}``. A stub of an earlier exercise → RuntimeError naming it."""
-    out = []
-    for plan in plans:
-        try:
-            check_plan(plan, cfg, batches[0][0].shape[0], world_size)
-            model = GPT(cfg)
-            model.load_state_dict(state)
-            setup = build_rank(plan, model, rank)
-            del model
-            started = time.perf_counter()
-            peak, at_peak, losses = _measured(
-                setup.module, lambda: [train_step(setup, x, y) for x, y in batches])
-            seconds = time.perf_counter() - started
-        except NotImplementedError as exc:
-            raise _prerequisite_error(exc) from None
-        dist.barrier()
-        out.append({"label": plan.label, "coords": setup.coords, "losses": losses, "peak": peak,
-                    "at_peak": at_peak, "seconds": seconds})
-    return out

@@ -1,65 +1,96 @@
 """A planner: the fastest training configuration that fits a model on a cluster.
 
 Chapters 1–6 each bought memory with one technique; a real run combines them. For a model, a
-cluster (GPU count, memory per GPU, FLOP/s, link bandwidths) and a global batch, the planner
-searches precision × optimizer × ZeRO stage × offload × the layout D × T × P × C (data, tensor,
-pipeline, context parallel; D·T·P·C = GPUs) × activation recomputation × micro-batch size, and
-keeps the configurations whose busiest GPU fits. Among them it returns the fastest, with the
-runners-up and the reason each lost. The order of the search follows the chapter: fit the
-static state first (ZeRO, TP, PP), then the activations (recomputation, SP, CP), then speed.
+cluster (GPU count, memory per GPU, FLOP/s, link bandwidths, host memory and CPU speed) and a
+global batch, the planner searches precision × optimizer × ZeRO stage × offload × the layout
+D × T × P × C (data, tensor, pipeline, context parallel; D·T·P·C = GPUs) × activation
+recomputation × attention kernel × micro-batch size, and keeps the configurations whose busiest
+GPU (and its node's host memory) fits. Among them it returns the fastest, with the runners-up
+and the reason each lost. The order of the search follows the chapter: fit the static state
+first (ZeRO, TP, PP, offload), then the activations (recomputation, fused attention, SP, CP),
+then speed. Context parallelism runs with fused attention only (every implementation is a ring
+or an all-gather of fused blocks, the course's exercise 5.5 too), and selective recomputation
+with naive attention only (fused attention stores no attention core to recompute).
 
 Memory (``memory_estimate``): lab 6's per-GPU model (``labkit.lab6.parallel_memory.per_gpu_bytes``,
-exercise 6.4) with sequence parallelism whenever T > 1 (Megatron's practice); offload moves the
-optimizer states (master copy and moments) to CPU memory (ZeRO-Offload, Ren et al. 2021,
-https://arxiv.org/abs/2101.06840). A configuration fits if its total is at most
-``(1 − margin)`` of the GPU's memory: the margin (10% by default) stands for what the model does
-not count (the CUDA context, the allocator's fragmentation, communication buffers, the logits,
-ZeRO-3's gathered layer).
+exercise 6.4), for the model's shape (``ModelSpec``: GPT-style, or Llama-style with grouped-query
+attention, a SwiGLU MLP, no dropout), with sequence parallelism whenever T > 1 (Megatron's
+practice). Offload is ZeRO-Offload (Ren et al. 2021, https://arxiv.org/abs/2101.06840): the fp32
+master copy and the moments of this GPU's shard live in host memory and the Adam step runs on the
+CPU; the 16-bit gradients leave the GPU as backward produces them, so the GPU keeps one
+bucket of them (one layer's, the largest single gradient chapter 2 measured) instead of all;
+the host keeps, per GPU, the shard's states and its 16-bit gradient buffer, and a node's
+``gpus_per_node`` shards must fit in its ``host_memory_bytes``. A configuration fits if its GPU
+total is at most ``(1 − margin)`` of the GPU's memory (and, with offload, its node's host bytes
+at most ``(1 − margin)`` of the host's): the margin (``DEFAULT_MARGIN``) stands for what the
+model does not count (the CUDA context, the allocator's fragmentation, communication buffers,
+the logits, ZeRO-3's gathered layer).
 
 Time (``step_time``), in seconds per optimizer step, an estimate with stated assumptions:
 
 * compute: 2Ψ + 4·L·s·h FLOPs per token forward (the weights' matmuls and the attention scores
   and weighted sum), three times that for forward + backward, plus the recomputed forward
-  (full: all of it; selective: the attention core, 4·L·s·h), at ``utilisation`` of the peak
-  (16-bit tensor cores, or the fp32 peak for the fp32 recipe), shared by all GPUs;
-* the 1F1B pipeline bubble: a fraction (P − 1)/(m + P − 1) of the step is idle (Narayanan et al.
-  2021, https://arxiv.org/abs/2104.04473), i.e. the compute time × (P − 1)/m;
+  (full: all of it; selective: the attention core, 4·L·s·h; fused attention recomputes the
+  scores in its backward, 2·L·s·h), at ``utilisation`` of the peak (16-bit tensor cores, or the
+  fp32 peak for the fp32 recipe), shared by all GPUs;
+* the 1F1B pipeline bubble: (P − 1)/m of the compute time, i.e. a fraction (P − 1)/(m + P − 1)
+  of the step (Narayanan et al. 2021, https://arxiv.org/abs/2104.04473, §2.2.1);
 * communication, bytes per GPU over the bandwidth of its axis (ring collectives: an all-reduce
   moves 2(n − 1)/n of the buffer, a reduce-scatter or all-gather (n − 1)/n). The mesh is ordered
-  T (innermost), C, D, P (outermost), as Megatron-LM's default; an axis whose groups lie inside
-  a node uses ``intra_bw``, otherwise ``inter_bw``. DP (ZeRO over D·C ranks): ZeRO-0/1 one
-  gradient all-reduce per step; ZeRO-2 a gradient reduce-scatter per micro-batch and a parameter
-  all-gather; ZeRO-3 two parameter all-gathers and a gradient reduce-scatter per micro-batch.
-  TP: four all-reduces of the layer's activations per layer and micro-batch (six with full
-  recomputation). PP: an activation and a gradient per micro-batch. CP: the K and V blocks of
-  the other C − 1 ranks per layer (forward), twice more in backward. Offload: the gradient
-  shard down and the parameter shard up over ``pcie_bw``;
-* no overlap of communication with compute: an upper bound (the chapter discusses overlap).
+  P (outermost), D, C, T (innermost): Megatron-LM's default order ``tp-cp-ep-dp-pp`` (innermost
+  first) and torchtitan's mesh ``("pp", "dp", "cp", "tp")`` (outermost first) agree on it. An
+  axis whose groups lie inside a node uses ``intra_bw``, otherwise ``inter_bw``. DP (ZeRO over
+  D·C ranks): ZeRO-0/1 one gradient all-reduce per step; ZeRO-2 a gradient reduce-scatter per
+  micro-batch and a parameter all-gather; ZeRO-3 two parameter all-gathers and a gradient
+  reduce-scatter per micro-batch. TP: four all-reduces of the layer's activations per layer and
+  micro-batch (six with full recomputation). PP: an activation and a gradient per micro-batch.
+  CP: the K and V blocks of the other C − 1 ranks per layer (forward), twice more in backward.
+  Offload: the 16-bit gradient shard down and the 16-bit parameter shard up over ``pcie_bw``,
+  and the CPU's Adam step over the node's ``gpus_per_node`` shards at ``host_adam_rate``
+  parameters per second (a number to measure on the host, as chapter 7 does);
+* no overlap of communication, transfers or the CPU step with compute: an upper bound.
+  ZeRO-Offload overlaps the gradient copies with backward, and its one-step delayed parameter
+  update hides the CPU step behind the next step (changing the optimizer's arithmetic); the
+  planner assumes neither, so offload is charged in full.
+
+``sensitivity`` re-ranks the fitting configurations with utilisation and each bandwidth moved by
+±20%: the configurations that win somewhere in that box are ones this model cannot tell apart.
 
 Chapter 7 (book/07_panorama.md); Lab 7, exercise 7.1 (labs/07_panorama.ipynb).
 """
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from labkit import validate
 from labkit.memory_model import CONSUMERS, OPTIMIZERS, RECIPES, ZERO_STAGES, bytes_per_parameter
-from labkit.lab6.parallel_memory import CHECKPOINTING, per_gpu_bytes
+from labkit.lab6.parallel_memory import ATTENTION, CHECKPOINTING, per_gpu_bytes
 
 GB = 10**9
-AXES = ("dp", "tp", "pp", "cp", "offload")
-"""The communication terms of ``StepTime.comm``."""
+AXES = ("dp", "tp", "pp", "cp", "offload", "cpu adam")
+"""The communication and offload terms of ``StepTime.comm``."""
+MESH_ORDER = ("pp", "dp", "cp", "tp")
+"""The mesh's axes, outermost to innermost (``labkit.lab6.device_mesh.AXES``)."""
+DEFAULT_MARGIN = 0.1
+"""The share of GPU (and host) memory the planner leaves for what its model does not count."""
+DEFAULT_UTILISATION = 0.4
+"""The share of the peak FLOP/s the default ``Cluster`` reaches (calibrated in chapter 7)."""
 
 
-def _positive(name: str, value, kind=int) -> None:
-    ok = (int, float) if kind is float else int
-    if isinstance(value, bool) or not isinstance(value, ok) or not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a positive, finite {kind.__name__}, got {value!r}")
-
+# ==== given: the course's code — read it, call it, don't change it ====
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A GPT-style transformer: Ψ parameters, L layers of hidden size h with a heads, s tokens."""
+    """A decoder-only transformer: Ψ parameters, L layers of hidden size h with a heads, s tokens.
+
+    GPT-style by default (multi-head attention, a 4h GELU MLP, dropout). Llama-style models set
+    ``n_kv_head`` (grouped-query attention: K and V have n_kv_head heads), ``ffn_hidden`` and
+    ``gated_mlp=True`` (SwiGLU: three ffn-wide tensors), ``dropout=False``; RMSNorm and the
+    absence of biases change no activation the model counts (a norm keeps its input either way)
+    and Ψ is given, not derived. ``ModelSpec.llama(...)`` builds one.
+    """
 
     n_params: float
     n_layer: int
@@ -67,13 +98,40 @@ class ModelSpec:
     n_head: int
     seq_len: int
     name: str = "model"
+    n_kv_head: int | None = None
+    ffn_hidden: int | None = None
+    gated_mlp: bool = False
+    dropout: bool = True
 
     def __post_init__(self) -> None:
-        _positive("n_params", self.n_params, float)
+        validate.positive_number("n_params", self.n_params)
         for name in ("n_layer", "hidden", "n_head", "seq_len"):
-            _positive(name, getattr(self, name))
+            validate.positive_int(name, getattr(self, name))
         if self.hidden % self.n_head:
             raise ValueError(f"n_head={self.n_head} must divide hidden={self.hidden}")
+        if self.n_kv_head is not None:
+            validate.positive_int("n_kv_head", self.n_kv_head)
+            if self.n_head % self.n_kv_head:
+                raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}")
+        if self.ffn_hidden is not None:
+            validate.positive_int("ffn_hidden", self.ffn_hidden)
+        validate.boolean("gated_mlp", self.gated_mlp)
+        validate.boolean("dropout", self.dropout)
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {self.name!r}")
+
+    @classmethod
+    def llama(cls, n_params: float, n_layer: int, hidden: int, n_head: int, n_kv_head: int,
+              ffn_hidden: int, seq_len: int, name: str = "llama") -> "ModelSpec":
+        """A Llama-style spec: GQA with ``n_kv_head`` heads, SwiGLU of ``ffn_hidden``, no dropout."""
+        return cls(n_params, n_layer, hidden, n_head, seq_len, name, n_kv_head=n_kv_head,
+                   ffn_hidden=ffn_hidden, gated_mlp=True, dropout=False)
+
+    @property
+    def shape(self) -> dict:
+        """The layer-shape options ``per_gpu_bytes`` takes."""
+        return dict(n_kv_head=self.n_kv_head, ffn_hidden=self.ffn_hidden,
+                    gated_mlp=self.gated_mlp, dropout=self.dropout)
 
     @classmethod
     def from_gpt_config(cls, cfg, name: str = "lab model") -> "ModelSpec":
@@ -91,9 +149,11 @@ class ModelSpec:
 class Cluster:
     """``n_gpus`` GPUs, ``gpus_per_node`` to a node; bandwidths in bytes/s per GPU, one direction.
 
-    The defaults are an H100 SXM node: 80 GB, 989 TFLOP/s dense bf16 (67 TFLOP/s fp32), NVLink
-    450 GB/s, one 400 Gb/s InfiniBand NIC per GPU (50 GB/s), PCIe 5.0 x16 (64 GB/s), 40% of the
-    peak reached (``utilisation``).
+    The defaults are an H100 SXM node (NVIDIA's datasheet): 80 GB, 989 TFLOP/s dense bf16
+    (67 TFLOP/s fp32), NVLink 450 GB/s each way (900 GB/s is both directions), one 400 Gb/s
+    InfiniBand NIC per GPU (50 GB/s), PCIe 5.0 x16 (64 GB/s), 2 TB of host memory per node (a
+    DGX H100), ``DEFAULT_UTILISATION`` of the peak reached. ``host_adam_rate`` (parameters per
+    second one node's CPUs update with Adam) has no default: offload needs it measured.
     """
 
     n_gpus: int
@@ -104,15 +164,19 @@ class Cluster:
     intra_bw: float = 450 * GB
     inter_bw: float = 50 * GB
     pcie_bw: float = 64 * GB
-    utilisation: float = 0.4
+    utilisation: float = DEFAULT_UTILISATION
+    host_memory_bytes: float = 2000 * GB
+    host_adam_rate: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_gpus", "gpus_per_node"):
-            _positive(name, getattr(self, name))
-        for name in ("memory_bytes", "flops", "fp32_flops", "intra_bw", "inter_bw", "pcie_bw"):
-            _positive(name, getattr(self, name), float)
-        if not (isinstance(self.utilisation, (int, float)) and 0 < self.utilisation <= 1):
-            raise ValueError(f"utilisation must be in (0, 1], got {self.utilisation!r}")
+            validate.positive_int(name, getattr(self, name))
+        for name in ("memory_bytes", "flops", "fp32_flops", "intra_bw", "inter_bw", "pcie_bw",
+                     "host_memory_bytes"):
+            validate.positive_number(name, getattr(self, name))
+        if self.host_adam_rate is not None:
+            validate.positive_number("host_adam_rate", self.host_adam_rate)
+        validate.number("utilisation", self.utilisation, low=0, low_open=True, high=1)
 
 
 @dataclass(frozen=True, order=True)
@@ -130,6 +194,7 @@ class Config:
     checkpointing: str
     micro_batch: int
     n_micro: int
+    attention: str = "naive"
 
     @property
     def sequence_parallel(self) -> bool:
@@ -137,14 +202,14 @@ class Config:
 
     def label(self) -> str:
         parts = [f"D{self.dp}·T{self.tp}·P{self.pp}·C{self.cp}", f"ZeRO-{self.zero_stage}",
-                 self.recipe, self.optimizer, f"ckpt {self.checkpointing}",
+                 self.recipe, self.optimizer, f"ckpt {self.checkpointing}", f"{self.attention} attn",
                  f"b={self.micro_batch}×m={self.n_micro}"]
         return ", ".join(parts + (["offload"] if self.offload else []))
 
 
 @dataclass(frozen=True)
 class StepTime:
-    """Seconds per step: ``compute`` (recompute included), ``bubble``, ``comm`` per axis."""
+    """Seconds per step: ``compute`` (recompute included), ``bubble``, ``comm`` per term of ``AXES``."""
 
     compute: float
     bubble: float
@@ -157,31 +222,56 @@ class StepTime:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A configuration with its memory on the busiest GPU (bytes per consumer + "total")."""
+    """A configuration with its memory on the busiest GPU (bytes per consumer + "total"), the
+    host bytes of its node (0 without offload) and the usable bytes of each."""
 
     config: Config
     memory: dict = field(compare=False)
     time: StepTime = field(compare=False)
     usable: float = field(compare=False)
+    host: float = field(default=0.0, compare=False)
+    host_usable: float = field(default=math.inf, compare=False)
 
     @property
     def fits(self) -> bool:
-        return self.memory["total"] <= self.usable
+        return self.memory["total"] <= self.usable and self.host <= self.host_usable
+
+
+def _offloaded_shard(model: ModelSpec, cfg: Config) -> float:
+    """Parameters of the shard whose optimizer step one GPU hands to the CPU under offload."""
+    return model.n_params / (cfg.tp * cfg.pp) / (cfg.dp * cfg.cp)
 
 
 def memory_estimate(model: ModelSpec, cluster: Cluster, cfg: Config) -> dict[str, float]:
-    """Bytes of the four consumers on the busiest GPU of ``cfg`` (lab 6's model), and "total"."""
+    """Bytes of the four consumers on the busiest GPU of ``cfg`` (lab 6's model), and "total".
+
+    Under offload the optimizer states leave the GPU and its gradients shrink to one bucket:
+    one layer's 16-bit gradients of this GPU's parameters (the module docstring)."""
     out = per_gpu_bytes(model.n_params, world_size=cluster.n_gpus, dp=cfg.dp, tp=cfg.tp,
                         pp=cfg.pp, cp=cfg.cp, zero_stage=cfg.zero_stage, recipe=cfg.recipe,
                         optimizer=cfg.optimizer, n_layer=model.n_layer, hidden=model.hidden,
                         n_head=model.n_head, seq_len=model.seq_len, micro_batch=cfg.micro_batch,
                         n_micro=cfg.n_micro, checkpointing=cfg.checkpointing,
-                        sequence_parallel=cfg.sequence_parallel)
+                        sequence_parallel=cfg.sequence_parallel, attention=cfg.attention,
+                        **model.shape)
     out = {c: float(out[c]) for c in CONSUMERS}
     if cfg.offload:
-        out["optimizer states"] = 0.0  # in CPU memory
+        out["optimizer states"] = 0.0  # in host memory
+        local = model.n_params / (cfg.tp * cfg.pp)
+        bucket = local / (model.n_layer // cfg.pp) * RECIPES[cfg.recipe].gradient
+        out["gradients"] = min(out["gradients"], bucket)
     out["total"] = sum(out[c] for c in CONSUMERS)
     return out
+
+
+def host_bytes(model: ModelSpec, cluster: Cluster, cfg: Config) -> float:
+    """Host bytes of one node under offload: each of its GPUs' shard of optimizer states (fp32
+    master and moments) and the shard's 16-bit gradient buffer; 0 without offload."""
+    if not cfg.offload:
+        return 0.0
+    per = bytes_per_parameter(cfg.recipe, cfg.optimizer)
+    per_gpu = _offloaded_shard(model, cfg) * (per["optimizer states"] + per["gradients"])
+    return min(cluster.gpus_per_node, cluster.n_gpus) * per_gpu
 
 
 def _intra(cluster: Cluster, inner: int, size: int) -> bool:
@@ -196,6 +286,8 @@ def step_time(model: ModelSpec, cluster: Cluster, cfg: Config, global_batch: int
     r = RECIPES[cfg.recipe]
     forward = 2 * psi + 4 * L * s * h  # FLOPs per token
     again = {"none": 0.0, "selective": 4 * L * s * h, "full": forward}[cfg.checkpointing]
+    if cfg.attention == "fused" and cfg.checkpointing != "full":
+        again += 2 * L * s * h  # the scores, recomputed in the fused kernel's backward
     peak = cluster.fp32_flops if cfg.recipe == "fp32" else cluster.flops
     compute = global_batch * s * (3 * forward + again) / (cluster.n_gpus * peak * cluster.utilisation)
     bubble = compute * (P - 1) / m
@@ -209,28 +301,39 @@ def step_time(model: ModelSpec, cluster: Cluster, cfg: Config, global_batch: int
     layers = L // P
     tp = layers * m * (6 if cfg.checkpointing == "full" else 4) * 2 * (T - 1) / T * act
     pp = 2 * m * act / T if P > 1 else 0.0
-    cp = layers * m * 3 * (C - 1) * 2 * act / T
+    kv_share = (model.n_kv_head or model.n_head) / model.n_head  # K and V are this share of Q
+    cp = layers * m * 3 * (C - 1) * 2 * kv_share * act / T
     bw = {"tp": _intra(cluster, 1, T), "cp": _intra(cluster, T, C),
           "dp": _intra(cluster, T * C, D), "pp": _intra(cluster, T * C * D, P)}
     comm = {a: v / (cluster.intra_bw if bw[a] else cluster.inter_bw)
             for a, v in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp))}
-    comm["offload"] = local / n * (r.gradient + r.parameter) / cluster.pcie_bw if cfg.offload else 0.0
+    comm["offload"] = comm["cpu adam"] = 0.0
+    if cfg.offload:
+        if cluster.host_adam_rate is None:
+            raise ValueError("offload needs cluster.host_adam_rate (parameters per second one "
+                             "node's CPUs update with Adam): measure it on the host")
+        shard = _offloaded_shard(model, cfg)
+        comm["offload"] = shard * (r.gradient + r.parameter) / cluster.pcie_bw
+        comm["cpu adam"] = min(cluster.gpus_per_node, cluster.n_gpus) * shard / cluster.host_adam_rate
     return StepTime(compute, bubble, comm)
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, cfg: Config, global_batch: int,
-             margin: float = 0.1) -> Estimate:
-    """``cfg``'s memory and time; it fits if its total is at most (1 − margin) of the GPU."""
+             margin: float = DEFAULT_MARGIN) -> Estimate:
+    """``cfg``'s memory and time; it fits if its GPU total is at most (1 − margin) of the GPU's
+    memory and its node's host bytes at most (1 − margin) of the host's."""
     return Estimate(cfg, memory_estimate(model, cluster, cfg),
                     step_time(model, cluster, cfg, global_batch),
-                    cluster.memory_bytes * (1 - margin))
+                    cluster.memory_bytes * (1 - margin), host_bytes(model, cluster, cfg),
+                    cluster.host_memory_bytes * (1 - margin))
 
 
 def why_slower(best: Estimate, other: Estimate) -> str:
     """One line: how much slower ``other`` is than ``best`` and the terms that grew most."""
     def terms(e: Estimate) -> dict[str, float]:
         return {"compute": e.time.compute, "bubble": e.time.bubble,
-                **{f"{a} comm": v for a, v in e.time.comm.items()}}
+                **{f"{a} comm" if a in ("dp", "tp", "pp", "cp") else a: v
+                   for a, v in e.time.comm.items()}}
     a, b = terms(best), terms(other)
     diff = sorted(((b[k] - a[k], k) for k in a), reverse=True)
     grew = [f"{k} +{d:.3g} s" for d, k in diff if d > 0][:2]
@@ -255,22 +358,71 @@ class PlanResult:
         """One row per configuration (the best first): layout, choices, GB, seconds, reason."""
         rows = []
         for e, why in [(self.best, "chosen")] + list(zip(self.runners_up, self.reasons())):
-            c = e.config
-            rows.append({"D×T×P×C": f"{c.dp}×{c.tp}×{c.pp}×{c.cp}", "ZeRO": c.zero_stage,
-                         "recipe": c.recipe, "optimizer": c.optimizer, "offload": c.offload,
-                         "recompute": c.checkpointing, "b × m": f"{c.micro_batch} × {c.n_micro}",
-                         "GB/GPU": round(e.memory["total"] / GB, 2),
-                         "s/step": float(f"{e.time.total:.4g}"), "why": why})
+            rows.append(row(e) | {"why": why})
         return rows
+
+
+def row(e: Estimate) -> dict:
+    """One configuration as a table row: layout, choices, GB per GPU, seconds per step."""
+    c = e.config
+    return {"D×T×P×C": f"{c.dp}×{c.tp}×{c.pp}×{c.cp}", "ZeRO": c.zero_stage,
+            "recipe": c.recipe, "optimizer": c.optimizer, "offload": c.offload,
+            "recompute": c.checkpointing, "attention": c.attention,
+            "b × m": f"{c.micro_batch} × {c.n_micro}",
+            "GB/GPU": round(e.memory["total"] / GB, 2), "s/step": float(f"{e.time.total:.4g}")}
 
 
 def _choices(name: str, values, allowed) -> tuple:
     values = tuple(values) if isinstance(values, (list, tuple)) else None
-    if not values or any(v not in allowed for v in values) or len(set(values)) != len(values):
+    if not values or any(not any(v == a and type(v) is type(a) for a in allowed) for v in values) \
+            or len(set(values)) != len(values):
         raise ValueError(f"{name} must be a non-empty tuple of distinct values from {tuple(allowed)}, "
                          f"got {values!r}")
     return values
 
+
+def combinations(zero_stages, offload, checkpointing, attention, cp: int):
+    """The (zero stage, offload, recomputation, attention) choices the search pairs with a layout
+    of context-parallel size ``cp``: offload needs ZeRO ≥ 1 (a shard to hand to the CPU), CP
+    needs fused attention, selective recomputation needs naive attention."""
+    for zero, off, ckpt, attn in itertools.product(zero_stages, offload, checkpointing, attention):
+        if (off and zero == 0) or (cp > 1 and attn != "fused") or (ckpt == "selective" and attn == "fused"):
+            continue
+        yield zero, off, ckpt, attn
+
+
+def check_space(model: ModelSpec, cluster: Cluster, global_batch, *, recipes, optimizers,
+                zero_stages, checkpointing, offload, attention, margin, n_runners_up) -> dict:
+    """Validate ``plan``'s arguments (the values, then that the space is not empty for a reason
+    the arguments alone decide); returns them as tuples."""
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model must be a ModelSpec, got {type(model).__name__}")
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+    validate.positive_int("global_batch", global_batch)
+    space = dict(recipes=_choices("recipes", recipes, RECIPES),
+                 optimizers=_choices("optimizers", optimizers, OPTIMIZERS),
+                 zero_stages=_choices("zero_stages", zero_stages, ZERO_STAGES),
+                 checkpointing=_choices("checkpointing", checkpointing, CHECKPOINTING),
+                 offload=_choices("offload", offload, (False, True)),
+                 attention=_choices("attention", attention, ATTENTION))
+    validate.number("margin", margin, low=0, high=1, high_open=True)
+    validate.non_negative_int("n_runners_up", n_runners_up)
+    if space["offload"] == (True,) and space["zero_stages"] == (0,):
+        raise ValueError("the search space is empty: offload=(True,) needs a ZeRO stage ≥ 1 (a "
+                         "shard of optimizer states to hand to the CPU), and zero_stages=(0,)")
+    if not list(combinations(space["zero_stages"], space["offload"], space["checkpointing"],
+                             space["attention"], 1)):
+        raise ValueError(f"the search space is empty: checkpointing={space['checkpointing']} with "
+                         f"attention={space['attention']} (selective recomputation needs naive "
+                         f"attention) and offload={space['offload']}, zero_stages={space['zero_stages']}")
+    if True in space["offload"] and cluster.host_adam_rate is None:
+        raise ValueError("offload needs cluster.host_adam_rate (parameters per second one node's "
+                         "CPUs update with Adam): measure it, or search offload=(False,)")
+    return space
+
+
+# ==== exercise 7.1: your code ====
 
 def layouts(model: ModelSpec, cluster: Cluster, global_batch: int) -> list[tuple[int, int, int, int]]:
     """Every layout (dp, tp, pp, cp) the planner may use, in ascending order.
@@ -285,39 +437,93 @@ def layouts(model: ModelSpec, cluster: Cluster, global_batch: int) -> list[tuple
 
 def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, recipes=("mixed",),
          optimizers=("adam",), zero_stages=ZERO_STAGES, checkpointing=CHECKPOINTING,
-         offload=(False, True), margin: float = 0.1, n_runners_up: int = 5) -> PlanResult:
+         offload=(False,), attention=ATTENTION, margin: float = DEFAULT_MARGIN,
+         n_runners_up: int = 5) -> PlanResult:
     """The fastest configuration that fits, and the runners-up.
 
-    The space: every recipe in ``recipes``, optimizer in ``optimizers``, ZeRO stage in
-    ``zero_stages``, offload flag in ``offload`` (offload needs ZeRO ≥ 1), layout from
-    ``layouts``, recomputation in ``checkpointing``, and micro-batch size b dividing
-    global_batch/dp (then n_micro = global_batch/(dp·b)). A configuration fits when
-    ``evaluate(...).fits``. The order: step time (``Estimate.time.total``), then the total bytes
-    on the GPU, then the ``Config`` itself (its fields in order) — exact comparisons, so the
-    answer is deterministic.
+    The space: every recipe in ``recipes``, optimizer in ``optimizers``, layout from ``layouts``,
+    and for each layout the (ZeRO stage, offload, recomputation, attention) choices that
+    ``combinations`` yields for its cp, and micro-batch size b dividing global_batch/dp (then
+    n_micro = global_batch/(dp·b)). A configuration fits when ``evaluate(...).fits``. The order:
+    step time (``Estimate.time.total``), then the total bytes on the GPU, then the ``Config``
+    itself (its fields in order) — exact comparisons, so the answer is deterministic.
 
     Returns a ``PlanResult``: ``best`` the first fitting configuration in that order and
     ``runners_up`` the next ``n_runners_up`` (fewer if fewer fit). Any pruning is allowed that
-    never changes this answer. Raises ``ValueError`` when no layout is valid (saying which
-    constraints), when even the static state (a configuration's total minus its activations)
-    fits in no configuration (saying how many GPUs of this memory it would need fully sharded:
-    at least ⌈(fewest bytes per parameter that stay on the GPU over ``recipes`` × ``optimizers``;
-    with offload allowed, only the parameters' and gradients') × Ψ / memory⌉, e.g. "needs at
-    least 20 GPUs of 80 GB for the static state alone"), or when the static state fits but the
-    activations never do (a message that names the activations).
+    never changes this answer. Raises ``ValueError`` (after ``check_space``'s checks) naming the
+    real cause when nothing fits:
+    * no layout is valid (saying which constraints);
+    * even the static state (a configuration's GPU total minus its activations) fits in no
+      configuration: how many GPUs of this memory it would need fully sharded, at least
+      ⌈(fewest bytes per parameter that stay on the GPU over ``recipes`` × ``optimizers``; with
+      offload allowed, only the parameters') × Ψ / memory⌉, e.g. "needs at least 20 GPUs of
+      80 GB for the static state alone";
+    * the GPU state fits only offloaded, and the host memory of a node never holds what offload
+      puts there (a message that names the host memory);
+    * the static state fits but the activations never do (a message that names the activations).
     """
-    if not isinstance(model, ModelSpec):
-        raise TypeError(f"model must be a ModelSpec, got {type(model).__name__}")
-    if not isinstance(cluster, Cluster):
-        raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
-    _positive("global_batch", global_batch)
-    recipes = _choices("recipes", recipes, RECIPES)
-    optimizers = _choices("optimizers", optimizers, OPTIMIZERS)
-    zero_stages = _choices("zero_stages", zero_stages, ZERO_STAGES)
-    checkpointing = _choices("checkpointing", checkpointing, CHECKPOINTING)
-    offload = _choices("offload", offload, (False, True))
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
-        raise ValueError(f"margin must be a fraction in [0, 1), got {margin!r}")
-    if isinstance(n_runners_up, bool) or not isinstance(n_runners_up, int) or n_runners_up < 0:
-        raise ValueError(f"n_runners_up must be an int ≥ 0, got {n_runners_up!r}")
+    space = check_space(model, cluster, global_batch, recipes=recipes, optimizers=optimizers,
+                        zero_stages=zero_stages, checkpointing=checkpointing, offload=offload,
+                        attention=attention, margin=margin, n_runners_up=n_runners_up)
     raise NotImplementedError("exercise 7.1: search the space (prune what cannot fit), rank, and explain a failure (labs/07_panorama.ipynb)")
+
+
+# ==== given: the course's code — read it, call it, don't change it ====
+
+def every_fitting(model: ModelSpec, cluster: Cluster, global_batch: int, **space) -> list[Estimate]:
+    """Every fitting configuration of ``plan``'s space, in the planner's order (best first)."""
+    result = plan(model, cluster, global_batch, **space, n_runners_up=10**9)
+    return [result.best] + list(result.runners_up)
+
+
+def rank_of_layout(ranked: list[Estimate], dp: int, tp: int, pp: int, cp: int = 1) -> tuple[int, Estimate | None]:
+    """The 1-based place of the first configuration with layout D×T×P×C in ``ranked`` (the
+    planner's order) and that estimate; (0, None) if no configuration of that layout fits."""
+    for i, e in enumerate(ranked):
+        c = e.config
+        if (c.dp, c.tp, c.pp, c.cp) == (dp, tp, pp, cp):
+            return i + 1, e
+    return 0, None
+
+
+SENSITIVITY = (0.8, 1.0, 1.2)
+"""The factors ``sensitivity`` applies to the utilisation and to each bandwidth."""
+KNOBS = ("utilisation", "intra_bw", "inter_bw", "pcie_bw")
+"""The cluster's inputs ``sensitivity`` moves; a step's time is linear in the inverse of each."""
+
+
+def time_terms(model: ModelSpec, cluster: Cluster, cfg: Config, global_batch: int) -> tuple[float, dict]:
+    """``(t0, parts)``: the step time on ``cluster`` and, per knob of ``KNOBS``, the part of it
+    that scales with 1/knob (compute and bubble with 1/utilisation, each axis' bytes with 1/its
+    bandwidth; the CPU step with none), so that with every knob k scaled by f_k the step takes
+    t0 + Σ parts[k]·(1/f_k − 1). Found by halving each knob (exact: the time is linear in 1/knob)."""
+    t0 = step_time(model, cluster, cfg, global_batch).total
+    parts = {k: step_time(model, replace(cluster, **{k: getattr(cluster, k) / 2}), cfg,
+                          global_batch).total - t0 for k in KNOBS}
+    return t0, parts
+
+
+def sensitivity(model: ModelSpec, cluster: Cluster, global_batch: int, ranked: list[Estimate],
+                factors=SENSITIVITY) -> dict:
+    """Re-rank ``ranked`` (``every_fitting``'s list) with the utilisation, NVLink, InfiniBand and
+    PCIe bandwidths each scaled by every factor of ``factors`` (3⁴ = 81 combinations by default;
+    memory does not change, only time; a scaled utilisation above 1 is allowed: it is a model
+    input). Returns ``{"winners": {Config: combinations where it is fastest}, "spread": {Config:
+    (fastest, slowest) step time}}`` for the winners, most wins first: the configurations this
+    model cannot tell apart within those factors. A configuration slower than best·max(f)/min(f)
+    at the nominal inputs can win nowhere and is skipped."""
+    lo, hi = min(factors), max(factors)
+    limit = ranked[0].time.total * (1 / lo) / (1 / hi)  # the best's slowest vs another's fastest
+    terms = [(e, *time_terms(model, cluster, e.config, global_batch)) for e in ranked
+             if e.time.total <= limit]
+    wins, spread = {}, {}
+    for combo in itertools.product(factors, repeat=len(KNOBS)):
+        times = [(t0 + sum(parts[k] * (1 / f - 1) for k, f in zip(KNOBS, combo)), e.memory["total"], e.config)
+                 for e, t0, parts in terms]
+        best = min(times)
+        wins[best[2]] = wins.get(best[2], 0) + 1
+        for tt, _, cfg in times:
+            a, b = spread.get(cfg, (math.inf, 0.0))
+            spread[cfg] = (min(a, tt), max(b, tt))
+    order = sorted(wins.items(), key=lambda kv: -kv[1])
+    return {"winners": dict(order), "spread": {cfg: spread[cfg] for cfg, _ in order}}
