@@ -53,7 +53,7 @@ USES = {
     "zero3": "labkit.lab3.zero3:train_zero3",
     "pipeline": "labkit.lab3.pipeline:pipeline_worker,split_gpt labkit.lab3.pipeline_schedule:make_schedule",
     "sequence_parallel": "labkit.harness.lab5:run_sp",
-    "plan": "labkit.lab7.run_plan:run_plans_worker,predict_peak,PLANS,Plan",
+    "plan": "labkit.harness.lab7:run_plans_worker labkit.lab7.run_plan:predict_peak,PLANS,Plan",
 }
 
 

@@ -8,12 +8,11 @@ stub of an earlier exercise is named (``_prerequisite_error``) instead of a trac
 from __future__ import annotations
 
 import time
-import warnings
 
 import torch.distributed as dist
-from torch import nn
 
 from labkit.lab7.run_plan import PREREQUISITES, build_rank, check_plan, train_step
+from labkit.measure import peak_over_calls
 from labkit.models import GPT, GPTConfig
 
 
@@ -28,37 +27,6 @@ def _prerequisite_error(exc: NotImplementedError) -> Exception:
         f"exercise 7.2 runs the plan on your own pieces, but exercise {exercise} ({module}) is "
         f"not done yet: {text}. Make labkit.check(\"{exercise}\") pass first; exercise 7.2 needs "
         f"exercises {', '.join(sorted(set(PREREQUISITES.values())))}.")
-
-
-def _measured(module: nn.Module, fn):
-    """(MemTracker peak bytes, bytes by consumer at the peak, result of ``fn()``); ``module`` may
-    be called several times (micro-batches, steps): its statistics are reset before each call."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    from labkit.measure import by_consumer
-
-    tracker, cls = MemTracker(), type(module)
-
-    class _ResetEachCall(cls):
-        def __call__(self, *a, **k):
-            tracker.reset_mod_stats()
-            return super().__call__(*a, **k)
-
-    module.__class__ = _ResetEachCall
-    try:
-        with tracker, warnings.catch_warnings():
-            # MemTracker looks for tensors among a module's outputs and warns at each None
-            warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper")
-            result = fn()
-    finally:
-        module.__class__ = cls
-    peak = tracker.get_tracker_snapshot("peak")
-    total = int(sum(snap.get("Total", 0) for snap in peak.values()))
-    at_peak = {}
-    for snap in peak.values():
-        for k, v in by_consumer(snap).items():
-            at_peak[k] = at_peak.get(k, 0) + v
-    return total, at_peak, result
 
 
 def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: dict,
@@ -78,7 +46,7 @@ def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: d
             setup = build_rank(plan, model, rank)
             del model
             started = time.perf_counter()
-            peak, at_peak, losses = _measured(
+            peak, at_peak, losses = peak_over_calls(
                 setup.module, lambda: [train_step(setup, x, y) for x, y in batches])
             seconds = time.perf_counter() - started
         except NotImplementedError as exc:
