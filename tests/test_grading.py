@@ -63,11 +63,13 @@ def test_grade_table_scores_passed_failed_not_attempted_and_needs_cuda(pytester)
     assert ex["9.1"]["not attempted"] == 1 and ex["9.1"]["earned"] == 0
     assert ex["9.2"]["earned"] == 2 and ex["9.2"]["possible"] == 3 and ex["9.2"]["failed"] == 1
     assert ex["9.3"]["needs CUDA"] == 1
-    assert table["labs"]["9"] == {"earned": 2, "possible": 9}  # 9.4's 3 points are not graded
+    # 9.4's 3 points are not graded and 9.3's CUDA point is not run here: both left out
+    assert table["labs"]["9"] == {"earned": 2, "possible": 8, "cuda_points": 1, "ungraded_points": 3}
+    assert table["possible"] == 8 and table["cuda_points"] == 1
     assert "one plus one is two" in ex["9.2"]["tests"][1]["message"] or \
         "one plus one is two" in ex["9.2"]["tests"][0]["message"]
     result.stdout.fnmatch_lines(["*not attempted*needs CUDA*not graded*", "*9.1*0 / 3*",
-                                 "*lab 9*2 / 9*"])
+                                 "*lab 9*2 / 8*+1 need CUDA*+3 not graded*"])
 
 
 def test_exercise_option_runs_only_that_exercise(pytester):

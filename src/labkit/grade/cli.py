@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 ws = Path(tmp) / "course"
                 runner.copy_course(Path(course), ws)
-                collected = runner.collect(ws)
+                labs = sorted({e.split(".")[0] for e in exercises}) if exercises else None
+                collected = runner.collect(ws, labs=labs)
         table = runner.grade_submission(sub, course=course, exercises=exercises or None,
                                         jobs=args.jobs, timeout=args.timeout, collected=collected)
         if args.out:

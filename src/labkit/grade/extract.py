@@ -221,6 +221,13 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
                 merged.dropped.append(Dropped(path, node.lineno, _describe(node),
                                               "rebinds a name of the course's module: dropped"))
                 continue
+            from labkit.grade.scan import import_refusal
+
+            why = import_refusal(node)
+            if why:
+                merged.dropped.append(Dropped(path, node.lineno, _describe(node),
+                                              f"refused and dropped: {why}"))
+                continue
             tail.append(ast.get_source_segment(student, node) + "\n")
             merged.taken.append((f"import at line {node.lineno}", node, module_ids))
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \

@@ -129,12 +129,17 @@ def _make_hook(state: _State):
     student = state.student
     direct = DIRECT
 
-    def writable(path) -> bool:
+    def writable(path, dir_fd=None) -> bool:
         if isinstance(path, int) or path is None:
             return True
         path = os.fsdecode(path) if isinstance(path, (bytes, os.PathLike)) else str(path)
         if path.startswith(DEVICES):
             return True
+        if isinstance(dir_fd, int) and dir_fd >= 0 and not os.path.isabs(path):
+            try:
+                path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+            except OSError:
+                return False
         real = realpath(path)
         return (real + os.sep).startswith(write_roots) or real.startswith(DEVICES)
 
@@ -167,7 +172,9 @@ def _make_hook(state: _State):
                     target = path
                 else:
                     paths = [a for a in args if isinstance(a, (str, bytes, os.PathLike))]
-                    if all(writable(p) for p in paths):
+                    fds = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
+                    dir_fd = fds[-1] if fds else None
+                    if all(writable(p, dir_fd) for p in paths):
                         return
                     target = paths[0] if paths else "?"
                 state.refuse(f"{event} {os.fsdecode(target) if not isinstance(target, int) else target}"
@@ -342,9 +349,7 @@ class _PacketGuard:
 
 # ------------------------------------------------------------------ integrity
 
-TRUSTED = ("torch", "numpy", "labkit", "pytest", "_pytest", "pluggy", "math", "builtins",
-           "functools", "operator", "itertools", "random", "json", "copy", "time", "os",
-           "contextlib", "warnings", "unittest")
+TRUSTED = ("torch", "numpy", "labkit", "pytest", "_pytest", "math", "builtins")
 
 
 def _trusted_module(name: str) -> bool:

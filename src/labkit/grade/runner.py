@@ -136,13 +136,15 @@ class Prepared:
     added_files: list = field(default_factory=list)
 
 
-def collect(workspace: Path, timeout: float = 600) -> dict:
-    """The graded tests of the pristine copy (run before any student code is in it)."""
+def collect(workspace: Path, timeout: float = 600, labs: list[str] | None = None) -> dict:
+    """The graded tests of the pristine copy (run before any student code is in it); with
+    ``labs``, only those labs' test files."""
     out = workspace.parent / "collected.json"
     env = _base_env(workspace, workspace.parent / "collect-tmp")
     env["LABKIT_GRADE_COLLECT"] = str(out)
     files = sorted(p.relative_to(workspace).as_posix()
-                   for p in (workspace / "tests").glob("test_lab[0-9]*_*.py"))
+                   for p in (workspace / "tests").glob("test_lab[0-9]*_*.py")
+                   if not labs or re.match(r"test_lab(\d+)_", p.name).group(1) in labs)
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "exercise",
                            "-p", "labkit.grade.collect", "-p", "no:cacheprovider", *files],
                           cwd=workspace, env=env, capture_output=True, text=True, timeout=timeout)
@@ -418,7 +420,8 @@ def grade_submission(submission: Path, *, course: Path | None = None,
     try:
         workspace = base / "course"
         copy_course(course, workspace)
-        tests = collected if collected is not None else collect(workspace)
+        labs = sorted({e.split(".")[0] for e in exercises}) if exercises else None
+        tests = collected if collected is not None else collect(workspace, labs=labs)
         sub_root = unpack(Path(submission), base / "submission")
         labkit_dir = find_labkit(sub_root)
         prep = prepare(labkit_dir, workspace, tests)

@@ -48,6 +48,19 @@ FORBIDDEN_MODULES = {
     "pdb": "a debugger attaches to frames: not while grading", "bdb": "a debugger: not while grading",
     "traceback": "tracebacks hold frames: no exercise needs them",
     "threading.settrace": "tracing other code: no exercise needs it",
+    "threading.setprofile": "tracing other code: no exercise needs it",
+    "posix": "the os module's raw half (posix._exit, posix.kill): no exercise needs it",
+    "nt": "the os module's raw half: no exercise needs it",
+    "_thread": "interrupting the main thread: no exercise needs it",
+    "_signal": "signal handlers can interrupt the graders: no exercise needs them",
+    "_ctypes": "raw memory access: no exercise needs it",
+    "_posixsubprocess": "starting programs: no exercise needs it",
+    "_imp": "the import machinery: no exercise needs it",
+    "_frozen_importlib": "the import machinery: no exercise needs it",
+    "_frozen_importlib_external": "the import machinery: no exercise needs it",
+    "_weakref": "no exercise needs it", "_abc": "no exercise needs it",
+    "pty": "starting programs: no exercise needs it", "pickle": "unpickling runs code: no "
+    "exercise needs it (torch.save/torch.load are the course's format)",
 }
 SYS_INTERNALS = {"modules", "_getframe", "settrace", "setprofile", "_current_frames", "meta_path",
                  "path_hooks", "path_importer_cache", "addaudithook", "audit", "exc_info",
@@ -133,6 +146,13 @@ def _forbidden_module(name: str) -> str | None:
         if name == mod or name.startswith(mod + "."):
             return why
     return None
+
+
+def import_refusal(node: ast.AST) -> str | None:
+    """Why a module-level ``import`` the student added is refused, or None (it is then taken)."""
+    s = _Scanner("", "", (), {}, set(), {})
+    s.visit(node)
+    return s.found[0].why if s.found else None
 
 
 class _Scanner(ast.NodeVisitor):
