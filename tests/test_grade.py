@@ -222,7 +222,7 @@ def test_the_autograder_zip_gives_full_marks_to_a_solution_and_zero_to_the_stubs
     stubs = student_edition(tmp_path / "stubs")
     scores = {}
     for name, sub in (("solved", solved), ("stubs", stubs)):
-        root = _gradescope(tmp_path / name, zip_path, sub)
+        root = _gradescope(tmp_path / f"gradescope-{name}", zip_path, sub)
         env = {**os.environ, "AUTOGRADER_ROOT": str(root), "LABKIT_PYTHON": sys.executable,
                "LABKIT_GRADE_EXERCISES": "1.1", "LABKIT_GRADE_JOBS": "1"}
         env.pop("LABKIT_SOLUTIONS", None)
@@ -233,3 +233,19 @@ def test_the_autograder_zip_gives_full_marks_to_a_solution_and_zero_to_the_stubs
     assert scores["solved"]["score"] == scores["solved"]["max_score"] == 5
     assert scores["stubs"]["score"] == 0 and scores["stubs"]["max_score"] == 5
     assert all(t["score"] == 0 and "not attempted" in t["output"] for t in scores["stubs"]["tests"])
+
+
+def test_the_student_edition_ships_a_readme_for_students(tmp_path):
+    """The edition's README says where to write code (the lab folders), how to check and score
+    it, the book and Colab, and says nothing of solutions/, make stubs or make test."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import student_edition
+
+    copied = student_edition.write_student_edition(tmp_path / "edition")
+    readme = (tmp_path / "edition" / "README.md").read_text()
+    assert "README.md" in copied and not any(p.startswith("solutions/") for p in copied)
+    for words in ("src/labkit/lab1/", "src/labkit/lab7/", 'labkit.check("1.2")', "make grade",
+                  "make book", "colab.research.google.com"):
+        assert words in readme, words
+    for words in ("solutions/", "make stubs", "make test", "LABKIT_SOLUTIONS"):
+        assert words not in readme, words
