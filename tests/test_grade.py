@@ -205,6 +205,7 @@ def _gradescope(tmp_path, zip_path, submission):
     return root
 
 
+@pytest.mark.timeout(900)
 def test_the_autograder_zip_gives_full_marks_to_a_solution_and_zero_to_the_stubs(tmp_path):
     """The zip of `make autograder`, unpacked as Gradescope does; its run_autograder on a
     submission with 1.1 solved writes results.json with full marks for 1.1, on the stubs zero

@@ -16,6 +16,10 @@ import pytest
 from _grade_helpers import ROOT, append, module, replace_body, student_edition
 from labkit.grade import runner
 
+# Each test grades a lab in child processes (start-up, collection, the tests): seconds on an idle
+# machine, minutes on a loaded one; pytest's per-test timeout (180 s) is too short for that.
+pytestmark = pytest.mark.timeout(900)
+
 ACCOUNTING = "lab1/accounting.py"
 COUNT_PARAMS_SOLUTION = (ROOT / "tests" / "cheats" / "count_params_body.txt").read_text()
 
@@ -114,10 +118,8 @@ def test_cheats_the_scan_misses_are_stopped_at_run_time(tmp_path, collected, no_
     out.mkdir()
     sub = student_edition(tmp_path / "sub")
     acc = module(sub, ACCOUNTING)
-    replace_body(acc, "count_params", '''
-        holder = [torch]
-        holder[0].testing.assert_close = lambda *a, **k: None
-        ''' + COUNT_PARAMS_SOLUTION)
+    replace_body(acc, "count_params", "holder = [torch]\n"
+                 "holder[0].testing.assert_close = lambda *a, **k: None\n" + COUNT_PARAMS_SOLUTION)
     replace_body(acc, "static_bytes", '''
         import gc
         configs = [o for o in gc.get_objects() if type(o).__name__ == "Config"]

@@ -230,8 +230,14 @@ def _install_shortcuts(state: _State) -> None:
 
     by_object: dict[int, tuple] = {}   # id(original) -> (parent, attr, original, {name: ex})
     modules: list[tuple[types.ModuleType, str, str]] = []
+    ops: dict[str, dict] = {}          # "aten::name" -> {exercise: dotted name}
     for ex, entry in shortcuts.REBUILDS.items():
         for name in entry["names"]:
+            if name.startswith("torch.ops.aten."):
+                ops.setdefault("aten::" + name.split(".")[3], {}).setdefault(ex, name)
+                continue
+            if name.startswith("torch._C."):
+                continue  # the C module's own attributes stay: torch calls them internally
             found = _resolve(name)
             if found is None:
                 continue
@@ -252,12 +258,31 @@ def _install_shortcuts(state: _State) -> None:
                 continue
             key = (id(mod), attr)
             by_object.setdefault(key, (mod, attr, obj, {}))[3].setdefault(ex, f"{mod.__name__}.{attr}")
+    _guard_ops(state, ops)
     done = set()
     for parent, attr, obj, exercises in by_object.values():
         if id(obj) in done and isinstance(obj, type):
             continue
         done.add(id(obj))
         _wrap(state, parent, attr, obj, exercises)
+
+
+def _guard_ops(state: _State, ops: dict) -> None:
+    """Calls of ``torch.ops.aten.<op>`` and its overloads from Python: the check runs in the
+    classes' ``__call__`` (no operator object is replaced: torch's dispatcher keeps its own)."""
+    from torch import _ops
+
+    for cls, name_of in ((_ops.OpOverloadPacket, lambda op: op._qualified_op_name),
+                         (_ops.OpOverload, lambda op: op._overloadpacket._qualified_op_name)):
+        original = cls.__call__
+
+        def __call__(self, /, *args, _original=original, _name_of=name_of, **kwargs):
+            if state.exercise is not None:
+                hit = ops.get(_name_of(self))
+                if hit:
+                    _check(state, hit, "")
+            return _original(self, *args, **kwargs)
+        type.__setattr__(cls, "__call__", __call__)
 
 
 def _check(state: _State, exercises: dict, shown: str):
@@ -289,9 +314,6 @@ def _wrap(state: _State, parent, attr: str, obj, exercises: dict) -> None:
         except TypeError:  # a C type: wrap the name instead
             _replace(parent, attr, _function_wrapper(state, obj, exercises, attr))
         return
-    if type(obj).__name__ == "OpOverloadPacket":
-        _replace(parent, attr, _PacketGuard(state, obj, exercises, attr))
-        return
     if isinstance(parent, type):
         raw = parent.__dict__.get(attr)
         if isinstance(raw, (staticmethod, classmethod)):
@@ -318,33 +340,6 @@ def _function_wrapper(state, fn, exercises, attr):
     guarded.__doc__ = getattr(fn, "__doc__", None)
     guarded.__module__ = getattr(fn, "__module__", None)
     return guarded
-
-
-class _PacketGuard:
-    """``torch.ops.aten.<op>``: calls and overloads (``.default``) go through the check."""
-    __slots__ = ("_call", "_get")
-
-    def __init__(self, state, packet, exercises, attr):
-        def call(*args, **kwargs):
-            _check(state, exercises, attr)
-            return packet(*args, **kwargs)
-
-        def get(name):
-            value = getattr(packet, name)
-            if callable(value) and type(value).__name__ == "OpOverload":
-                def overload(*args, **kwargs):
-                    _check(state, exercises, attr)
-                    return value(*args, **kwargs)
-                return overload
-            return value
-        object.__setattr__(self, "_call", call)
-        object.__setattr__(self, "_get", get)
-
-    def __call__(self, *args, **kwargs):
-        return object.__getattribute__(self, "_call")(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return object.__getattribute__(self, "_get")(name)
 
 
 # ------------------------------------------------------------------ integrity
