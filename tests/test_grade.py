@@ -250,3 +250,30 @@ def test_the_student_edition_ships_a_readme_for_students(tmp_path):
         assert words in readme, words
     for words in ("solutions/", "make stubs", "make test", "LABKIT_SOLUTIONS"):
         assert words not in readme, words
+
+
+@pytest.mark.timeout(600)
+def test_the_command_grades_a_class_into_one_csv(tmp_path):
+    """`labkit-grade subs/* --out DIR --csv class.csv`: a folder and a zip, one row per student
+    per exercise, each student's grades.json/results.json in DIR/<student>/. (1.1 is refused by
+    the scan in both, so no test process needs to run.)"""
+    subs = tmp_path / "subs"
+    ada = student_edition(subs / "ada")
+    replace_body(module(ada, "lab1/accounting.py"), "count_params", "return eval('0')")
+    bob = student_edition(tmp_path / "bob")
+    replace_body(module(bob, "lab1/accounting.py"), "count_params", "return eval('1')")
+    with zipfile.ZipFile(subs / "bob.zip", "w") as z:
+        for p in (bob / "src").rglob("*.py"):
+            z.write(p, p.relative_to(bob).as_posix())
+    env = {k: v for k, v in os.environ.items() if k != "LABKIT_SOLUTIONS"}
+    proc = subprocess.run([sys.executable, "-m", "labkit.grade", str(subs / "ada"), str(subs / "bob.zip"),
+                           "--out", str(tmp_path / "out"), "--csv", str(tmp_path / "class.csv"),
+                           "--exercise", "1.1"], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = (tmp_path / "class.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[1].startswith("ada,1.1,0,5") and rows[2].startswith("bob,1.1,0,5")
+    assert "`eval`" in rows[1]
+    for name in ("ada", "bob"):
+        res = json.loads((tmp_path / "out" / name / "results.json").read_text())
+        assert res["score"] == 0 and "refused" in res["output"]
