@@ -185,3 +185,31 @@ def test_check_refuses_a_malformed_exercise_id(bad):
 
     with pytest.raises(ValueError, match="exercise must be an exercise id such as '1.2'"):
         labkit.check(bad)
+
+
+UNTOUCHED = GRADED + '''
+
+def stub8():
+    raise NotImplementedError("exercise 8.1: write it (labs/08_x.ipynb)")
+
+@pytest.mark.exercise("8.1", points=2)
+def test_lab_8_first():
+    stub8()
+
+@pytest.mark.exercise("8.2", points=3)
+def test_lab_8_second():
+    stub8()
+'''
+
+
+def test_a_lab_not_started_is_one_line_and_the_grade_exits_0(pytester):
+    """`make grade` on a tree where lab 8 is untouched: lab 8 is one "not started" line (no
+    row per exercise, no failure listed), and the run exits 0 since the table is the result."""
+    pytester.makepyfile(test_graded=UNTOUCHED)
+    result = pytester.runpytest_subprocess("-p", "labkit.grading", "-p", "no:cacheprovider",
+                                           "-rN", "--tb=no", "--grade", "--grade-json", "out.json")
+    assert result.ret == 0
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*lab 8*0 / 5*not started: all 2 exercises are still stubs*"])
+    assert not any(line.startswith(("8.1", "8.2")) for line in out.splitlines())
+    assert "test_lab_8_first" not in out and "FAILED" not in out
