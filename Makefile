@@ -3,6 +3,7 @@
 #   make test               the whole test suite (what CI runs), with the time of each part
 #   make lab                open the labs in JupyterLab (installs jupyterlab on first use)
 #   make grade              the score table of the graded tests on your own labkit
+#   make autograder         a Gradescope autograder zip (_build/autograder.zip) running labkit-grade
 #   make stubs              regenerate src/labkit exercise stubs from solutions/labkit
 #   make student-edition DIR=../course-student   the repository without solutions/
 SHELL := /bin/bash
@@ -15,7 +16,7 @@ SOLUTIONS := $(if $(wildcard solutions/labkit),LABKIT_SOLUTIONS=$(CURDIR)/soluti
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 # (the student edition's `make grade` is the instructor's score table)
-.PHONY: site-check test-compat compat-venv grade setup book test test-solutions test-stubs test-notebooks test-book notebooks lab stubs student-edition clean bench mutants test-gpu
+.PHONY: autograder site-check test-compat compat-venv grade setup book test test-solutions test-stubs test-notebooks test-book notebooks lab stubs student-edition clean bench mutants test-gpu
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,8 +67,15 @@ site-check:
 notebooks: setup
 	$(SOLUTIONS) $(PY) tools/execute_notebooks.py
 
+# The table is the result (exit 0 once it is written); -rN: no FAILED/ERROR line per test, the
+# table lists each failure in the test's own words, and a lab not started is one line.
 grade: setup
-	env -u LABKIT_SOLUTIONS $(PYTEST) -q -m exercise --grade --tb=no tests
+	env -u LABKIT_SOLUTIONS $(PYTEST) -q -rN -m exercise --grade --tb=no tests
+
+# A Gradescope autograder: the course without solutions/, setup.sh and run_autograder, which
+# grades /autograder/submission with labkit-grade (tools/autograder/).
+autograder: setup
+	$(PY) tools/autograder/build.py _build/autograder.zip
 
 lab: setup
 	$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q jupyterlab

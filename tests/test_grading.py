@@ -63,11 +63,13 @@ def test_grade_table_scores_passed_failed_not_attempted_and_needs_cuda(pytester)
     assert ex["9.1"]["not attempted"] == 1 and ex["9.1"]["earned"] == 0
     assert ex["9.2"]["earned"] == 2 and ex["9.2"]["possible"] == 3 and ex["9.2"]["failed"] == 1
     assert ex["9.3"]["needs CUDA"] == 1
-    assert table["labs"]["9"] == {"earned": 2, "possible": 9}  # 9.4's 3 points are not graded
+    # 9.4's 3 points are not graded and 9.3's CUDA point is not run here: both left out
+    assert table["labs"]["9"] == {"earned": 2, "possible": 8, "cuda_points": 1, "ungraded_points": 3}
+    assert table["possible"] == 8 and table["cuda_points"] == 1
     assert "one plus one is two" in ex["9.2"]["tests"][1]["message"] or \
         "one plus one is two" in ex["9.2"]["tests"][0]["message"]
     result.stdout.fnmatch_lines(["*not attempted*needs CUDA*not graded*", "*9.1*0 / 3*",
-                                 "*lab 9*2 / 9*"])
+                                 "*lab 9*2 / 8*+1 need CUDA*+3 not graded*"])
 
 
 def test_exercise_option_runs_only_that_exercise(pytester):
@@ -183,3 +185,31 @@ def test_check_refuses_a_malformed_exercise_id(bad):
 
     with pytest.raises(ValueError, match="exercise must be an exercise id such as '1.2'"):
         labkit.check(bad)
+
+
+UNTOUCHED = GRADED + '''
+
+def stub8():
+    raise NotImplementedError("exercise 8.1: write it (labs/08_x.ipynb)")
+
+@pytest.mark.exercise("8.1", points=2)
+def test_lab_8_first():
+    stub8()
+
+@pytest.mark.exercise("8.2", points=3)
+def test_lab_8_second():
+    stub8()
+'''
+
+
+def test_a_lab_not_started_is_one_line_and_the_grade_exits_0(pytester):
+    """`make grade` on a tree where lab 8 is untouched: lab 8 is one "not started" line (no
+    row per exercise, no failure listed), and the run exits 0 since the table is the result."""
+    pytester.makepyfile(test_graded=UNTOUCHED)
+    result = pytester.runpytest_subprocess("-p", "labkit.grading", "-p", "no:cacheprovider",
+                                           "-rN", "--tb=no", "--grade", "--grade-json", "out.json")
+    assert result.ret == 0
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*lab 8*0 / 5*not started: all 2 exercises are still stubs*"])
+    assert not any(line.startswith(("8.1", "8.2")) for line in out.splitlines())
+    assert "test_lab_8_first" not in out and "FAILED" not in out

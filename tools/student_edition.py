@@ -4,7 +4,9 @@
 
 The exercise modules in src/labkit are already the stubs (see tools/make_stubs.py), so the copy
 is complete for students: labs, book, tests (graders) and labkit.  It refuses to write into a
-non-empty folder and checks that no solution marker leaked into the copy.
+non-empty folder and checks that no solution marker leaked into the copy. The instructors'
+README (solutions/, make stubs, make test) is replaced by one written for students
+(:func:`student_readme`): where to write code, how to check it, the score, the book, Colab.
 
 The chapters and the labs' pages run the reference solutions, which the edition does not have,
 so their outputs ship precomputed: ``precomputed/.jupyter_cache`` holds every notebook page of
@@ -48,7 +50,93 @@ def write_student_edition(dest: Path, root: Path = ROOT) -> list[str]:
              and "# BEGIN SOLUTION" in (dest / p).read_text()]
     if leaks:
         raise RuntimeError(f"solution markers in the student edition: {leaks}")
+    (dest / "README.md").write_text(student_readme(root))
     return copied
+
+
+def _repository_url(root: Path) -> str:
+    import re
+
+    text = (root / "_config.yml").read_text()
+    match = re.search(r"^repository:\s*\n\s+url:\s*(\S+)", text, re.M)
+    return match.group(1) if match else "<the course repository>"
+
+
+def _labs(root: Path) -> list[tuple[str, str, str]]:
+    """(lab folder, notebook, title) for each lab package, from its docstring's first line."""
+    import ast
+
+    rows = []
+    for init in sorted((root / "src" / "labkit").glob("lab[0-9]*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        title = doc.splitlines()[0].split(":", 1)[-1].strip().rstrip(".") if doc else ""
+        lab = init.parent.name
+        notebooks = sorted((root / "labs").glob(f"{int(lab[3:]):02d}_*.ipynb"))
+        rows.append((lab, notebooks[0].relative_to(root).as_posix() if notebooks else "", title))
+    return rows
+
+
+def student_readme(root: Path = ROOT) -> str:
+    """The README of the student edition: for someone who does the labs, not who builds them."""
+    title = (root / "README.md").read_text().splitlines()[0].lstrip("# ").strip()
+    url = _repository_url(root)
+    colab = url.replace("https://github.com/", "https://colab.research.google.com/github/")
+    rows = "\n".join(f"| `src/labkit/{lab}/` | [{nb}]({nb}) | {title} |" for lab, nb, title in _labs(root))
+    return f"""# {title} — student edition
+
+Your copy of the course: the book, seven labs, and `labkit`, the package you build in them.
+
+## Where you write code
+
+Each lab has one folder, and that folder is the only place you write code:
+
+| you write in | lab notebook | about |
+|---|---|---|
+{rows}
+
+Each file there holds exercises whose body is
+`raise NotImplementedError("exercise 1.2: …")`: replace the `raise` with your code. The file's
+header `# ==== exercise N.E: your code ====` marks what is yours, `# ==== given: … ====` what
+you read and call but do not change. You may add your own helper functions and classes beside
+an exercise. Everything outside `src/labkit/labN/` (`labkit.models`, `labkit.measure`,
+`labkit.dist`, the tests) is the course's toolkit: use it, don't edit it.
+
+## Check your work
+
+In a lab notebook, after an exercise:
+
+    import labkit
+    labkit.check("1.2")          # that exercise's graders, in a fresh process
+
+prints what passed and, for what failed, the test's own message (what was expected, what came
+back); `labkit.check("1.2", verbose=True)` adds the details.
+
+## Your score
+
+    make grade
+
+runs every graded test on your code and prints a table per lab and exercise (a lab you have
+not started is one line) and writes `grades.json`. Tests that need a GPU are reported apart and
+left out of a CPU machine's total (run them on Colab's GPU to earn those points).
+
+What your instructors grade: the bodies of the exercise functions and the functions and
+classes you add beside them. Code at the top level of a file, changes to the given code and new
+files are not taken; calling the library function an exercise rebuilds (PyTorch's SDPA in the
+FlashAttention exercise, GradScaler's kernels in the loss scaler, …) is refused while that
+exercise is graded.
+
+## The book
+
+    make book       # builds the site (chapters and lab pages) and prints the path of index.html
+
+The chapters' outputs ship precomputed (`precomputed/`): the site builds without running them.
+
+## Colab
+
+Open a lab from the site (the rocket icon → Colab) or from GitHub: {colab}/blob/main/labs/
+Its first cell clones the course and installs `labkit`; run it first, then work in the lab
+folder as above. Locally, `make lab` opens the labs in JupyterLab.
+"""
 
 
 PRECOMPUTED = "precomputed/.jupyter_cache"

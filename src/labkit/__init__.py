@@ -116,3 +116,11 @@ def check(exercise: str, *, verbose: bool = False) -> bool:
     from labkit.grading import check as _check
 
     return _check(exercise, verbose=verbose)
+
+
+# Inside the grader's child process (and the ranks it spawns) the run-time guard is installed
+# at the first ``import labkit``, before any student module can be imported (labkit.grade.guard).
+if _os.environ.get("LABKIT_GRADE_GUARD"):
+    from labkit.grade.guard import install_from_env as _install_guard
+
+    _install_guard()

@@ -1,0 +1,71 @@
+"""The ``labkit-grade`` command (also ``python -m labkit.grade``)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from labkit.grade import formats, runner
+
+    parser = argparse.ArgumentParser(
+        prog="labkit-grade", description="Grade submissions in a pristine copy of the course: "
+        "only the exercise code is taken from a submission, and no student code runs where the "
+        "score is decided.")
+    parser.add_argument("submissions", nargs="+", type=Path,
+                        help="a student-edition folder, its src/labkit, or a zip of either")
+    parser.add_argument("--out", type=Path, help="where to write grades.json, results.json and "
+                        "report.txt (with several submissions: one subfolder per submission)")
+    parser.add_argument("--csv", type=Path, help="write one row per submission per exercise")
+    parser.add_argument("--exercise", action="append", default=[],
+                        help="grade only this exercise (repeatable; default: all, or "
+                        "LABKIT_GRADE_EXERCISES=1.1,6.3)")
+    parser.add_argument("--course", type=Path, help="the course repository (default: the one "
+                        "this labkit belongs to, or LABKIT_GRADE_COURSE)")
+    parser.add_argument("--jobs", type=int, default=2, help="labs graded at once (default 2)")
+    parser.add_argument("--timeout", type=float, default=1200,
+                        help="seconds one lab's test process may run (default 1200)")
+    args = parser.parse_args(argv)
+    exercises = args.exercise or [e for e in os.environ.get("LABKIT_GRADE_EXERCISES", "").split(",")
+                                  if e.strip()]
+    if not args.out and not args.csv:
+        parser.error("give --out DIR, --csv FILE, or both")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    missing = [str(s) for s in args.submissions if not s.exists()]
+    if missing:
+        parser.error(f"no such submission: {', '.join(missing)}")
+    course = args.course or runner.course_root()
+    rows, collected = [], None
+    for sub in args.submissions:
+        name = sub.stem if sub.suffix == ".zip" else sub.name
+        print(f"grading {sub} ...", flush=True)
+        if collected is None:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                ws = Path(tmp) / "course"
+                runner.copy_course(Path(course), ws)
+                labs = sorted({e.split(".")[0] for e in exercises}) if exercises else None
+                collected = runner.collect(ws, labs=labs)
+        table = runner.grade_submission(sub, course=course, exercises=exercises or None,
+                                        jobs=args.jobs, timeout=args.timeout, collected=collected)
+        if args.out:
+            out = args.out if len(args.submissions) == 1 else args.out / name
+            formats.write_all(table, out)
+            print(f"  {table['earned']} / {table['possible']} points -> {out}", flush=True)
+        else:
+            print(f"  {table['earned']} / {table['possible']} points", flush=True)
+        for ex, reasons in table["submission"]["refused"].items():
+            print(f"  refused {ex}: {reasons[0][:300]}")
+        rows += formats.csv_rows(name, table)
+    if args.csv:
+        formats.write_csv(rows, args.csv)
+        print(f"class table written to {args.csv} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Helpers of the grader's own tests (not collected): build submissions, edit one function."""
+from __future__ import annotations
+
+import ast
+import shutil
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def student_edition(dest: Path, solved: tuple[str, ...] = ()) -> Path:
+    """A submission folder like the student edition's: ``dest/src/labkit`` holding the stubs,
+    with the modules in ``solved`` ("lab1/accounting.py") taken from the solutions."""
+    labkit = dest / "src" / "labkit"
+    shutil.copytree(ROOT / "src" / "labkit", labkit,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in solved:
+        shutil.copy(ROOT / "solutions" / "labkit" / rel, labkit / rel)
+    return dest
+
+
+def module(sub: Path, rel: str) -> Path:
+    return sub / "src" / "labkit" / rel
+
+
+def replace_body(path: Path, qualname: str, body: str) -> None:
+    """Replace the body of function or method ``qualname`` in ``path`` by ``body`` (text,
+    written at the function's own indentation; the signature and docstring stay)."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    node = _find(tree, qualname)
+    lines = source.splitlines(keepends=True)
+    first = node.body[0]
+    keep_doc = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant)
+    start = (node.body[1].lineno if keep_doc and len(node.body) > 1 else
+             first.end_lineno + 1 if keep_doc else first.lineno)
+    indent = " " * (first.col_offset)
+    new = textwrap.indent(textwrap.dedent(body).strip("\n") + "\n", indent)
+    lines[start - 1:node.end_lineno] = [new]
+    path.write_text("".join(lines))
+
+
+def append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + "\n" + textwrap.dedent(text))
+
+
+def _find(tree, qualname):
+    body, node = tree.body, None
+    for part in qualname.split("."):
+        node = next(n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef,
+                                                      ast.AsyncFunctionDef)) and n.name == part)
+        body = node.body
+    return node
