@@ -136,3 +136,48 @@ def test_adafactor_refuses_bad_input(call, word):
 
     with pytest.raises((ValueError, TypeError), match=word):
         call(m)
+
+
+@pytest.mark.exercise("2.1", points=1)
+def test_adafactor_groups_and_a_late_parameter_match_torch():
+    """Two parameter groups (lr 0.05, d 1; lr 1.0 — the 1/√t cap —, d 1.5, weight decay 0.2), the
+    second's parameter getting its first gradient at step 2, against ``torch.optim.Adafactor``
+    with the same groups: each group's options, and each parameter's own step count (ρ_t and
+    β̂₂ of the late one start at t = 1). Tolerance: atol, rtol 1e-4 (lr 1 steps, see above)."""
+    from labkit.lab2.adafactor import Adafactor
+
+    groups = [dict(lr=0.05), dict(lr=1.0, d=1.5, weight_decay=0.2)]
+    _, _, _, got = late_gradient_run(lambda ps: Adafactor(ps), groups=groups)
+    _, _, _, want = late_gradient_run(lambda ps: torch.optim.Adafactor(ps), groups=groups)
+    for step, ((ga, gb), (wa, wb)) in enumerate(zip(got, want), 1):
+        for name, x, y in (("weight (group 0, a gradient every step)", ga, wa),
+                           ("vector (group 1, first gradient at step 2)", gb, wb)):
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4, msg=lambda m, name=name, step=step: (
+                f"{name} after step {step} vs torch.optim.Adafactor: {m}"))
+
+
+@pytest.mark.exercise("2.1", points=1)
+def test_adafactor_zero_gradient_rows_and_columns_stay_finite():
+    """A 12×16 weight whose gradient is zero in 3 columns and 2 rows at every step: V̂ is 0
+    there, so the estimate must be clamped (ε₁) before its inverse square root, as torch does.
+    Against ``torch.optim.Adafactor``, 3 steps; every weight finite. Tolerance: UPDATE_TOL."""
+    from labkit.lab2.adafactor import Adafactor
+
+    g = torch.Generator().manual_seed(8)
+    mask = torch.ones(12, 16)
+    mask[:, :3] = 0
+    mask[:2] = 0
+    w0 = torch.randn(12, 16, generator=g)
+    grads = [torch.randn(12, 16, generator=g) * mask for _ in range(3)]
+    out = []
+    for cls in (Adafactor, torch.optim.Adafactor):
+        w = torch.nn.Parameter(w0.clone())
+        opt = cls([w], lr=0.05)
+        for gr in grads:
+            w.grad = gr.clone()
+            opt.step()
+        out.append(w.detach())
+    bad = int((~torch.isfinite(out[0])).sum())
+    assert bad == 0, (f"{bad} of {out[0].numel()} weights are NaN/inf with zero-gradient rows and "
+                      "columns: clamp V̂ from below (ε₁²) before taking 1/√V̂")
+    torch.testing.assert_close(out[0], out[1], **UPDATE_TOL)

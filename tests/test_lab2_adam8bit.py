@@ -165,3 +165,55 @@ def test_adam8bit_refuses_bad_input(call, word):
 
     with pytest.raises((ValueError, TypeError), match=word):
         call(m)
+
+
+@pytest.mark.exercise("2.3", points=1)
+def test_adam8bit_state_lives_on_the_parameters_device():
+    """Parameters on another device than the codes (the GPU vs the CPU in Colab; here ``meta``,
+    with ``StrictDevices`` raising as CUDA does on an op that mixes devices): a step must run,
+    and every state tensor (codes and absmax scales) must live on the parameter's device."""
+    from labkit.lab2.adam8bit import Adam8bit
+
+    p = torch.nn.Parameter(torch.empty(300, 7, device="meta"))
+    opt = Adam8bit([p], lr=1e-3, block_size=64)
+    p.grad = torch.empty(300, 7, device="meta")
+    with StrictDevices():
+        try:
+            opt.step()
+        except RuntimeError as exc:
+            raise AssertionError(f"Adam8bit.step with a parameter on another device than the "
+                                 f"codes: {exc}") from None
+    wrong = {k: str(v.device) for k, v in opt.state[p].items()
+             if isinstance(v, torch.Tensor) and v.device != p.device}
+    assert not wrong, (f"state tensors {wrong} are not on the parameter's device {p.device}: "
+                       "create the codes and the absmax scales where the parameter lives")
+
+
+@pytest.mark.exercise("2.3", points=1)
+def test_adam8bit_counts_steps_per_parameter_and_reads_each_group():
+    """Two parameter groups (a 4×6 weight at lr 0.1, betas (0.9, 0.999); a 6-vector at lr 0.05,
+    betas (0.5, 0.9)), the vector's first gradient at step 2. The vector's step 2 is its first
+    (from zero moments, which 8 bits store exactly), so it must equal ``torch.optim.Adam``'s
+    with the same groups: lr and betas of its group, bias corrections of t = 1. The weight's
+    first step likewise. After ``step()`` the caller's gradients are untouched (as torch's).
+    Tolerance: UPDATE_TOL."""
+    from labkit.lab2.adam8bit import Adam8bit
+
+    groups = [dict(lr=0.1), dict(lr=0.05, betas=(0.5, 0.9))]
+    opt, a, b, got = late_gradient_run(lambda ps: Adam8bit(ps, block_size=8), groups=groups)
+    _, _, _, want = late_gradient_run(lambda ps: torch.optim.Adam(ps), groups=groups)
+    torch.testing.assert_close(got[0][0], want[0][0], **UPDATE_TOL, msg=lambda m: (
+        f"the weight's first step (group 0: {groups[0]}) vs torch.optim.Adam: {m}"))
+    torch.testing.assert_close(got[0][1], want[0][1], rtol=0, atol=0, msg=lambda m: (
+        f"the vector moved at step 1 without a gradient: {m}"))
+    torch.testing.assert_close(got[1][1], want[1][1], **UPDATE_TOL, msg=lambda m: (
+        f"the vector's first step (step 2; group 1: {groups[1]}) vs torch.optim.Adam: {m} — use "
+        "the group's lr and betas, and bias-correct with the parameter's own step count (1)"))
+    assert opt.state[b]["step"] == 2 and opt.state[a]["step"] == 3, (
+        f"step counts weight {opt.state[a]['step']}, vector {opt.state[b]['step']}, expected 3 and 2")
+    p = torch.nn.Parameter(torch.zeros(5))
+    o = Adam8bit([p])
+    p.grad = torch.ones(5)
+    o.step()
+    assert p.grad is not None and torch.equal(p.grad, torch.ones(5)), (
+        "step() changed or dropped the parameter's .grad: zero_grad() is the caller's")

@@ -124,3 +124,26 @@ def test_lomo_with_a_tied_parameter_listed_twice_is_sgd():
     torch.optim.SGD([w_ref], lr=0.1).step()
     torch.testing.assert_close(w.detach(), w_ref.detach())
     assert w.grad is None
+
+
+@pytest.mark.exercise("2.4", points=1)
+def test_lomo_applies_each_groups_lr():
+    """Parameter groups as ``torch.optim.SGD`` takes them (the embeddings at lr 0.3, the rest at
+    the default 0.1): 2 LOMO steps against SGD with the same groups. Tolerance: UPDATE_TOL."""
+    from labkit.lab2.lomo import LOMO
+
+    mine, ref = tiny_gpt(), tiny_gpt()
+    batches = SyntheticData(64, 32, 4, seed=1)
+
+    def groups(model):
+        emb = [model.wte.weight, model.wpe.weight]
+        rest = [p for p in model.parameters() if all(p is not e for e in emb)]
+        return [{"params": emb, "lr": 0.3}, {"params": rest}]
+
+    LOMO(groups(mine), lr=0.1)
+    train(mine, None, batches, 2)
+    train(ref, torch.optim.SGD(groups(ref), lr=0.1), batches, 2)
+    for (name, a), b in zip(mine.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, **UPDATE_TOL, msg=lambda m, name=name: (
+            f"{name} after 2 steps vs torch.optim.SGD with groups: {m} — use the parameter's "
+            "group's lr (self.lr_of(param))"))

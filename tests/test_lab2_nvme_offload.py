@@ -171,3 +171,104 @@ def test_nvme_refuses_a_directory_of_other_parameters(tmp_path):
     NVMeAdam([torch.zeros(3)], tmp_path)
     with pytest.raises(ValueError, match="directory"):
         NVMeAdam([torch.zeros(4)], tmp_path)
+
+
+@pytest.mark.exercise("2.7", points=1)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_nvme_keeps_torch_adams_step_per_parameter(dtype, tmp_path):
+    """A 4×6 weight gets a gradient at every one of 3 steps, a 6-vector only from step 2 on: as
+    ``torch.optim.Adam`` does, the vector is skipped at step 1 and its own step count starts at
+    its first gradient, so its bias corrections are those of t = 1, 2 (not 2, 3). Reference:
+    Adam in memory (through an fp32 master for bf16), lr 0.1. Tolerance: UPDATE_TOL / BF16_TOL."""
+    from labkit.lab2.nvme_offload import NVMeAdam
+
+    def make_ref(params):
+        if dtype == torch.float32:
+            return torch.optim.Adam(params, lr=0.1)
+        return MasterAdam(params, lr=0.1)
+
+    opt, a, b, got = late_gradient_run(lambda ps: NVMeAdam(ps, tmp_path / "s", lr=0.1), dtype=dtype)
+    _, _, _, want = late_gradient_run(make_ref, dtype=dtype)
+    tol = UPDATE_TOL if dtype == torch.float32 else BF16_TOL
+    for step, ((ga, gb), (wa, wb)) in enumerate(zip(got, want), 1):
+        for name, x, y in (("weight (a gradient every step)", ga, wa),
+                           ("vector (first gradient at step 2)", gb, wb)):
+            torch.testing.assert_close(x, y, **tol, msg=lambda m, name=name, step=step: (
+                f"{name} after step {step} vs torch.optim.Adam: {m}"
+                + (" — the vector's bias corrections must count its own steps (it was skipped "
+                   "at step 1), not the optimizer's" if "vector" in name and step >= 2 else "")))
+    assert opt.steps == [3, 2], (f"per-group step counts {opt.steps}, expected [3, 2]: a group "
+                                 "without a gradient is skipped and its count does not advance")
+
+
+class MasterAdam:
+    """``torch.optim.Adam`` over fp32 masters of 16-bit parameters (gradients cast to fp32, the
+    master rounded back): mixed-precision Adam, the reference for 16-bit parameters."""
+
+    def __init__(self, params, **adam):
+        groups = params if isinstance(params[0], dict) else [{"params": params}]
+        self.pairs = []
+        spec = []
+        for g in groups:
+            masters = []
+            for p in g["params"]:
+                m = p.detach().float().clone()
+                self.pairs.append((p, m))
+                masters.append(m)
+            spec.append({**g, "params": masters})
+        self.opt = torch.optim.Adam(spec, **adam)
+
+    @torch.no_grad()
+    def step(self):
+        for p, m in self.pairs:
+            m.grad = None if p.grad is None else p.grad.float()
+        self.opt.step()
+        for p, m in self.pairs:
+            p.copy_(m.to(p.dtype))
+
+
+@pytest.mark.exercise("2.7", points=1)
+def test_nvme_bf16_weight_decay_uses_the_fp32_master(tmp_path):
+    """bf16 parameters with L2 weight decay 0.5 against mixed-precision Adam (decay added to the
+    fp32 gradient from the fp32 master). The decay term must come from the master: the bf16
+    weight differs from it by up to half a bf16 ulp, which λ·(θ − bf16(θ)) turns into a
+    different gradient, and Adam's normalization into a different step on small-gradient
+    elements. Tolerance: BF16_TOL on the weights, 1e-6 relative on the masters in the file."""
+    from labkit.lab2.nvme_offload import NVMeAdam
+
+    g = torch.Generator().manual_seed(6)
+    w0 = (torch.randn(32, 32, generator=g) * 0.5).to(torch.bfloat16)
+    grads = [torch.randn(32, 32, generator=g) * 1e-3 for _ in range(4)]
+    runs = []
+    for make in (lambda ps: NVMeAdam(ps, tmp_path / "s", lr=1e-3, weight_decay=0.5),
+                 lambda ps: MasterAdam(ps, lr=1e-3, weight_decay=0.5)):
+        w = torch.nn.Parameter(w0.clone())
+        opt = make([w])
+        for gr in grads:
+            w.grad = gr.to(torch.bfloat16)
+            opt.step()
+            w.grad = None
+        runs.append((w.detach(), opt))
+    (got, nvme), (want, ref) = runs
+    master = nvme.prefetch(0).result()["master"]
+    torch.testing.assert_close(master, ref.pairs[0][1], rtol=1e-6, atol=1e-9, msg=lambda m: (
+        f"fp32 master after 4 steps with weight decay 0.5: {m} — take the decay term from the "
+        "fp32 master, not from the bf16 parameter"))
+    torch.testing.assert_close(got, want, **BF16_TOL)
+
+
+@pytest.mark.exercise("2.7", points=1)
+def test_nvme_applies_each_groups_options(tmp_path):
+    """Two parameter groups (lr 1e-2, betas (0.9, 0.999), no decay; lr 5e-2, betas (0.5, 0.9),
+    eps 1e-3, weight decay 0.1) against ``torch.optim.Adam`` with the same groups, 3 steps.
+    Tolerance: UPDATE_TOL."""
+    from labkit.lab2.nvme_offload import NVMeAdam
+
+    groups = [dict(lr=1e-2), dict(lr=5e-2, betas=(0.5, 0.9), eps=1e-3, weight_decay=0.1)]
+    _, _, _, got = late_gradient_run(lambda ps: NVMeAdam(ps, tmp_path / "s"), groups=groups)
+    _, _, _, want = late_gradient_run(lambda ps: torch.optim.Adam(ps), groups=groups)
+    for step, ((ga, gb), (wa, wb)) in enumerate(zip(got, want), 1):
+        for k, (x, y) in enumerate(((ga, wa), (gb, wb))):
+            torch.testing.assert_close(x, y, **UPDATE_TOL, msg=lambda m, k=k, step=step: (
+                f"group {k} ({groups[k]}) after step {step} vs torch.optim.Adam: {m} — use the "
+                "group's own options (self.options[i])"))

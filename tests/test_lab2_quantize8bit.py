@@ -160,3 +160,68 @@ def test_quantize8bit_refuses_bad_input(call, word):
 
     with pytest.raises((ValueError, TypeError), match=word):
         call(m)
+
+
+@pytest.mark.exercise("2.2", points=1)
+def test_quantize_keeps_to_the_data_device_with_the_code_on_the_cpu():
+    """On a GPU the data (an optimizer's moments) is on the device and the code, as
+    ``linear_code()``/``dynamic_code()`` build it, on the CPU; an op that mixes the two raises
+    there. The CPU cannot see this, so here the data is on the ``meta`` device and
+    ``StrictDevices`` raises as CUDA would on any op mixing devices (copies and CPU indices
+    aside). Quantize and dequantize must run, and return codes, absmax and values on the data's
+    device."""
+    from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code, linear_code, quantize_blockwise
+
+    for code in (dynamic_code(), linear_code()):
+        x = torch.empty(1000, 3, device="meta")
+        with StrictDevices():
+            try:
+                codes, absmax = quantize_blockwise(x, code, 256)
+                values = dequantize_blockwise(codes, absmax, code, 256)
+            except RuntimeError as exc:
+                raise AssertionError(
+                    f"with x on another device than the code (the GPU vs the CPU): {exc} — bring "
+                    "the code (or what you compute from it) to x's device before mixing them") from None
+        for what, t, dtype in (("codes", codes, torch.uint8), ("absmax", absmax, torch.float32),
+                               ("dequantized values", values, torch.float32)):
+            assert t.device == x.device and t.dtype == dtype, (
+                f"{what} are {t.dtype} on {t.device}, expected {dtype} on x's device {x.device}")
+        assert codes.shape == x.shape and values.shape == x.shape and absmax.shape == (12,)
+
+
+@pytest.mark.exercise("2.2", points=1)
+def test_quantize_alternating_codes_and_a_bf16_input():
+    """Quantize the same data with the dynamic, then the linear, then the dynamic code again
+    (a cache keyed on anything less than the code would hand the second call the first code's
+    table), against brute force; and a bf16 input, whose codes must be those of its values in
+    fp32 (normalizing in bf16 rounds x/absmax to 8 bits before the code is looked up)."""
+    from labkit.lab2.quantize8bit import dynamic_code, linear_code, quantize_blockwise
+
+    x = heavy_tailed(3000, seed=7)
+    for name, code in (("dynamic", dynamic_code()), ("linear", linear_code()),
+                       ("dynamic", dynamic_code()), ("unsigned dynamic", dynamic_code(False))):
+        data = x.abs() if name.startswith("unsigned") else x
+        codes, _ = quantize_blockwise(data, code, 128)
+        ref, _ = brute_force_quantize(data, code, 128)
+        normalized = data / _block_scales(data, 128)
+        worse = int(((normalized - code[codes.long()]).abs()
+                     > (normalized - code[ref]).abs() + 1e-7).sum())
+        assert worse == 0, (f"{name} code (called after other codes): {worse} of {x.numel()} "
+                            "elements are not at a nearest entry — is a table built for another "
+                            "code being reused?")
+    bf16 = (x * 1e3).to(torch.bfloat16)
+    codes16, absmax16 = quantize_blockwise(bf16, dynamic_code(), 128)
+    codes32, absmax32 = quantize_blockwise(bf16.float(), dynamic_code(), 128)
+    assert torch.equal(absmax16, absmax32), "absmax of a bf16 input must be its fp32 values' absmax"
+    differ = int((codes16 != codes32).sum())
+    assert differ == 0, (f"{differ} of {x.numel()} codes of a bf16 input differ from those of the "
+                         "same values in fp32: normalize in fp32, not in the input's dtype")
+
+
+def _block_scales(x, block_size):
+    n = x.numel()
+    blocks = math.ceil(n / block_size)
+    flat = torch.zeros(blocks * block_size)
+    flat[:n] = x.reshape(-1).float()
+    absmax = flat.view(blocks, block_size).abs().amax(dim=1)
+    return torch.where(absmax > 0, absmax, torch.ones_like(absmax)).repeat_interleave(block_size)[:n].view(x.shape)

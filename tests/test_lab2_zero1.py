@@ -51,7 +51,7 @@ def flat_order(model, groups=None, frozen=()):
 
 
 def unsharded(model, batches, world_size, optimizer_class=torch.optim.Adam, lr=ZERO_LR,
-              dtype=None, groups=None, frozen=(), **options):
+              dtype=None, groups=None, frozen=(), drop_grads=(), **options):
     """The reference, computed here: ``optimizer_class`` unsharded (same groups) on fp32 master
     copies, fed the gradients of every rank's batch summed in the parameters' dtype (as the
     collective does) and divided by N, then cast back. Returns the parameters in model order
@@ -66,13 +66,16 @@ def unsharded(model, batches, world_size, optimizer_class=torch.optim.Adam, lr=Z
     in_groups = {n for g in groups or [] for n in g["params"]}
     spec.append({"params": [master[n] for n in names if n not in in_groups]})
     opt = optimizer_class(spec, lr=lr, **options)
-    for step_batches in batches:
+    for step, step_batches in enumerate(batches):
         grads = {n: torch.zeros_like(params[n]) for n in names}
         for x, y in step_batches:
             model.zero_grad()
             model(x, y).backward()
             for n in names:
                 grads[n] += params[n].grad
+        for s, name in drop_grads:  # ZeRO-1's contract: a missing gradient counts as zero
+            if s == step:
+                grads[name].zero_()
         for n in names:
             master[n].grad = grads[n].float() / world_size
         opt.step()
@@ -115,6 +118,8 @@ VARIANTS = {
     "adamw_groups": dict(optimizer_class=torch.optim.AdamW, lr=ZERO_LR, weight_decay=0.1,
                          groups=ZERO_GROUPS, frozen=ZERO_FROZEN),
     "sgd": dict(optimizer_class=torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=0.01),
+    # two data-parallel groups of 2 inside a world of 4, and at step 2 a parameter without .grad
+    "subgroups": dict(lr=ZERO_LR, dp_groups=2, drop_grads=((1, "h.0.mlp.c_fc.weight"),)),
 }
 
 
@@ -331,3 +336,23 @@ def test_zero1_refuses_bad_input(call, word):
 
     with pytest.raises((ValueError, TypeError), match=word):
         call(z)
+
+
+@pytest.mark.exercise("2.5", points=1)
+def test_zero1_inside_a_subgroup_with_a_missing_gradient():
+    """A world of 4 ranks split into two data-parallel groups {0, 1} and {2, 3} (lab 7 runs
+    ZeRO-1 inside such groups), each training on its own ranks' batches; at step 2 one matrix has
+    no ``.grad`` on any rank. Each group must equal Adam unsharded on *its* two ranks' averaged
+    gradients, the missing gradient counted as zero (the contract). Collectives over the world
+    (the default group) mix the groups; a group rank taken for a global one shards wrongly.
+    Tolerance: UPDATE_TOL."""
+    model, batches, results = run_dp(4, variant="subgroups")
+    names = [n for n, _ in model.named_parameters()]
+    for members in ((0, 1), (2, 3)):
+        mine = [[step[r] for r in members] for step in batches]
+        reference, _ = unsharded(model, mine, 2, drop_grads=VARIANTS["subgroups"]["drop_grads"])
+        for rank in members:
+            for name, got, want in zip(names, results[rank]["params"], reference):
+                torch.testing.assert_close(got, want, **UPDATE_TOL, msg=lambda m, name=name, rank=rank, members=members: (
+                    f"rank {rank} (group {members}), {name}: {m} — run every collective over "
+                    "self.group and count a parameter without .grad as a zero gradient"))

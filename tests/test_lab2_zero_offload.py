@@ -230,3 +230,48 @@ def test_zero_offload_refuses_bad_input(kwargs, word):
         ZeROOffload([torch.zeros(2, requires_grad=True)])
     with pytest.raises(TypeError, match="offload"):
         memory_by_location(object())
+
+
+@pytest.mark.exercise("2.6", points=1)
+def test_zero_offload_host_buffers_are_its_own_storage():
+    """On a CPU host and device are the same memory, so "the gradient reached the host" is
+    checked by storage, which a shortcut cannot fake: a hook registered before the offloader's
+    records each device gradient's storage; after backward each parameter's host buffer must
+    still be the buffer allocated at construction (same storage, filled in place, equal to the
+    gradient), share no storage with any device gradient, and the device gradients must be
+    garbage. ``memory_by_location`` then reports no gradient bytes on the device."""
+    import gc
+    import weakref
+
+    from labkit.harness.lab2 import memory_by_location
+    from labkit.lab2.zero_offload import ZeROOffload
+
+    model = tiny_gpt(dtype=torch.bfloat16)
+    seen = {}
+
+    def record(p):
+        seen[id(p)] = (p.grad.untyped_storage().data_ptr(), weakref.ref(p.grad), p.grad.clone())
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(record)
+    off = ZeROOffload(model, lr=1e-3)
+    allocated = [g.untyped_storage().data_ptr() for g in off.host_grads]
+    x, y = data().batch(0)
+    model(x, y).backward()
+    gc.collect()
+    device_ptrs = {ptr for ptr, _, _ in seen.values()}
+    for i, (name, p) in enumerate(zip(off.names, off.params)):
+        ptr, alive, value = seen[id(p)]
+        buf = off.host_grads[i]
+        assert buf.untyped_storage().data_ptr() == allocated[i] and buf.dtype == p.dtype, (
+            f"{name}: host_grads[{i}] is no longer the host buffer allocated at construction "
+            "(on a GPU a replaced buffer is the device gradient itself: nothing left the device): "
+            "copy the gradient into it in place")
+        assert buf.untyped_storage().data_ptr() not in device_ptrs, (
+            f"{name}: the host buffer shares storage with a device gradient")
+        torch.testing.assert_close(buf, value, rtol=0, atol=0, msg=lambda m, name=name: (
+            f"{name}: the host buffer does not hold this step's gradient: {m}"))
+        assert alive() is None, (f"{name}: the device gradient is still alive after backward: "
+                                 "release it (param.grad = None) once it is copied")
+    where = memory_by_location(off)
+    assert where["device"]["gradients"] == 0, f"gradient bytes on the device: {where['device']}"
