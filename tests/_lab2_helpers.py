@@ -90,6 +90,7 @@ def late_gradient_run(make, steps=3, *, dtype=torch.float32, lr=0.1, groups=None
     b = torch.nn.Parameter(torch.randn(6, generator=g).to(dtype))
     grads = [(torch.randn(4, 6, generator=g), torch.randn(6, generator=g)) for _ in range(steps)]
     opt = make([{"params": [a], **groups[0]}, {"params": [b], **groups[1]}] if groups else [a, b])
+    b._opt, b._grads = opt, [gb.to(dtype) for _, gb in grads]  # for tests that look at the state
     history = []
     for step, (ga, gb) in enumerate(grads):
         a.grad = ga.to(dtype)

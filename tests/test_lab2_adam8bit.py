@@ -211,6 +211,18 @@ def test_adam8bit_counts_steps_per_parameter_and_reads_each_group():
         "the group's lr and betas, and bias-correct with the parameter's own step count (1)"))
     assert opt.state[b]["step"] == 2 and opt.state[a]["step"] == 3, (
         f"step counts weight {opt.state[a]['step']}, vector {opt.state[b]['step']}, expected 3 and 2")
+    # Adam's first step is lr·sign(g) whatever the betas; the stored m = (1 − β₁)·g is not.
+    # Tolerance: the signed dynamic code's largest half-gap is < 1% of the block's absmax.
+    from labkit.lab2.quantize8bit import dequantize_blockwise
+
+    _, _, b2, _ = late_gradient_run(lambda ps: Adam8bit(ps, block_size=8), steps=2, groups=groups)
+    opt2 = b2._opt
+    state = opt2.state[b2]
+    m = dequantize_blockwise(state["exp_avg"], state["exp_avg_absmax"], opt2.code_m, 8)
+    want_m = (1 - groups[1]["betas"][0]) * b2._grads[1]
+    torch.testing.assert_close(m, want_m, rtol=0, atol=0.01 * float(want_m.abs().max()), msg=lambda msg: (
+        f"the vector's stored m after its first step (group 1, β₁ = {groups[1]['betas'][0]}): "
+        f"{msg} — expected (1 − β₁)·g with the group's β₁"))
     p = torch.nn.Parameter(torch.zeros(5))
     o = Adam8bit([p])
     p.grad = torch.ones(5)

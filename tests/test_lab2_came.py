@@ -237,18 +237,27 @@ def test_came_bf16_weight_keeps_fp32_state():
 
 @pytest.mark.exercise("2.8", points=1)
 def test_came_applies_each_groups_options():
-    """Two parameter groups (lr 1e-2, d 1 and no decay; lr 3e-2, d 0.05 → clipping at every step,
-    weight decay 0.1), each against Algorithm 1 with its own options: every option comes from
-    the parameter's group, as in torch.optim. Tolerance: rtol 1e-5, atol 1e-6."""
+    """Two parameter groups under the defaults lr 1e-2, d 1000 (a 12×10 weight: never clipped),
+    and lr 3e-2, d 1, weight decay 0.1 (a 10×12 weight: clipped at every step, RMS(u) being
+    ~30–100 in the first steps, before v has grown). CAME's step m/√S does not change when
+    every u is scaled by the same factor, but clipping scales each step's u by its own 1/RMS,
+    so d = 1 and d = 1000 give different weights. Each group against Algorithm 1 with its own
+    options, as in torch.optim. Tolerance: rtol 1e-5, atol 1e-6."""
     from labkit.lab2.came import CAME
 
     g = torch.Generator().manual_seed(5)
-    shapes = [(10, 12), (12, 10)]
-    grads = [[torch.randn(s, generator=g) for _ in range(3)] for s in shapes]
+    shapes = [(12, 10), (10, 12)]
+
+    def spiky(shape):
+        x = torch.randn(shape, generator=g)
+        x.view(-1)[torch.randperm(x.numel(), generator=g)[:4]] *= 30
+        return x
+
+    grads = [[spiky(s) for _ in range(3)] for s in shapes]
     p0 = [torch.randn(s, generator=g) * 0.1 for s in shapes]
-    options = [dict(lr=1e-2, d=1.0, weight_decay=0.0), dict(lr=3e-2, d=1.05, weight_decay=0.1)]
+    options = [dict(lr=1e-2, d=1000.0, weight_decay=0.0), dict(lr=3e-2, d=1.0, weight_decay=0.1)]
     ps = [x.clone().requires_grad_() for x in p0]
-    opt = CAME([{"params": [p], **o} for p, o in zip(ps, options)])
+    opt = CAME([{"params": [ps[0]]}, {"params": [ps[1]], **options[1]}], lr=1e-2, d=1000.0)
     for k in range(3):
         for p, gr in zip(ps, grads):
             p.grad = gr[k].clone()
