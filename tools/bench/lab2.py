@@ -86,7 +86,7 @@ def cases() -> list[Case]:
 
     from labkit.dist import launch
     from labkit.models import GPT, SyntheticData, lab_config
-    from labkit.lab2.zero1 import train_data_parallel
+    from labkit.harness.lab2 import train_data_parallel
 
     torch.manual_seed(0)
     zmodel = GPT(lab_config("cpu"))

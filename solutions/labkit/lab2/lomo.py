@@ -19,9 +19,11 @@ Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.4 (labs/02_optimizer_
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
+
+from labkit import validate
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 
 class LOMO:
@@ -31,27 +33,54 @@ class LOMO:
     ``step()``, no ``zero_grad()``, and every ``.grad`` is None when backward returns.
 
     Args:
-        params: the parameters to train (each must require grad).
-        lr: the learning rate (> 0 makes it SGD; 0 only frees the gradients).
+        params: the parameters to train (each must require grad), or parameter groups (dicts
+            with "params" and optionally "lr"), as for ``torch.optim.SGD``.
+        lr: the learning rate (> 0 makes it SGD; 0 only frees the gradients); a group's own
+            "lr" overrides it for that group's parameters (``self.lr_of(param)``).
     """
 
     def __init__(self, params, lr: float):
-        if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr >= 0):
-            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
-        self.lr = float(lr)
-        if isinstance(params, torch.Tensor):
-            raise TypeError("params must be an iterable of tensors, got a single tensor")
+        self.lr = validate.non_negative_number("lr", lr)
+        items = validate.params("params", params)
+        n_dicts = sum(isinstance(i, dict) for i in items)
+        if 0 < n_dicts < len(items):
+            raise TypeError("params must hold only tensors or only param-group dicts, not both")
+        groups = items if n_dicts else [{"params": items}]
+        self._lr: dict[int, float] = {}  # id(param) -> its group's lr
         unique: dict[int, torch.Tensor] = {}
-        for p in params:  # a tied parameter listed twice is one parameter: one hook, one update
-            if not (isinstance(p, torch.Tensor) and p.requires_grad):
-                raise ValueError("params must be a non-empty iterable of tensors that require grad, "
-                                 f"got {type(p).__name__}" + ("" if not isinstance(p, torch.Tensor)
-                                                             else " with requires_grad=False"))
-            unique.setdefault(id(p), p)
+        for i, g in enumerate(groups):
+            unknown = set(g) - {"params", "lr"}
+            if unknown:
+                raise ValueError(f"params: group {i} has options {sorted(unknown)}; LOMO is plain "
+                                 "SGD and takes only 'lr' per group")
+            group_lr = validate.non_negative_number(f"params[{i}]['lr']", g.get("lr", self.lr))
+            ps = g["params"]
+            ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+            for p in ps:  # a tied parameter listed twice is one parameter: one hook, one update
+                if not (isinstance(p, torch.Tensor) and p.requires_grad):
+                    raise ValueError("params must be tensors that require grad, got "
+                                     + (type(p).__name__ if not isinstance(p, torch.Tensor)
+                                        else "a tensor with requires_grad=False"))
+                if id(p) in unique and self._lr[id(p)] != group_lr:
+                    raise ValueError("params: a parameter appears in two groups with different lr")
+                unique.setdefault(id(p), p)
+                self._lr[id(p)] = group_lr
         self.params = list(unique.values())
         if not self.params:
             raise ValueError("params must be a non-empty iterable of tensors that require grad")
         self.handles = []
+        self._attach()
+
+    def lr_of(self, param: torch.Tensor) -> float:
+        """The learning rate of ``param``'s group."""
+        return self._lr[id(param)]
+
+    # ==== exercise 2.4: your code ====
+
+    def _attach(self) -> None:
+        """Make ``self._update`` run on each of ``self.params`` once its gradient is complete (for
+        a parameter used twice, such as a tied embedding, once, after both contributions); keep
+        in ``self.handles`` what ``remove()`` needs."""
         # BEGIN SOLUTION 2.4: make self._update run on each parameter once its gradient is complete; keep in self.handles what remove() needs
         for p in self.params:
             self.handles.append(p.register_post_accumulate_grad_hook(self._update))
@@ -60,29 +89,16 @@ class LOMO:
     def _update(self, param: torch.Tensor) -> None:
         """Called with a parameter whose gradient is complete: apply SGD's update to it (autograd
         must not record it) and release its gradient, so that no ``.grad`` outlives its use."""
-        # BEGIN SOLUTION 2.4: update the parameter in place without autograd recording it, then set its .grad to None
+        # BEGIN SOLUTION 2.4: update the parameter in place with its group's lr (self.lr_of) without autograd recording it, then set its .grad to None
         with torch.no_grad():
-            param.add_(param.grad, alpha=-self.lr)
+            param.add_(param.grad, alpha=-self.lr_of(param))
         param.grad = None
         # END SOLUTION
+
+    # ==== given: the course's code — read it, call it, don't change it ====
 
     def remove(self) -> None:
         """Remove the hooks: backward goes back to only computing gradients."""
         for handle in self.handles:
             handle.remove()
         self.handles = []
-
-
-def lomo_step(model: torch.nn.Module, optimizer, batch) -> torch.Tensor:
-    """A training step for ``labkit.measure.measure_step`` when LOMO is attached: forward and
-    backward only (backward is the update). ``optimizer`` is ignored (pass None).
-
-    MemTracker's own post-accumulate-grad hook runs after LOMO's and finds ``.grad`` already
-    freed; its warning about that None is silenced here.
-    """
-    x, y = batch
-    loss = model(x, y)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper")
-        loss.backward()
-    return loss.detach()

@@ -12,7 +12,8 @@ read-ahead window, never the whole state.
 Here a group is one parameter tensor and its state is one file ``group_XXXX.bin`` of K·n fp32
 numbers: [master (16-bit parameters only), m, v], K = 12 bytes an element for 16-bit
 parameters, 8 for fp32 ones (the parameter itself is the master); ``step.json`` holds the step
-count. The files are read and written explicitly (``read_group`` / ``write_group``), not
+counts: each parameter's own, as ``torch.optim.Adam`` keeps them (a parameter without a gradient
+is skipped and its count does not advance, so its bias corrections start at its first gradient). The files are read and written explicitly (``read_group`` / ``write_group``), not
 memory-mapped: an mmap's pages are resident at the kernel's discretion, while an explicit read
 makes "resident bytes" a number we can count. Per step the files give K·Ψ bytes and take K·Ψ
 back; the resident state is at most the window, K × (the largest read_ahead + 1 consecutive
@@ -31,9 +32,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from labkit.validate import adam_args as check_adam_args
+from labkit import validate
 
-LAYOUT = "labkit.lab2.nvme_offload/1"
+# ==== given: the course's code — read it, call it, don't change it ====
+
+LAYOUT = "labkit.lab2.nvme_offload/2"
+ADAM_OPTIONS = ("lr", "betas", "eps", "weight_decay")
 
 
 class Prefetch:
@@ -60,20 +64,24 @@ class NVMeAdam:
     master weights, moments and step count continue where they were written.
 
     Infrastructure (given; the exercise uses it):
-        groups: the parameters, one tensor per group; ``K``: state floats per element (2 or 3).
+        groups: the parameters, one tensor per group; ``K``: state bytes per element (8 or 12).
+        options[i]: group i's Adam options, ``{"lr", "betas", "eps", "weight_decay"}`` (the
+            keyword arguments, or the parameter group's own where ``params`` has groups).
+        steps[i]: the steps group i has taken (its own count, for its bias corrections).
         prefetch(i): start reading group i's state on the I/O thread; returns a ``Prefetch``
             whose ``result()`` waits and hands over ``{"master"?, "exp_avg", "exp_avg_sq"}``
             (fp32 tensors of the parameter's shape; "master" only for 16-bit parameters), once.
         write_group(i, state): write that dict back to group i's file.
-        write_step(t): record the step count in ``step.json``.
+        write_steps(): record ``step_count`` and ``steps`` in ``step.json``.
         bytes_read, bytes_written: state bytes moved so far (counted by read/write).
         resident_bytes, peak_resident_bytes: bytes of state buffers read and still alive in
             host memory, now and at most (each buffer is counted until it is garbage).
         events: ``("read", i)`` when a prefetch is issued, ``("write", i)`` when a write ends.
-        step_count: steps taken (read from ``step.json`` on resume).
+        step_count: calls of ``step()`` so far (read from ``step.json`` on resume).
 
     Args:
-        params: the parameters (each tensor once).
+        params: the parameters (each tensor once), or parameter groups (dicts with "params" and
+            any of lr, betas, eps, weight_decay), as for ``torch.optim.Adam``.
         directory: where the state files live (created if missing).
         lr, betas, eps, weight_decay: ``torch.optim.Adam``'s (L2 weight decay, added to the
             gradient).
@@ -82,22 +90,32 @@ class NVMeAdam:
 
     def __init__(self, params, directory, *, lr: float = 1e-3, betas=(0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, read_ahead: int = 1):
-        if isinstance(params, torch.Tensor):
-            raise TypeError("params must be an iterable of tensors, got a single tensor")
-        params = list(params)
+        items = validate.params("params", params)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        validate.adam_args(**defaults)
+        groups = items if isinstance(items[0], dict) else [{"params": items}]
+        if not all(isinstance(g, dict) for g in groups):
+            raise TypeError("params must hold only tensors or only param-group dicts, not both")
+        params, self.options = [], []
+        for k, g in enumerate(groups):
+            unknown = set(g) - {"params", *ADAM_OPTIONS}
+            if unknown:
+                raise ValueError(f"params: group {k} has unknown options {sorted(unknown)}; "
+                                 f"allowed: {list(ADAM_OPTIONS)}")
+            options = {**defaults, **{o: g[o] for o in ADAM_OPTIONS if o in g}}
+            validate.adam_args(**options)
+            ps = [g["params"]] if isinstance(g["params"], torch.Tensor) else list(g["params"])
+            params += ps
+            self.options += [{**options, "betas": tuple(options["betas"])} for _ in ps]
         if not params or not all(isinstance(p, torch.Tensor) and p.is_floating_point() for p in params):
             raise ValueError("params must be a non-empty iterable of floating-point tensors")
         if len({id(p) for p in params}) != len(params):
             raise ValueError("params must list each tensor once")
         if not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"directory must be a path (str or os.PathLike), got {type(directory).__name__}")
-        check_adam_args(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        if isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 0:
-            raise ValueError(f"read_ahead must be an int >= 0, got {read_ahead!r}")
+        self.read_ahead = validate.non_negative_int("read_ahead", read_ahead)
         self.groups = params
         self.directory = os.fspath(directory)
-        self.lr, self.betas, self.eps, self.weight_decay = float(lr), tuple(betas), eps, weight_decay
-        self.read_ahead = read_ahead
         self.has_master = [p.dtype != torch.float32 for p in params]
         self.K = [4 * (3 if m else 2) for m in self.has_master]  # state bytes per element
         self.bytes_read = self.bytes_written = 0
@@ -116,6 +134,7 @@ class NVMeAdam:
                 raise ValueError(f"directory {self.directory!r} holds the state of other parameters "
                                  "(shapes or dtypes differ): use a new directory")
             self.step_count = int(meta["step"])
+            self.steps = [int(s) for s in meta["steps"]]
         else:
             for i, p in enumerate(params):
                 state = {"exp_avg": torch.zeros(p.shape), "exp_avg_sq": torch.zeros(p.shape)}
@@ -123,10 +142,10 @@ class NVMeAdam:
                     state["master"] = p.detach().float().cpu()
                 self._write(i, state)
             self.step_count = 0
-            self.write_step(0)
+            self.steps = [0] * len(params)
+            self.write_steps()
         self._layout = layout
 
-    # ------------------------------------------------------------------ infrastructure
     def path(self, i: int) -> str:
         """The file of group i."""
         return os.path.join(self.directory, f"group_{i:04d}.bin")
@@ -187,12 +206,13 @@ class NVMeAdam:
             self.bytes_written += nbytes
         self.events.append(("write", i))
 
-    def write_step(self, t: int) -> None:
-        """Record the step count (with the layout) in ``step.json``, atomically."""
+    def write_steps(self) -> None:
+        """Record ``step_count`` and every group's ``steps`` (with the layout) in ``step.json``,
+        atomically."""
         meta_path = os.path.join(self.directory, "step.json")
         with open(meta_path + ".tmp", "w") as f:
             json.dump({"layout": LAYOUT, "groups": [[list(p.shape), str(p.dtype)] for p in self.groups],
-                       "step": int(t)}, f)
+                       "step": int(self.step_count), "steps": [int(s) for s in self.steps]}, f)
         os.replace(meta_path + ".tmp", meta_path)
 
     def window_bytes(self) -> int:
@@ -206,52 +226,58 @@ class NVMeAdam:
         """K·Ψ: the bytes one step reads (and writes): Σ K·numel over the groups."""
         return sum(k * p.numel() for k, p in zip(self.K, self.groups))
 
-    # ------------------------------------------------------------------ the step
+    # ==== exercise 2.7: your code ====
+
     @torch.no_grad()
     def step(self) -> None:
         """One Adam step of every parameter that has a gradient, streaming the state from files.
 
         Contract: afterwards each parameter (and, for 16-bit parameters, its fp32 master)
-        equals what ``torch.optim.Adam`` keeping its state in memory would give (same lr,
-        betas, eps, weight_decay; a 16-bit parameter is its fp32 master rounded); every group's
-        file and ``step.json`` hold the new state, so a new ``NVMeAdam`` on this directory
-        continues identically. Each group's state is read once (``prefetch``) and written once
+        equals what ``torch.optim.Adam`` keeping its state in memory would give (each group's
+        own ``options``; a 16-bit parameter is its fp32 master rounded; the L2 weight decay
+        taken from the fp32 master); a parameter without a gradient is skipped and its own step
+        count ``steps[i]`` does not advance (its bias corrections use its count, as Adam's do);
+        ``step_count`` counts the calls; every group's file and ``step.json`` hold the new state,
+        so a new ``NVMeAdam`` on this directory continues identically. Each group's state is read once (``prefetch``) and written once
         (``write_group``), the read of the next groups is issued before the current group is
         updated, and at no moment are more than ``read_ahead`` groups beyond the current one
         read and alive in memory (drop each group's buffers once written).
         """
-        # BEGIN SOLUTION 2.7: stream the groups through a window of read_ahead prefetches; for each: Adam on its state (master for 16-bit), write it back, free it; then record the step
-        t = self.step_count + 1
-        beta1, beta2 = self.betas
-        bias1, bias2 = 1 - beta1 ** t, 1 - beta2 ** t
+        # BEGIN SOLUTION 2.7: stream the groups with a gradient through a window of read_ahead prefetches; for each: Adam on its state with its options and its own step count (master for 16-bit), write it back, free it; then record the steps
         todo = [i for i, p in enumerate(self.groups) if p.grad is not None]
         pending = {}
         for j in range(min(self.read_ahead + 1, len(todo))):
             pending[todo[j]] = self.prefetch(todo[j])
         for j, i in enumerate(todo):
             state = pending.pop(i).result()
-            p = self.groups[i]
+            p, opts = self.groups[i], self.options[i]
+            beta1, beta2 = opts["betas"]
+            t = self.steps[i] + 1
+            bias1, bias2 = 1 - beta1 ** t, 1 - beta2 ** t
             weight = state.get("master", p)
             grad = p.grad.detach().float().cpu()
-            if self.weight_decay:
-                grad = grad.add(weight.cpu().float(), alpha=self.weight_decay)
+            if opts["weight_decay"]:
+                grad = grad.add(weight.cpu().float(), alpha=opts["weight_decay"])
             m, v = state["exp_avg"], state["exp_avg_sq"]
             m.lerp_(grad, 1 - beta1)
             v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (v.sqrt() / math.sqrt(bias2)).add_(self.eps)
+            denom = (v.sqrt() / math.sqrt(bias2)).add_(opts["eps"])
             if "master" in state:
-                weight.addcdiv_(m, denom, value=-self.lr / bias1)
+                weight.addcdiv_(m, denom, value=-opts["lr"] / bias1)
                 p.copy_(weight.to(p.dtype))
             else:
-                p.addcdiv_(m.to(p.device), denom.to(p.device), value=-self.lr / bias1)
+                p.addcdiv_(m.to(p.device), denom.to(p.device), value=-opts["lr"] / bias1)
             self.write_group(i, state)
+            self.steps[i] = t
             del state, weight, m, v, denom  # this group's buffers are garbage now
             if j + self.read_ahead + 1 < len(todo):  # the window moves on by one group
                 nxt = todo[j + self.read_ahead + 1]
                 pending[nxt] = self.prefetch(nxt)
-        self.step_count = t
-        self.write_step(t)
+        self.step_count += 1
+        self.write_steps()
         # END SOLUTION
+
+    # ==== given: the course's code — read it, call it, don't change it ====
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Release the parameters' gradients (as ``torch.optim.Optimizer.zero_grad`` does)."""

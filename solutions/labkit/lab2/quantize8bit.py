@@ -27,14 +27,17 @@ import math
 
 import torch
 
+from labkit import validate
+
+# ==== given: the course's code — read it, call it, don't change it ====
+
 CODE_SIZE = 256
 """Entries of an 8-bit code."""
 
 
 def linear_code(signed: bool = True) -> torch.Tensor:
     """256 evenly spaced values: in [−1, 1] if ``signed``, else in [0, 1]. Sorted, float32."""
-    if not isinstance(signed, bool):
-        raise ValueError(f"signed must be True or False, got {signed!r}")
+    validate.boolean("signed", signed)
     return torch.linspace(-1.0 if signed else 0.0, 1.0, CODE_SIZE, dtype=torch.float32)
 
 
@@ -47,8 +50,7 @@ def dynamic_code(signed: bool = True) -> torch.Tensor:
     non-zero magnitude is 5.5·10⁻⁷ (3.25·10⁻⁷ unsigned). Equal to
     ``bitsandbytes.functional.create_dynamic_map``.
     """
-    if not isinstance(signed, bool):
-        raise ValueError(f"signed must be True or False, got {signed!r}")
+    validate.boolean("signed", signed)
     values = []
     exponent_bits = 7
     for i in range(exponent_bits):
@@ -63,8 +65,7 @@ def dynamic_code(signed: bool = True) -> torch.Tensor:
 
 
 def _check_args(code: torch.Tensor, block_size: int) -> None:
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    validate.positive_int("block_size", block_size)
     if not (isinstance(code, torch.Tensor) and code.shape == (CODE_SIZE,)
             and code.dtype == torch.float32):
         got = (f"{tuple(code.shape)} {code.dtype}" if isinstance(code, torch.Tensor)
@@ -75,11 +76,12 @@ def _check_args(code: torch.Tensor, block_size: int) -> None:
 
 def num_blocks(numel: int, block_size: int) -> int:
     """Blocks of ``block_size`` that cover ``numel`` elements: ceil(numel / block_size)."""
-    if not isinstance(numel, int) or isinstance(numel, bool) or numel < 0:
-        raise ValueError(f"numel must be an int >= 0, got {numel!r}")
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    numel = validate.non_negative_int("numel", numel)
+    block_size = validate.positive_int("block_size", block_size)
     return -(-numel // block_size)
+
+
+# ==== exercise 2.2: your code ====
 
 
 def quantize_blockwise(x: torch.Tensor, code: torch.Tensor,
@@ -97,7 +99,12 @@ def quantize_blockwise(x: torch.Tensor, code: torch.Tensor,
     Returns:
         ``(codes, absmax)``: ``codes`` is uint8 of ``x``'s shape, the index of the code entry
         nearest to x / absmax of its block; ``absmax`` is float32 of shape
-        (ceil(numel / B),), the largest |x| of each block.
+        (ceil(numel / B),), the largest |x| of each block. Both live on ``x``'s device.
+
+    Devices: ``x`` may be on any device (the GPU, in an optimizer); ``code`` usually lives on
+    the CPU (``linear_code()`` and ``dynamic_code()`` build it there). Every operation that
+    mixes the two must first bring the code (or what is computed from it) to ``x``'s device:
+    on a GPU, an op with one operand on each device raises.
     """
     _check_args(code, block_size)
     if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
@@ -144,12 +151,19 @@ def dequantize_blockwise(codes: torch.Tensor, absmax: torch.Tensor, code: torch.
     Args:
         codes: uint8 tensor of any shape (the shape of the result).
         absmax: float32 (ceil(numel / B),), one scale per block.
-        code: the 256-entry code used to quantize.
+        code: the 256-entry code used to quantize (on any device: usually the CPU).
         block_size: elements per block, B.
+
+    Returns a float32 tensor of ``codes``' shape on ``codes``' device (``absmax`` lives there
+    too); a look-up into a CPU ``code`` with GPU indices raises on a GPU, so bring the code to
+    ``codes``' device first.
     """
     _check_args(code, block_size)
     if not (isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8):
         raise ValueError(f"codes must be a uint8 tensor, got {getattr(codes, 'dtype', type(codes))}")
+    validate.tensor("absmax", absmax)
+    if absmax.device != codes.device:
+        raise ValueError(f"absmax must be on codes' device ({codes.device}), got {absmax.device}")
     if absmax.shape != (num_blocks(codes.numel(), block_size),):
         raise ValueError(f"absmax must have shape ({num_blocks(codes.numel(), block_size)},) "
                          f"for {codes.numel()} codes in blocks of {block_size}, "
@@ -164,6 +178,10 @@ def dequantize_blockwise(codes: torch.Tensor, absmax: torch.Tensor, code: torch.
     # END SOLUTION
 
 
+# ==== given: the course's code — read it, call it, don't change it ====
+
+
 def quantized_bytes(numel: int, block_size: int = 256) -> int:
     """Bytes of a block-wise 8-bit tensor of ``numel`` elements: numel + 4·ceil(numel / B)."""
+    numel = validate.non_negative_int("numel", numel)
     return numel + 4 * num_blocks(numel, block_size)

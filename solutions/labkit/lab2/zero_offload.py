@@ -19,8 +19,9 @@ bytes each way per step (16-bit gradients down, 16-bit weights up). ZeRO-Offload
 (``labkit.lab2.nvme_offload``).
 
 On a CPU-only machine "device" and "host" are the same memory: the same code runs and is
-graded on the numerics and the order of events, and ``memory_by_location`` accounts each tensor
-by who holds it (the model: device; the offloader's buffers and optimizer: host).
+graded on the numerics, the order of events and where each tensor's storage is: a host
+buffer must be the offloader's own (allocated once, pinned on CUDA), never the device gradient
+itself. ``labkit.harness.lab2.memory_by_location`` accounts the bytes by location.
 
 Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.6 (labs/02_optimizer_states.ipynb).
 """
@@ -29,7 +30,8 @@ from __future__ import annotations
 import torch
 
 from labkit.validate import adam_args as check_adam_args
-from labkit.optimizer_states import state_tensors
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 
 class ZeROOffload:
@@ -62,7 +64,7 @@ class ZeROOffload:
                  eps: float = 1e-8, weight_decay: float = 0.0):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        check_adam_args(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        check_adam_args(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)  # before anything moves
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("model must have at least one parameter that requires grad")
@@ -94,10 +96,14 @@ class ZeROOffload:
         self._offload_grad(param)
         self.events.append(("grad to host", self.names[self.index[id(param)]]))
 
+    # ==== exercise 2.6: your code ====
+
     def _offload_grad(self, param: torch.Tensor) -> None:
         """Called by autograd once ``param.grad`` is complete, in the middle of backward.
 
-        Contract: the gradient's values end up in this parameter's host buffer (on CUDA: copied
+        Contract: the gradient's values end up in this parameter's host buffer, filled in place
+        (``self.host_grads[i]`` stays the buffer allocated here: a "host buffer" that is the
+        device gradient itself would leave it on the GPU; on CUDA: copied
         on ``self.stream`` without racing the compute stream that wrote it, and ``self.copied``
         holds an event that marks the end of the copy; the device memory must not be reused
         before the copy has read it), the parameter's index is added to ``self.arrived``, and
@@ -144,6 +150,8 @@ class ZeROOffload:
         self.arrived.clear()
         # END SOLUTION
 
+    # ==== given: the course's code — read it, call it, don't change it ====
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Nothing to do: every device gradient was released during backward."""
 
@@ -152,54 +160,3 @@ class ZeROOffload:
         for handle in self.handles:
             handle.remove()
         self.handles = []
-
-
-def offload_step(model: torch.nn.Module, optimizer, batch, *, offload: ZeROOffload) -> torch.Tensor:
-    """One training step with ZeRO-Offload, for ``labkit.measure.measure_step`` (bind
-    ``offload`` with ``functools.partial``; pass ``offload.optim`` as the optimizer so that
-    MemTracker sees its state). MemTracker's own post-accumulate-grad hook runs after the
-    offloader's and finds ``.grad`` released; its warning about that is silenced."""
-    import warnings
-
-    x, y = batch
-    loss = model(x, y)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper")
-        loss.backward()
-    offload.step()
-    return loss.detach()
-
-
-def memory_by_location(offload: ZeROOffload) -> dict[str, dict[str, int]]:
-    """Bytes by location and consumer, counted from the tensors themselves (each storage once).
-
-    Returns ``{"device": {...}, "host": {...}}`` with keys "parameters", "gradients",
-    "optimizer states". The device holds the model's parameters and any ``.grad`` left on them;
-    the host holds the master weights and the optimizer's state ("optimizer states") and the
-    gradient buffers ("gradients"). On CUDA a tensor's location is its ``.device``; on a CPU,
-    where both are the same memory, it is who holds it (the model or the offloader).
-    """
-    if not isinstance(offload, ZeROOffload):
-        raise TypeError(f"offload must be a ZeROOffload, got {type(offload).__name__}")
-    out = {where: dict.fromkeys(("parameters", "gradients", "optimizer states"), 0)
-           for where in ("device", "host")}
-    seen: set = set()
-
-    def add(t: torch.Tensor, owner: str, consumer: str) -> None:
-        key = (str(t.device), t.untyped_storage().data_ptr())
-        if key in seen:
-            return
-        seen.add(key)
-        where = owner if offload.device.type == "cpu" else (
-            "device" if t.device == offload.device else "host")
-        out[where][consumer] += t.untyped_storage().nbytes()
-
-    for p in offload.params:
-        add(p, "device", "parameters")
-        if p.grad is not None:
-            add(p.grad, "device", "gradients")
-    for t in list(offload.master) + state_tensors(offload.optim):
-        add(t, "host", "optimizer states")
-    for g in offload.host_grads:
-        add(g, "host", "gradients")
-    return out

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from labkit import validate
+
+# ==== given: the course's code — read it, call it, don't change it ====
+
 
 class Adafactor(torch.optim.Optimizer):
     """Adafactor with a factored second moment for ≥2-D weights and a full one for vectors.
@@ -33,7 +37,8 @@ class Adafactor(torch.optim.Optimizer):
     State bytes: 4·(m + n) + 4 for an m×n fp32 weight, 4·n + 4 for a vector of n.
 
     Args:
-        params: the parameters (or parameter groups) to optimize.
+        params: the parameters, or parameter groups (dicts with "params" and any of the
+            options below), as for ``torch.optim``; each group's options apply to its parameters.
         lr: the largest relative step ρ_t; also the weight-decay coefficient's scale.
         beta2_decay: τ ≤ 0; the second moment's decay is β̂₂,t = 1 − t^τ.
         eps: (ε₁, ε₂): ε₁ clamps the variance estimate (None: the dtype's machine epsilon);
@@ -45,21 +50,16 @@ class Adafactor(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-2, beta2_decay: float = -0.8,
                  eps: tuple[float | None, float] = (None, 1e-3), d: float = 1.0,
                  weight_decay: float = 0.0):
-        def number(x):
-            return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-        if not (number(lr) and lr >= 0):
-            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
-        if not (number(beta2_decay) and beta2_decay <= 0):
-            raise ValueError(f"beta2_decay must be a number <= 0, got {beta2_decay!r}")
-        if not (isinstance(eps, (tuple, list)) and len(eps) == 2
-                and (eps[0] is None or (number(eps[0]) and eps[0] >= 0))
-                and number(eps[1]) and eps[1] >= 0):
+        params = validate.params("params", params)
+        validate.non_negative_number("lr", lr)
+        validate.number("beta2_decay", beta2_decay, high=0)
+        if not (isinstance(eps, (tuple, list)) and len(eps) == 2):
             raise ValueError(f"eps must be a pair (eps1 >= 0 or None, eps2 >= 0), got {eps!r}")
-        if not (number(d) and d >= 1):
-            raise ValueError(f"d (the clipping threshold) must be a number >= 1, got {d!r}")
-        if not (number(weight_decay) and weight_decay >= 0):
-            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+        if eps[0] is not None:
+            validate.non_negative_number("eps[0] (ε₁)", eps[0])
+        validate.non_negative_number("eps[1] (ε₂)", eps[1])
+        validate.number("d (the clipping threshold)", d, low=1)
+        validate.non_negative_number("weight_decay", weight_decay)
         defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=tuple(eps), d=d,
                         weight_decay=weight_decay)
         super().__init__(params, defaults)
@@ -88,9 +88,14 @@ class Adafactor(torch.optim.Optimizer):
                 self._update(p, p.grad, self.state[p], group)
         return loss
 
+    # ==== exercise 2.1: your code ====
+
     def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
         """One Adafactor step of parameter ``p`` (see ``step``); creates its state on first use."""
         raise NotImplementedError("exercise 2.1: create this parameter's state on first use (the class docstring lists it), then take one step that meets the contract of step() (labs/02_optimizer_states.ipynb)")
+
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 
 def factored_state_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
@@ -100,7 +105,7 @@ def factored_state_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.floa
     step counter. Compare Adam's 2·numel elements.
     """
     if (not isinstance(shape, (tuple, list, torch.Size)) or len(shape) < 1
-            or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape)):
+            or any(not validate.is_int(s) or s < 1 for s in shape)):
         raise ValueError(f"shape must be a non-empty tuple of positive ints, got {shape!r}")
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")

@@ -20,7 +20,10 @@ import math
 
 import torch
 
+from labkit import validate
 from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 
 class Adam8bit(torch.optim.Optimizer):
@@ -28,31 +31,30 @@ class Adam8bit(torch.optim.Optimizer):
 
     State of a parameter of n elements:
 
-    * ``"step"``: an int, steps taken;
+    * ``"step"``: an int, the steps this parameter has taken (a parameter without a gradient
+      is skipped and its step does not advance, as in ``torch.optim.Adam``);
     * ``"exp_avg"``: uint8 codes of m (the parameter's shape), ``"exp_avg_absmax"``: float32
       (ceil(n/B),), in the signed dynamic code ``self.code_m``;
     * ``"exp_avg_sq"``, ``"exp_avg_sq_absmax"``: the same for v, in the unsigned dynamic code
       ``self.code_v``.
 
+    Devices: every state tensor lives on the parameter's device; the two codes are built on
+    the CPU and shared (``labkit.lab2.quantize8bit`` brings them where they are needed).
+
     State bytes: 2·n + 8·ceil(n/B) per parameter (the two 256-entry codes, 2 KiB, are shared).
 
     Args:
-        params: the parameters (or parameter groups) to optimize.
+        params: the parameters, or parameter groups (dicts with "params" and any of the
+            options below), as for ``torch.optim``; each group's options apply to its parameters.
         lr, betas, eps: as ``torch.optim.Adam``.
         block_size: elements per quantization block, B (bitsandbytes uses 256).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, block_size: int = 256):
-        if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr >= 0):
-            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
-                and all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas)):
-            raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
-        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
-            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        params = validate.params("params", params)
+        validate.adam_args(lr=lr, betas=betas, eps=eps)
+        block_size = validate.positive_int("block_size", block_size)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, block_size=block_size))
         self.code_m = dynamic_code(signed=True)  # (256,) for m, which has a sign
         self.code_v = dynamic_code(signed=False)  # (256,) for v >= 0
@@ -66,8 +68,9 @@ class Adam8bit(torch.optim.Optimizer):
         stored, the only difference being the moments' rounding to 8 bits; afterwards
         ``state`` holds this step's m and v quantized block-wise (blocks of B, ``code_m`` for m,
         ``code_v`` for v, as ``labkit.lab2.quantize8bit`` does), the fp32 moments being temporaries
-        of this parameter's update only; and a v that is not zero is never stored as the
-        code's 0 (it would leave ε alone under m).
+        of this parameter's update only, every state tensor on the parameter's device; and a v
+        that is not zero is never stored as the code's 0 (it would leave ε alone under m). The
+        bias corrections use this parameter's own step count (``state["step"]``).
         """
         loss = None
         if closure is not None:
@@ -79,15 +82,19 @@ class Adam8bit(torch.optim.Optimizer):
                     self._update(p, p.grad, self.state[p], group)
         return loss
 
+    # ==== exercise 2.3: your code ====
+
     def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
         """One 8-bit Adam step of parameter ``p`` (see ``step``); creates its state on first use."""
         raise NotImplementedError("exercise 2.3: create the uint8 codes and absmax scales on first use; dequantize m and v, take one Adam step in fp32, quantize them back (labs/02_optimizer_states.ipynb)")
 
 
+# ==== given: the course's code — read it, call it, don't change it ====
+
+
 def adam8bit_state_bytes(numels, block_size: int = 256) -> int:
     """State bytes of ``Adam8bit`` for parameters of these sizes: Σ 2·n + 8·ceil(n/B)."""
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    block_size = validate.positive_int("block_size", block_size)
     if isinstance(numels, (int, torch.Tensor)):
         raise TypeError("numels must be an iterable of ints (parameter sizes), e.g. [p.numel() for p in params]")
     numels = list(numels)
