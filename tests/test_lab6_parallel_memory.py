@@ -285,7 +285,7 @@ def test_zero1_matches_zero_redundancy_optimizer_on_gloo_ranks(small_gpt):
     from labkit.dist import launch
     from labkit.models import SyntheticData
     from labkit.lab6.parallel_memory import static_bytes
-    from labkit.lab2.zero1 import train_data_parallel
+    from labkit.harness.lab2 import train_data_parallel
 
     model, psi = small_gpt
     want = static_bytes(psi, world_size=N, dp=N, zero_stage=1, recipe="fp32")["optimizer states"]

@@ -46,7 +46,7 @@ import torch.distributed as dist
 # The course code each demo runs, "module:name,name" (several modules: separated by spaces),
 # imported when the demo runs. One line per demo: when a function moves, its line follows.
 USES = {
-    "zero1": "labkit.lab2.zero1:train_data_parallel",
+    "zero1": "labkit.harness.lab2:train_data_parallel",
     "ring_attention": "labkit.harness.lab5:ring_worker labkit.reference.lab5:ring_bytes_per_rank,single_device_peak_bytes",
     "tensor_parallel": "labkit.lab3.tensor_parallel:run_tp",
     "zero2": "labkit.lab4.zero2:train_zero2",
