@@ -144,6 +144,13 @@ def test_plan_optimal_matches_brute_force():
     xyz = [TensorLife(0, 1024, 0, 1), TensorLife(1, 1024, 0, 9), TensorLife(2, 2048, 2, 9)]
     got = arena_size(xyz, plan_optimal(xyz))
     assert got == 3072, f"plan_optimal's arena for X, Y, Z is {got:,} B, expected 3,072: is every order tried?"
+    # An instance no simple order solves (found by search, checked here by the brute force): the
+    # given order, its reverse, largest first and order of allocation all need 8 KiB; the optimum
+    # is 7 KiB.
+    hard = [TensorLife(0, 2048, 2, 5), TensorLife(1, 2048, 2, 3), TensorLife(2, 1024, 3, 6),
+            TensorLife(3, 3072, 5, 7), TensorLife(4, 3072, 1, 2)]
+    got, want = arena_size(hard, plan_optimal(hard)), brute_force_arena(hard)
+    assert got == want == 7168, f"plan_optimal's arena {got:,} B, brute force {want:,} B (expected 7,168): is every order tried?"
     for seed in range(12):
         tensors = random_instance(100 + seed)
         want = brute_force_arena(tensors)
