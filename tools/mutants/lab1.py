@@ -95,7 +95,7 @@ MUTANTS = [
     Mutant("1.4", F, find="kept = (5 + 9 + 2) * sbh * e + as2b * e",
            replace="kept = (5 + 9 + 2) * sbh * e + as2b * 2",
            why="keeps the softmax output at 2 bytes whatever element_bytes"),
-    Mutant("1.4", F, find="    check_choice(\"element_bytes\", element_bytes, (1, 2, 4, 8))\n",
+    Mutant("1.4", F, find="    one_of(\"element_bytes\", element_bytes, (1, 2, 4, 8))\n",
            replace="",
            why="does not validate element_bytes"),
     # 1.5 predict_peak
