@@ -78,6 +78,7 @@ def test_small_pool_splits_caches_and_reuses_the_best_fit():
     assert (alloc.allocated_bytes, alloc.reserved_bytes) == (1024, 2 * MiB), \
         f"after malloc(1000): allocated {alloc.allocated_bytes:,}, reserved {alloc.reserved_bytes:,}; expected 1,024 and 2 MiB: round to 512 B, one 2 MiB small segment"
     b = alloc.malloc(3000)
+    not_live(b, "malloc(3000)", a=a)
     assert b == a + 1024, f"malloc(3000) at {b}, expected right after a at {a + 1024}: the segment's remainder must be split off and reused"
     assert alloc.reserved_bytes == 2 * MiB and len(alloc.segment_log) == 1, \
         f"reserved {mib(alloc.reserved_bytes)} in {len(alloc.segment_log)} segments after two small requests, expected one 2 MiB segment: was the remainder cached?"
@@ -111,11 +112,13 @@ def test_large_pool_splits_only_remainders_above_1_mib():
     from labkit.lab6.caching_allocator import CachingAllocator
 
     alloc = CachingAllocator()
-    alloc.malloc(15 * MiB)
+    a = alloc.malloc(15 * MiB)
     assert alloc.allocated_bytes == 16 * MiB, \
         f"allocated {mib(alloc.allocated_bytes)} after malloc(15 MiB), expected 16 MiB: a large block is split only if the remainder is > 1 MiB"
     b = alloc.malloc(2 * MiB)
+    not_live(b, "malloc(2 MiB)", a=a)
     c = alloc.malloc(17 * MiB)
+    not_live(c, "malloc(17 MiB)", a=a, b=b)
     assert c == b + 2 * MiB, f"malloc(17 MiB) at {c}, expected the cached remainder of the 20 MiB segment at {b + 2 * MiB}: split when the remainder is > 1 MiB"
     assert alloc.segment_log == [16 * MiB, 20 * MiB], \
         f"segments {[mib(s) for s in alloc.segment_log]}, expected [16 MiB, 20 MiB]"
@@ -139,9 +142,11 @@ def test_freed_blocks_merge_with_free_neighbours():
     a, b, c = (alloc.malloc(2 * MiB) for _ in range(3))
     alloc.free(b)
     d = alloc.malloc(3 * MiB)
+    not_live(d, "malloc(3 MiB)", a=a, c=c)
     assert d == c + 2 * MiB, f"malloc(3 MiB) at {d}, expected the tail at {c + 2 * MiB}: the 2 MiB hole is too small"
     alloc.free(a)
     e = alloc.malloc(3 * MiB)
+    not_live(e, "malloc(3 MiB)", c=c, d=d)
     assert e == a, (f"malloc(3 MiB) at {e}, expected {a}: after free(a) the blocks of a and b must merge "
                     f"into one 4 MiB free block, the best fit")
     assert alloc.allocated_bytes == (2 + 3 + 4) * MiB, \
@@ -265,6 +270,15 @@ def test_bad_requests_raise():
     with pytest.raises(ValueError, match="unknown block"):
         alloc.free(a)  # a double free
     assert alloc.allocated_bytes == 0
+
+
+def not_live(addr, what, **live):
+    """Assert that ``addr`` (returned by ``what``) is none of the live blocks' addresses: a block
+    still in use handed out again can only come from a free set that still holds it."""
+    for name, other in live.items():
+        assert addr != other, (f"{what} returned {addr}, the address of {name}, which is still allocated: a block "
+                               f"in use was handed out again (is a block taken out of the free set when it is "
+                               f"handed out, and a merged neighbour when it is merged?)")
 
 
 @pytest.fixture(scope="module")

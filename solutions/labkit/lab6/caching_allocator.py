@@ -429,6 +429,7 @@ class CachingAllocator:
         (``free(None)``, the null pointer of a 0-byte request, does nothing)."""
         if addr is None:
             return
+        addr = non_negative_int("addr", addr)
         if addr not in self.in_use:
             raise ValueError(f"free of an unknown block: address {addr!r} is not allocated")
         # BEGIN SOLUTION 6.1: unmark the block, merge it with a free next and previous block (relink), cache it

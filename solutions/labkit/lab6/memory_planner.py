@@ -55,6 +55,8 @@ def lifetimes(trace, *, round_to: int = 1) -> list[TensorLife]:
 
 def conflict(a: TensorLife, b: TensorLife) -> bool:
     """True when the lifetimes of ``a`` and ``b`` intersect."""
+    if not (isinstance(a, TensorLife) and isinstance(b, TensorLife)):
+        raise TypeError(f"a and b must be TensorLife objects, got {type(a).__name__} and {type(b).__name__}")
     return a.start <= b.end and b.start <= a.end
 
 
