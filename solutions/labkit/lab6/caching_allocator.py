@@ -323,7 +323,7 @@ class CachingAllocator:
         Smallest size first, then lowest address (``FreeBlocks.lower_bound``); the
         ``max_split_size`` limits apply.
         """
-        # BEGIN SOLUTION 6.1: lower_bound on (stream, size, 0), a block of the same stream, honouring max_split_size
+        # BEGIN SOLUTION 6.1: the smallest cached block of this pool and stream that fits (ties: lowest address), honouring max_split_size
         free = self.free_blocks[pool]
         i = free.lower_bound((stream, size, 0))
         if i == len(free) or free[i].stream != stream:

@@ -310,7 +310,7 @@ class CachingAllocator:
         Smallest size first, then lowest address (``FreeBlocks.lower_bound``); the
         ``max_split_size`` limits apply.
         """
-        raise NotImplementedError("exercise 6.1: lower_bound on (stream, size, 0), a block of the same stream, honouring max_split_size (labs/06_system.ipynb)")
+        raise NotImplementedError("exercise 6.1: the smallest cached block of this pool and stream that fits (ties: lowest address), honouring max_split_size (labs/06_system.ipynb)")
 
     def _take(self, block: Block, size: int, requested: int) -> Block:
         """Mark ``block`` allocated for ``size`` bytes, splitting off the remainder if the rules say so."""
