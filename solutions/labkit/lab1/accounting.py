@@ -23,6 +23,9 @@ import torch
 
 from labkit.measure import StepMemory
 from labkit.models import GPTConfig
+from labkit.validate import boolean, non_negative_int, number, one_of, positive_int
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 RECIPES = ("fp32", "mixed", "bf16-fp32-moments", "bf16")
 """Precision recipes: the dtype of each kind of state.
@@ -80,26 +83,15 @@ ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """Dtypes ``activation_bytes`` supports: the dtype of the whole model (``model.to(dtype)``)."""
 
 
-# ---------------------------------------------------------------- checks you can call
-
-def check_choice(name: str, value, allowed: tuple) -> None:
-    """Raise ValueError naming the argument and the allowed values unless ``value in allowed``."""
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
-def check_positive_int(name: str, value) -> None:
-    """Raise ValueError naming the argument unless ``value`` is an int ≥ 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
+# Argument checks: ``labkit.validate`` (``positive_int``, ``one_of``, ``boolean``, ...) and the one
+# below; each raises a ValueError/TypeError that names the argument and what is allowed.
 
 def check_model_config(cfg: GPTConfig) -> None:
     """Raise ValueError unless ``cfg`` is a valid ``GPTConfig`` (positive sizes, n_head | n_embd)."""
     if not isinstance(cfg, GPTConfig):
         raise ValueError(f"cfg must be a labkit.models.GPTConfig, got {type(cfg).__name__}")
     for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-        check_positive_int(f"cfg.{name}", getattr(cfg, name))
+        positive_int(f"cfg.{name}", getattr(cfg, name))
     if cfg.n_embd % cfg.n_head:
         raise ValueError(f"cfg.n_head={cfg.n_head} must divide cfg.n_embd={cfg.n_embd}; "
                          f"allowed: the divisors of {cfg.n_embd}")
@@ -118,7 +110,7 @@ def measured_activation_bytes(step: StepMemory) -> int:
     return step.timeline[first - 1].bytes["activations"]
 
 
-# ---------------------------------------------------------------- exercises
+# ==== exercise 1.1, 1.2, 1.3, 1.4, 1.5: your code ====
 
 def count_params(cfg: GPTConfig) -> int:
     """Ψ, the number of parameters of ``GPT(cfg)``, in closed form (no model is built).
@@ -164,11 +156,10 @@ def static_bytes(n_params: int, recipe: str = "mixed", optimizer: str = "adam",
         ValueError: naming the argument and its allowed values, before any work.
     """
     # BEGIN SOLUTION 1.2: bytes of each consumer from the dtypes the recipe, optimizer and buffer imply
-    if isinstance(n_params, bool) or not isinstance(n_params, int) or n_params < 0:
-        raise ValueError(f"n_params must be a non-negative int, got {n_params!r}")
-    check_choice("recipe", recipe, RECIPES)
-    check_choice("optimizer", optimizer, OPTIMIZERS)
-    check_choice("grad_buffer", grad_buffer, GRAD_BUFFERS)
+    n_params = non_negative_int("n_params", n_params)
+    one_of("recipe", recipe, RECIPES)
+    one_of("optimizer", optimizer, OPTIMIZERS)
+    one_of("grad_buffer", grad_buffer, GRAD_BUFFERS)
     weight = 4 if recipe == "fp32" else 2  # parameters and gradients share the dtype
     grad = {"none": weight, "fp32": 4, "16bit+fp32": weight + 4}[grad_buffer]
     moment = 2 if recipe == "bf16" else 4  # fp32 moments except in pure bf16
@@ -210,13 +201,13 @@ def activation_bytes(cfg: GPTConfig, batch_size: int, seq_len: int,
     """
     # BEGIN SOLUTION 1.3: add up, op by op, the tensors the forward pass leaves for backward
     check_model_config(cfg)
-    check_positive_int("batch_size", batch_size)
-    check_positive_int("seq_len", seq_len)
+    positive_int("batch_size", batch_size)
+    positive_int("seq_len", seq_len)
     if seq_len > cfg.block_size:
         raise ValueError(f"seq_len must be at most cfg.block_size={cfg.block_size}, got {seq_len}")
-    check_choice("dtype", dtype, ACTIVATION_DTYPES)
-    check_choice("cfg.attention", cfg.attention, ("naive",))
-    check_choice("cfg.dropout", cfg.dropout, (0.0,))
+    one_of("dtype", dtype, ACTIVATION_DTYPES)
+    one_of("cfg.attention", cfg.attention, ("naive",))
+    number("cfg.dropout", cfg.dropout, low=0, high=0)
     s = dtype.itemsize
     B, T, C, a, V = batch_size, seq_len, cfg.n_embd, cfg.n_head, cfg.vocab_size
     norm_stats = 2 * B * T  # mean and 1/std per row
@@ -261,13 +252,12 @@ def korthikanti_activation_bytes(seq_len: int, batch_size: int, hidden: int, n_h
     # BEGIN SOLUTION 1.4: sort the paper's stored tensors into masks, activations and dropout-only ones
     for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("hidden", hidden),
                         ("n_head", n_head), ("n_layer", n_layer)):
-        check_positive_int(name, value)
+        positive_int(name, value)
     if hidden % n_head:
         raise ValueError(f"n_head={n_head} must divide hidden={hidden}; "
                          f"allowed: the divisors of {hidden}")
-    check_choice("element_bytes", element_bytes, (1, 2, 4, 8))
-    if not isinstance(dropout, bool):
-        raise ValueError(f"dropout must be a bool (True or False), got {dropout!r}")
+    one_of("element_bytes", element_bytes, (1, 2, 4, 8))
+    boolean("dropout", dropout)
     s, b, h, a, e = seq_len, batch_size, hidden, n_head, element_bytes
     sbh, as2b = s * b * h, a * s * s * b
     # elements stored in every case: attention's input, Q, K, V, projection input (5 sbh) and
@@ -306,12 +296,12 @@ def predict_peak(cfg: GPTConfig, batch_size: int, seq_len: int, recipe: str = "f
         ValueError: naming the argument and its allowed values.
     """
     # BEGIN SOLUTION 1.5: the largest of three moments: backward begins, backward ends, the update
-    check_choice("recipe", recipe, PREDICTABLE_RECIPES)
-    check_choice("optimizer", optimizer, OPTIMIZERS)
-    check_positive_int("step", step)
+    one_of("recipe", recipe, PREDICTABLE_RECIPES)
+    one_of("optimizer", optimizer, OPTIMIZERS)
+    positive_int("step", step)
     check_model_config(cfg)
-    check_positive_int("batch_size", batch_size)
-    check_positive_int("seq_len", seq_len)
+    positive_int("batch_size", batch_size)
+    positive_int("seq_len", seq_len)
     dtype = torch.float32 if recipe == "fp32" else torch.bfloat16
     s = dtype.itemsize
     static = static_bytes(count_params(cfg), recipe, optimizer)

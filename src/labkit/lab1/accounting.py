@@ -23,6 +23,9 @@ import torch
 
 from labkit.measure import StepMemory
 from labkit.models import GPTConfig
+from labkit.validate import boolean, non_negative_int, number, one_of, positive_int
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 RECIPES = ("fp32", "mixed", "bf16-fp32-moments", "bf16")
 """Precision recipes: the dtype of each kind of state.
@@ -80,26 +83,15 @@ ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """Dtypes ``activation_bytes`` supports: the dtype of the whole model (``model.to(dtype)``)."""
 
 
-# ---------------------------------------------------------------- checks you can call
-
-def check_choice(name: str, value, allowed: tuple) -> None:
-    """Raise ValueError naming the argument and the allowed values unless ``value in allowed``."""
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
-def check_positive_int(name: str, value) -> None:
-    """Raise ValueError naming the argument unless ``value`` is an int ≥ 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
+# Argument checks: ``labkit.validate`` (``positive_int``, ``one_of``, ``boolean``, ...) and the one
+# below; each raises a ValueError/TypeError that names the argument and what is allowed.
 
 def check_model_config(cfg: GPTConfig) -> None:
     """Raise ValueError unless ``cfg`` is a valid ``GPTConfig`` (positive sizes, n_head | n_embd)."""
     if not isinstance(cfg, GPTConfig):
         raise ValueError(f"cfg must be a labkit.models.GPTConfig, got {type(cfg).__name__}")
     for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-        check_positive_int(f"cfg.{name}", getattr(cfg, name))
+        positive_int(f"cfg.{name}", getattr(cfg, name))
     if cfg.n_embd % cfg.n_head:
         raise ValueError(f"cfg.n_head={cfg.n_head} must divide cfg.n_embd={cfg.n_embd}; "
                          f"allowed: the divisors of {cfg.n_embd}")
@@ -118,7 +110,7 @@ def measured_activation_bytes(step: StepMemory) -> int:
     return step.timeline[first - 1].bytes["activations"]
 
 
-# ---------------------------------------------------------------- exercises
+# ==== exercise 1.1, 1.2, 1.3, 1.4, 1.5: your code ====
 
 def count_params(cfg: GPTConfig) -> int:
     """Ψ, the number of parameters of ``GPT(cfg)``, in closed form (no model is built).

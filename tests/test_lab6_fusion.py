@@ -1,0 +1,122 @@
+"""Graders of Lab 6, exercise 6.5 (labs/06_system.ipynb): a fused GELU that saves one tensor.
+
+References nobody in this course wrote: ``torch.nn.functional.gelu(x, approximate="tanh")``
+(ATen's kernel), ``torch.autograd.gradcheck`` (finite differences), and the bytes autograd
+saves (``saved_tensors_hooks``) and MemTracker sees (``labkit.measure``). Tolerances are stated
+where they are used.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+# The fused operator and F.gelu evaluate the same formula in another order: a few fp32 ulps of
+# outputs of magnitude ≤ ~12 (atol 1e-6, rtol 1e-5). Gradients: the factor 1 − t² cancels
+# for |x| ≳ 2, so its fp32 error ~6e-8 is multiplied by 0.5·|x|·k·(1 + 3a·x²)·|g| ≤ ~50 for
+# |x| ≤ 12: up to ~3e-6 absolute (atol 1e-5).
+FUSION_TOL = dict(atol=1e-6, rtol=1e-5)
+FUSION_GRAD_TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.exercise("6.5", points=1)
+def test_fused_gelu_matches_torch_gelu_tanh():
+    """Outputs and input gradients equal torch.nn.functional.gelu(x, approximate="tanh")."""
+    import torch.nn.functional as F
+
+    from labkit.lab6.fusion import fused_gelu_tanh
+
+    torch.manual_seed(0)
+    x = (3 * torch.randn(37, 129)).requires_grad_()
+    g = torch.randn(37, 129)
+    y = fused_gelu_tanh(x)
+    (gx,) = torch.autograd.grad(y, x, g)
+    ref = F.gelu(x, approximate="tanh")
+    (gref,) = torch.autograd.grad(ref, x, g)
+    torch.testing.assert_close(y, ref, **FUSION_TOL, msg=lambda m: f"output: {m} — is the formula (k, a, 0.5) right?")
+    torch.testing.assert_close(gx, gref, **FUSION_GRAD_TOL,
+                               msg=lambda m: f"input gradient: {m} — dy/dx = 0.5(1+t) + 0.5·x·(1−t²)·k·(1+3a·x²)")
+
+
+@pytest.mark.exercise("6.5", points=1)
+def test_fused_gelu_gradcheck_in_float64():
+    """torch.autograd.gradcheck (finite differences in float64) on the fused backward."""
+    from labkit.lab6.fusion import fused_gelu_tanh
+
+    x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(fused_gelu_tanh, (x,)), "gradcheck failed: the backward is not the derivative of the forward"
+
+
+@pytest.mark.exercise("6.5", points=1)
+def test_fused_gelu_saves_only_its_input():
+    """Saved bytes (saved_tensors_hooks, distinct storages): the unfused chain saves x, tanh's
+    output t, 0.5·x and 1 + t — 16 bytes per fp32 element (measured here on the chain); the
+    fused operator only x: 4 bytes per element, 12 fewer."""
+    from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused
+    from labkit.measure import saved_activation_bytes
+
+    x = torch.randn(64, 1000, requires_grad=True)
+    n = x.numel()
+    unfused = saved_activation_bytes(lambda: gelu_tanh_unfused(x))
+    assert unfused == 16 * n  # the chain itself: 4 tensors of 4n bytes
+    fused = saved_activation_bytes(lambda: fused_gelu_tanh(x))
+    assert fused == unfused - 12 * n, \
+        f"the fused operator saves {fused:,} B, expected {unfused - 12 * n:,} = the chain's {unfused:,} − 12·{n:,}: save only the input x"
+
+
+@pytest.mark.exercise("6.5", points=1)
+def test_fused_gelu_lowers_held_and_peak_bytes_by_the_prediction():
+    """Six layers of GELU in a row, forward then backward, under MemTracker (labkit.measure):
+    after forward the fused chain holds 12 B per element per layer less (exact: outputs +
+    saved tensors); the peak of forward + backward is lower by at least 12·n·(L − 2): at the
+    peak both hold all layers' saved tensors, and a fused backward may allocate up to 3
+    temporaries of n elements more than the chain's (12·n of slack)."""
+    from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused, retained_bytes
+    from labkit.measure import peak_bytes
+
+    x = torch.randn(64, 1000, requires_grad=True)
+    n, L = x.numel(), 6
+
+    def stack(f):
+        def run(x):
+            for _ in range(L):
+                x = f(x)
+            return x
+        return run
+
+    held_unfused, held_fused = retained_bytes(stack(gelu_tanh_unfused), x), retained_bytes(stack(fused_gelu_tanh), x)
+    assert held_unfused - held_fused == 12 * n * L, \
+        f"after forward the fused chain holds {held_fused:,} B vs {held_unfused:,} B: expected {12 * n * L:,} B less (12 per element per layer)"
+
+    def forward_backward(f):
+        stack(f)(x).sum().backward()
+
+    peak_unfused, _ = peak_bytes(forward_backward, gelu_tanh_unfused)
+    peak_fused, _ = peak_bytes(forward_backward, fused_gelu_tanh)
+    assert peak_unfused - peak_fused >= 12 * n * (L - 2), \
+        f"peak {peak_fused:,} B fused vs {peak_unfused:,} B unfused: expected at least {12 * n * (L - 2):,} B lower"
+
+
+@pytest.mark.exercise("6.5", points=1)
+def test_fused_gelu_in_bfloat16_saves_its_bf16_input():
+    """In bf16 the fused operator keeps bf16: its output and gradient are bf16 and close to
+    F.gelu(approximate="tanh") in bf16 (rtol 1.6e-2: two bf16 ulps, 2·2⁻⁸ — both round the same
+    formula to 8 significant bits), and it saves only x itself: 2 bytes per element."""
+    import torch.nn.functional as F
+
+    from labkit.lab6.fusion import fused_gelu_tanh
+    from labkit.measure import saved_activation_bytes
+
+    torch.manual_seed(0)
+    x = (3 * torch.randn(64, 1000)).bfloat16().requires_grad_()
+    y = fused_gelu_tanh(x)
+    (gx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    assert (y.dtype, gx.dtype) == (torch.bfloat16, torch.bfloat16), \
+        f"dtypes: output {y.dtype}, gradient {gx.dtype}; expected bfloat16 for a bfloat16 input"
+    ref = F.gelu(x, approximate="tanh")
+    (gref,) = torch.autograd.grad(ref, x, torch.ones_like(ref))
+    torch.testing.assert_close(y, ref, atol=1e-2, rtol=1.6e-2, msg=lambda m: f"bf16 output: {m}")
+    torch.testing.assert_close(gx, gref, atol=2e-2, rtol=1.6e-2, msg=lambda m: f"bf16 input gradient: {m}")
+    saved = saved_activation_bytes(lambda: fused_gelu_tanh(x))
+    assert saved == 2 * x.numel(), \
+        f"the fused operator saves {saved:,} B for a bf16 input of {x.numel():,} elements, expected {2 * x.numel():,}: save x itself, in its dtype"
