@@ -240,3 +240,147 @@ MUTANTS = [
            replace="total = out.detach()",
            why="returns only the last micro-batch's loss instead of the sum over micro-batches"),
 ]
+
+# A second list, written from the solution modules before reading the graders (issue 25): the
+# classes no test checked — several param groups, dtypes other than fp32, subgroups, P >= 3,
+# accumulation, memory held live, thresholds at their boundary, orders.
+INDEPENDENT = [
+    # ------------------------------------------------------------ 3.1 loss scaler
+    Mutant("3.1", "lab3/loss_scaler.py", find="for group in optimizer.param_groups:",
+           replace="for group in optimizer.param_groups[:1]:",
+           why="unscales only the first param group"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="""                if not torch.isfinite(p.grad).all():
+                    found = True""", replace="""                if not torch.isfinite(p.grad).all():
+                    found = True
+                    break""",
+           why="stops unscaling at the first non-finite gradient: the later ones stay scaled"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="""                    self._scale = grown
+                self._growth_tracker = 0""", replace="""                    self._scale = grown""",
+           why="never resets the good-step count after growing (grows on every later step)"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="p.grad.mul_(inv_scale.to(p.grad.device))",
+           replace="p.grad.mul_(inv_scale.to(p.grad))",
+           why="rounds the reciprocal to the gradient's dtype (fp16 gradients: 1/S rounded, or 0)"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="inv_scale = self._scale.double().reciprocal().float()",
+           replace="inv_scale = self._scale.reciprocal()",
+           why="takes the reciprocal in float32 rather than rounding the float64 one"),
+    # ------------------------------------------------------------ 3.2 mixed-precision Adam
+    Mutant("3.2", "lab3/mixed_precision.py",
+           find='lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]',
+           replace='lr, (beta1, beta2), eps = self.defaults["lr"], self.defaults["betas"], self.defaults["eps"]',
+           why="uses the constructor's hyperparameters for every param group"),
+    Mutant("3.2", "lab3/mixed_precision.py",
+           find='m, v, master = state["exp_avg"], state["exp_avg_sq"], state["master"]',
+           replace='m, v, master = state["exp_avg"], state["exp_avg_sq"], p.detach().float()',
+           why="rebuilds the master from the 16-bit parameter every step (the master is lost)"),
+    Mutant("3.2", "lab3/mixed_precision.py", find="denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(eps)",
+           replace="denom = v.sqrt().add_(eps) / math.sqrt(1 - beta2 ** t)",
+           why="adds eps before the bias correction (torch adds it after)"),
+    Mutant("3.2", "lab3/mixed_precision.py", find='t = state["step"]',
+           replace='t = max(s["step"] for s in self.state.values())',
+           why="one step count for all parameters: a late parameter is bias-corrected as the oldest"),
+    Mutant("3.2", "lab3/mixed_precision.py", find="""                if p.grad is None:
+                    continue
+                state = self.state[p]""", replace="""                state = self.state[p]""",
+           why="does not skip parameters without a gradient"),
+    # ------------------------------------------------------------ 3.3 fp8
+    Mutant("3.3", "lab3/fp8.py", find="return amax_scale(x.detach().abs().max().float() if x.numel() else 0.0, fmt).to(x.device)",
+           replace="return amax_scale(x.detach().max().float().clamp(min=0) if x.numel() else 0.0, fmt).to(x.device)",
+           why="current scaling takes max(x) instead of max|x|"),
+    Mutant("3.3", "lab3/fp8.py", find="""        scale = amax_scale(max(self.history) if self.history else amax, self.fmt, self.margin).to(x.device)
+        self.history.append(amax)""", replace="""        self.history.append(amax)
+        scale = amax_scale(max(self.history), self.fmt, self.margin).to(x.device)""",
+           why="delayed scaling records x's amax before choosing its scale (current scaling in disguise)"),
+    Mutant("3.3", "lab3/fp8.py", find="del self.history[:-self.history_len]",
+           replace="del self.history[self.history_len:]",
+           why="trims the history from the wrong end (keeps the oldest amaxes)"),
+    Mutant("3.3", "lab3/fp8.py", find="scale_a=sg, scale_b=sx, out_dtype=ctx.w_dtype)",
+           replace="scale_a=sg, scale_b=sx, out_dtype=ctx.out_dtype)",
+           why="the weight gradient comes out in x's dtype (bf16) instead of the weight's fp32"),
+    Mutant("3.3", "lab3/fp8.py", find="return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
+           replace="return (amax / 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
+           why="the margin moves the amax above the format's top instead of below it"),
+    Mutant("3.3", "lab3/fp8.py", find="""    top = torch.finfo(fmt).max
+    return""", replace="""    top = torch.finfo(torch.float8_e4m3fn).max
+    return""",
+           why="saturates every format at E4M3's 448"),
+    Mutant("3.3", "lab3/fp8.py", find="        e5m2 = torch.float8_e5m2\n",
+           replace="        e5m2 = torch.float8_e4m3fn\n",
+           why="quantises the gradient to E4M3 instead of E5M2"),
+    Mutant("3.3", "lab3/fp8.py", find="torch._scaled_mm(qg, qw.t().contiguous().t(),",
+           replace="torch._scaled_mm(qg, qw,",
+           why="gives _scaled_mm a row-major mat2 in grad_x (refused on a GPU)"),
+    # ------------------------------------------------------------ 3.4 tensor parallelism
+    Mutant("3.4", "lab3/tensor_parallel.py", find="F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+           replace="F.scaled_dot_product_attention(q, k, v)",
+           why="the SDPA branch forgets the causal mask"),
+    Mutant("3.4", "lab3/tensor_parallel.py", find="""    def backward(ctx, grad):
+        # BEGIN SOLUTION 3.4: g's backward: what each rank's partial sum receives
+        return grad, None""", replace="""    def backward(ctx, grad):
+        # BEGIN SOLUTION 3.4: g's backward: what each rank's partial sum receives
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)
+        return grad, None""",
+           why="g all-reduces in backward too (gradients T times too large)"),
+    Mutant("3.4", "lab3/tensor_parallel.py", find="""        dist.all_reduce(grad, group=ctx.group)
+        return grad, None""", replace="""        dist.all_reduce(grad)
+        return grad, None""",
+           why="f's backward all-reduces over the default group, not the TP group"),
+    Mutant("3.4", "lab3/tensor_parallel.py", find="""        T, r = dist.get_world_size(group), dist.get_rank(group)
+        per = _split("out_features", full.out_features, T)""", replace="""        T, r = dist.get_world_size(group), dist.get_rank()
+        per = _split("out_features", full.out_features, T)""",
+           why="the column-parallel layer picks its rows by global rank"),
+    Mutant("3.4", "lab3/tensor_parallel.py", find="out = reduce_from_tp(F.linear(x, self.weight), self.group)\n        return out if self.bias is None else out + self.bias",
+           replace="out = reduce_from_tp(F.linear(x, self.weight, self.bias), self.group)\n        return out",
+           why="every rank adds the row-parallel bias before the all-reduce (T biases)"),
+    # ------------------------------------------------------------ 3.5 pipeline schedules
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="""                if dep is None:
+                    problems.append(f"{name(s, kind, m, c)} needs {name(*d)}, which never runs")
+                elif sp.start < dep.end:""", replace="""                if dep is None:
+                    continue
+                if sp.start < dep.end:""",
+           why="check_dependencies ignores a dependency that never runs"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="start = max([free[s]] + [end[d] for d in deps])",
+           replace="start = max([end[d] for d in deps], default=free[s])",
+           why="simulate starts an action when its dependencies end, ignoring that its stage is busy"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find='return [(prev, "F", m, (vs - 1) // P)] if vs > 0 else []',
+           replace='return [(prev, "F", m, c)] if vs > 0 else []',
+           why="interleaved: F waits for the previous rank's same chunk (wrong when it wraps to rank P−1)"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="            if b.start < a.end:\n",
+           replace="            if b.start <= a.end:\n",
+           why="check_dependencies reports back-to-back spans of a stage as overlapping"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="warmup = min(P - s, M)",
+           replace="warmup = min(P - s, M) if s == 0 else 1",
+           why="1F1B: only stage 0 warms up with several forwards (right only for P = 2)"),
+    # ------------------------------------------------------------ 3.6 pipeline runner
+    Mutant("3.6", "lab3/pipeline.py", find="dist.recv(x, group=group, group_src=rank - 1)",
+           replace="dist.recv(x, src=rank - 1, group=group)",
+           why="receives from rank − 1 as a global rank (wrong in a subgroup)"),
+    Mutant("3.6", "lab3/pipeline.py", find="pending.append(dist.isend(out.detach(), group=group, group_dst=rank + 1))",
+           replace="dist.send(out.detach(), group=group, group_dst=rank + 1)",
+           why="a blocking send of the activation (neighbours both sending wait on each other)"),
+    Mutant("3.6", "lab3/pipeline.py", find="out = F.cross_entropy(out.reshape(-1, out.shape[-1]), targets[m].reshape(-1)) / M",
+           replace="out = F.cross_entropy(out.reshape(-1, out.shape[-1]), targets[m].reshape(-1))",
+           why="does not divide the micro-batch loss by M (gradients M times too large)"),
+    Mutant("3.6", "lab3/pipeline.py", find="x, out = stash.pop(m)",
+           replace="x, out = stash[m]",
+           why="keeps every micro-batch's stash until the step ends (memory grows with M)"),
+    Mutant("3.6", "lab3/pipeline.py", find="                x.requires_grad_()\n",
+           replace="                x.requires_grad_(last)\n",
+           why="only the last stage asks for its input's gradient (right only for P = 2)"),
+    # ------------------------------------------------------------ 3.7 ZeRO-3
+    Mutant("3.7", "lab3/zero3.py", find="u.grad = mine if u.grad is None else u.grad + mine",
+           replace="u.grad = mine",
+           why="overwrites the gradient slice on a second backward instead of adding to it"),
+    Mutant("3.7", "lab3/zero3.py", find="self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)",
+           replace="self.world_size, self.rank = dist.get_world_size(group), dist.get_rank()",
+           why="takes its shard by global rank (wrong in a subgroup)"),
+    Mutant("3.7", "lab3/zero3.py", find="mine /= self.world_size",
+           replace="mine /= dist.get_world_size()",
+           why="averages over the default group's size, not the ZeRO group's"),
+    Mutant("3.7", "lab3/zero3.py", find="""            self.events.append(("forward_end", i))
+            self._free(u)""", replace="""            self.events.append(("forward_end", i))""",
+           why="does not free a block's parameters after its forward"),
+    Mutant("3.7", "lab3/zero3.py", find="u.shard = flat[shard_range(self.rank, u.shard_size)].clone()",
+           replace="u.shard = flat[shard_range(self.rank, u.shard_size)]",
+           why="the shard is a view: it keeps the whole flat copy of the unit alive"),
+]
