@@ -297,8 +297,8 @@ INDEPENDENT = [
            replace="scale_a=sg, scale_b=sx, out_dtype=ctx.out_dtype)",
            why="the weight gradient comes out in x's dtype (bf16) instead of the weight's fp32"),
     Mutant("3.3", "lab3/fp8.py", find="return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
-           replace="return (amax / 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
-           why="the margin moves the amax above the format's top instead of below it"),
+           replace="return (amax * (1 + margin) / torch.finfo(fmt).max).to(torch.float32)",
+           why="reads the margin as a factor 1 + margin, not binades (right for margin 0 and 1)"),
     Mutant("3.3", "lab3/fp8.py", find="""    top = torch.finfo(fmt).max
     return""", replace="""    top = torch.finfo(torch.float8_e4m3fn).max
     return""",
@@ -342,9 +342,9 @@ INDEPENDENT = [
     Mutant("3.5", "lab3/pipeline_schedule.py", find="start = max([free[s]] + [end[d] for d in deps])",
            replace="start = max([end[d] for d in deps], default=free[s])",
            why="simulate starts an action when its dependencies end, ignoring that its stage is busy"),
-    Mutant("3.5", "lab3/pipeline_schedule.py", find='return [(prev, "F", m, (vs - 1) // P)] if vs > 0 else []',
-           replace='return [(prev, "F", m, c)] if vs > 0 else []',
-           why="interleaved: F waits for the previous rank's same chunk (wrong when it wraps to rank P−1)"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find='return [(s, "F", m, c)] + ([(nxt, "B", m, (vs + 1) // P)] if vs < v * P - 1 else [])',
+           replace='return [(s, "F", m, c)] + ([(nxt, "B", m, c)] if vs < v * P - 1 else [])',
+           why="interleaved: B waits for the next rank's same chunk (wrong when it wraps to rank 0)"),
     Mutant("3.5", "lab3/pipeline_schedule.py", find="            if b.start < a.end:\n",
            replace="            if b.start <= a.end:\n",
            why="check_dependencies reports back-to-back spans of a stage as overlapping"),
