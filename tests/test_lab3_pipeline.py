@@ -74,7 +74,7 @@ def setup(M, P=P):
 @functools.lru_cache(maxsize=None)
 def _run(kind, M, P):
     from labkit.dist import launch
-    from labkit.lab3.pipeline import pipeline_worker
+    from labkit.harness.lab3 import pipeline_worker
 
     cfg, model, x, y = setup(M, P)
     return launch(pipeline_worker, P, cfg, model.state_dict(), actions(kind, P, M), x, y, M,
@@ -97,9 +97,9 @@ def run(kind, M, P=P):
 
 @functools.lru_cache(maxsize=None)
 def run_torch(kind, M, P=P):
-    """PyTorch's ScheduleGPipe / Schedule1F1B on the same split (labkit.lab3.pipeline's given worker)."""
+    """PyTorch's ScheduleGPipe / Schedule1F1B on the same split (labkit.reference.lab3, cut independently of split_gpt)."""
     from labkit.dist import launch
-    from labkit.lab3.pipeline import torch_pipeline_worker
+    from labkit.reference.lab3 import torch_pipeline_worker
 
     cfg, model, x, y = setup(M, P)
     return launch(torch_pipeline_worker, P, cfg, model.state_dict(), kind, x, y, M, timeout=60.0)

@@ -135,7 +135,8 @@ def test_order_equals_what_torch_pipelining_executes(kind, P, M):
     """Check each stage's order equals the actions torch.distributed.pipelining's ScheduleGPipe /
     Schedule1F1B execute on P real gloo ranks (one stage each)."""
     from labkit.dist import launch
-    from labkit.lab3.pipeline_schedule import make_schedule, record_torch_schedule
+    from labkit.lab3.pipeline_schedule import make_schedule
+    from labkit.reference.lab3 import record_torch_schedule
 
     ran = launch(record_torch_schedule, P, kind, M, timeout=90)
     mine = make_schedule(kind, P, M)
@@ -251,7 +252,8 @@ def test_interleaved_order_equals_what_torch_pipelining_executes(P, M, v):
     """Check each rank's interleaved order equals the actions ScheduleInterleaved1F1B executes on
     P real gloo ranks, v stages (chunks) each."""
     from labkit.dist import launch
-    from labkit.lab3.pipeline_schedule import make_schedule, record_torch_schedule
+    from labkit.lab3.pipeline_schedule import make_schedule
+    from labkit.reference.lab3 import record_torch_schedule
 
     ran = launch(record_torch_schedule, P, "interleaved", M, num_chunks=v, timeout=90)
     mine = make_schedule("interleaved", P, M, v)

@@ -38,7 +38,7 @@ def setup(kind):
 @functools.lru_cache(maxsize=None)
 def run(kind, T):
     from labkit.dist import launch
-    from labkit.lab3.tensor_parallel import run_tp
+    from labkit.harness.lab3 import run_tp
 
     module, x, grad_out, ref, ref_xgrad = setup(kind)
     return module, launch(run_tp, T, kind, module, x, grad_out, timeout=90), ref, ref_xgrad
@@ -129,7 +129,7 @@ def test_tp_mlp_equals_parallelize_module(T):
     """Check the TP MLP's output equals PyTorch's parallelize_module (ColwiseParallel c_fc,
     RowwiseParallel c_proj) on the same weights, and that both do one forward all-reduce."""
     from labkit.dist import launch
-    from labkit.lab3.tensor_parallel import run_parallelize_module
+    from labkit.reference.lab3 import run_parallelize_module
 
     module, results, _, _ = run("mlp", T)
     _, x, _, _, _ = setup("mlp")

@@ -42,7 +42,7 @@ def setup(N):
 @functools.lru_cache(maxsize=None)
 def zero3(N):
     from labkit.dist import launch
-    from labkit.lab3.zero3 import train_zero3
+    from labkit.harness.lab3 import train_zero3
 
     model, batches = setup(N)
     return launch(train_zero3, N, model, batches, lr=LR, timeout=120)
@@ -51,7 +51,7 @@ def zero3(N):
 @functools.lru_cache(maxsize=None)
 def _zero3_prefetch(N):
     from labkit.dist import launch
-    from labkit.lab3.zero3 import train_zero3
+    from labkit.harness.lab3 import train_zero3
 
     model, batches = setup(N)
     return launch(train_zero3, N, model, batches, lr=LR, prefetch=True, timeout=120)
@@ -77,7 +77,7 @@ def zero3_prefetch(N):
 @functools.lru_cache(maxsize=None)
 def fsdp2(N):
     from labkit.dist import launch
-    from labkit.lab3.zero3 import train_fsdp2
+    from labkit.reference.lab3 import train_fsdp2
 
     model, batches = setup(N)
     return launch(train_fsdp2, N, model, batches, lr=LR, timeout=120)
