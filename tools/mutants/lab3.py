@@ -6,18 +6,21 @@ MUTANTS = [
     Mutant("3.1", "lab3/loss_scaler.py", find="return loss * self._scale.to(device=loss.device)",
            replace="return loss * float(self._scale) ** 0.5",
            why="scales the loss by the wrong factor"),
-    Mutant("3.1", "lab3/loss_scaler.py", find="p.grad.mul_(inv_scale.to(p.grad.device))",
-           replace="p.grad.div_(self._scale)",
+    Mutant("3.1", "lab3/loss_scaler.py", find="torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale.to(device))",
+           replace="torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, torch.ones(()))\n"
+                   "            torch._foreach_div_(grads, self._scale.to(device))",
            why="divides by the scale instead of multiplying by its float32 reciprocal"),
-    Mutant("3.1", "lab3/loss_scaler.py", find="if not torch.isfinite(p.grad).all():",
-           replace="if torch.isinf(p.grad).any():",
+    Mutant("3.1", "lab3/loss_scaler.py", find="""            found_inf = torch.zeros(1, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale.to(device))""",
+           replace="""            torch._foreach_mul_(grads, inv_scale.to(device))
+            found_inf = torch.tensor([float(any(torch.isinf(g).any() for g in grads))], device=device)""",
            why="checks for inf but forgets NaN"),
     Mutant("3.1", "lab3/loss_scaler.py", find="""        if self._found_inf:
             return False
         optimizer.step()""", replace="""        optimizer.step()""",
            why="steps the optimizer even when a gradient is inf or NaN"),
-    Mutant("3.1", "lab3/loss_scaler.py", find="""            self._scale = self._scale * self.backoff_factor
-            self._growth_tracker = 0""", replace="""            self._scale = self._scale * self.backoff_factor""",
+    Mutant("3.1", "lab3/loss_scaler.py", find="""            self._scale = (self._scale.double() * self.backoff_factor).float()
+            self._growth_tracker = 0""", replace="""            self._scale = (self._scale.double() * self.backoff_factor).float()""",
            why="forgets to reset the good-step count after a backoff"),
     Mutant("3.1", "lab3/loss_scaler.py", find="if self._growth_tracker == self.growth_interval:",
            replace="if self._growth_tracker > self.growth_interval:",
@@ -30,19 +33,22 @@ MUTANTS = [
         self.unscale_(optimizer)""",
            why="unscales again in step() after an explicit unscale_()"),
     # ------------------------------------------------------------ 3.2 mixed-precision Adam
-    Mutant("3.2", "lab3/mixed_precision.py", find="""                master.addcdiv_(m, denom, value=-lr / (1 - beta1 ** t))
-                p.copy_(master)""", replace="""                p.addcdiv_(m.to(p.dtype), denom.to(p.dtype), value=-lr / (1 - beta1 ** t))""",
+    Mutant("3.2", "lab3/mixed_precision.py", find="""            torch._foreach_addcdiv_(masters, m, denom, [-lr / (1 - beta1 ** st["step"]) for st in states])
+            torch._foreach_copy_(params, masters)""",
+           replace="""            torch._foreach_addcdiv_(params, [t.to(p.dtype) for t, p in zip(m, params)],
+                                    [t.to(p.dtype) for t, p in zip(denom, params)],
+                                    [-lr / (1 - beta1 ** st["step"]) for st in states])""",
            why="updates the 16-bit parameter directly; the master never moves"),
     Mutant("3.2", "lab3/mixed_precision.py", find='state["exp_avg"] = torch.zeros_like(state["master"])',
            replace='state["exp_avg"] = torch.zeros_like(p)', why="keeps the first moment in 16 bits"),
-    Mutant("3.2", "lab3/mixed_precision.py", find="denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(eps)",
-           replace="denom = v.sqrt().add_(eps)", why="forgets the second moment's bias correction"),
-    Mutant("3.2", "lab3/mixed_precision.py", find="                p.copy_(master)\n",
+    Mutant("3.2", "lab3/mixed_precision.py", find="""            torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** st["step"]) for st in states])
+""", replace="", why="forgets the second moment's bias correction"),
+    Mutant("3.2", "lab3/mixed_precision.py", find="            torch._foreach_copy_(params, masters)\n",
            replace="", why="never copies the master back into the 16-bit parameter"),
     Mutant("3.2", "lab3/mixed_precision.py", find='state["step"] = 0',
            replace='state["step"] = torch.tensor(0.0)', why="keeps the step count as a tensor (4 more bytes per parameter tensor)"),
-    Mutant("3.2", "lab3/mixed_precision.py", find="g = p.grad.float()",
-           replace="g = p.grad.float() * (1 - beta1)", why="scales the gradient twice by (1 − β1)"),
+    Mutant("3.2", "lab3/mixed_precision.py", find="grads = [p.grad.float() for p in params]",
+           replace="grads = [p.grad.float() * (1 - beta1) for p in params]", why="scales the gradient twice by (1 − β1)"),
     # ------------------------------------------------------------ 3.4 tensor parallel
     Mutant("3.4", "lab3/tensor_parallel.py", find="""        grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
@@ -228,13 +234,13 @@ MUTANTS = [
     Mutant("3.6", "lab3/pipeline.py", find="                x.requires_grad_()\n",
            replace="",
            why="the received activation does not require grad, so no input gradient to send back"),
-    Mutant("3.6", "lab3/pipeline.py", find="pending.append(dist.isend(x.grad, group=group, group_dst=rank - 1))",
-           replace="pending.append(dist.isend(x.detach(), group=group, group_dst=rank - 1))",
+    Mutant("3.6", "lab3/pipeline.py", find='sends["B", m] = dist.isend(x.grad, group=group, group_dst=rank - 1)',
+           replace='sends["B", m] = dist.isend(x.detach(), group=group, group_dst=rank - 1)',
            why="sends the stage's input activation back instead of its gradient"),
     Mutant("3.6", "lab3/pipeline.py", find="dist.recv(x, group=group, group_src=rank - 1)", replace="dist.recv(x, group=group, group_src=0)",
            why="every stage receives from rank 0 (right only for P = 2)"),
-    Mutant("3.6", "lab3/pipeline.py", find="pending.append(dist.isend(out.detach(), group=group, group_dst=rank + 1))",
-           replace="pending.append(dist.isend(out.detach(), group=group, group_dst=world_size - 1))",
+    Mutant("3.6", "lab3/pipeline.py", find='sends["F", m] = dist.isend(out.detach(), group=group, group_dst=rank + 1)',
+           replace='sends["F", m] = dist.isend(out.detach(), group=group, group_dst=world_size - 1)',
            why="every stage sends its activation to the last rank (right only for P = 2)"),
     Mutant("3.6", "lab3/pipeline.py", find="total = out.detach() if total is None else total + out.detach()",
            replace="total = out.detach()",
@@ -249,38 +255,45 @@ INDEPENDENT = [
     Mutant("3.1", "lab3/loss_scaler.py", find="for group in optimizer.param_groups:",
            replace="for group in optimizer.param_groups[:1]:",
            why="unscales only the first param group"),
-    Mutant("3.1", "lab3/loss_scaler.py", find="""                if not torch.isfinite(p.grad).all():
-                    found = True""", replace="""                if not torch.isfinite(p.grad).all():
-                    found = True
-                    break""",
-           why="stops unscaling at the first non-finite gradient: the later ones stay scaled"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="""            found_inf = torch.zeros(1, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale.to(device))""",
+           replace="""            found_inf = torch.tensor([float(not all(torch.isfinite(g).all() for g in grads))], device=device)
+            if not found_inf.item():
+                torch._foreach_mul_(grads, inv_scale.to(device))""",
+           why="does not unscale when a gradient is non-finite: after an overflow the gradients stay scaled"),
     Mutant("3.1", "lab3/loss_scaler.py", find="""                    self._scale = grown
                 self._growth_tracker = 0""", replace="""                    self._scale = grown""",
            why="never resets the good-step count after growing (grows on every later step)"),
-    Mutant("3.1", "lab3/loss_scaler.py", find="p.grad.mul_(inv_scale.to(p.grad.device))",
-           replace="p.grad.mul_(inv_scale.to(p.grad))",
+    Mutant("3.1", "lab3/loss_scaler.py",
+           find="torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale.to(device))",
+           replace="torch._foreach_mul_(grads, inv_scale.to(grads[0]))\n"
+                   "            found_inf += sum(float(not torch.isfinite(g).all()) for g in grads)",
            why="rounds the reciprocal to the gradient's dtype (fp16 gradients: 1/S rounded, or 0)"),
     Mutant("3.1", "lab3/loss_scaler.py", find="inv_scale = self._scale.double().reciprocal().float()",
            replace="inv_scale = self._scale.reciprocal()",
            why="takes the reciprocal in float32 rather than rounding the float64 one"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="self._scale = (self._scale.double() * self.backoff_factor).float()",
+           replace="self._scale = self._scale * self.backoff_factor",
+           why="backs off in float32 (GradScaler multiplies in float64, then rounds)"),
     # ------------------------------------------------------------ 3.2 mixed-precision Adam
     Mutant("3.2", "lab3/mixed_precision.py",
            find='lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]',
            replace='lr, (beta1, beta2), eps = self.defaults["lr"], self.defaults["betas"], self.defaults["eps"]',
            why="uses the constructor's hyperparameters for every param group"),
     Mutant("3.2", "lab3/mixed_precision.py",
-           find='m, v, master = state["exp_avg"], state["exp_avg_sq"], state["master"]',
-           replace='m, v, master = state["exp_avg"], state["exp_avg_sq"], p.detach().float()',
+           find='masters = [st["master"] for st in states]',
+           replace='masters = [p.detach().float() for p in params]',
            why="rebuilds the master from the 16-bit parameter every step (the master is lost)"),
-    Mutant("3.2", "lab3/mixed_precision.py", find="denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(eps)",
-           replace="denom = v.sqrt().add_(eps) / math.sqrt(1 - beta2 ** t)",
+    Mutant("3.2", "lab3/mixed_precision.py", find="""            torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** st["step"]) for st in states])
+            torch._foreach_add_(denom, eps)""",
+           replace="""            torch._foreach_add_(denom, eps)
+            torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** st["step"]) for st in states])""",
            why="adds eps before the bias correction (torch adds it after)"),
-    Mutant("3.2", "lab3/mixed_precision.py", find='t = state["step"]',
-           replace='t = max(s["step"] for s in self.state.values())',
+    Mutant("3.2", "lab3/mixed_precision.py", find='torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** st["step"]) for st in states])',
+           replace='torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** max(s["step"] for s in self.state.values())) for st in states])',
            why="one step count for all parameters: a late parameter is bias-corrected as the oldest"),
-    Mutant("3.2", "lab3/mixed_precision.py", find="""                if p.grad is None:
-                    continue
-                state = self.state[p]""", replace="""                state = self.state[p]""",
+    Mutant("3.2", "lab3/mixed_precision.py", find='params = [p for p in group["params"] if p.grad is not None]',
+           replace='params = list(group["params"])',
            why="does not skip parameters without a gradient"),
     # ------------------------------------------------------------ 3.3 fp8
     Mutant("3.3", "lab3/fp8.py", find="return amax_scale(x.detach().abs().max().float() if x.numel() else 0.0, fmt).to(x.device)",
@@ -293,8 +306,10 @@ INDEPENDENT = [
     Mutant("3.3", "lab3/fp8.py", find="del self.history[:-self.history_len]",
            replace="del self.history[self.history_len:]",
            why="trims the history from the wrong end (keeps the oldest amaxes)"),
-    Mutant("3.3", "lab3/fp8.py", find="scale_a=sg, scale_b=sx, out_dtype=ctx.w_dtype)",
-           replace="scale_a=sg, scale_b=sx, out_dtype=ctx.out_dtype)",
+    Mutant("3.3", "lab3/fp8.py", find="""scale_a=sg, scale_b=sx,
+                                  out_dtype=ctx.w_dtype)""",
+           replace="""scale_a=sg, scale_b=sx,
+                                  out_dtype=ctx.out_dtype)""",
            why="the weight gradient comes out in x's dtype (bf16) instead of the weight's fp32"),
     Mutant("3.3", "lab3/fp8.py", find="return (amax * 2.0 ** margin / torch.finfo(fmt).max).to(torch.float32)",
            replace="return (amax * (1 + margin) / torch.finfo(fmt).max).to(torch.float32)",
@@ -309,6 +324,9 @@ INDEPENDENT = [
     Mutant("3.3", "lab3/fp8.py", find="torch._scaled_mm(qg, qw.t().contiguous().t(),",
            replace="torch._scaled_mm(qg, qw,",
            why="gives _scaled_mm a row-major mat2 in grad_x (refused on a GPU)"),
+    Mutant("3.3", "lab3/fp8.py", find="grad_w = torch._scaled_mm(qg.t().contiguous(), qx.t().contiguous().t(),",
+           replace="grad_w = torch._scaled_mm(qg.t().contiguous(), qx,",
+           why="gives _scaled_mm a row-major mat2 in grad_weight (the course's old bug: refused on a GPU)"),
     # ------------------------------------------------------------ 3.4 tensor parallelism
     Mutant("3.4", "lab3/tensor_parallel.py", find="F.scaled_dot_product_attention(q, k, v, is_causal=True)",
            replace="F.scaled_dot_product_attention(q, k, v)",
@@ -355,7 +373,7 @@ INDEPENDENT = [
     Mutant("3.6", "lab3/pipeline.py", find="dist.recv(x, group=group, group_src=rank - 1)",
            replace="dist.recv(x, src=rank - 1, group=group)",
            why="receives from rank − 1 as a global rank (wrong in a subgroup)"),
-    Mutant("3.6", "lab3/pipeline.py", find="pending.append(dist.isend(out.detach(), group=group, group_dst=rank + 1))",
+    Mutant("3.6", "lab3/pipeline.py", find='sends["F", m] = dist.isend(out.detach(), group=group, group_dst=rank + 1)',
            replace="dist.send(out.detach(), group=group, group_dst=rank + 1)",
            why="a blocking send of the activation (neighbours both sending wait on each other)"),
     Mutant("3.6", "lab3/pipeline.py", find="out = F.cross_entropy(out.reshape(-1, out.shape[-1]), targets[m].reshape(-1)) / M",
@@ -367,6 +385,9 @@ INDEPENDENT = [
     Mutant("3.6", "lab3/pipeline.py", find="                x.requires_grad_()\n",
            replace="                x.requires_grad_(last)\n",
            why="only the last stage asks for its input's gradient (right only for P = 2)"),
+    Mutant("3.6", "lab3/pipeline.py", find="""                finish(("F", m))  # the next stage used m's activation to make this gradient
+""", replace="",
+           why="waits for its sends only at the end of the step (their buffers pile up with M)"),
     # ------------------------------------------------------------ 3.7 ZeRO-3
     Mutant("3.7", "lab3/zero3.py", find="u.grad = mine if u.grad is None else u.grad + mine",
            replace="u.grad = mine",

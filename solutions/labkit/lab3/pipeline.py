@@ -138,8 +138,14 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
         raise ValueError(f"rank must be an int in 0..world_size−1 = {world_size - 1}, got {rank!r}")
     # BEGIN SOLUTION 3.6: execute each action: receive, run, send; keep what backward needs per micro-batch until its backward
     first, last = rank == 0, rank == world_size - 1
-    stash, total = {}, None
-    act_sends, grad_send = {}, None  # handles of sends still in flight
+    stash, sends, total = {}, {}, None  # sends: the handles still in flight, by ("F" | "B", m)
+
+    def finish(key):  # wait for a send (done or nearly): its tensor is released
+        work = sends.pop(key, None)
+        if work is not None:
+            work.wait()
+
+    previous_grad = None
     for kind, m in actions:
         if kind == "F":
             if first:
@@ -153,8 +159,8 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
             if last:
                 out = F.cross_entropy(out.reshape(-1, out.shape[-1]), targets[m].reshape(-1)) / M
                 total = out.detach() if total is None else total + out.detach()
-            else:  # the send shares out's storage, which the stash keeps until B m anyway
-                act_sends[m] = dist.isend(out.detach(), group=group, group_dst=rank + 1)
+            else:
+                sends["F", m] = dist.isend(out.detach(), group=group, group_dst=rank + 1)
             stash[m] = (x, out)
         else:
             x, out = stash.pop(m)
@@ -163,16 +169,15 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
             else:
                 grad = torch.empty_like(out)
                 dist.recv(grad, group=group, group_src=rank + 1)
-                act_sends.pop(m).wait()  # done: the next stage used it to make this gradient
+                finish(("F", m))  # the next stage used m's activation to make this gradient
                 out.backward(grad)
                 del grad
             if not first:
-                if grad_send is not None:  # the previous gradient: stage r−1 takes them in order
-                    grad_send.wait()
-                grad_send = dist.isend(x.grad, group=group, group_dst=rank - 1)
+                finish(previous_grad)  # stage r−1 takes the gradients in order: that one is done
+                sends["B", m] = dist.isend(x.grad, group=group, group_dst=rank - 1)
+                previous_grad = ("B", m)
             del x, out
-    for work in list(act_sends.values()) + [grad_send]:
-        if work is not None:
-            work.wait()
+    for key in list(sends):
+        finish(key)
     return total
     # END SOLUTION
