@@ -74,6 +74,8 @@ def cases():
         p.grad = torch.randn_like(p) * 1e-2
     mp = MixedPrecisionAdam(g16.parameters(), lr=1e-4)
     r16 = copy.deepcopy(g16)
+    for a, b in zip(r16.parameters(), g16.parameters()):
+        a.grad = b.grad.clone()
     masters = [p.detach().float().clone().requires_grad_() for p in r16.parameters()]
     fused = torch.optim.Adam(masters, lr=1e-4, fused=True)
 

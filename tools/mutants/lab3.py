@@ -269,9 +269,12 @@ INDEPENDENT = [
            replace="torch._foreach_mul_(grads, inv_scale.to(grads[0]))\n"
                    "            found_inf += sum(float(not torch.isfinite(g).all()) for g in grads)",
            why="rounds the reciprocal to the gradient's dtype (fp16 gradients: 1/S rounded, or 0)"),
-    Mutant("3.1", "lab3/loss_scaler.py", find="inv_scale = self._scale.double().reciprocal().float()",
-           replace="inv_scale = self._scale.reciprocal()",
-           why="takes the reciprocal in float32 rather than rounding the float64 one"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="""            return False
+        optimizer.step()
+        return True""", replace="""            return True
+        optimizer.step()
+        return False""",
+           why="step() returns whether it skipped, not whether it stepped"),
     Mutant("3.1", "lab3/loss_scaler.py", find="self._scale = (self._scale.double() * self.backoff_factor).float()",
            replace="self._scale = self._scale * self.backoff_factor",
            why="backs off in float32 (GradScaler multiplies in float64, then rounds)"),
