@@ -1,6 +1,43 @@
 """Plausible student bugs in Lab 3's exercises (run: .venv/bin/python -m tools.mutants --lab 3)."""
 from tools.mutants.mutant import Mutant
 
+
+# 3.2's reference runs one fused kernel; the bugs a student writes are in a hand-written update.
+_FUSED_ADAM = """            masters = [st["master"] for st in states]
+            # One fused kernel per group does Adam's whole update in one pass over the tensors
+            # (what torch.optim.Adam(fused=True) calls); the step counts go in as tensors.
+            steps = [torch.tensor(float(st["step"])) for st in states]
+            torch._fused_adam_(masters, grads, [st["exp_avg"] for st in states],
+                               [st["exp_avg_sq"] for st in states], [], steps, lr=lr, beta1=beta1,
+                               beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+            torch._foreach_copy_(params, masters)
+"""
+
+
+def _adam_by_hand(*, masters='[st["master"] for st in states]', target="masters", bias2=True,
+                  eps_first=False, step='st["step"]', copy_back=True) -> str:
+    """A student's foreach Adam on the masters, with the named mistake."""
+    b2 = f'            torch._foreach_div_(denom, [(1 - beta2 ** {step}) ** 0.5 for st in states])\n'
+    eps = "            torch._foreach_add_(denom, eps)\n"
+    lines = (f"            masters = {masters}\n"
+             '            m = [st["exp_avg"] for st in states]\n'
+             '            v = [st["exp_avg_sq"] for st in states]\n'
+             "            torch._foreach_lerp_(m, grads, 1 - beta1)\n"
+             "            torch._foreach_mul_(v, beta2)\n"
+             "            torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)\n"
+             "            denom = torch._foreach_sqrt(v)\n"
+             + ((eps + (b2 if bias2 else "")) if eps_first else ((b2 if bias2 else "") + eps)))
+    if target == "params":
+        lines += ("            torch._foreach_addcdiv_(params, [t.to(p.dtype) for t, p in zip(m, params)], "
+                  "[t.to(p.dtype) for t, p in zip(denom, params)], "
+                  f"[-lr / (1 - beta1 ** {step}) for st in states])\n")
+    else:
+        lines += f"            torch._foreach_addcdiv_(masters, m, denom, [-lr / (1 - beta1 ** {step}) for st in states])\n"
+        if copy_back:
+            lines += "            torch._foreach_copy_(params, masters)\n"
+    return lines
+
+
 MUTANTS = [
     # ------------------------------------------------------------ 3.1 loss scaler
     Mutant("3.1", "lab3/loss_scaler.py", find="return loss * self._scale.to(device=loss.device)",
@@ -33,18 +70,14 @@ MUTANTS = [
         self.unscale_(optimizer)""",
            why="unscales again in step() after an explicit unscale_()"),
     # ------------------------------------------------------------ 3.2 mixed-precision Adam
-    Mutant("3.2", "lab3/mixed_precision.py", find="""            torch._foreach_addcdiv_(masters, m, denom, [-lr / (1 - beta1 ** st["step"]) for st in states])
-            torch._foreach_copy_(params, masters)""",
-           replace="""            torch._foreach_addcdiv_(params, [t.to(p.dtype) for t, p in zip(m, params)],
-                                    [t.to(p.dtype) for t, p in zip(denom, params)],
-                                    [-lr / (1 - beta1 ** st["step"]) for st in states])""",
+    Mutant("3.2", "lab3/mixed_precision.py", find=_FUSED_ADAM, replace=_adam_by_hand(target="params"),
            why="updates the 16-bit parameter directly; the master never moves"),
     Mutant("3.2", "lab3/mixed_precision.py", find='state["exp_avg"] = torch.zeros_like(state["master"])',
            replace='state["exp_avg"] = torch.zeros_like(p)', why="keeps the first moment in 16 bits"),
-    Mutant("3.2", "lab3/mixed_precision.py", find="""            torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** st["step"]) for st in states])
-""", replace="", why="forgets the second moment's bias correction"),
-    Mutant("3.2", "lab3/mixed_precision.py", find="            torch._foreach_copy_(params, masters)\n",
-           replace="", why="never copies the master back into the 16-bit parameter"),
+    Mutant("3.2", "lab3/mixed_precision.py", find=_FUSED_ADAM, replace=_adam_by_hand(bias2=False),
+           why="forgets the second moment's bias correction"),
+    Mutant("3.2", "lab3/mixed_precision.py", find=_FUSED_ADAM, replace=_adam_by_hand(copy_back=False),
+           why="never copies the master back into the 16-bit parameter"),
     Mutant("3.2", "lab3/mixed_precision.py", find='state["step"] = 0',
            replace='state["step"] = torch.tensor(0.0)', why="keeps the step count as a tensor (4 more bytes per parameter tensor)"),
     Mutant("3.2", "lab3/mixed_precision.py", find="grads = [p.grad.float() for p in params]",
@@ -283,17 +316,13 @@ INDEPENDENT = [
            find='lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]',
            replace='lr, (beta1, beta2), eps = self.defaults["lr"], self.defaults["betas"], self.defaults["eps"]',
            why="uses the constructor's hyperparameters for every param group"),
-    Mutant("3.2", "lab3/mixed_precision.py",
-           find='masters = [st["master"] for st in states]',
-           replace='masters = [p.detach().float() for p in params]',
+    Mutant("3.2", "lab3/mixed_precision.py", find=_FUSED_ADAM,
+           replace=_adam_by_hand(masters="[p.detach().float() for p in params]"),
            why="rebuilds the master from the 16-bit parameter every step (the master is lost)"),
-    Mutant("3.2", "lab3/mixed_precision.py", find="""            torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** st["step"]) for st in states])
-            torch._foreach_add_(denom, eps)""",
-           replace="""            torch._foreach_add_(denom, eps)
-            torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** st["step"]) for st in states])""",
+    Mutant("3.2", "lab3/mixed_precision.py", find=_FUSED_ADAM, replace=_adam_by_hand(eps_first=True),
            why="adds eps before the bias correction (torch adds it after)"),
-    Mutant("3.2", "lab3/mixed_precision.py", find='torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** st["step"]) for st in states])',
-           replace='torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** max(s["step"] for s in self.state.values())) for st in states])',
+    Mutant("3.2", "lab3/mixed_precision.py", find=_FUSED_ADAM,
+           replace=_adam_by_hand(step='max(s["step"] for s in self.state.values())'),
            why="one step count for all parameters: a late parameter is bias-corrected as the oldest"),
     Mutant("3.2", "lab3/mixed_precision.py", find='params = [p for p in group["params"] if p.grad is not None]',
            replace='params = list(group["params"])',

@@ -9,13 +9,12 @@ the 16-bit parameter is the master rounded after every step. Bytes per parameter
 fp32 Adam's 4 + 4 + 8: mixed precision halves activations and speeds up the math, it does not
 shrink the static state.
 
-Speed: the update is a handful of foreach operations over all the parameters of a param group
-(``torch._foreach_lerp_``, ``_foreach_addcmul_``, ``_foreach_addcdiv_``…), the way
-``torch.optim.Adam`` runs by default, not a Python loop of small kernels per parameter. Lab 3, exercise 3.2; chapter 3 (book/03_parameters.md).
+Speed: the update runs over all the parameters of a param group at once — foreach operations
+(``torch._foreach_lerp_``, ``_foreach_addcmul_``, ``_foreach_addcdiv_``…, as ``torch.optim.Adam``
+runs by default) or, as here, the one fused kernel ``torch.optim.Adam(fused=True)`` calls — not a
+Python loop of small kernels per parameter. Lab 3, exercise 3.2; chapter 3 (book/03_parameters.md).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -80,16 +79,13 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(state["master"])
                 state["step"] += 1
             grads = [p.grad.float() for p in params]
-            m = [st["exp_avg"] for st in states]
-            v = [st["exp_avg_sq"] for st in states]
             masters = [st["master"] for st in states]
-            torch._foreach_lerp_(m, grads, 1 - beta1)
-            torch._foreach_mul_(v, beta2)
-            torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
-            denom = torch._foreach_sqrt(v)
-            torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** st["step"]) for st in states])
-            torch._foreach_add_(denom, eps)
-            torch._foreach_addcdiv_(masters, m, denom, [-lr / (1 - beta1 ** st["step"]) for st in states])
+            # One fused kernel per group does Adam's whole update in one pass over the tensors
+            # (what torch.optim.Adam(fused=True) calls); the step counts go in as tensors.
+            steps = [torch.tensor(float(st["step"])) for st in states]
+            torch._fused_adam_(masters, grads, [st["exp_avg"] for st in states],
+                               [st["exp_avg_sq"] for st in states], [], steps, lr=lr, beta1=beta1,
+                               beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
             torch._foreach_copy_(params, masters)
             # END SOLUTION
         return None

@@ -9,13 +9,12 @@ the 16-bit parameter is the master rounded after every step. Bytes per parameter
 fp32 Adam's 4 + 4 + 8: mixed precision halves activations and speeds up the math, it does not
 shrink the static state.
 
-Speed: the update is a handful of foreach operations over all the parameters of a param group
-(``torch._foreach_lerp_``, ``_foreach_addcmul_``, ``_foreach_addcdiv_``…), the way
-``torch.optim.Adam`` runs by default, not a Python loop of small kernels per parameter. Lab 3, exercise 3.2; chapter 3 (book/03_parameters.md).
+Speed: the update runs over all the parameters of a param group at once — foreach operations
+(``torch._foreach_lerp_``, ``_foreach_addcmul_``, ``_foreach_addcdiv_``…, as ``torch.optim.Adam``
+runs by default) or, as here, the one fused kernel ``torch.optim.Adam(fused=True)`` calls — not a
+Python loop of small kernels per parameter. Lab 3, exercise 3.2; chapter 3 (book/03_parameters.md).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
