@@ -38,7 +38,7 @@ from labkit.measure import peak_saved_bytes
 from labkit.models import GPT, GPTConfig
 from labkit.validate import one_of, positive_int
 
-__all__ = ["STALL_MESSAGE", "LiveBytes", "watch_progress", "subgroup", "run_tp", "pipeline_worker",
+__all__ = ["STALL_MESSAGE", "LiveBytes", "watch_progress", "subgroup", "run_tp", "stall_demo", "pipeline_worker",
            "peaks_by_microbatches", "train_zero3"]
 
 STALL_MESSAGE = "no progress: a blocking send/recv pair waits on each other"
@@ -165,6 +165,13 @@ def run_tp(rank: int, world_size: int, kind: str, module: nn.Module, x: torch.Te
 
 # ---------------------------------------------------------------- 3.6 a pipeline
 
+def stall_demo(rank: int, world_size: int, stall_s: float = 2.0) -> None:
+    """Two ranks that each wait to receive from the other first: a deadlock, which
+    :func:`watch_progress` reports as one (for the graders' own test of the watchdog)."""
+    buf = torch.empty(4)
+    watch_progress(lambda: dist.recv(buf, src=1 - rank), stall_s=stall_s, where="stall_demo")
+
+
 def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, actions_by_stage,
                     x: torch.Tensor, y: torch.Tensor, num_microbatches: int, groups: int = 1,
                     stall_s: float = 15.0) -> dict:
@@ -173,7 +180,9 @@ def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, act
     and run the student's ``run_stage`` on the batch (x, y) cut into ``num_microbatches`` with
     that stage's actions, under the stall watchdog.
 
-    Returns ``{"loss", "grads": {name: grad}, "peak_saved": bytes autograd held at most
+    Returns ``{"loss", "grads": {name: grad}, "blocking_sends": calls of dist.send (which waits
+    for its receiver; small messages get through gloo's socket buffers, large ones deadlock),
+    "peak_saved": bytes autograd held at most
     (labkit.measure.peak_saved_bytes), "peak_live": the most bytes of tensors alive that the step
     created (:class:`LiveBytes`: activations, send buffers, gradients, temporaries), "calls": {op: n},
     "bytes": {op: B}}`` (count_comm)."""
@@ -186,6 +195,12 @@ def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, act
     inputs = [t.clone() for t in x.chunk(num_microbatches)]  # own storages: counted apart
     targets = [t.clone() for t in y.chunk(num_microbatches)]
 
+    blocking, real_send = [], dist.send
+
+    def send(*args, **kwargs):  # dist.send waits for its receiver: count the calls
+        blocking.append(1)
+        return real_send(*args, **kwargs)
+
     def step():
         box = {}
         with count_comm() as c, LiveBytes() as live:
@@ -194,9 +209,13 @@ def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, act
                 world_size=pp_size, group=group)))
         return box["loss"], saved, live.peak, c
 
-    loss, saved, live, c = watch_progress(step, stall_s=stall_s, where="run_stage")
+    dist.send = send
+    try:
+        loss, saved, live, c = watch_progress(step, stall_s=stall_s, where="run_stage")
+    finally:
+        dist.send = real_send
     dist.barrier()
-    return {"loss": loss, "peak_saved": saved, "peak_live": live,
+    return {"loss": loss, "peak_saved": saved, "peak_live": live, "blocking_sends": len(blocking),
             "grads": {n: p.grad for n, p in stage.named_parameters()},
             "calls": dict(c.calls), "bytes": dict(c.bytes_sent)}
 
