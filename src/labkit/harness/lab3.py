@@ -269,7 +269,8 @@ def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float
     of (x, y) micro-batches, each backpropagated before the one ``step()``. Run by
     ``labkit.dist.launch``.
 
-    Returns ``{"params", "losses", "shard_bytes", "peak_live_bytes", "unit_numels",
+    Returns ``{"params", "losses", "shard_bytes", "shard_storage_bytes" (the bytes of the storages
+    the shards keep alive: a shard that is a view keeps its whole base), "peak_live_bytes", "unit_numels",
     "first_grads": this rank's gradient slice per unit after the first step's backwards,
     "comm": per step {"calls", "bytes"}, "events": the first step's ZeRO3.events with its
     all-gathers logged}``."""
@@ -298,6 +299,8 @@ def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float
             z.step()
         losses.append(total / len(micro))
         comm.append(_counts(c))
+    storage = sum(u.shard.untyped_storage().nbytes() for u in z.units)  # what the shards keep alive
     return {"params": z.full_parameters(), "losses": losses, "shard_bytes": z.shard_bytes(),
+            "shard_storage_bytes": storage,
             "peak_live_bytes": z.peak_live_bytes, "unit_numels": [u.numel for u in z.units],
             "first_grads": first_grads, "comm": comm, "events": events}
