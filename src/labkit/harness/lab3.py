@@ -113,9 +113,12 @@ def watch_progress(fn, *, stall_s: float = 15.0, where: str = "the student's cod
     operator runs for ``stall_s`` seconds (a send and a recv waiting on each other), raise
     ``RuntimeError`` starting with :data:`STALL_MESSAGE`."""
     beat, box = [time.monotonic()], {}
+    cuda = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
 
     def work():
         try:
+            if cuda is not None:  # the current CUDA device is per thread
+                torch.cuda.set_device(cuda)
             with _Heartbeat(beat):
                 box["result"] = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
