@@ -114,21 +114,23 @@ def test_forward_bit_exact_vs_scaled_mm(bias, dtype):
 
 
 def _signed_amax_hint(lin, x, got, bias, dtype, otherwise):
-    """Name the signed-max mistake when the output is exactly what max(x) (not max|x|) gives."""
+    """Name the signed-max mistake when the output is exactly what max(t) (not max|t|) gives
+    for x, the weight, or both."""
     w = lin.weight.detach()
-    for name, t in (("x", x), ("weight", w)):
-        if t.max() == t.abs().max():
+    for signed in (("x",), ("weight",), ("x", "weight")):
+        if all(t.max() == t.abs().max() for n, t in (("x", x), ("weight", w)) if n in signed):
             continue
-        sx = ref_scale((x.max() if name == "x" else x.abs().max()).clamp_min(0), E4M3)
-        sw = ref_scale((w.max() if name == "weight" else w.abs().max()).clamp_min(0), E4M3)
+        sx = ref_scale((x.max() if "x" in signed else x.abs().max()).clamp_min(0), E4M3)
+        sw = ref_scale((w.max() if "weight" in signed else w.abs().max()).clamp_min(0), E4M3)
         alt = torch._scaled_mm(ref_quant(x, sx, E4M3), ref_quant(w, sw, E4M3).t(),
                                scale_a=sx, scale_b=sw, out_dtype=dtype)
         if bias:
             alt = alt + lin.bias.detach().to(dtype)
         if torch.equal(got, alt):
-            return (f"the output is exactly the one {name}'s scale from max({name}) = {t.max().item():.4g} "
-                    f"gives; the amax is max|{name}| = {t.abs().max().item():.4g} (its largest magnitude "
-                    "is a negative element)")
+            names = " and ".join(signed)
+            return (f"the output is exactly the one scales from max(t) give for {names} (x: max "
+                    f"{x.max().item():.4g}, max|x| {x.abs().max().item():.4g}); the amax is the largest "
+                    "magnitude, max|t|, and here it is a negative element")
     return otherwise
 
 
