@@ -74,8 +74,8 @@ def test_output_and_input_gradient_equal_the_single_device_block(kind, T):
         torch.testing.assert_close(res["out"], ref, **TOL, msg=lambda m, r=r: (
             f"{kind} T={T} rank {r} output: {m} — are the partial sums all-reduced once, and the "
             "row-parallel bias added once (not T times)?"))
-        torch.testing.assert_close(res["x_grad"], ref_xgrad, **TOL, msg=lambda m, r=r: (
-            f"{kind} T={T} rank {r} input gradient: {m} — does f all-reduce the gradient in backward?"))
+        torch.testing.assert_close(res["x_grad"], ref_xgrad, **TOL, msg=lambda m, r=r, g=res["x_grad"]: (
+            f"{kind} T={T} rank {r} input gradient: {m}{_factor_hint(g, ref_xgrad, T)}"))
 
 
 @pytest.mark.exercise("3.4", points=2)
@@ -92,6 +92,20 @@ def test_every_parameter_gradient_equals_its_slice_of_the_full_gradient(kind, T)
                 f"{kind} T={T} rank {r} {name}: gradient shape {None if g is None else tuple(g.shape)}, "
                 f"expected {tuple(want.shape)}")
             _check_grad_slice(kind, T, f"rank {r}", name, g, want, full[name].grad, r)
+
+
+def _factor_hint(got, want, T):
+    """A cause only when the values single it out: exactly T× too large (a gradient summed over
+    the ranks once too often), exactly 1/T (f's all-reduce missing); else nothing."""
+    if got is None:
+        return " — x has no gradient"
+    for k, cause in ((T, "exactly T× the single-device gradient: summed over the ranks once too "
+                         "often (g's backward passes the gradient through unchanged)"),
+                     (1 / T, "exactly 1/T of it: each rank's share is not summed (f's backward "
+                             "all-reduces the gradient)")):
+        if torch.allclose(got, want * k, **TOL):
+            return f" — {cause}"
+    return ""
 
 
 def _check_grad_slice(kind, T, where, name, g, want, full_grad, tp_rank):
