@@ -108,8 +108,30 @@ def test_forward_bit_exact_vs_scaled_mm(bias, dtype):
     diff = (got.detach().float() - want.float()).abs()
     assert torch.equal(got.detach(), want), (
         f"forward differs from torch._scaled_mm on the same E4M3 operands in {int((diff > 0).sum())} elements "
-        f"(max |diff| {diff.max().item():.3g}): scales from each tensor's amax over 448, operands x/scale "
-        "in E4M3, scale_a/scale_b passed to _scaled_mm (not applied twice)?")
+        f"(max |diff| {diff.max().item():.3g}): " + _signed_amax_hint(lin, x.detach(), got.detach(), bias, dtype,
+        "scales from each tensor's amax over 448, operands x/scale in E4M3, scale_a/scale_b passed to "
+        "_scaled_mm (not applied twice)?"))
+
+
+def _signed_amax_hint(lin, x, got, bias, dtype, otherwise):
+    """Name the signed-max mistake when the output is exactly what max(t) (not max|t|) gives
+    for x, the weight, or both."""
+    w = lin.weight.detach()
+    for signed in (("x",), ("weight",), ("x", "weight")):
+        if all(t.max() == t.abs().max() for n, t in (("x", x), ("weight", w)) if n in signed):
+            continue
+        sx = ref_scale((x.max() if "x" in signed else x.abs().max()).clamp_min(0), E4M3)
+        sw = ref_scale((w.max() if "weight" in signed else w.abs().max()).clamp_min(0), E4M3)
+        alt = torch._scaled_mm(ref_quant(x, sx, E4M3), ref_quant(w, sw, E4M3).t(),
+                               scale_a=sx, scale_b=sw, out_dtype=dtype)
+        if bias:
+            alt = alt + lin.bias.detach().to(dtype)
+        if torch.equal(got, alt):
+            names = " and ".join(signed)
+            return (f"the output is exactly the one scales from max(t) give for {names} (x: max "
+                    f"{x.max().item():.4g}, max|x| {x.abs().max().item():.4g}); the amax is the largest "
+                    "magnitude, max|t|, and here it is a negative element")
+    return otherwise
 
 
 def _dequant_grads(lin, x, gy):
@@ -208,9 +230,24 @@ def test_delayed_linear_saturates_on_a_spike():
     want = torch._scaled_mm(ref_quant(spike, sx, E4M3), ref_quant(lin.weight.detach(), sw, E4M3).t(),
                             scale_a=sx, scale_b=sw, out_dtype=torch.float32)
     assert torch.isfinite(got).all(), "the spike gave non-finite outputs: saturate at ±448 before the cast"
-    assert torch.equal(got.detach(), want), (
-        "the spike's output differs from _scaled_mm with the previous step's scale and saturation: "
-        "is the history's amax used (not the spike's own)?")
+    if not torch.equal(got.detach(), want):
+        own = ref_scale(spike.abs().max(), E4M3)
+        current = torch._scaled_mm(ref_quant(spike, own, E4M3), ref_quant(lin.weight.detach(), sw, E4M3).t(),
+                                   scale_a=own, scale_b=sw, out_dtype=torch.float32)
+        signed = ref_scale(x.detach().max(), E4M3)
+        from_max = torch._scaled_mm(ref_quant(spike, signed, E4M3), ref_quant(lin.weight.detach(), sw, E4M3).t(),
+                                    scale_a=signed, scale_b=sw, out_dtype=torch.float32)
+        if torch.equal(got.detach(), current):
+            cause = "it is exactly the output with the spike's own amax: the history's amax must be used"
+        elif torch.equal(got.detach(), from_max):
+            cause = (f"it is exactly the output with the previous step's max(x) = {x.detach().max().item():.4g}: "
+                     f"the amax is max|x| = {x.detach().abs().max().item():.4g}")
+        else:
+            diff = (got.detach() - want).abs()
+            cause = (f"{int((diff > 0).sum())} of {diff.numel()} elements differ, max |diff| "
+                     f"{diff.max().item():.3g}; want uses the previous step's scale {sx.item():.4g}")
+        raise AssertionError("the spike's output differs from _scaled_mm with the previous step's scale "
+                             f"and saturation: {cause}")
 
 
 @pytest.mark.exercise("3.3", points=1)
@@ -252,3 +289,67 @@ def test_bad_inputs_raise():
         quantize(torch.ones(4), torch.tensor(0.0))
     with pytest.raises(ValueError, match="history_len"):
         DelayedScaling(history_len=0)
+
+
+class _LayoutCheck:
+    """Wraps torch._scaled_mm: records every call's operand shapes and strides, and runs torch's
+    meta kernel on meta tensors of the same shapes, strides and dtypes, which enforces the rules
+    the CUDA kernel does (self row-major, mat2 column-major, sizes multiples of 16) that the CPU
+    kernel does not check."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def __call__(self, a, b, *args, **kwargs):
+        def meta(t):
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") \
+                if isinstance(t, torch.Tensor) else t
+        problem = None
+        try:
+            self.real(meta(a), meta(b), *(meta(t) for t in args),
+                      **{k: meta(v) for k, v in kwargs.items()})
+        except RuntimeError as exc:
+            problem = str(exc).splitlines()[0]
+        self.calls.append({"a": (tuple(a.shape), a.stride(), a.dtype), "b": (tuple(b.shape), b.stride(), b.dtype),
+                           "problem": problem})
+        return self.real(a, b, *args, **kwargs)
+
+
+@pytest.mark.exercise("3.3", points=2)
+@pytest.mark.parametrize("scaling", ["current", "delayed"])
+def test_every_scaled_mm_call_meets_the_gpu_layout_rule(monkeypatch, scaling):
+    """Check every torch._scaled_mm call of a forward and backward passes torch's meta kernel,
+    which enforces what a GPU requires and the CPU does not: mat1 row-major, mat2 column-major
+    (strides (1, K)). A row-major mat2 passes every CPU test and crashes on an H100."""
+    lin = layer(scaling=scaling)
+    x, gy = data()
+    check = _LayoutCheck(torch._scaled_mm)
+    monkeypatch.setattr(torch, "_scaled_mm", check)
+    lin(x).backward(gy)
+    assert len(check.calls) == 3, (f"{len(check.calls)} torch._scaled_mm calls in a forward and backward, "
+                                   "expected 3 (the output, grad_x, grad_weight)")
+    for i, call in enumerate(check.calls):
+        where = ("forward (output)", "a backward call", "a backward call")[i]
+        assert call["problem"] is None, (
+            f"torch._scaled_mm call {i + 1} of 3 ({where}): mat1 {call['a'][0]} strides {call['a'][1]}, "
+            f"mat2 {call['b'][0]} strides {call['b'][1]}: the meta kernel (the GPU's rule) says "
+            f"\"{call['problem']}\"")
+
+
+@pytest.mark.exercise("3.3", points=1)
+def test_weight_gradient_keeps_the_weight_dtype_for_bf16_inputs():
+    """Check with bf16 x and the fp32 weight (the master): grad_weight is fp32 and equals the fp32
+    product E5M2(grad_out)ᵀ @ E4M3(x) (rtol 1e-5: not rounded to bf16, whose step is 2⁻⁸);
+    grad_x is in x's dtype."""
+    lin = layer()
+    x, gy = data(dtype=torch.bfloat16)
+    lin(x).backward(gy)
+    _, want_w = _dequant_grads(lin, x.float(), gy.float())
+    assert x.grad is not None and x.grad.dtype == torch.bfloat16, \
+        f"grad_x dtype {None if x.grad is None else x.grad.dtype}, expected x's bfloat16"
+    got = lin.weight.grad
+    assert got is not None and got.dtype == torch.float32, \
+        f"grad_weight dtype {None if got is None else got.dtype}, expected the weight's float32"
+    rel = ((got - want_w).norm() / want_w.norm()).item()
+    assert rel <= 1e-5, (f"grad_weight vs the fp32 product of the dequantised operands: relative error "
+                         f"{rel:.2e}, expected ≤ 1e-5 (bf16 rounding alone gives ~1e-3)")

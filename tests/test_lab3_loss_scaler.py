@@ -19,17 +19,49 @@ INJECT = {2: math.inf, 3: math.nan, 7: -math.inf, 8: math.inf}
 SETTINGS = dict(init_scale=2.0 ** 10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
 # scales that are not powers of two: dividing by S and multiplying by float32(1/S) then differ
 ODD = dict(init_scale=1000.0, growth_factor=3.0, backoff_factor=0.7, growth_interval=2)
+# factors that are not exact in float32: GradScaler multiplies the float32 scale by the float64
+# factor and rounds once (float32 arithmetic drifts in the last bit: 3.3000002 vs 3.2999999)
+INEXACT = [dict(init_scale=3.0, growth_factor=1.1, backoff_factor=0.77, growth_interval=2),
+           dict(init_scale=1000.0, growth_factor=1.7, backoff_factor=0.3, growth_interval=1)]
+INJECT_LATE = {5: math.inf, 9: math.nan}  # growth first, with no backoff to reset the count
 
 
-def lockstep(settings, steps=14, inject=INJECT, optimizer=torch.optim.SGD):
-    """Train two identical models, one with each scaler; return per-step records of both."""
+def _model(groups: bool, half: bool):
+    """Two Linear layers; ``half``: the second in bf16 (gradients of two dtypes; GradScaler refuses fp16 parameters); ``groups``: an
+    optimizer with one param group per layer (different learning rates)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    if half:
+        model[2].bfloat16()
+    return model
+
+
+class _Cast(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        h = self.model[1](self.model[0](x))
+        return self.model[2](h.to(self.model[2].weight.dtype)).float()
+
+
+def lockstep(settings, steps=14, inject=INJECT, optimizer=torch.optim.SGD, groups=False, half=False):
+    """Train two identical models, one with each scaler; return per-step records of both
+    (the scale before the step, whether it stepped, step()'s return value, the gradients after
+    step() and the parameters after it)."""
     from labkit.lab3.loss_scaler import DynamicLossScaler
 
-    torch.manual_seed(0)
-    mine = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    mine = _model(groups, half)
     ref = copy.deepcopy(mine)
-    opt_mine = optimizer(mine.parameters(), lr=0.01)
-    opt_ref = optimizer(ref.parameters(), lr=0.01)
+
+    def make(model):
+        if groups:
+            return optimizer([{"params": model[0].parameters()},
+                              {"params": model[2].parameters(), "lr": 0.003}], lr=0.01)
+        return optimizer(model.parameters(), lr=0.01)
+
+    opt_mine, opt_ref = make(mine), make(ref)
     s_mine = DynamicLossScaler(**settings)
     s_ref = torch.amp.GradScaler("cpu", **settings)
     records = {"mine": [], "ref": []}
@@ -39,16 +71,17 @@ def lockstep(settings, steps=14, inject=INJECT, optimizer=torch.optim.SGD):
         for name, model, opt, scaler in (("mine", mine, opt_mine, s_mine), ("ref", ref, opt_ref, s_ref)):
             before = [p.detach().clone() for p in model.parameters()]
             scale = float(scaler.get_scale())
-            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss = torch.nn.functional.mse_loss(_Cast(model)(x), y)
             scaler.scale(loss).backward()
             if step in inject:
                 model[0].weight.grad[0, 0] = inject[step]
             if step % 2 == 0:  # half the steps unscale explicitly (as before gradient clipping)
                 scaler.unscale_(opt)
-            scaler.step(opt)
+            returned = scaler.step(opt)
             scaler.update()
             stepped = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-            records[name].append({"scale": scale, "stepped": stepped,
+            records[name].append({"scale": scale, "stepped": stepped, "returned": returned,
+                                  "grads": [p.grad.clone() for p in model.parameters()],
                                   "params": [p.detach().clone() for p in model.parameters()]})
             opt.zero_grad(set_to_none=True)
     return records
@@ -95,6 +128,10 @@ def test_skipped_steps_equal_gradscaler():
     assert got == want == sorted(INJECT), (
         f"skipped steps {got}, GradScaler skips {want} (injected at {sorted(INJECT)}): is a "
         "NaN detected as well as ±inf, and is optimizer.step() skipped when one is found?")
+    returned = [r["returned"] for r in records["mine"]]
+    assert returned == [r["stepped"] for r in records["mine"]], (
+        f"step() returned {returned}; it must return True exactly when it stepped the optimizer "
+        f"(skipped steps {got})")
 
 
 @pytest.mark.exercise("3.1", points=1)
@@ -103,14 +140,49 @@ def test_skipped_steps_equal_gradscaler():
 def test_parameters_equal_gradscaler_bit_for_bit(optimizer, settings):
     """Check the parameters after every step equal GradScaler's run, bit for bit (both multiply
     by the same float32 reciprocal, so tolerance 0)."""
-    records = lockstep(settings, optimizer=optimizer)
+    _compare_runs(lockstep(settings, optimizer=optimizer))
+
+
+def _compare_runs(records):
+    """Scales first (a parameter difference after a scale difference says nothing new), then
+    the gradients after step() (NaN where GradScaler has NaN) and the parameters, exactly."""
     for step, (a, b) in enumerate(zip(records["mine"], records["ref"])):
-        for i, (p, q) in enumerate(zip(a["params"], b["params"])):
-            torch.testing.assert_close(
-                p, q, rtol=0, atol=0,
-                msg=lambda m, i=i, step=step: f"parameter {i} after step {step}: {m} — are the "
-                "gradients multiplied by the float32 reciprocal of the scale (computed in float64), "
-                "once per iteration?")
+        assert a["scale"] == b["scale"], (
+            f"scale before step {step}: {a['scale']}, GradScaler's {b['scale']} (the parameters "
+            f"follow from it; sequences {[r['scale'] for r in records['mine']]} vs "
+            f"{[r['scale'] for r in records['ref']]})")
+        for kind in ("grads", "params"):
+            for i, (p, q) in enumerate(zip(a[kind], b[kind])):
+                torch.testing.assert_close(
+                    p, q, rtol=0, atol=0, equal_nan=True,
+                    msg=lambda m, i=i, step=step, kind=kind, p=p: (
+                        f"{'gradient' if kind == 'grads' else 'parameter'} {i} ({p.dtype}) after "
+                        f"step {step} (skipped by GradScaler: {not b['stepped']}), scales equal: {m}"))
+
+
+@pytest.mark.exercise("3.1", points=1)
+@pytest.mark.parametrize("settings", INEXACT, ids=["factors-1.1-0.77", "factors-1.7-0.3"])
+def test_scale_sequence_equals_gradscaler_for_inexact_factors(settings):
+    """Check the scales, gradients and parameters of 12 steps equal GradScaler's bit for bit
+    when the factors are not exact in float32 (GradScaler multiplies in float64, rounds once)."""
+    records = lockstep(settings, steps=12, inject=INJECT_LATE)
+    got = [r["scale"] for r in records["mine"]]
+    want = [r["scale"] for r in records["ref"]]
+    for step, (a, b) in enumerate(zip(got, want)):
+        ulps = abs(a - b) / math.ulp(b) if math.isfinite(a) and b else math.inf
+        assert a == b, (f"scale before step {step} is {a!r}, GradScaler's is {b!r} "
+                        f"({ulps:.0f} float32 ulp{'s' if ulps != 1 else ''} of the float64 value "
+                        f"apart; sequences {got} vs {want})")
+    _compare_runs(records)
+
+
+@pytest.mark.exercise("3.1", points=1)
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam], ids=["sgd", "adam"])
+def test_param_groups_and_bf16_gradients_equal_gradscaler(optimizer):
+    """Check two param groups (different learning rates), one of them bf16, an odd scale: every
+    gradient after step() (also on the skipped steps: unscaled, inf/NaN where GradScaler's) and
+    every parameter equal GradScaler's bit for bit."""
+    _compare_runs(lockstep(ODD, optimizer=optimizer, groups=True, half=True))
 
 
 @pytest.mark.exercise("3.1", points=1)

@@ -130,3 +130,65 @@ def test_non_16bit_params_raise_value_error(dtype):
 
     with pytest.raises(ValueError, match="params"):
         MixedPrecisionAdam([torch.nn.Parameter(torch.ones(2, dtype=dtype))])
+
+
+@pytest.mark.exercise("3.2", points=2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_param_groups_late_and_frozen_parameters_equal_fp32_adam(dtype):
+    """Check, against torch.optim.Adam on fp32 copies with the same param groups: two groups with
+    their own lr, betas and eps (eps 1e-3, large enough that where it is added shows), block 1's
+    parameters first given a gradient at step 2 (each parameter keeps its own step count), and
+    wpe never given one (skipped: no state, unchanged). Masters within atol 1e-6, rtol 1e-5 (the
+    same fp32 formula; the order of the elementwise operations may differ by an ulp)."""
+    from labkit.lab3.mixed_precision import MixedPrecisionAdam
+
+    model = tiny_gpt(dtype)
+    named = dict(model.named_parameters())
+    ref = {n: p.detach().float().clone().requires_grad_() for n, p in named.items()}
+    first = [n for n in named if n.startswith("h.0.")]
+    rest = [n for n in named if n not in first]
+    hyper = dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-3)
+    opt = MixedPrecisionAdam([{"params": [named[n] for n in first], **hyper},
+                              {"params": [named[n] for n in rest]}], lr=1e-3)
+    ref_opt = torch.optim.Adam([{"params": [ref[n] for n in first], **hyper},
+                                {"params": [ref[n] for n in rest]}], lr=1e-3)
+    late = {n for n in named if n.startswith("h.1.")}
+    data = SyntheticData(64, 16, 4, seed=1)
+    for step in range(5):
+        x, y = data.batch(step)
+        model(x, y).backward()
+        for n, p in named.items():
+            if n == "wpe.weight" or (step < 2 and n in late):
+                p.grad = None
+            ref[n].grad = None if p.grad is None else p.grad.float()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad(set_to_none=True)
+    start = tiny_gpt(dtype)
+    assert not opt.state.get(named["wpe.weight"]), (
+        "wpe.weight never had a gradient but has optimizer state: skip parameters whose .grad is None")
+    assert torch.equal(named["wpe.weight"], dict(start.named_parameters())["wpe.weight"]), \
+        "wpe.weight never had a gradient but changed: skip parameters whose .grad is None"
+    for n, p in named.items():
+        if n == "wpe.weight":
+            continue
+        steps = opt.state[p].get("step")
+        want_steps = 3 if n in late else 5
+        assert steps == want_steps, (f"{n}: state['step'] = {steps}, expected {want_steps} (the steps "
+                                     "at which this parameter had a gradient)")
+        group = "its group's (lr 3e-3, betas (0.8, 0.99), eps 1e-3)" if n in first else "the default"
+        torch.testing.assert_close(opt.state[p]["master"], ref[n].detach(), atol=1e-6, rtol=1e-5,
+                                   msg=lambda m, n=n, group=group: f"{n} master vs fp32 Adam with "
+                                   f"{group} hyperparameters{', first gradient at step 2' if n in late else ''}: {m}")
+
+
+@pytest.mark.parametrize("kwargs", [dict(eps=-1e-8), dict(betas=(0.9, 1.0)), dict(lr=-1.0),
+                                    dict(betas=(0.9,))])
+def test_bad_hyperparameters_raise_value_error(kwargs):
+    from labkit.lab3.mixed_precision import MixedPrecisionAdam
+
+    p = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        MixedPrecisionAdam([p], **kwargs)
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        MixedPrecisionAdam([{"params": [p], **kwargs}])

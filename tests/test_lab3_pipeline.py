@@ -45,7 +45,7 @@ def actions(kind, P, M):
     """Per-stage action lists: the hand-written ones for P = 2; for more stages GPipe is every F
     then every B, and 1F1B (Narayanan et al. 2021) is min(P−s, M) forwards, then one backward and
     one forward while forwards remain, then the remaining backwards."""
-    if P == 2:
+    if P == 2 and M in SCHEDULES[kind]:
         return SCHEDULES[kind][M]
     out = []
     for s in range(P):
@@ -72,34 +72,52 @@ def setup(M, P=P):
 
 
 @functools.lru_cache(maxsize=None)
-def _run(kind, M, P):
+def _run(kind, M, P, groups=1):
     from labkit.dist import launch
-    from labkit.lab3.pipeline import pipeline_worker
+    from labkit.harness.lab3 import pipeline_worker
 
     cfg, model, x, y = setup(M, P)
-    return launch(pipeline_worker, P, cfg, model.state_dict(), actions(kind, P, M), x, y, M,
-                  timeout=60.0)
+    # The harness's watchdog (15 s without any operator on a rank) fires well before this
+    # launch timeout: a deadlock is reported as one, not as "Connection closed by peer".
+    return launch(pipeline_worker, P * groups, cfg, model.state_dict(), actions(kind, P, M), x, y,
+                  M, groups=groups, timeout=60.0)
 
 
-def run(kind, M, P=P):
-    """The student's pipeline on P ranks; a rank's error becomes a failure naming the likely cause."""
+STALLED: list[str] = []  # set by the first test whose pipeline stalled: the others stop at once
+
+
+def run(kind, M, P=P, groups=1):
+    """The student's pipeline on P ranks (``groups`` pipelines side by side in subgroups of the
+    world); a rank's error becomes a failure naming the likely cause."""
     from labkit.dist import RankError
+    from labkit.harness.lab3 import STALL_MESSAGE
 
+    if STALLED:
+        pytest.fail(f"not run: {STALLED[0]} stalled ({STALL_MESSAGE}); every 3.6 test would wait "
+                    "the same way — fix that first")
     try:
-        return _run(kind, M, P)
+        return _run(kind, M, P, groups)
     except RankError as exc:
-        if "NotImplementedError" in str(exc):
+        text = str(exc)
+        if "NotImplementedError" in text:
             raise
-        pytest.fail(f"{kind} P={P} M={M}: a rank failed: {str(exc).strip().splitlines()[-1][-300:]} — does stage r receive "
+        if STALL_MESSAGE in text:
+            STALLED.append(f"{kind} P={P} M={M}")
+            pytest.fail(f"{kind} P={P} M={M}: {STALL_MESSAGE}. No rank ran an operator for 15 s: "
+                        "a blocking dist.send waits for its receiver while the receiver itself "
+                        "waits in a send (under 1F1B both neighbours send at the same time), or a "
+                        "recv waits on a peer that never sends. Start every send with dist.isend "
+                        "and wait for it later.")
+        pytest.fail(f"{kind} P={P} M={M}: a rank failed: {text.strip().splitlines()[-1][-300:]} — does stage r receive "
                     "its activation from rank r−1 and send its output to rank r+1 (gradients the "
                     "other way), never a fixed rank, and does every send have a matching receive?")
 
 
 @functools.lru_cache(maxsize=None)
 def run_torch(kind, M, P=P):
-    """PyTorch's ScheduleGPipe / Schedule1F1B on the same split (labkit.lab3.pipeline's given worker)."""
+    """PyTorch's ScheduleGPipe / Schedule1F1B on the same split (labkit.reference.lab3, cut independently of split_gpt)."""
     from labkit.dist import launch
-    from labkit.lab3.pipeline import torch_pipeline_worker
+    from labkit.reference.lab3 import torch_pipeline_worker
 
     cfg, model, x, y = setup(M, P)
     return launch(torch_pipeline_worker, P, cfg, model.state_dict(), kind, x, y, M, timeout=60.0)
@@ -256,6 +274,33 @@ def test_send_recv_counts_equal_the_formula(kind):
 
 @pytest.mark.exercise("3.6", points=1)
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_no_send_waits_for_its_receiver(kind):
+    """Check no rank calls the blocking dist.send (P = 2, 3): it returns only once the receiver
+    has the data, and under 1F1B both neighbours send at once. gloo's socket buffers let the
+    lab's small messages through, so the step works here and deadlocks at real sizes."""
+    for stages in (2, 3):
+        for s, r in enumerate(run(kind, 4, stages)):
+            assert r["blocking_sends"] == 0, (
+                f"{kind} P={stages}, rank {s}: {r['blocking_sends']} blocking dist.send calls: start "
+                "each send with dist.isend and wait for its handle later")
+
+
+def test_the_watchdog_reports_a_deadlock_as_one():
+    """Two ranks each waiting to receive first: the harness's watchdog reports "no progress"
+    within seconds, long before the launch timeout."""
+    import time
+
+    from labkit.dist import RankError, launch
+    from labkit.harness.lab3 import STALL_MESSAGE, stall_demo
+
+    start = time.monotonic()
+    with pytest.raises(RankError, match=STALL_MESSAGE):
+        launch(stall_demo, 2, 1.0, timeout=30)
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.exercise("3.6", points=1)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_send_recv_bytes_equal_the_formula(kind):
     """Check each rank's point-to-point bytes: every message is one float32 activation or
     gradient of b·T·C·4 bytes."""
@@ -290,3 +335,41 @@ def test_split_gpt_refuses_a_stage_count_that_does_not_divide_n_layer():
     cfg, model, _, _ = setup(2)
     with pytest.raises(ValueError, match="num_stages"):
         split_gpt(model, 3)
+
+
+@pytest.mark.exercise("3.6", points=2)
+def test_1f1b_live_memory_does_not_grow_with_m():
+    """Check under 1F1B, P = 2, each stage's peak *live* bytes (every tensor the step creates and
+    keeps alive: stash, received buffers, tensors held by pending sends, gradients; the harness's
+    LiveBytes) is the same at M = 8 as at M = 4, within half a message (b·T·C·4 / 2 bytes): what
+    a micro-batch holds must be released by its backward, sends included."""
+    from labkit.models import lab_config
+
+    C = lab_config("cpu").n_embd
+    slack = B_MICRO * T * C * 4 // 2
+    small, large = run("1f1b", 4), run("1f1b", 8)
+    for s in range(P):
+        grow = large[s]["peak_live"] - small[s]["peak_live"]
+        assert grow <= slack, (
+            f"stage {s}: peak live bytes {small[s]['peak_live']:,} at M = 4, {large[s]['peak_live']:,} "
+            f"at M = 8 (+{grow:,} B, {grow / (2 * slack):.1f} micro-batch messages of {2 * slack:,} B) "
+            "under 1F1B, where at most P − s micro-batches are in flight: something of every "
+            "micro-batch is kept until the step ends (a stash entry not dropped at its backward, "
+            "or a send handle — and the tensor it holds — not waited for until the end)")
+
+
+@pytest.mark.exercise("3.6", points=2)
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_two_pipelines_in_subgroups_of_the_world(kind):
+    """Check 4 ranks as two pipelines of P = 2 ({0, 1} and {2, 3}, run_stage given group=, rank
+    and world_size in the group): both pipelines' gradients equal the single-device GPT's. Peers
+    addressed by global rank, or sends to the default group, fail here."""
+    M = 4
+    cfg, model, x, y = setup(M)
+    model(x, y).backward()
+    res = run(kind, M, P, groups=2)
+    for g in range(2):
+        got = summed_grads(res[2 * g:2 * g + 2], kind)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7, msg=lambda m, g=g, name=name: (
+                f"{kind}, pipeline {g} (world ranks {2 * g}, {2 * g + 1}), gradient of {name}: {m}"))

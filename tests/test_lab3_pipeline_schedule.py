@@ -17,6 +17,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
+import torch
 
 SIZES = [(1, 1), (2, 1), (2, 4), (4, 4), (4, 8), (3, 7), (8, 3)]
 
@@ -128,6 +129,29 @@ def test_checker_finds_a_broken_dependency_and_accepts_a_good_timeline():
         assert all(isinstance(v, str) for v in found), f"{name}: violations must be strings, got {found}"
 
 
+@pytest.mark.exercise("3.5", points=1)
+def test_checker_reports_a_dependency_that_never_runs_and_accepts_back_to_back_spans():
+    """Check check_dependencies on three stages: a timeline from which stage 1's F2 and B2 are
+    missing breaks the dependencies of stage 2's F2 and of stage 0's B2 (they wait on an action
+    that never runs: reported, naming stage 1 and F2 or B2); a valid timeline whose spans touch
+    end to start (a stage's next action starting exactly when the previous one ends) is []."""
+    from labkit.lab3.pipeline_schedule import Timeline, check_dependencies, make_schedule, simulate
+
+    good = simulate(make_schedule("gpipe", 3, 4))
+    touching = [(a, b) for row in good.spans for a, b in zip(row, row[1:]) if a.end == b.start]
+    assert touching and check_dependencies(good) == [], (
+        f"a valid timeline with {len(touching)} back-to-back spans (one starts when the previous ends) "
+        f"was reported: {check_dependencies(good)[:3]}")
+    spans = [list(row) for row in good.spans]
+    spans[1] = [sp for sp in spans[1] if sp.action[1] != 2]
+    broken = Timeline(spans, good.makespan, good.bubble, good.in_flight)
+    found = check_dependencies(broken)
+    assert found, ("stage 1's F2 and B2 never run, yet check_dependencies returned []: stage 2's F2 and "
+                   "stage 0's B2 wait on them (a dependency with no span is a violation)")
+    named = [v for v in found if "stage 1" in v and ("F2" in v or "B2" in v)]
+    assert named, f"the violations {found} do not name the missing stage 1 F2 / B2"
+
+
 @pytest.mark.exercise("3.5", points=2)
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("P,M", [(2, 3), (4, 6)])
@@ -135,7 +159,8 @@ def test_order_equals_what_torch_pipelining_executes(kind, P, M):
     """Check each stage's order equals the actions torch.distributed.pipelining's ScheduleGPipe /
     Schedule1F1B execute on P real gloo ranks (one stage each)."""
     from labkit.dist import launch
-    from labkit.lab3.pipeline_schedule import make_schedule, record_torch_schedule
+    from labkit.lab3.pipeline_schedule import make_schedule
+    from labkit.reference.lab3 import record_torch_schedule
 
     ran = launch(record_torch_schedule, P, kind, M, timeout=90)
     mine = make_schedule(kind, P, M)
@@ -251,7 +276,8 @@ def test_interleaved_order_equals_what_torch_pipelining_executes(P, M, v):
     """Check each rank's interleaved order equals the actions ScheduleInterleaved1F1B executes on
     P real gloo ranks, v stages (chunks) each."""
     from labkit.dist import launch
-    from labkit.lab3.pipeline_schedule import make_schedule, record_torch_schedule
+    from labkit.lab3.pipeline_schedule import make_schedule
+    from labkit.reference.lab3 import record_torch_schedule
 
     ran = launch(record_torch_schedule, P, "interleaved", M, num_chunks=v, timeout=90)
     mine = make_schedule("interleaved", P, M, v)
@@ -281,3 +307,15 @@ def test_simulate_rejects_bad_costs_and_deadlocks():
     # stage 0 runs B0 before F... impossible order: B0 first waits for F0 of its own stage
     with pytest.raises(ValueError, match="deadlock"):
         simulate([[Action("B", 0), Action("F", 0)], [Action("F", 0), Action("B", 0)]])
+
+
+def test_reference_recording_survives_garbage_in_the_shape_inference_forward():
+    """torch.distributed.pipelining's first step runs a non-first stage's forward on torch.empty
+    memory (PipelineStage._to_tensor): the recording stage must not raise on a NaN there (it did:
+    "cannot convert float NaN to integer", a grader that failed at random)."""
+    from labkit.reference.lab3 import _TaggedStage
+
+    log = []
+    x = torch.full((2, 5), float("nan"))
+    _TaggedStage(4, log)(x)
+    assert log == [("F", -1)]

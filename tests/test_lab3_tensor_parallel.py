@@ -24,9 +24,9 @@ TOL = dict(atol=1e-5, rtol=1e-5)
 B, S, C, H = 2, 8, 32, 4
 
 
-def setup(kind):
+def setup(kind, attention="naive"):
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=64, block_size=S, n_layer=1, n_head=H, n_embd=C)
+    cfg = GPTConfig(vocab_size=64, block_size=S, n_layer=1, n_head=H, n_embd=C, attention=attention)
     module = MLP(cfg) if kind == "mlp" else CausalSelfAttention(cfg)
     x, grad_out = torch.randn(B, S, C), torch.randn(B, S, C)
     xr = x.clone().requires_grad_()
@@ -36,12 +36,14 @@ def setup(kind):
 
 
 @functools.lru_cache(maxsize=None)
-def run(kind, T):
+def run(kind, T, attention="naive", groups=1):
+    """The student's TP block on T·groups ranks (``groups`` tensor-parallel subgroups of T)."""
     from labkit.dist import launch
-    from labkit.lab3.tensor_parallel import run_tp
+    from labkit.harness.lab3 import run_tp
 
-    module, x, grad_out, ref, ref_xgrad = setup(kind)
-    return module, launch(run_tp, T, kind, module, x, grad_out, timeout=90), ref, ref_xgrad
+    module, x, grad_out, ref, ref_xgrad = setup(kind, attention)
+    return module, launch(run_tp, T * groups, kind, module, x, grad_out, groups=groups,
+                          timeout=90), ref, ref_xgrad
 
 
 def shard_of_grad(kind, name, full_grad, rank, T):
@@ -72,8 +74,8 @@ def test_output_and_input_gradient_equal_the_single_device_block(kind, T):
         torch.testing.assert_close(res["out"], ref, **TOL, msg=lambda m, r=r: (
             f"{kind} T={T} rank {r} output: {m} — are the partial sums all-reduced once, and the "
             "row-parallel bias added once (not T times)?"))
-        torch.testing.assert_close(res["x_grad"], ref_xgrad, **TOL, msg=lambda m, r=r: (
-            f"{kind} T={T} rank {r} input gradient: {m} — does f all-reduce the gradient in backward?"))
+        torch.testing.assert_close(res["x_grad"], ref_xgrad, **TOL, msg=lambda m, r=r, g=res["x_grad"]: (
+            f"{kind} T={T} rank {r} input gradient: {m}{_factor_hint(g, ref_xgrad, T)}"))
 
 
 @pytest.mark.exercise("3.4", points=2)
@@ -89,9 +91,83 @@ def test_every_parameter_gradient_equals_its_slice_of_the_full_gradient(kind, T)
             assert g is not None and g.shape == want.shape, (
                 f"{kind} T={T} rank {r} {name}: gradient shape {None if g is None else tuple(g.shape)}, "
                 f"expected {tuple(want.shape)}")
-            torch.testing.assert_close(g, want, **TOL, msg=lambda m, r=r, name=name: (
-                f"{kind} T={T} rank {r} {name}.grad: {m} — does this rank keep the right rows/columns "
-                "(for attention, the same heads of q, k and v)?"))
+            _check_grad_slice(kind, T, f"rank {r}", name, g, want, full[name].grad, r)
+
+
+def _factor_hint(got, want, T):
+    """A cause only when the values single it out: exactly T× too large (a gradient summed over
+    the ranks once too often), exactly 1/T (f's all-reduce missing); else nothing."""
+    if got is None:
+        return " — x has no gradient"
+    for k, cause in ((T, "exactly T× the single-device gradient: summed over the ranks once too "
+                         "often (g's backward passes the gradient through unchanged)"),
+                     (1 / T, "exactly 1/T of it: each rank's share is not summed (f's backward "
+                             "all-reduces the gradient)")):
+        if torch.allclose(got, want * k, **TOL):
+            return f" — {cause}"
+    return ""
+
+
+def _check_grad_slice(kind, T, where, name, g, want, full_grad, tp_rank):
+    """g must equal want; when not, say what the values single out: a constant factor (a
+    collective once too often or missing), another rank's slice, or only where and how much."""
+    if torch.allclose(g, want, **TOL):
+        return
+    ratio = (g.flatten() @ want.flatten() / (want.flatten() @ want.flatten())).item()
+    if abs(ratio - round(ratio)) < 1e-3 and round(ratio) not in (0, 1) \
+            and torch.allclose(g, want * round(ratio), **TOL):
+        cause = (f"it is exactly {round(ratio)}× its slice of the full gradient: a gradient summed "
+                 "over the ranks once too often (g's backward passes the gradient through unchanged)")
+    else:
+        other = [q for q in range(T) if q != tp_rank and torch.allclose(
+            g, shard_of_grad(kind, name, full_grad, q, T), **TOL)]
+        if other:
+            cause = (f"it is exactly tensor-parallel rank {other[0]}'s slice: the rows/columns were picked "
+                     "with another rank index than this rank's index in its group (dist.get_rank(group))")
+        else:
+            diff = (g - want).abs()
+            idx = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+            cause = (f"{int((diff > TOL['atol'] + TOL['rtol'] * want.abs()).sum())} of {g.numel()} elements "
+                     f"differ, the most at {idx}: {g[idx].item():.4g} vs {want[idx].item():.4g}")
+    raise AssertionError(f"{kind} T={T} {where} {name}.grad differs from its slice of the full "
+                         f"gradient: {cause}")
+
+
+@pytest.mark.exercise("3.4", points=2)
+@pytest.mark.parametrize("T", [2, 4])
+def test_sdpa_attention_equals_the_single_device_block(T):
+    """Check TPAttention with the config's attention="sdpa" (its other branch): output, ∂L/∂x and
+    every parameter gradient equal the single-device SDPA block's (causal)."""
+    module, results, ref, ref_xgrad = run("attn", T, "sdpa")
+    full = dict(module.named_parameters())
+    for r, res in enumerate(results):
+        torch.testing.assert_close(res["out"], ref, **TOL, msg=lambda m, r=r: (
+            f"sdpa attention T={T} rank {r} output vs the single-device block: {m}"))
+        torch.testing.assert_close(res["x_grad"], ref_xgrad, **TOL, msg=lambda m, r=r: (
+            f"sdpa attention T={T} rank {r} input gradient: {m}"))
+        for name, g in res["grads"].items():
+            _check_grad_slice("attn", T, f"rank {r} (sdpa)", name, g,
+                              shard_of_grad("attn", name, full[name].grad, r, T), full[name].grad, r)
+
+
+@pytest.mark.exercise("3.4", points=2)
+@pytest.mark.parametrize("kind", ["mlp", "attn"])
+def test_tensor_parallel_inside_subgroups_of_the_world(kind):
+    """Check 4 ranks split into two tensor-parallel groups of T = 2 ({0, 1}, {2, 3}): on every
+    rank the output, ∂L/∂x and the parameter gradients (the slice of its index in its group)
+    equal the single-device block's, and each collective stays inside the group."""
+    module, results, ref, ref_xgrad = run(kind, 2, "naive", 2)
+    full = dict(module.named_parameters())
+    for r, res in enumerate(results):
+        where = f"world rank {r} (rank {res['tp_rank']} of its group of {res['tp_size']})"
+        torch.testing.assert_close(res["out"], ref, **TOL, msg=lambda m, where=where: (
+            f"{kind} {where} output vs the single-device block: {m}"))
+        torch.testing.assert_close(res["x_grad"], ref_xgrad, **TOL, msg=lambda m, where=where: (
+            f"{kind} {where} input gradient vs the single-device block: {m}"))
+        for name, g in res["grads"].items():
+            _check_grad_slice(kind, 2, where, name, g, shard_of_grad(kind, name, full[name].grad,
+                                                                     res["tp_rank"], 2),
+                              full[name].grad, res["tp_rank"])
 
 
 @pytest.mark.exercise("3.4", points=2)
@@ -129,7 +205,7 @@ def test_tp_mlp_equals_parallelize_module(T):
     """Check the TP MLP's output equals PyTorch's parallelize_module (ColwiseParallel c_fc,
     RowwiseParallel c_proj) on the same weights, and that both do one forward all-reduce."""
     from labkit.dist import launch
-    from labkit.lab3.tensor_parallel import run_parallelize_module
+    from labkit.reference.lab3 import run_parallelize_module
 
     module, results, _, _ = run("mlp", T)
     _, x, _, _, _ = setup("mlp")

@@ -42,7 +42,7 @@ def setup(N):
 @functools.lru_cache(maxsize=None)
 def zero3(N):
     from labkit.dist import launch
-    from labkit.lab3.zero3 import train_zero3
+    from labkit.harness.lab3 import train_zero3
 
     model, batches = setup(N)
     return launch(train_zero3, N, model, batches, lr=LR, timeout=120)
@@ -51,7 +51,7 @@ def zero3(N):
 @functools.lru_cache(maxsize=None)
 def _zero3_prefetch(N):
     from labkit.dist import launch
-    from labkit.lab3.zero3 import train_zero3
+    from labkit.harness.lab3 import train_zero3
 
     model, batches = setup(N)
     return launch(train_zero3, N, model, batches, lr=LR, prefetch=True, timeout=120)
@@ -77,7 +77,7 @@ def zero3_prefetch(N):
 @functools.lru_cache(maxsize=None)
 def fsdp2(N):
     from labkit.dist import launch
-    from labkit.lab3.zero3 import train_fsdp2
+    from labkit.reference.lab3 import train_fsdp2
 
     model, batches = setup(N)
     return launch(train_fsdp2, N, model, batches, lr=LR, timeout=120)
@@ -160,6 +160,9 @@ def test_persistent_parameter_bytes_are_the_padded_shards(N):
         assert res["shard_bytes"] == want, (
             f"N={N} rank {r}: {res['shard_bytes']:,} B of parameter shards, expected Σ ceil(Ψ_unit/N)·4 "
             f"= {want:,}: is each unit padded to N·S and sliced into S = ceil(Ψ_unit/N)?")
+        assert res["shard_storage_bytes"] == want, (
+            f"N={N} rank {r}: the shards count {res['shard_bytes']:,} B but keep {res['shard_storage_bytes']:,} B "
+            "of storage alive: a shard that is a view of the flat copy keeps the whole unit (clone the slice)")
 
 
 @pytest.mark.exercise("3.7", points=2)
@@ -305,3 +308,73 @@ def _build_bad(rank, world_size):
     from labkit.lab3.zero3 import ZeRO3
 
     ZeRO3(torch.nn.Linear(2, 2))
+
+
+def _train(N, *, groups=1, backwards=1, freeze=()):
+    """The student's ZeRO-3 and data-parallel Adam computed on one device
+    (labkit.reference.lab3.train_adam) on the same model and batches."""
+    from labkit.dist import launch
+    from labkit.harness.lab3 import train_zero3
+    from labkit.reference.lab3 import train_adam
+
+    model, _ = setup(N)
+    for name, p in model.named_parameters():
+        if name in freeze:
+            p.requires_grad_(False)
+    data = SyntheticData(64, 16, 2, seed=3)
+    batches = [[[data.batch((s * N + r) * backwards + k) for k in range(backwards)] if backwards > 1
+                else data.batch(s * N + r) for r in range(N)] for s in range(STEPS)]
+    want = train_adam(model, batches, lr=LR, backwards=backwards)
+    got = launch(train_zero3, N * groups, model, batches, lr=LR, groups=groups, backwards=backwards,
+                 timeout=120)
+    return model, want, got
+
+
+def _compare(model, want, got, what):
+    for r, res in enumerate(got):
+        for (name, _), w, g in zip(model.named_parameters(), want, res["params"]):
+            torch.testing.assert_close(g, w, **TOL, msg=lambda m, r=r, name=name: (
+                f"{what}: world rank {r}, {name} after {STEPS} steps vs data-parallel Adam: {m}"))
+
+
+@pytest.mark.exercise("3.7", points=2)
+def test_two_backwards_per_step_accumulate_like_adam_on_their_sum():
+    """Check N = 2 with two micro-batches backpropagated before each step(): the parameters equal
+    Adam on the sum of both micro-batches' gradients (averaged over the ranks) — the second
+    backward's gradient slice adds to the first's."""
+    model, want, got = _train(2, backwards=2)
+    _compare(model, want, got, "2 backwards per step")
+
+
+@pytest.mark.exercise("3.7", points=2)
+def test_zero3_inside_subgroups_of_the_world():
+    """Check 4 ranks as two ZeRO-3 groups of N = 2 ({0, 1} and {2, 3}): every rank's parameters
+    equal data-parallel Adam over its group's two ranks (shards picked by the rank in the group,
+    gradients averaged over the group's size)."""
+    model, want, got = _train(2, groups=2)
+    _compare(model, want, got, "two groups of 2")
+
+
+@pytest.mark.exercise("3.7", points=1)
+def test_frozen_parameters_are_accepted_and_left_unchanged():
+    """Check a model with frozen parameters (requires_grad False: wpe and block 0's attention
+    projection), N = 2: the frozen ones are unchanged, the others equal Adam over the trainable
+    parameters (FSDP2 and torch's optimizers accept frozen parameters too)."""
+    freeze = ("wpe.weight", "h.0.attn.c_attn.weight")
+    model, want, got = _train(2, freeze=freeze)
+    start = dict(setup(2)[0].named_parameters())
+    for r, res in enumerate(got):
+        for (name, _), g in zip(model.named_parameters(), res["params"]):
+            if name in freeze:
+                assert torch.equal(g, start[name].detach()), f"rank {r}: frozen {name} changed"
+    _compare(model, want, got, "frozen wpe and h.0.attn.c_attn.weight")
+
+
+@pytest.mark.parametrize("kwargs", [dict(eps=-1e-8), dict(betas=(0.9, 1.5)), dict(betas=(0.9,)),
+                                    dict(lr=float("nan"))])
+def test_bad_adam_hyperparameters_raise_before_any_collective(kwargs):
+    from labkit.lab3.zero3 import ZeRO3
+
+    model, _ = setup(2)
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        ZeRO3(model, **kwargs)  # no process group exists: it must refuse before asking for one

@@ -47,6 +47,48 @@ def cases():
     rows.append(Case(lab=3, label="loss-scaled Adam step, lab MLP", ours=lambda: scaler_step(m1, o1, s1),
                      ref=lambda: scaler_step(m2, o2, s2), ref_name="torch.amp.GradScaler('cpu')"))
 
+    # ---- 3.1 alone: unscale_ + update over the lab GPT's gradients (scale 1: values unchanged)
+    gpt_a, gpt_b = GPT(cfg), GPT(cfg)
+    for model in (gpt_a, gpt_b):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+    oa, ob = torch.optim.SGD(gpt_a.parameters(), lr=0.0), torch.optim.SGD(gpt_b.parameters(), lr=0.0)
+    sa = DynamicLossScaler(init_scale=1.0, growth_interval=10**9)
+    sb = torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=10**9)
+    sa.scale(torch.ones(())), sb.scale(torch.ones(()))  # GradScaler creates its scale tensor here
+
+    def unscale_update(scaler, opt):
+        scaler.unscale_(opt)
+        scaler.update()
+
+    n_grads = sum(1 for _ in gpt_a.parameters())
+    rows.append(Case(lab=3, label=f"loss scaler alone: unscale_ + update, {n_grads} gradients",
+                     ours=lambda: unscale_update(sa, oa), ref=lambda: unscale_update(sb, ob),
+                     ref_name="torch.amp.GradScaler('cpu')", repeat=15))
+
+    # ---- 3.2: one mixed-precision Adam step of the lab GPT in bf16
+    from labkit.lab3.mixed_precision import MixedPrecisionAdam
+
+    g16 = GPT(cfg).to(torch.bfloat16)
+    for p in g16.parameters():
+        p.grad = torch.randn_like(p) * 1e-2
+    mp = MixedPrecisionAdam(g16.parameters(), lr=1e-4)
+    r16 = copy.deepcopy(g16)
+    for a, b in zip(r16.parameters(), g16.parameters()):
+        a.grad = b.grad.clone()
+    masters = [p.detach().float().clone().requires_grad_() for p in r16.parameters()]
+    fused = torch.optim.Adam(masters, lr=1e-4, fused=True)
+
+    def fused_step():  # the same work: fp32 gradients, fused Adam on fp32 masters, round back
+        for m, p in zip(masters, r16.parameters()):
+            m.grad = p.grad.float()
+        fused.step()
+        torch._foreach_copy_(list(r16.parameters()), masters)
+
+    rows.append(Case(lab=3, label="mixed-precision Adam step, lab GPT in bf16", ours=mp.step,
+                     ref=torch.no_grad()(fused_step),
+                     ref_name="torch.optim.Adam(fused=True) on fp32 masters, copied to bf16", repeat=9))
+
     # ---- 3.4: TP MLP forward + backward, T = 1
     mesh = init_device_mesh("cpu", (1,))
     tp = TPMLP(copy.deepcopy(mlp))

@@ -11,8 +11,9 @@ A stage must keep each micro-batch's input and output (and the graph autograd sa
 them) from its forward until its backward, so the activations a stage holds are proportional to
 the number of micro-batches in flight: M under GPipe, at most P−s under 1F1B.
 
-Lab 3, exercise 3.6 (:func:`run_stage`); :func:`split_gpt` and :func:`pipeline_worker` are
-infrastructure. Chapter 3 (book/03_parameters.md).
+Lab 3, exercise 3.6 (:func:`run_stage`); :func:`split_gpt` and :func:`check_actions` are given
+(``labkit.harness.lab3.pipeline_worker`` runs your ``run_stage`` on ranks for the graders).
+Chapter 3 (book/03_parameters.md).
 """
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labkit.comm_count import count_comm
-from labkit.measure import peak_saved_bytes
-from labkit.models import GPT, GPTConfig
+from labkit.models import GPT
+from labkit.validate import positive_int
 
-__all__ = ["GPTStage", "split_gpt", "check_actions", "run_stage", "pipeline_worker"]
+__all__ = ["GPTStage", "split_gpt", "check_actions", "run_stage"]
 
 
+# ==== given: the course's code — read it, call it, don't change it ====
 class GPTStage(nn.Module):
     """Blocks ``first``..``last−1`` of a GPT; stage 0 also has the embeddings, the last stage
     ``ln_f`` and ``lm_head``. Parameter names are the full model's (``h.2.attn.c_attn.weight``).
@@ -78,9 +79,7 @@ def split_gpt(model: GPT, num_stages: int) -> list[GPTStage]:
 def check_actions(actions, num_microbatches: int) -> list[tuple[str, int]]:
     """Validate one stage's action list: each ``("F", m)`` and ``("B", m)`` for m in 0..M−1
     exactly once, every B after its F. Returns the list as ``(kind, m)`` tuples."""
-    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) \
-            or num_microbatches < 1:
-        raise ValueError(f"num_microbatches must be an int >= 1, got {num_microbatches!r}")
+    positive_int("num_microbatches", num_microbatches)
     if not isinstance(actions, (list, tuple)):
         raise ValueError(f"actions must be a list of ('F' | 'B', micro-batch) pairs, got "
                          f"{type(actions).__name__}")
@@ -102,6 +101,7 @@ def check_actions(actions, num_microbatches: int) -> list[tuple[str, int]]:
     return out
 
 
+# ==== exercise 3.6: your code ====
 def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
               targets: list[torch.Tensor], *, rank: int, world_size: int, group=None):
     """Run one pipeline step of this rank's ``stage``, action by action, over real send/recv.
@@ -117,8 +117,11 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
 
     Guarantees: the stage's parameters' ``.grad`` accumulate the gradient of the batch's mean
     loss (equal micro-batches); each F and B moves exactly one tensor each way it must; what is
-    kept for micro-batch m is released by its backward; a send never waits for its receiver
-    (both neighbours may be sending at the same time), and all sends have completed on return.
+    kept for micro-batch m is released by its backward — its stash, and the send of its
+    activation, which has completed once the gradient of that activation has come back (so a
+    stage's live memory follows the micro-batches in flight, not M); a send never waits for its
+    receiver (both neighbours may be sending at the same time), and all sends have completed on
+    return.
 
     ``group``: the pipeline's process group (None: the default group); ``rank`` and
     ``world_size`` are then this rank's index in it and its size, and neighbours are addressed by
@@ -130,13 +133,19 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
     actions = check_actions(actions, M)
     if len(targets) != M:
         raise ValueError(f"targets must hold M = {M} micro-batches like inputs, got {len(targets)}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1 \
-            or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in 0..world_size−1, got rank={rank!r}, "
-                         f"world_size={world_size!r}")
+    positive_int("world_size", world_size)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in 0..world_size−1 = {world_size - 1}, got {rank!r}")
     # BEGIN SOLUTION 3.6: execute each action: receive, run, send; keep what backward needs per micro-batch until its backward
     first, last = rank == 0, rank == world_size - 1
-    stash, pending, total = {}, [], None
+    stash, sends, total = {}, {}, None  # sends: the handles still in flight, by ("F" | "B", m)
+
+    def finish(key):  # wait for a send (done or nearly): its tensor is released
+        work = sends.pop(key, None)
+        if work is not None:
+            work.wait()
+
+    previous_grad = None
     for kind, m in actions:
         if kind == "F":
             if first:
@@ -151,7 +160,7 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
                 out = F.cross_entropy(out.reshape(-1, out.shape[-1]), targets[m].reshape(-1)) / M
                 total = out.detach() if total is None else total + out.detach()
             else:
-                pending.append(dist.isend(out.detach(), group=group, group_dst=rank + 1))
+                sends["F", m] = dist.isend(out.detach(), group=group, group_dst=rank + 1)
             stash[m] = (x, out)
         else:
             x, out = stash.pop(m)
@@ -160,96 +169,15 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
             else:
                 grad = torch.empty_like(out)
                 dist.recv(grad, group=group, group_src=rank + 1)
+                finish(("F", m))  # the next stage used m's activation to make this gradient
                 out.backward(grad)
+                del grad
             if not first:
-                pending.append(dist.isend(x.grad, group=group, group_dst=rank - 1))
+                finish(previous_grad)  # stage r−1 takes the gradients in order: that one is done
+                sends["B", m] = dist.isend(x.grad, group=group, group_dst=rank - 1)
+                previous_grad = ("B", m)
             del x, out
-    for work in pending:
-        work.wait()
+    for key in list(sends):
+        finish(key)
     return total
     # END SOLUTION
-
-
-def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, actions_by_stage,
-                    x: torch.Tensor, y: torch.Tensor, num_microbatches: int) -> dict:
-    """Run by ``labkit.dist.launch``: build the GPT from ``state``, take stage ``rank``, run
-    :func:`run_stage` on the batch (x, y) cut into ``num_microbatches`` with this rank's actions.
-
-    Returns ``{"loss", "grads": {name: grad}, "peak_saved": bytes autograd held at most
-    (labkit.measure.peak_saved_bytes), "calls": {op: n}, "bytes": {op: B}}`` (count_comm)."""
-    model = GPT(cfg)
-    model.load_state_dict(state)
-    stage = split_gpt(model, world_size)[rank]
-    inputs = [t.clone() for t in x.chunk(num_microbatches)]  # own storages: counted apart
-    targets = [t.clone() for t in y.chunk(num_microbatches)]
-    box = {}
-    with count_comm() as c:
-        peak = peak_saved_bytes(lambda: box.setdefault("loss", run_stage(
-            stage, actions_by_stage[rank], inputs, targets, rank=rank, world_size=world_size)))
-    dist.barrier()
-    return {"loss": box["loss"], "peak_saved": peak,
-            "grads": {n: p.grad for n, p in stage.named_parameters()},
-            "calls": dict(c.calls), "bytes": dict(c.bytes_sent)}
-
-
-def torch_pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, kind: str,
-                          x: torch.Tensor, y: torch.Tensor, num_microbatches: int) -> dict:
-    """PyTorch's pipeline on the same split, run by ``labkit.dist.launch``: stage ``rank`` of
-    :func:`split_gpt` in a ``torch.distributed.pipelining.PipelineStage``, one step of
-    ``ScheduleGPipe`` ("gpipe") or ``Schedule1F1B`` ("1f1b") with the micro-batch loss
-    cross-entropy (its gradients scaled by 1/M, ``scale_grads``), for comparison with
-    :func:`pipeline_worker`. Returns ``{"loss": the batch's mean loss on the last rank (None
-    elsewhere), "grads": {name: grad}}``."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    if kind not in ("gpipe", "1f1b"):
-        raise ValueError(f"kind must be 'gpipe' or '1f1b', got {kind!r}")
-    model = GPT(cfg)
-    model.load_state_dict(state)
-    stage = split_gpt(model, world_size)[rank]
-    pipe = PipelineStage(stage, rank, world_size, torch.device("cpu"))
-    loss_fn = lambda out, t: F.cross_entropy(out.reshape(-1, out.shape[-1]), t.reshape(-1))  # noqa: E731
-    schedule = (ScheduleGPipe if kind == "gpipe" else Schedule1F1B)(pipe, num_microbatches, loss_fn=loss_fn)
-    losses: list = []
-    if world_size == 1:
-        schedule.step(x, target=y, losses=losses)
-    elif rank == 0:
-        schedule.step(x)
-    elif rank == world_size - 1:
-        schedule.step(target=y, losses=losses)
-    else:
-        schedule.step()
-    dist.barrier()  # no rank leaves (and destroys the group) while another sends
-    loss = torch.stack(losses).mean().detach() if losses else None
-    return {"loss": loss, "grads": {n: p.grad for n, p in stage.named_parameters()}}
-
-
-def peaks_by_microbatches(kind: str, num_stages: int, microbatches, cfg: GPTConfig | None = None,
-                          micro_batch_size: int = 2, seq_len: int = 32) -> dict:
-    """Per-stage peak saved activation bytes of :func:`run_stage` under ``kind`` ("gpipe" or
-    "1f1b") for each M in ``microbatches``, on ``num_stages`` gloo ranks: ``{M: [bytes per
-    stage]}``. The action lists are GPipe's (all F, then all B) or 1F1B's (min(P−s, M)
-    forwards, then one B and one F, then the drain), written here; the model ``cfg``
-    (default: ``lab_config("cpu")``) with ``micro_batch_size`` sequences of ``seq_len``."""
-    from labkit.dist import launch
-    from labkit.models import SyntheticData, lab_config
-
-    if kind not in ("gpipe", "1f1b"):
-        raise ValueError(f"kind must be 'gpipe' or '1f1b', got {kind!r}")
-    cfg = cfg or lab_config("cpu")
-    P, out = num_stages, {}
-    for M in microbatches:
-        acts = []
-        for s in range(P):
-            fs, bs = [("F", m) for m in range(M)], [("B", m) for m in range(M)]
-            w = M if kind == "gpipe" else min(P - s, M)
-            order = fs[:w]
-            for m in range(w, M):
-                order += [bs[m - w], fs[m]]
-            acts.append(order + bs[M - w:] if kind == "1f1b" else fs + bs)
-        torch.manual_seed(0)
-        model = GPT(cfg)
-        x, y = SyntheticData(cfg.vocab_size, seq_len, micro_batch_size * M, seed=1).batch(0)
-        res = launch(pipeline_worker, P, cfg, model.state_dict(), acts, x, y, M, timeout=120)
-        out[M] = [r["peak_saved"] for r in res]
-    return out

@@ -20,8 +20,9 @@ its 2M actions; the timeline follows from the dependencies.
 
 This module generates both, simulates the timeline with given action costs, and checks a
 timeline's dependencies. Lab 3, exercise 3.5; chapter 3 (book/03_parameters.md) draws its Gantt
-charts from :func:`simulate`. ``record_torch_schedule`` runs ``torch.distributed.pipelining``'s
-schedules on real gloo ranks and records the actions they execute, for comparison.
+charts from :func:`simulate`. ``labkit.reference.lab3.record_torch_schedule`` runs
+``torch.distributed.pipelining``'s schedules on real gloo ranks and records the actions they
+execute, for comparison.
 """
 from __future__ import annotations
 
@@ -29,14 +30,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
 
-import torch
+from labkit.validate import one_of, positive_int
 
 __all__ = ["Action", "ChunkAction", "Span", "Timeline", "make_schedule", "simulate",
-           "check_dependencies", "SCHEDULES", "record_torch_schedule", "torch_interleaved_order"]
+           "check_dependencies", "SCHEDULES", "gantt"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
+# ==== given: the course's code — read it, call it, don't change it ====
 class Action(NamedTuple):
     """One unit of work on a stage: ``kind`` "F" (forward) or "B" (backward) of ``microbatch``."""
     kind: str
@@ -81,12 +83,7 @@ class Timeline:
     in_flight: list[int]
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
+# ==== exercise 3.5: your code ====
 def make_schedule(kind: str, num_stages: int, num_microbatches: int,
                   num_chunks: int = 1) -> list[list[Action]]:
     """Each stage's ordered actions for the schedule ``kind`` ("gpipe", "1f1b", "interleaved").
@@ -107,11 +104,10 @@ def make_schedule(kind: str, num_stages: int, num_microbatches: int,
     alternately one forward and one backward while forwards remain, then the remaining
     backwards. Each chunk's forwards and backwards are each in micro-batch order.
     """
-    if kind not in SCHEDULES:
-        raise ValueError(f"kind must be one of {SCHEDULES}, got {kind!r}")
-    P = _positive_int("num_stages", num_stages)
-    M = _positive_int("num_microbatches", num_microbatches)
-    v = _positive_int("num_chunks", num_chunks)
+    one_of("kind", kind, SCHEDULES)
+    P = positive_int("num_stages", num_stages)
+    M = positive_int("num_microbatches", num_microbatches)
+    v = positive_int("num_chunks", num_chunks)
     if (kind == "interleaved") != (v > 1):
         raise ValueError(f"num_chunks must be >= 2 for 'interleaved' and 1 for {kind!r}, got {v}")
     if kind == "interleaved" and M % max(1, M // P):
@@ -164,8 +160,8 @@ def simulate(schedule: list[list[Action]], forward_cost: int = 1,
     (P · makespan) as a Fraction, and each stage's peak number of micro-batches (of chunks, if
     interleaved) in flight.
     """
-    _positive_int("forward_cost", forward_cost)
-    _positive_int("backward_cost", backward_cost)
+    positive_int("forward_cost", forward_cost)
+    positive_int("backward_cost", backward_cost)
     P, M, v = _validate_schedule(schedule)
     raise NotImplementedError("exercise 3.5: list scheduling — repeatedly start each stage's next action once its dependencies have ended; then bubble and in-flight peaks (labs/03_parameters.ipynb)")
 
@@ -181,102 +177,8 @@ def check_dependencies(timeline: Timeline) -> list[str]:
     raise NotImplementedError("exercise 3.5: look up each span's dependencies and report those that end after it starts; and overlaps on a stage (labs/03_parameters.ipynb)")
 
 
-# ---------------------------------------------------------------- torch.distributed.pipelining (infrastructure)
 
-class _Tag(torch.autograd.Function):
-    """Identity whose backward logs the action: marks where a micro-batch's backward starts."""
-
-    @staticmethod
-    def forward(ctx, x, action, log):
-        ctx.action, ctx.log = action, log
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.log.append(ctx.action)
-        return grad, None, None
-
-
-class _TaggedStage(torch.nn.Module):
-    """A stage whose column 0 carries the micro-batch index through the pipeline unchanged;
-    ``chunk`` None logs :class:`Action` s, an int logs :class:`ChunkAction` s of that chunk."""
-
-    def __init__(self, width: int, log: list, chunk: int | None = None):
-        super().__init__()
-        self.lin = torch.nn.Linear(width, width)
-        self.log, self.chunk = log, chunk
-
-    def _action(self, kind, m):
-        return Action(kind, m) if self.chunk is None else ChunkAction(kind, m, self.chunk)
-
-    def forward(self, x):
-        m = int(x[0, 0].item())
-        self.log.append(self._action("F", m))
-        out = torch.cat([x[:, :1], torch.tanh(self.lin(x[:, 1:]))], dim=1)
-        return _Tag.apply(out, self._action("B", m), self.log)
-
-
-def record_torch_schedule(rank: int, world_size: int, kind: str, num_microbatches: int,
-                          width: int = 4, num_chunks: int = 1) -> list[Action]:
-    """Run ``torch.distributed.pipelining``'s ScheduleGPipe, Schedule1F1B (M ≥ P) or
-    ScheduleInterleaved1F1B (``num_chunks`` stages per rank: virtual stages c·P + rank) for a
-    step on ``world_size`` gloo ranks (run by ``labkit.dist.launch``) and return the actions
-    this rank executed, in order, as :class:`Action` s (:class:`ChunkAction` s if interleaved)."""
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B)
-
-    if kind not in SCHEDULES:
-        raise ValueError(f"kind must be one of {SCHEDULES}, got {kind!r}")
-    torch.manual_seed(rank)
-    log: list[Action] = []
-    loss_fn = lambda out, y: ((out[:, 1:] - y) ** 2).mean()  # noqa: E731
-    if kind == "interleaved":
-        v = num_chunks
-        stages = [PipelineStage(_TaggedStage(width, log, c), c * world_size + rank, v * world_size,
-                                torch.device("cpu")) for c in range(v)]
-        schedule = ScheduleInterleaved1F1B(stages, num_microbatches, loss_fn=loss_fn)
-        first, last = rank == 0, rank == world_size - 1  # virtual stage 0 / vP−1 live here
-    else:
-        stage = PipelineStage(_TaggedStage(width, log), rank, world_size, torch.device("cpu"))
-        cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
-        schedule = cls(stage, num_microbatches, loss_fn=loss_fn)
-        first, last = rank == 0, rank == world_size - 1
-    x = torch.randn(num_microbatches, width + 1)
-    x[:, 0] = torch.arange(num_microbatches, dtype=x.dtype)  # row m is micro-batch m
-    y = torch.zeros(num_microbatches, width)
-    for _ in range(2):  # the first step also infers shapes (extra forwards): record the second
-        log.clear()
-        if first and last:
-            schedule.step(x, target=y, losses=[])
-        elif first:
-            schedule.step(x)
-        elif last:
-            schedule.step(target=y, losses=[])
-        else:
-            schedule.step()
-    torch.distributed.barrier()  # no rank leaves (and destroys the group) while another sends
-    return list(log)
-
-
-def torch_interleaved_order(num_stages: int, num_microbatches: int, num_chunks: int) -> list[list[ChunkAction]]:
-    """``ScheduleInterleaved1F1B.pipeline_order`` (torch's plan, idle slots dropped) as
-    :class:`ChunkAction` lists, computed without a process group (for pictures and checks)."""
-    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
-
-    class _Plan(ScheduleInterleaved1F1B):
-        def __init__(self, P, M, v):  # only what _calculate_single_rank_operations reads
-            self.pp_group_size, self.n_local_stages, self._n_microbatches = P, v, M
-            self.number_of_rounds = max(1, M // P)
-            self.microbatches_per_round = M // self.number_of_rounds
-
-    plan = _Plan(num_stages, num_microbatches, num_chunks)
-    out = []
-    for rank in range(num_stages):
-        ops = [a for a in plan._calculate_single_rank_operations(rank) if a is not None]
-        out.append([ChunkAction("F" if a.computation_type == _ComputationType.FORWARD else "B",
-                                a.microbatch_index, a.stage_index // num_stages) for a in ops])
-    return out
-
+# ==== given: the course's code — read it, call it, don't change it ====
 
 def gantt(timeline: Timeline, ax=None, title: str | None = None):
     """Draw a timeline: one row per stage (stage 0 on top), forwards light, backwards dark, each
