@@ -179,3 +179,183 @@ MUTANTS += [
            replace="    state.step[index] = step",
            why="never advances the bucket's step count"),
 ]
+
+# A second list, written from the solutions alone before the graders were read (issue 25): the
+# classes no test checked — several backwards before a step, edge data, subgroups, a second
+# dtype or shape, thresholds, the order of hooks and collectives, memory held live.
+_DONE = 'type("Done", (), {"wait": lambda self: None})()'  # a handle that waits for nothing
+
+INDEPENDENT = [
+    # ---------------------------------------------------------------- 4.1 gradient accumulation
+    Mutant("4.1", "lab4/grad_accumulation.py",
+           find="        if size == 0:\n            continue  # nothing counted here (its mean loss would be NaN)\n",
+           replace="",
+           why="runs a micro-batch with no counted token (its mean loss is NaN, so are the gradients)"),
+    Mutant("4.1", "lab4/grad_accumulation.py",
+           find="last = max(i for i, size in enumerate(sizes) if size > 0)",
+           replace="last = len(micro) - 1",
+           why="synchronises on the last micro-batch even when it is skipped (no all-reduce at all)"),
+    Mutant("4.1", "lab4/grad_accumulation.py", find="        loss_sum += float(loss.detach())",
+           replace="        loss_sum += float(loss.detach()) / (size / total) / len(micro)",
+           why="returns the plain mean of the micro-batch losses, not the batch's loss"),
+    Mutant("4.1", "lab4/grad_accumulation.py", find='    if weight == "tokens":',
+           replace="    if True:", why="ignores weight=\"samples\" (always weighs by tokens)"),
+    Mutant("4.1", "lab4/grad_accumulation.py", find="    total = sum(sizes)",
+           replace='    total = sum(sizes) if weight == "samples" else y.numel()',
+           why="divides by every target token of the batch, masked ones included"),
+    Mutant("4.1", "lab4/grad_accumulation.py",
+           find="model.no_sync() if (is_ddp and i != last)",
+           replace="model.no_sync() if (is_ddp and i != 0)",
+           why="lets DDP synchronise on the first micro-batch instead of the last"),
+    Mutant("4.1", "lab4/grad_accumulation.py", find="        sizes = [xi.shape[0] for xi, _ in micro]",
+           replace="        sizes = [1 for _ in micro]",
+           why="weight=\"samples\" gives every micro-batch 1/k (wrong when k does not divide B)"),
+    # ---------------------------------------------------------------- 4.2 bucketed DDP
+    Mutant("4.2", "lab4/bucketed_ddp.py",
+           find="src=dist.get_global_rank(group, 0) if group else 0", replace="src=0",
+           why="broadcasts from global rank 0, not from the group's first rank"),
+    Mutant("4.2", "lab4/bucketed_ddp.py",
+           find="        work = dist.all_reduce(flat, group=self.group, async_op=True)",
+           replace=f"        dist.all_reduce(flat, group=self.group)\n        work = {_DONE}",
+           why="a blocking all-reduce with a dummy handle (no overlap with backward)"),
+    Mutant("4.2", "lab4/bucketed_ddp.py",
+           find="""        self.bucket.append(param)
+        self.bucket_bytes += 4 * param.numel()
+        if self.bucket_bytes >= self.bucket_cap_bytes:
+            self._send_bucket()""",
+           replace="""        if self.bucket_bytes >= self.bucket_cap_bytes:
+            self._send_bucket()
+        self.bucket.append(param)
+        self.bucket_bytes += 4 * param.numel()""",
+           why="sends a full bucket only at the next gradient's hook (one gradient late)"),
+    Mutant("4.2", "lab4/bucketed_ddp.py",
+           find="        if self.bucket_bytes >= self.bucket_cap_bytes:",
+           replace="        if self.bucket_bytes > self.bucket_cap_bytes:",
+           why="a bucket exactly at the cap is not sent"),
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="            flat /= self.world_size",
+           replace="            flat /= dist.get_world_size()",
+           why="averages over the whole world instead of the process group"),
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="        self.bucket_bytes += 4 * param.numel()",
+           replace="        self.bucket_bytes += param.element_size() * param.numel()",
+           why="counts a bucket's bytes in the parameters' dtype, not fp32"),
+    Mutant("4.2", "lab4/bucketed_ddp.py",
+           find="p.grad.detach().reshape(-1).float() if p.grad is not None",
+           replace="p.grad.detach().reshape(-1) if p.grad is not None",
+           why="all-reduces 16-bit gradients in their own dtype (the sum rounds to bf16)"),
+    Mutant("4.2", "lab4/bucketed_ddp.py",
+           find="        for p in self.params:\n            self.handles.append",
+           replace="        for p in module.parameters():\n            self.handles.append",
+           why="hooks frozen parameters too (crashes on requires_grad=False)"),
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="        self.in_flight = []\n        self.buckets_sent = 0",
+           replace="        self.in_flight = []",
+           why="never resets buckets_sent in finish() (it counts every step's buckets)"),
+    # ---------------------------------------------------------------- 4.3 ZeRO-2
+    Mutant("4.3", "lab4/zero2.py",
+           find="            self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]",
+           replace="            self.grad_shard[shard_start:shard_start + length] = output[offset:offset + length]",
+           why="overwrites the shard instead of adding (a parameter sent twice loses a backward)"),
+    Mutant("4.3", "lab4/zero2.py",
+           find="        if any(p is param for p in self.bucket):\n            return  # a later backward added into the .grad that the bucket will send\n",
+           replace="",
+           why="re-adds a parameter still waiting in the bucket at the second backward (sent twice)"),
+    Mutant("4.3", "lab4/zero2.py", find='        if "master" in self.state:',
+           replace="        if False:",
+           why="updates a slice of the 16-bit parameters, ignoring the fp32 master"),
+    Mutant("4.3", "lab4/zero2.py",
+           find="        work = dist.reduce_scatter(output, inputs, group=self.group, async_op=True)",
+           replace=f"        dist.reduce_scatter(output, inputs, group=self.group)\n        work = {_DONE}",
+           why="a blocking reduce-scatter with a dummy handle (no overlap with backward)"),
+    Mutant("4.3", "lab4/zero2.py",
+           find="""        self._finish_in_flight()
+        self.in_flight = (work, output, mine)
+        # END SOLUTION
+
+    def _finish_in_flight(self) -> None:
+        \"\"\"Wait for the reduce-scatter in flight, if any, add its output into ``grad_shard`` at
+        the places it stands for, and forget it (``self.in_flight = None``).\"\"\"
+        # BEGIN SOLUTION 4.3: wait for the one in flight and add its pieces into grad_shard
+        if self.in_flight is None:
+            return
+        work, output, mine = self.in_flight
+        work.wait()
+        offset = 0
+        for shard_start, length in mine:
+            self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]
+            offset += length
+        self.in_flight = None""",
+           replace="""        self.in_flight = (self.in_flight or []) + [(work, output, mine)]
+        # END SOLUTION
+
+    def _finish_in_flight(self) -> None:
+        # BEGIN SOLUTION 4.3: wait for the one in flight and add its pieces into grad_shard
+        for work, output, mine in self.in_flight or []:
+            work.wait()
+            offset = 0
+            for shard_start, length in mine:
+                self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]
+                offset += length
+        self.in_flight = None""",
+           why="keeps every reduce-scatter's output until step() (2·4Ψ/N of gradients after backward)"),
+    Mutant("4.3", "lab4/zero2.py", find="                if rank == self.rank:",
+           replace="                if rank == dist.get_rank():",
+           why="uses the global rank where the group rank is meant (wrong in a subgroup)"),
+    Mutant("4.3", "lab4/zero2.py", find="        g = self.grad_shard / self.world_size",
+           replace="        g = self.grad_shard / dist.get_world_size()",
+           why="averages over the whole world instead of the process group"),
+    Mutant("4.3", "lab4/zero2.py", find="        self.grad_shard.zero_()\n        # END SOLUTION",
+           replace="        # END SOLUTION",
+           why="never resets grad_shard after a step (old gradients leak into the next)"),
+    Mutant("4.3", "lab4/zero2.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:",
+           replace="        if self.bucket_bytes > self.bucket_cap_bytes:",
+           why="a bucket exactly at the cap waits for one more gradient"),
+    Mutant("4.3", "lab4/zero2.py", find="        for p in self.bucket:\n            p.grad = None\n",
+           replace="",
+           why="never frees a sent bucket's full gradients (and sends them again after a 2nd backward)"),
+    # ---------------------------------------------------------------- 4.4 compression
+    Mutant("4.4", "lab4/compression.py", find="bucket=index, step=step).to(g.device)",
+           replace="bucket=index, step=0).to(g.device)",
+           why="random-K draws the same indices at every step"),
+    Mutant("4.4", "lab4/compression.py", find="        state.error[index] = g.sub_(sent)",
+           replace="        state.error[index] = g.sub_(total / world)",
+           why="keeps as error what the average left out, not what this rank did not send"),
+    Mutant("4.4", "lab4/compression.py",
+           find="    codes = (padded / safe[:, None]).round_().clamp_(-127, 127).to(torch.int8)",
+           replace="    codes = (padded / safe[:, None]).clamp_(-127, 127).to(torch.int8)",
+           why="truncates to int8 instead of rounding to the nearest code"),
+    Mutant("4.4", "lab4/compression.py", find="    world = dist.get_world_size(group)",
+           replace="    world = dist.get_world_size()",
+           why="averages over the whole world instead of the hook's process group"),
+    Mutant("4.4", "lab4/compression.py", find="        sent = parts[dist.get_rank(group)]",
+           replace="        sent = parts[dist.get_rank()]",
+           why="int8 error feedback indexes the gathered parts by the global rank"),
+    Mutant("4.4", "lab4/compression.py",
+           find="            dist.all_gather_single(all_values, values.contiguous(), group=group)",
+           replace="            dist.all_gather_single(all_values, values.contiguous())",
+           why="top-K gathers the values over the default group, not the hook's group"),
+    # ---------------------------------------------------------------- 4.5 PowerSGD
+    Mutant("4.5", "lab4/powersgd.py",
+           find="""    if index in state.error:
+        buf.add_(state.error[index])
+    before = buf.detach().clone()""",
+           replace="""    before = buf.detach().clone()
+    if index in state.error:
+        buf.add_(state.error[index])""",
+           why="takes the error before adding the old one (the error never accumulates)"),
+    Mutant("4.5", "lab4/powersgd.py",
+           find="        mat = g.view(g.shape[0], -1) if g.dim() > 0 else g.view(1, 1)",
+           replace="        mat = g.view(-1, g.shape[-1]) if g.dim() > 0 else g.view(1, 1)",
+           why="views a conv weight as (everything but the last dim) × last dim"),
+    Mutant("4.5", "lab4/powersgd.py", find="    world = dist.get_world_size(group)",
+           replace="    world = dist.get_world_size()",
+           why="divides by the whole world's size instead of the hook's process group"),
+    Mutant("4.5", "lab4/powersgd.py", find="        dist.all_reduce(p_flat, group=group)",
+           replace="        dist.all_reduce(p_flat)",
+           why="all-reduces P over the default group, not the hook's group"),
+    Mutant("4.5", "lab4/powersgd.py",
+           find="        if should_compress(n, m, min(n, m, state.rank)):",
+           replace="        if g.dim() > 1:",
+           why="compresses every matrix, even where the factors are larger than the matrix"),
+    Mutant("4.5", "lab4/powersgd.py", find="        state.q[index] = qs",
+           replace="        state.q[index] = [q.clone() for q in initial_qs(state, [tuple(m.shape) for m in mats])]",
+           why="warm start from a fresh random Q every step (the subspace never improves)"),
+]
