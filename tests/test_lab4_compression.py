@@ -6,7 +6,7 @@ References nobody in this course wrote:
 * top-K: a brute-force sort of the magnitudes;
 * the hook: on real gloo ranks (``labkit.dist.launch``, N = 2 and 3) the student's hook runs
   inside ``DistributedDataParallel``; every call's input buffer, output and kept error are
-  logged (``labkit.lab4.compression.hook_worker``), and the test recomputes, from all ranks' inputs,
+  logged (``labkit.harness.lab4.hook_worker``), and the test recomputes, from all ranks' inputs,
   what each rank sends and the mean every rank must get back;
 * bytes: the formulas, against what ``labkit.comm_count.count_comm`` counted during each call;
 * training: DDP's own uncompressed all-reduce on the same model, seed and batches.
@@ -45,7 +45,7 @@ def mlp() -> torch.nn.Sequential:
 
 @functools.lru_cache(maxsize=None)  # one launch per world size for all hook tests
 def run(world_size: int):
-    from labkit.lab4.compression import hook_worker
+    from labkit.harness.lab4 import hook_worker
 
     g = torch.Generator().manual_seed(world_size)
     batches = [[(torch.randn(16, 12, generator=g), torch.randn(16, 5, generator=g))
@@ -186,9 +186,10 @@ def test_topk_returns_the_largest_magnitudes():
             f"k = {k}: values are not x at the returned indices (signs kept)\n{m}"))
 
 
-@pytest.mark.exercise("4.4", points=1)
 def test_bad_input_is_rejected():
-    """Check the ValueErrors: ``k`` outside (0, numel], ``chunk`` ≤ 0, scales of the wrong count."""
+    """Not graded (the checks are given): ValueErrors for ``k`` outside (0, numel], ``chunk`` ≤ 0,
+    scales of the wrong count; TypeErrors for codes that are not int8 or a state of the wrong kind;
+    ``keep_count`` refuses an empty bucket and a density outside (0, 1]."""
     from labkit.lab4.compression import dequantize_int8, quantize_int8, topk
 
     x = torch.randn(10)
@@ -202,6 +203,15 @@ def test_bad_input_is_rejected():
             dequantize_int8(torch.zeros(10, dtype=torch.int8), torch.ones(2), chunk)
     with pytest.raises(ValueError, match="scales"):
         dequantize_int8(torch.zeros(10, dtype=torch.int8), torch.ones(2), 4)  # needs ⌈10/4⌉ = 3
+    with pytest.raises(TypeError, match="codes"):
+        dequantize_int8(torch.zeros(10), torch.ones(3), 4)
+    from labkit.lab4.compression import compression_hook, keep_count
+
+    for numel, density, name in ((0, 0.5, "numel"), (10, 0, "density"), (10, 1.5, "density")):
+        with pytest.raises(ValueError, match=name):
+            keep_count(numel, density)
+    with pytest.raises(TypeError, match="state"):
+        compression_hook(None, None)
 
 
 # ------------------------------------------------------------------ the hook on real ranks
@@ -329,7 +339,7 @@ TRACK, STALL = 0.25, 0.4
 
 @functools.lru_cache(maxsize=None)
 def train():
-    from labkit.lab4.compression import train_worker
+    from labkit.harness.lab4 import train_worker
     from labkit.models import GPT, SyntheticData, lab_config
 
     torch.manual_seed(0)

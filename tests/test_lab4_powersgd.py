@@ -39,7 +39,7 @@ def mlp(seed: int = 0) -> torch.nn.Sequential:
 
 @functools.lru_cache(maxsize=None)  # one launch per r for all 4.5 tests (not cached if it raises)
 def run(r: int, world_size: int = 2):
-    from labkit.lab4.powersgd import compare_with_torch
+    from labkit.harness.lab4 import compare_with_torch
 
     model = mlp()
     g = torch.Generator().manual_seed(1)
@@ -121,6 +121,17 @@ def test_powersgd_state_rejects_a_bad_rank(bad):
 
     with pytest.raises(ValueError, match="rank"):
         PowerSGDState(bad)
+
+
+@pytest.mark.parametrize("a, eps, error, name", [
+    ([[1.0, 0.0]], 0.0, TypeError, "a"), (torch.ones(3), 0.0, ValueError, "a"),
+    (torch.ones(3, 2, dtype=torch.int64), 0.0, TypeError, "a"), (torch.ones(3, 2), -1.0, ValueError, "eps")])
+def test_orthogonalize_rejects_bad_input(a, eps, error, name):
+    """Not graded (given code): a 2-D floating tensor and eps >= 0, else an error naming them."""
+    from labkit.lab4.powersgd import orthogonalize_
+
+    with pytest.raises(error, match=name):
+        orthogonalize_(a, eps)
 
 
 def test_orthogonalize_gives_orthonormal_columns():

@@ -3,30 +3,30 @@ from tools.mutants.mutant import Mutant
 
 MUTANTS = [
     # ---------------------------------------------------------------- 4.1 gradient accumulation
-    Mutant("4.1", "lab4/grad_accumulation.py", find="loss = model(xi, yi) * (size / total)",
+    Mutant("4.1", "lab4/grad_accumulation.py", find="loss = model(xi, yi) * (sizes[i] / total)",
            replace="loss = model(xi, yi)",
            why="forgets to scale each micro-batch's loss (gradient k times too large)"),
-    Mutant("4.1", "lab4/grad_accumulation.py", find="loss = model(xi, yi) * (size / total)",
+    Mutant("4.1", "lab4/grad_accumulation.py", find="loss = model(xi, yi) * (sizes[i] / total)",
            replace="loss = model(xi, yi) / len(micro)",
            why="scales by 1/k, wrong when k does not divide the batch"),
     Mutant("4.1", "lab4/grad_accumulation.py",
-           find="sizes = [int((yi != IGNORE_INDEX).sum()) for _, yi in micro]",
-           replace="sizes = [yi.numel() for _, yi in micro]",
+           find="counted = [int((yi != IGNORE_INDEX).sum()) for _, yi in micro]",
+           replace="counted = [yi.numel() for _, yi in micro]",
            why="counts every target token, masked ones too"),
     Mutant("4.1", "lab4/grad_accumulation.py",
-           find="sync = model.no_sync() if (is_ddp and i != last) else contextlib.nullcontext()",
+           find="sync = model.no_sync() if (is_ddp and i != run[-1]) else contextlib.nullcontext()",
            replace="sync = contextlib.nullcontext()",
            why="all-reduces after every micro-batch under DDP (no no_sync)"),
     Mutant("4.1", "lab4/grad_accumulation.py",
-           find="sync = model.no_sync() if (is_ddp and i != last) else contextlib.nullcontext()",
+           find="sync = model.no_sync() if (is_ddp and i != run[-1]) else contextlib.nullcontext()",
            replace="sync = model.no_sync() if is_ddp else contextlib.nullcontext()",
            why="wraps every micro-batch in no_sync, so DDP never averages the gradients"),
     Mutant("4.1", "lab4/grad_accumulation.py",
-           find="""            loss = model(xi, yi) * (size / total)
+           find="""            loss = model(xi, yi) * (sizes[i] / total)
             loss.backward()
         loss_sum += float(loss.detach())
     return loss_sum""",
-           replace="""            loss = model(xi, yi) * (size / total)
+           replace="""            loss = model(xi, yi) * (sizes[i] / total)
         loss_sum = loss_sum + loss
     loss_sum.backward()
     return float(loss_sum)""",
@@ -39,8 +39,10 @@ MUTANTS = [
            replace="        g = self.grad_shard",
            why="forgets to average over the ranks (sum instead of mean)"),
     Mutant("4.3", "lab4/zero2.py", find="""        self._send_bucket()
-        for work, output, mine in self.in_flight:""",
-           replace="""        for work, output, mine in self.in_flight:""",
+        self._finish_in_flight()
+        g = self.grad_shard""",
+           replace="""        self._finish_in_flight()
+        g = self.grad_shard""",
            why="never sends the last, partial bucket"),
     Mutant("4.3", "lab4/zero2.py", find="""        for p in self.bucket:
             p.grad = None
@@ -49,8 +51,8 @@ MUTANTS = [
     Mutant("4.3", "lab4/zero2.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:\n            self._send_bucket()",
            replace="        pass",
            why="sends everything as one bucket at the step (all gradients alive at the end of backward)"),
-    Mutant("4.3", "lab4/zero2.py", find="        self.grad_shard.zero_()\n",
-           replace="",
+    Mutant("4.3", "lab4/zero2.py", find="        self.grad_shard.zero_()\n        # END SOLUTION",
+           replace="        # END SOLUTION",
            why="forgets to reset the gradient shard after the step (gradients leak into the next step)"),
     Mutant("4.3", "lab4/zero2.py",
            find="self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]",
@@ -59,10 +61,12 @@ MUTANTS = [
     Mutant("4.3", "lab4/zero2.py", find="        self.bucket_bytes += 4 * param.numel()",
            replace="        self.bucket_bytes += 1",
            why="counts gradients instead of bytes, so buckets grow far past the cap"),
-    Mutant("4.3", "lab4/zero2.py", find="""        self.in_flight.append((work, output, mine))""",
+    Mutant("4.3", "lab4/zero2.py", find="""        self._finish_in_flight()
+        self.in_flight = (work, output, mine)""",
            replace="""        work.wait()
         work = dist.reduce_scatter(output, inputs, group=self.group, async_op=True)
-        self.in_flight.append((work, output, mine))""",
+        self._finish_in_flight()
+        self.in_flight = (work, output, mine)""",
            why="sends a bucket twice (e.g. a retry left in)"),
     # ---------------------------------------------------------------- 4.2 bucketed DDP
     Mutant("4.2", "lab4/bucketed_ddp.py", find="            flat /= self.world_size\n", replace="",
@@ -188,27 +192,29 @@ _DONE = 'type("Done", (), {"wait": lambda self: None})()'  # a handle that waits
 INDEPENDENT = [
     # ---------------------------------------------------------------- 4.1 gradient accumulation
     Mutant("4.1", "lab4/grad_accumulation.py",
-           find="        if size == 0:\n            continue  # nothing counted here (its mean loss would be NaN)\n",
-           replace="",
+           find="    run = [i for i, n in enumerate(counted) if n > 0]  # a micro-batch counting nothing: 0/0",
+           replace="    run = list(range(len(micro)))",
            why="runs a micro-batch with no counted token (its mean loss is NaN, so are the gradients)"),
     Mutant("4.1", "lab4/grad_accumulation.py",
-           find="last = max(i for i, size in enumerate(sizes) if size > 0)",
-           replace="last = len(micro) - 1",
+           find="model.no_sync() if (is_ddp and i != run[-1])",
+           replace="model.no_sync() if (is_ddp and i != len(micro) - 1)",
            why="synchronises on the last micro-batch even when it is skipped (no all-reduce at all)"),
     Mutant("4.1", "lab4/grad_accumulation.py", find="        loss_sum += float(loss.detach())",
-           replace="        loss_sum += float(loss.detach()) / (size / total) / len(micro)",
+           replace="        loss_sum += float(loss.detach()) / (sizes[i] / total) / len(run)",
            why="returns the plain mean of the micro-batch losses, not the batch's loss"),
-    Mutant("4.1", "lab4/grad_accumulation.py", find='    if weight == "tokens":',
-           replace="    if True:", why="ignores weight=\"samples\" (always weighs by tokens)"),
-    Mutant("4.1", "lab4/grad_accumulation.py", find="    total = sum(sizes)",
-           replace='    total = sum(sizes) if weight == "samples" else y.numel()',
+    Mutant("4.1", "lab4/grad_accumulation.py",
+           find='    sizes = counted if weight == "tokens" else [xi.shape[0] for xi, _ in micro]',
+           replace="    sizes = counted", why="ignores weight=\"samples\" (always weighs by tokens)"),
+    Mutant("4.1", "lab4/grad_accumulation.py", find="    total = sum(sizes[i] for i in run)",
+           replace='    total = sum(sizes[i] for i in run) if weight == "samples" else y.numel()',
            why="divides by every target token of the batch, masked ones included"),
     Mutant("4.1", "lab4/grad_accumulation.py",
-           find="model.no_sync() if (is_ddp and i != last)",
-           replace="model.no_sync() if (is_ddp and i != 0)",
+           find="model.no_sync() if (is_ddp and i != run[-1])",
+           replace="model.no_sync() if (is_ddp and i != run[0])",
            why="lets DDP synchronise on the first micro-batch instead of the last"),
-    Mutant("4.1", "lab4/grad_accumulation.py", find="        sizes = [xi.shape[0] for xi, _ in micro]",
-           replace="        sizes = [1 for _ in micro]",
+    Mutant("4.1", "lab4/grad_accumulation.py",
+           find='    sizes = counted if weight == "tokens" else [xi.shape[0] for xi, _ in micro]',
+           replace='    sizes = counted if weight == "tokens" else [1 for _ in micro]',
            why="weight=\"samples\" gives every micro-batch 1/k (wrong when k does not divide B)"),
     # ---------------------------------------------------------------- 4.2 bucketed DDP
     Mutant("4.2", "lab4/bucketed_ddp.py",
@@ -302,15 +308,15 @@ INDEPENDENT = [
     Mutant("4.3", "lab4/zero2.py", find="        g = self.grad_shard / self.world_size",
            replace="        g = self.grad_shard / dist.get_world_size()",
            why="averages over the whole world instead of the process group"),
-    Mutant("4.3", "lab4/zero2.py", find="        self.grad_shard.zero_()\n        # END SOLUTION",
-           replace="        # END SOLUTION",
-           why="never resets grad_shard after a step (old gradients leak into the next)"),
+    Mutant("4.3", "lab4/zero2.py", find="                inputs[rank].append(g[start:start + length])",
+           replace="                inputs[rank].append(g[:length])",
+           why="sends each owner the start of the gradient, wrong for a parameter split between two shards"),
     Mutant("4.3", "lab4/zero2.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:",
            replace="        if self.bucket_bytes > self.bucket_cap_bytes:",
            why="a bucket exactly at the cap waits for one more gradient"),
-    Mutant("4.3", "lab4/zero2.py", find="        for p in self.bucket:\n            p.grad = None\n",
-           replace="",
-           why="never frees a sent bucket's full gradients (and sends them again after a 2nd backward)"),
+    Mutant("4.3", "lab4/zero2.py", find="            g = p.grad.detach().reshape(-1).float() if p.grad is not None",
+           replace="            g = p.grad.detach().reshape(-1) if p.grad is not None",
+           why="reduce-scatters 16-bit gradients in their own dtype (the sum rounds to bf16)"),
     # ---------------------------------------------------------------- 4.4 compression
     Mutant("4.4", "lab4/compression.py", find="bucket=index, step=step).to(g.device)",
            replace="bucket=index, step=0).to(g.device)",
