@@ -102,22 +102,25 @@ def ddp_adam_steps(model: torch.nn.Module, steps, *, lr: float, group=None) -> d
     Returns ``{"params", "losses"`` (per step, the last micro-batch's), ``"exp_avg"``,
     ``"exp_avg_sq"`` (per step, flat fp32 over the trainable parameters in order),
     ``"peak_grad_bytes"`` (most ``.grad`` bytes alive during the backward passes and before the
+    step), ``"timeline"`` (the ``.grad`` bytes alive after each gradient-ready event of the first
     step)``}``."""
     replica = copy.deepcopy(model)
     ddp = DistributedDataParallel(replica, process_group=group)
     params = [p for p in replica.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr)
-    peak = [0]
+    peak, timeline = [0], []
 
     def record(_p):
-        peak[0] = max(peak[0], grad_bytes(params))
+        timeline.append(grad_bytes(params))
+        peak[0] = max(peak[0], timeline[-1])
 
     handles = [p.register_post_accumulate_grad_hook(record) for p in params]
-    losses, exp_avg, exp_avg_sq = [], [], []
+    losses, exp_avg, exp_avg_sq, first = [], [], [], None
     for micro in steps:
         for batch in micro:
             loss = _loss(ddp, batch, None)
             loss.backward()
+        first = list(timeline) if first is None else first
         peak[0] = max(peak[0], grad_bytes(params))  # DDP writes the averages after the hooks
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -127,7 +130,8 @@ def ddp_adam_steps(model: torch.nn.Module, steps, *, lr: float, group=None) -> d
     for h in handles:
         h.remove()
     return {"params": [p.detach().clone() for p in replica.parameters()], "losses": losses,
-            "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "peak_grad_bytes": peak[0]}
+            "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "peak_grad_bytes": peak[0],
+            "timeline": first}
 
 
 def master_adam_steps(model: torch.nn.Module, steps, *, lr: float, group=None) -> dict:
