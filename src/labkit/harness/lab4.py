@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -222,6 +223,9 @@ def train_zero2(rank: int, world_size: int, model: torch.nn.Module, batches, *, 
             p.register_post_accumulate_grad_hook(record)
         _probe(log, zmodel)
     losses, comm, exp_avg, exp_avg_sq, held = [], [], [], [], None
+    # MemTracker warns about every parameter whose .grad is None (ZeRO-2 sets them so): noise here
+    warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper-subclass",
+                            category=UserWarning)
     for i, step_batches in enumerate(batches):
         micro = _micro_batches(step_batches[rank])
         with count_comm() as counts:
