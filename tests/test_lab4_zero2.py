@@ -96,10 +96,15 @@ def assert_moments_match(results, what, cause):
 def test_zero2_matches_ddp_and_adam(world_size):
     """Check that 3 steps of ZeRO2Adam on N real gloo ranks give, on every rank, the parameters
     of DistributedDataParallel + torch.optim.Adam run on the same ranks and batches, and this
-    rank's slice of Adam's moments after every step."""
+    rank's slice of Adam's moments after every step; grad_shard is zero right after step()."""
     model, _, results = run_zero2(world_size)
     cause = ("is every bucket reduce-scattered (the last, partial one too), each piece added at "
              "its place in grad_shard, the sum divided by N, and grad_shard zeroed after the step?")
+    for rank, res in enumerate(results):
+        left = [step for step, m in enumerate(res["shard_left"]) if m != 0]
+        assert not left, (f"N = {world_size}, rank {rank}: grad_shard is not zero right after step() "
+                          f"at step {left[0]} (largest |entry| {res['shard_left'][left[0]]:.3g}): "
+                          "step() must reset it, whether or not zero_grad() is called")
     assert_moments_match(results, f"N = {world_size}", cause)
     assert_params_match(model, results, f"N = {world_size}", cause)
 

@@ -197,7 +197,8 @@ def train_zero2(rank: int, world_size: int, model: torch.nn.Module, batches, *, 
     flight; None with frozen parameters, which MemTracker cannot follow),
     ``"shard_bytes"``, ``"shard_size"``, ``"largest_grad_bytes"``, ``"timeline"``, ``"events"``
     (the first step's backward: collectives and ("grad", name)), ``"exp_avg"``,
-    ``"exp_avg_sq"`` (per step, this rank's (S,) slice), ``"master"`` (or None), ``"rank"``
+    ``"exp_avg_sq"`` (per step, this rank's (S,) slice), ``"shard_left"`` (per step, the largest
+    |entry| of ``grad_shard`` right after ``step()``, before ``zero_grad()``), ``"master"`` (or None), ``"rank"``
     (in the group), ``"ranks"``; with ``reference``: ``"ref"`` = the reference's result}``."""
     from labkit.lab4.zero2 import ZeRO2Adam
 
@@ -222,7 +223,7 @@ def train_zero2(rank: int, world_size: int, model: torch.nn.Module, batches, *, 
         for p in params:
             p.register_post_accumulate_grad_hook(record)
         _probe(log, zmodel)
-    losses, comm, exp_avg, exp_avg_sq, held = [], [], [], [], None
+    losses, comm, exp_avg, exp_avg_sq, held, shard_left = [], [], [], [], None, []
     # MemTracker warns about every parameter whose .grad is None (ZeRO-2 sets them so): noise here
     warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper-subclass",
                             category=UserWarning)
@@ -246,6 +247,7 @@ def train_zero2(rank: int, world_size: int, model: torch.nn.Module, batches, *, 
                     loss = zmodel(x, y)
                     loss.backward()
             opt.step()
+        shard_left.append(float(opt.grad_shard.abs().max()))  # the contract: zeros after step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
         comm.append({"calls": dict(counts.calls), "bytes_sent": dict(counts.bytes_sent)})
@@ -257,7 +259,7 @@ def train_zero2(rank: int, world_size: int, model: torch.nn.Module, batches, *, 
            "shard_size": opt.shard_size,
            "largest_grad_bytes": max(4 * p.numel() for p in params),
            "timeline": first_timeline if probe else [], "events": events if probe else [],
-           "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq,
+           "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "shard_left": shard_left,
            "master": opt.state["master"].clone() if "master" in opt.state else None,
            "rank": dist.get_rank(group), "ranks": ranks}
     opt.remove()
