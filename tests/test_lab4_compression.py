@@ -6,7 +6,7 @@ References nobody in this course wrote:
 * top-K: a brute-force sort of the magnitudes;
 * the hook: on real gloo ranks (``labkit.dist.launch``, N = 2 and 3) the student's hook runs
   inside ``DistributedDataParallel``; every call's input buffer, output and kept error are
-  logged (``labkit.lab4.compression.hook_worker``), and the test recomputes, from all ranks' inputs,
+  logged (``labkit.harness.lab4.hook_worker``), and the test recomputes, from all ranks' inputs,
   what each rank sends and the mean every rank must get back;
 * bytes: the formulas, against what ``labkit.comm_count.count_comm`` counted during each call;
 * training: DDP's own uncompressed all-reduce on the same model, seed and batches.
@@ -43,14 +43,25 @@ def mlp() -> torch.nn.Sequential:
     return torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.Tanh(), torch.nn.Linear(20, 5))
 
 
-@functools.lru_cache(maxsize=None)  # one launch per world size for all hook tests
-def run(world_size: int):
-    from labkit.lab4.compression import hook_worker
+SETUPS = {2: (2, None), 3: (3, None), "2×2": (4, 2)}  # label -> (world size, group size)
+"""2 and 3 ranks of the default group; a 4-rank world split into two groups of 2 (each runs its
+own DDP and hook over its group: the sizes, ranks and peers must be the group's)."""
 
+
+@functools.lru_cache(maxsize=None)  # one launch per setup for all hook tests
+def run(setup):
+    from labkit.harness.lab4 import hook_worker
+
+    world_size, group_size = SETUPS[setup]
     g = torch.Generator().manual_seed(world_size)
     batches = [[(torch.randn(16, 12, generator=g), torch.randn(16, 5, generator=g))
                 for _ in range(world_size)] for _ in range(STEPS)]
-    return launch(hook_worker, world_size, mlp(), batches, CONFIGS, timeout=120)
+    return launch(hook_worker, world_size, mlp(), batches, CONFIGS, group_size=group_size,
+                  timeout=120)
+
+
+def where(setup, rank):
+    return f"N = {setup}" if setup != "2×2" else f"two groups of 2, rank {rank}'s group"
 
 
 # ------------------------------------------------------------------ plain references
@@ -94,27 +105,28 @@ def ref_sent(label: str, full: torch.Tensor, index: int, step: int):
     return sent, slack
 
 
-def reference(label: str, world_size: int):
+def reference(label: str, setup):
     """Per rank, per step: (expected output, expected kept error, slack), each rank's step fed
     the gradient it logged plus the error it logged at the step before (so each step is checked
-    on its own, from what the student's hook kept)."""
-    logs = [res[label] for res in run(world_size)]
+    on its own, from what the student's hook kept); the mean is over the rank's group."""
+    results = run(setup)
+    logs = [res[label] for res in results]
     error_feedback = CONFIGS[label].get("error_feedback", True)
-    out = []
+    out = [[None] * len(results) for _ in range(STEPS)]
     for step in range(STEPS):
-        fulls, sents, slacks = [], [], []
-        for rank in range(world_size):
-            entry = logs[rank][step]
+        fulls, sents, slacks = {}, {}, {}
+        for rank, entries in enumerate(logs):
+            entry = entries[step]
             full = entry["input"]
-            if error_feedback and step > 0 and logs[rank][step - 1]["error"] is not None:
-                full = full + logs[rank][step - 1]["error"]  # in fp32, as the hook adds them
-            sent, slack = ref_sent(label, full, entry["bucket"], step)
-            fulls.append(full.double())
-            sents.append(sent)
-            slacks.append(slack)
-        mean = sum(sents) / world_size
-        mean_slack = sum(slacks) / world_size
-        out.append([(mean, fulls[r] - sents[r], mean_slack, slacks[r]) for r in range(world_size)])
+            if error_feedback and step > 0 and entries[step - 1]["error"] is not None:
+                full = full + entries[step - 1]["error"]  # in fp32, as the hook adds them
+            sents[rank], slacks[rank] = ref_sent(label, full, entry["bucket"], step)
+            fulls[rank] = full.double()
+        for rank, res in enumerate(results):
+            group = res["ranks"]
+            mean = sum(sents[r] for r in group) / len(group)
+            mean_slack = sum(slacks[r] for r in group) / len(group)
+            out[step][rank] = (mean, fulls[rank] - sents[rank], mean_slack, slacks[rank])
     return logs, out
 
 
@@ -186,9 +198,10 @@ def test_topk_returns_the_largest_magnitudes():
             f"k = {k}: values are not x at the returned indices (signs kept)\n{m}"))
 
 
-@pytest.mark.exercise("4.4", points=1)
 def test_bad_input_is_rejected():
-    """Check the ValueErrors: ``k`` outside (0, numel], ``chunk`` ≤ 0, scales of the wrong count."""
+    """Not graded (the checks are given): ValueErrors for ``k`` outside (0, numel], ``chunk`` ≤ 0,
+    scales of the wrong count; TypeErrors for codes that are not int8 or a state of the wrong kind;
+    ``keep_count`` refuses an empty bucket and a density outside (0, 1]."""
     from labkit.lab4.compression import dequantize_int8, quantize_int8, topk
 
     x = torch.randn(10)
@@ -202,6 +215,15 @@ def test_bad_input_is_rejected():
             dequantize_int8(torch.zeros(10, dtype=torch.int8), torch.ones(2), chunk)
     with pytest.raises(ValueError, match="scales"):
         dequantize_int8(torch.zeros(10, dtype=torch.int8), torch.ones(2), 4)  # needs ⌈10/4⌉ = 3
+    with pytest.raises(TypeError, match="codes"):
+        dequantize_int8(torch.zeros(10), torch.ones(3), 4)
+    from labkit.lab4.compression import compression_hook, keep_count
+
+    for numel, density, name in ((0, 0.5, "numel"), (10, 0, "density"), (10, 1.5, "density")):
+        with pytest.raises(ValueError, match=name):
+            keep_count(numel, density)
+    with pytest.raises(TypeError, match="state"):
+        compression_hook(None, None)
 
 
 # ------------------------------------------------------------------ the hook on real ranks
@@ -218,20 +240,21 @@ CAUSES = {
 @pytest.mark.exercise("4.4", points=1)
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_hook_returns_the_mean_of_what_the_ranks_sent(scheme):
-    """Check, on 2 and 3 ranks, every call's output against the mean over the ranks of what each sends."""
-    for world_size in (2, 3):
-        _hook_returns_the_mean_of_what_the_ranks_sent(scheme, world_size)
+    """Check, on 2 and 3 ranks and in two groups of 2, every call's output against the mean over
+    the group's ranks of what each sends."""
+    for setup in SETUPS:
+        _hook_returns_the_mean_of_what_the_ranks_sent(scheme, setup)
 
 
-def _hook_returns_the_mean_of_what_the_ranks_sent(scheme, world_size):
+def _hook_returns_the_mean_of_what_the_ranks_sent(scheme, setup):
     """Check every call's output on every rank against the mean over the ranks of what each
     sends (the plain computation from all ranks' logged gradients and kept errors)."""
-    logs, want = reference(scheme, world_size)
+    logs, want = reference(scheme, setup)
     for step in range(STEPS):
-        for rank in range(world_size):
+        for rank in range(len(logs)):
             mean, _, mean_slack, _ = want[step][rank]
             assert_close_with_slack(logs[rank][step]["output"], mean, mean_slack,
-                                    f"{scheme}, N = {world_size}, rank {rank}, step {step}: the averaged gradient",
+                                    f"{scheme}, {where(setup, rank)}, rank {rank}, step {step}: the averaged gradient",
                                     ("the first step is wrong: " if step == 0 else
                                      "steps before were right: is the kept error added to the gradient first? ")
                                     + CAUSES[scheme])
@@ -240,22 +263,23 @@ def _hook_returns_the_mean_of_what_the_ranks_sent(scheme, world_size):
 @pytest.mark.exercise("4.4", points=1)
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_error_feedback_keeps_exactly_what_was_not_sent(scheme):
-    """Check, on 2 and 3 ranks, ``state.error`` after every call: (gradient + old error) − what this rank sent."""
-    for world_size in (2, 3):
-        _error_feedback_keeps_exactly_what_was_not_sent(scheme, world_size)
+    """Check, on 2 and 3 ranks and in two groups of 2, ``state.error`` after every call:
+    (gradient + old error) − what this rank sent."""
+    for setup in SETUPS:
+        _error_feedback_keeps_exactly_what_was_not_sent(scheme, setup)
 
 
-def _error_feedback_keeps_exactly_what_was_not_sent(scheme, world_size):
+def _error_feedback_keeps_exactly_what_was_not_sent(scheme, setup):
     """Check ``state.error`` after every call: (gradient + old error) − what this rank sent."""
-    logs, want = reference(scheme, world_size)
+    logs, want = reference(scheme, setup)
     for step in range(STEPS):
-        for rank in range(world_size):
+        for rank in range(len(logs)):
             _, error, _, slack = want[step][rank]
             got = logs[rank][step]["error"]
             assert got is not None, (f"{scheme}, rank {rank}, step {step}: state.error has no entry "
                                      f"for the bucket with error feedback on: is it stored under bucket.index()?")
             assert_close_with_slack(got, error, slack,
-                                    f"{scheme}, N = {world_size}, rank {rank}, step {step}: the kept error",
+                                    f"{scheme}, {where(setup, rank)}, rank {rank}, step {step}: the kept error",
                                     "it must be (gradient + old error) − this rank's own sent part "
                                     "(not the mean of all ranks, not the other sign, not forgetting the old error)")
 
@@ -288,21 +312,23 @@ def expected_bytes(scheme: str, numel: int, world_size: int) -> tuple[int, str]:
 @pytest.mark.exercise("4.4", points=1)
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_bytes_sent_follow_the_formula(scheme):
-    """Check, on 2 and 3 ranks, the bytes each call sends (``count_comm``) against the scheme's formula."""
-    for world_size in (2, 3):
-        _bytes_sent_follow_the_formula(scheme, world_size)
+    """Check, on 2 and 3 ranks and in two groups of 2, the bytes each call sends (``count_comm``)
+    against the scheme's formula (N = the group's size)."""
+    for setup in SETUPS:
+        _bytes_sent_follow_the_formula(scheme, setup)
 
 
-def _bytes_sent_follow_the_formula(scheme, world_size):
+def _bytes_sent_follow_the_formula(scheme, setup):
     """Check the bytes each call sends (``count_comm``) against the scheme's formula."""
-    logs = [res[scheme] for res in run(world_size)]
+    results = run(setup)
+    logs = [res[scheme] for res in results]
     numel = logs[0][0]["input"].numel()
-    want, formula = expected_bytes(scheme, numel, world_size)
-    for rank in range(world_size):
+    want, formula = expected_bytes(scheme, numel, len(results[0]["ranks"]))
+    for rank in range(len(logs)):
         for step, entry in enumerate(logs[rank]):
             got = sum(entry["bytes"].values())
             assert got == want, (
-                f"{scheme}, N = {world_size}, rank {rank}, step {step}: {got:,} B sent "
+                f"{scheme}, {where(setup, rank)}, rank {rank}, step {step}: {got:,} B sent "
                 f"({entry['bytes']}), expected {formula} = {want:,} B (uncompressed {4 * numel:,} B): "
                 f"int64 indices, fp32 codes, indices sent for random-K, or a part sent twice?")
 
@@ -329,7 +355,7 @@ TRACK, STALL = 0.25, 0.4
 
 @functools.lru_cache(maxsize=None)
 def train():
-    from labkit.lab4.compression import train_worker
+    from labkit.harness.lab4 import train_worker
     from labkit.models import GPT, SyntheticData, lab_config
 
     torch.manual_seed(0)

@@ -30,33 +30,47 @@ RANKS = [2, 4]  # r = 2: Gram–Schmidt in PyTorch's hook; r = 4: its QR branch
 
 
 def mlp(seed: int = 0) -> torch.nn.Sequential:
-    """Two 48×48 matrices (the reference groups equal shapes), a 48×32, an 8×48 and four biases."""
+    """Two 48×48 matrices (the reference groups equal shapes), a 48×32, an 8×48, a 4×8 (compressed
+    at r = 2, not at r = 4: (4 + 8)·4 ≥ 32), a 4×4 (never: (4 + 4)·2 = 16 is not < 16) and biases."""
     torch.manual_seed(seed)
     L = torch.nn.Linear
     return torch.nn.Sequential(L(32, 48), torch.nn.ReLU(), L(48, 48), torch.nn.ReLU(),
-                               L(48, 48), torch.nn.ReLU(), L(48, 8))
+                               L(48, 48), torch.nn.ReLU(), L(48, 8), torch.nn.Tanh(), L(8, 4),
+                               torch.nn.Tanh(), L(4, 4))
 
 
-@functools.lru_cache(maxsize=None)  # one launch per r for all 4.5 tests (not cached if it raises)
-def run(r: int, world_size: int = 2):
-    from labkit.lab4.powersgd import compare_with_torch
+def conv_net(seed: int = 0) -> torch.nn.Sequential:
+    """A conv weight 8×3×3×3 (PowerSGD views it as 8 × 27) before a 5×128 matrix."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(128, 5))
 
-    model = mlp()
+
+SETUPS = {2: (2, None), "2×2": (4, 2)}  # label -> (world size, group size): two groups of 2 in 4
+
+
+@functools.lru_cache(maxsize=None)  # one launch per configuration (not cached if it raises)
+def run(r: int, setup=2, model: str = "mlp"):
+    from labkit.harness.lab4 import compare_with_torch
+
+    world_size, group_size = SETUPS[setup]
+    net = mlp() if model == "mlp" else conv_net()
     g = torch.Generator().manual_seed(1)
-    batches = [[(torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g))
+    shape_x, shape_y = ((32,), (4,)) if model == "mlp" else ((3, 6, 6), (5,))
+    batches = [[(torch.randn(16, *shape_x, generator=g), torch.randn(16, *shape_y, generator=g))
                 for _ in range(world_size)] for _ in range(STEPS)]
-    return model, launch(compare_with_torch, world_size, model, batches, r)
+    return net, launch(compare_with_torch, world_size, net, batches, r, group_size=group_size)
 
 
-def assert_step_equal(r, steps, cause):
-    _, results = run(r)
+def assert_step_equal(r, steps, cause, setup=2, model="mlp"):
+    _, results = run(r, setup, model)
     for rank, res in enumerate(results):
         for step in steps:
             got, want = res[step]["ours"], res[step]["torch"]
             for name in want:
                 torch.testing.assert_close(got[name], want[name], **TOL, msg=lambda m, name=name, step=step, rank=rank: (
-                    f"r = {r}, rank {rank}, step {step}: {name}.grad differs from PyTorch's "
-                    f"powerSGD_hook — {cause}\n{m}"))
+                    f"r = {r}, {model}, N = {setup}, rank {rank}, step {step}: {name}.grad differs "
+                    f"from PyTorch's powerSGD_hook — {cause}\n{m}"))
 
 
 @pytest.mark.exercise("4.5", points=1)
@@ -67,6 +81,18 @@ def test_powersgd_first_step_equals_torchs_hook(r):
     assert_step_equal(r, [0], "check the power-iteration step: orthonormalise Q, P = M Q, "
                       "all-reduce P, orthonormalise P, Q = Mᵀ P, all-reduce Q and divide by the "
                       "number of ranks, M̂ = P Qᵀ; vectors all-reduced and divided")
+
+
+@pytest.mark.exercise("4.5", points=1)
+def test_powersgd_in_subgroups_and_on_a_conv_weight():
+    """Check all 3 steps against PyTorch's hook (r = 2) in a 4-rank world split into two groups
+    of 2 (each DDP and hook over its group: sums and sizes are the group's), and on a network
+    with a conv weight (viewed as out_channels × the rest)."""
+    cause = ("in a subgroup, every all-reduce goes over state.process_group and the mean divides "
+             "by its size")
+    assert_step_equal(2, list(range(STEPS)), cause, setup="2×2")
+    assert_step_equal(2, list(range(STEPS)), "a conv weight is an n×m matrix with n = its first "
+                      "dimension and m = the product of the others", model="conv")
 
 
 @pytest.mark.exercise("4.5", points=2)
@@ -121,6 +147,17 @@ def test_powersgd_state_rejects_a_bad_rank(bad):
 
     with pytest.raises(ValueError, match="rank"):
         PowerSGDState(bad)
+
+
+@pytest.mark.parametrize("a, eps, error, name", [
+    ([[1.0, 0.0]], 0.0, TypeError, "a"), (torch.ones(3), 0.0, ValueError, "a"),
+    (torch.ones(3, 2, dtype=torch.int64), 0.0, TypeError, "a"), (torch.ones(3, 2), -1.0, ValueError, "eps")])
+def test_orthogonalize_rejects_bad_input(a, eps, error, name):
+    """Not graded (given code): a 2-D floating tensor and eps >= 0, else an error naming them."""
+    from labkit.lab4.powersgd import orthogonalize_
+
+    with pytest.raises(error, match=name):
+        orthogonalize_(a, eps)
 
 
 def test_orthogonalize_gives_orthonormal_columns():

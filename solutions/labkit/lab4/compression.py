@@ -21,11 +21,14 @@ et al. 2019, arXiv 1901.09847): nothing is lost, only delayed.
 Chapter 4 (book/04_gradients.md); Lab 4, exercise 4.4 (labs/04_gradients.ipynb).
 """
 
-import copy
 import math
 
 import torch
 import torch.distributed as dist
+
+from labkit.validate import boolean, is_int, non_negative_int, number, one_of, positive_int, tensor
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 SCHEMES = ("int8", "topk", "randomk")
 
@@ -39,7 +42,7 @@ class CompressionState:
             (K = ``keep_count(numel, density)``).
         chunk: int ≥ 1, the number of consecutive elements that share one int8 scale.
         error_feedback: keep what was not sent and add it to the next step's gradient.
-        seed: int, seeds random-K's indices (the same on every rank).
+        seed: int ≥ 0, seeds random-K's indices (the same on every rank).
         process_group: the group to communicate over (None: the default group).
 
     Attributes the hook uses: the arguments, ``error`` (bucket index → flat fp32 tensor of what
@@ -49,29 +52,27 @@ class CompressionState:
 
     def __init__(self, scheme: str, *, density: float = 0.01, chunk: int = 256,
                  error_feedback: bool = True, seed: int = 0, process_group=None):
-        if scheme not in SCHEMES:
-            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-        if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
-            raise ValueError(f"density must be a number in (0, 1] (the fraction of entries sent), got {density!r}")
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"chunk must be an int >= 1 (elements per int8 scale), got {chunk!r}")
-        if not isinstance(error_feedback, bool):
-            raise TypeError(f"error_feedback must be a bool, got {type(error_feedback).__name__}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        self.scheme, self.density, self.chunk = scheme, float(density), chunk
+        one_of("scheme", scheme, SCHEMES)
+        density = number("density", density, low=0, high=1, low_open=True)  # the fraction sent
+        chunk = positive_int("chunk", chunk)  # elements per int8 scale
+        boolean("error_feedback", error_feedback)
+        seed = non_negative_int("seed", seed)
+        self.scheme, self.density, self.chunk = scheme, density, chunk
         self.error_feedback, self.seed, self.process_group = error_feedback, seed, process_group
         self.error: dict[int, torch.Tensor] = {}
         self.step: dict[int, int] = {}
 
 
 def keep_count(numel: int, density: float) -> int:
-    """K, the number of entries top-K and random-K send of a bucket of ``numel``: ⌈density · numel⌉."""
+    """K, the number of entries top-K and random-K send of a bucket of ``numel`` ≥ 1 elements:
+    ⌈density · numel⌉ for a density in (0, 1] (at least 1, at most numel)."""
+    numel = positive_int("numel", numel)
+    density = number("density", density, low=0, high=1, low_open=True)
     return max(1, min(numel, math.ceil(density * numel)))
 
 
 def _check_k(k, numel: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= numel:
+    if not (is_int(k) and 0 < int(k) <= numel):
         raise ValueError(f"k must be an int in (0, numel] = (0, {numel}], got {k!r}")
 
 
@@ -81,15 +82,33 @@ def random_indices(numel: int, k: int, *, seed: int, bucket: int, step: int) -> 
     The same on every rank (drawn from a generator seeded by ``seed``, ``bucket`` and ``step``
     only), so no rank has to send them. int64, in no particular order.
     """
+    numel = positive_int("numel", numel)
     _check_k(k, numel)
+    for name, value in (("seed", seed), ("bucket", bucket), ("step", step)):
+        non_negative_int(name, value)
     g = torch.Generator().manual_seed(seed * 1_000_003 + bucket * 10_007 + step)
     return torch.randperm(numel, generator=g)[:k]
 
 
 def _check_flat(x, name: str = "x") -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.is_floating_point():
-        raise TypeError(f"{name} must be a 1-D floating-point tensor, got "
-                        f"{type(x).__name__ if not isinstance(x, torch.Tensor) else f'{x.dtype} of shape {tuple(x.shape)}'}")
+    tensor(name, x, floating=True)
+    if x.dim() != 1:
+        raise TypeError(f"{name} must be a 1-D floating-point tensor, got shape {tuple(x.shape)}")
+
+
+def _done(value):
+    """A completed ``torch.futures.Future`` holding ``value`` (what a comm hook returns)."""
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def _check_state(state) -> None:
+    if not isinstance(state, CompressionState):
+        raise TypeError(f"state must be a CompressionState, got {type(state).__name__}")
+
+
+# ==== exercise 4.4: your code ====
 
 
 def quantize_int8(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,9 +125,8 @@ def quantize_int8(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tens
         * Returns ``(codes, scales)``: int8 of x's numel, fp32 of ⌈numel / chunk⌉.
     """
     _check_flat(x)
-    # BEGIN SOLUTION 4.4: check chunk; split into chunks; one scale per chunk; round to int8 codes
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
+    chunk = positive_int("chunk", chunk)
+    # BEGIN SOLUTION 4.4: split into chunks; one scale per chunk; round to int8 codes
     n = x.numel()
     chunks = -(-n // chunk)
     flat = x.detach().float()
@@ -129,13 +147,17 @@ def dequantize_int8(codes: torch.Tensor, scales: torch.Tensor, chunk: int) -> to
     naming ``scales`` otherwise), ``chunk`` an int ≥ 1 (ValueError naming ``chunk``). Returns a
     new fp32 tensor of the codes' numel.
     """
-    # BEGIN SOLUTION 4.4: check chunk and the number of scales; multiply each code by its chunk's scale
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
+    tensor("codes", codes, ndim=1)
+    if codes.dtype != torch.int8:
+        raise TypeError(f"codes must be an int8 tensor, got {codes.dtype}")
+    tensor("scales", scales, floating=True, ndim=1)
+    chunk = positive_int("chunk", chunk)
+    if scales.numel() != -(-codes.numel() // chunk):
+        raise ValueError(f"scales must have ceil(numel / chunk) = {-(-codes.numel() // chunk)} "
+                         f"entries, got {scales.numel()}")
+    # BEGIN SOLUTION 4.4: multiply each code by its chunk's scale
     n = codes.numel()
     chunks = -(-n // chunk)
-    if scales.numel() != chunks:
-        raise ValueError(f"scales must have ceil(numel / chunk) = {chunks} entries, got {scales.numel()}")
     out = codes.float()
     if chunks * chunk != n:
         out = torch.nn.functional.pad(out, (0, chunks * chunk - n))
@@ -151,17 +173,11 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     the K values (x's dtype, signs kept) and their int64 indices into x, in any order.
     """
     _check_flat(x)
-    # BEGIN SOLUTION 4.4: check k; find the K largest magnitudes; return their values and indices
     _check_k(k, x.numel())
+    # BEGIN SOLUTION 4.4: find the K largest magnitudes; return their values and indices
     idx = x.detach().abs().topk(k, sorted=False).indices
     return x.detach()[idx], idx
     # END SOLUTION
-
-
-def _done(value):
-    fut = torch.futures.Future()
-    fut.set_result(value)
-    return fut
 
 
 def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -188,6 +204,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         * ``state.step[index]`` counts the calls for this bucket.
         * Returns a completed ``torch.futures.Future`` whose value is ``bucket.buffer()``.
     """
+    _check_state(state)
     # BEGIN SOLUTION 4.4: add the kept error; compress by scheme; send; rebuild and average every rank's part; keep the new error
     group = state.process_group
     world = dist.get_world_size(group)
@@ -237,104 +254,3 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     buf.copy_(total.div_(world))
     return _done(buf)
     # END SOLUTION
-
-
-# ------------------------------------------------------------------ workers (labkit.dist.launch)
-
-def _recording_hook(rec, bucket):
-    """Run ``compression_hook`` and log its input buffer, output, kept error and communication."""
-    from labkit.comm_count import count_comm
-
-    state, log = rec
-    before = bucket.buffer().detach().clone()
-    with count_comm() as counts:
-        fut = compression_hook(state, bucket)
-
-    def record(f):
-        out = f.value()
-        out = out[0] if isinstance(out, (list, tuple)) else out
-        err = state.error.get(bucket.index())
-        log.append({"bucket": bucket.index(), "input": before, "output": out.detach().clone(),
-                    "error": None if err is None else err.detach().clone(),
-                    "bytes": dict(counts.bytes_sent), "calls": dict(counts.calls)})
-        return out
-
-    return fut.then(record)
-
-
-def _settle_buckets(ddp, loss_fn) -> None:
-    """One backward without a hook and without an update: DDP reorders its buckets after its
-    first backward (in the order the gradients became ready), which would shuffle the entries
-    under a kept error. The parameters do not change."""
-    loss_fn().backward()
-    ddp.zero_grad(set_to_none=True)
-
-
-def hook_worker(rank: int, world_size: int, model, batches, configs: dict):
-    """Worker: per entry of ``configs`` (label → ``CompressionState`` keyword arguments), a DDP
-    of a copy of ``model`` (one bucket) with ``compression_hook``; returns {label: log}.
-
-    ``batches[s][rank]`` is this rank's (x, y) at step s; the loss is the mean squared error of
-    ``model(x)`` and ``y``; no update between steps (only the gradients matter). One log entry
-    per call of the hook: the buffer before it (``input``), the buffer it returned
-    (``output``), ``state.error`` of the bucket after it (``error``, or None) and the bytes and
-    calls per collective that ``labkit.comm_count.count_comm`` counted during the call.
-    """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    out = {}
-    for label, kwargs in configs.items():
-        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1024)
-        x0, y0 = batches[0][rank]
-        _settle_buckets(ddp, lambda: torch.nn.functional.mse_loss(ddp(x0), y0))
-        log: list[dict] = []
-        ddp.register_comm_hook((CompressionState(**kwargs), log), _recording_hook)
-        for step in batches:
-            x, y = step[rank]
-            torch.nn.functional.mse_loss(ddp(x), y).backward()
-            ddp.zero_grad(set_to_none=True)
-        out[label] = log
-    return out
-
-
-def train_worker(rank: int, world_size: int, model, batches, runs: dict, *, lr: float,
-                 eval_batch=None):
-    """Worker: train copies of the course's GPT with DDP + SGD, one per entry of ``runs``.
-
-    ``runs`` maps a label to None (DDP's own uncompressed all-reduce) or to the keyword
-    arguments of a ``CompressionState``. ``batches[s][rank]`` is this rank's (x, y) at step s,
-    the same for every run; every run starts from ``model`` (the same on every rank). Returns,
-    per label: ``losses`` (the mean over the ranks of the training loss, per step),
-    ``eval`` (the loss on ``eval_batch`` after training, or None), ``bytes`` and ``ring_bytes``
-    (what this rank sent in the last step, per collective, as ``count_comm`` counts them: the
-    payload, and what a ring algorithm puts on the wire).
-    """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from labkit.comm_count import count_comm
-
-    out = {}
-    for label, kwargs in runs.items():
-        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1024)
-        _settle_buckets(ddp, lambda: ddp(*batches[0][rank]))
-        if kwargs is not None:
-            ddp.register_comm_hook(CompressionState(**kwargs), compression_hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=lr)
-        losses, sent = [], None
-        for step in batches:
-            x, y = step[rank]
-            with count_comm() as counts:
-                loss = ddp(x, y)
-                loss.backward()
-            sent = dict(counts.bytes_sent), dict(counts.ring_bytes)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            losses.append(float(mean) / world_size)
-        final = None
-        if eval_batch is not None:
-            with torch.no_grad():
-                final = float(ddp.module(*eval_batch))
-        out[label] = {"losses": losses, "eval": final, "bytes": sent[0], "ring_bytes": sent[1]}
-    return out

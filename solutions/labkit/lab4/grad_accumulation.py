@@ -25,8 +25,9 @@ import contextlib
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from labkit.comm_count import count_comm
-from labkit.measure import peak_saved_bytes  # noqa: F401  (the lab and chapter import it from here)
+from labkit.validate import one_of, positive_int, tensor
+
+# ==== given: the course's code — read it, call it, don't change it ====
 
 IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it count for nothing
 WEIGHTS = ("tokens", "samples")
@@ -35,13 +36,17 @@ WEIGHTS = ("tokens", "samples")
 def split_batch(x: torch.Tensor, y: torch.Tensor, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Cut ``(x, y)`` along dim 0 into ``k`` consecutive micro-batches whose sizes differ by at
     most one (the first ``B mod k`` get one more sample), as ``torch.tensor_split`` does."""
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k must be an int >= 1, got {k!r}")
-    if x.shape[0] != y.shape[0]:
+    tensor("x", x)
+    tensor("y", y)
+    k = positive_int("k", k)
+    if x.dim() == 0 or x.shape[0] != y.shape[0]:
         raise ValueError(f"x and y must have the same batch size, got {x.shape[0]} and {y.shape[0]}")
     if k > x.shape[0]:
         raise ValueError(f"k must be at most the batch size {x.shape[0]}, got {k}")
     return list(zip(torch.tensor_split(x, k), torch.tensor_split(y, k)))
+
+
+# ==== exercise 4.1: your code ====
 
 
 def accumulate_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, k: int, *,
@@ -59,56 +64,34 @@ def accumulate_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
           when every sample has the same number of counted tokens).
         * If ``model`` is a ``DistributedDataParallel``, gradients are synchronised across the
           ranks once, on the last micro-batch, not k times.
+        * A micro-batch with no counted target token is skipped (its mean loss would be 0/0);
+          under DDP the micro-batch that synchronises is then the last one that is not skipped.
 
     Returns:
         The whole batch's loss as a float (the weighted sum of the micro-batch losses).
 
     Raises:
-        ValueError: ``k`` not an int in [1, batch size]; ``weight`` not "tokens" or "samples";
-            no counted target token in the batch.
+        ValueError: ``k`` not an int in [1, batch size]; ``weight`` not "tokens" or "samples"
+            (checked below, before the exercise); no counted target token in the batch (before
+            any forward).
     """
-    # BEGIN SOLUTION 4.1: check the arguments; for each micro-batch: forward, scale its loss by its share (per `weight`), backward; skip DDP's sync on all but the last
-    if weight not in WEIGHTS:
-        raise ValueError(f"weight must be one of {WEIGHTS}, got {weight!r}")
-    micro = split_batch(x, y, k)
-    if weight == "tokens":
-        sizes = [int((yi != IGNORE_INDEX).sum()) for _, yi in micro]
-    else:
-        sizes = [xi.shape[0] for xi, _ in micro]
-    total = sum(sizes)
-    if total == 0:
-        raise ValueError("y has no target token that counts (all equal IGNORE_INDEX)")
+    weight = one_of("weight", weight, WEIGHTS)
+    micro = split_batch(x, y, k)  # checks x, y and k
+    # BEGIN SOLUTION 4.1: weigh each micro-batch by its share (per `weight`; refuse a batch that counts no token); for each: forward, scaled loss, backward, skipping empty ones; DDP synchronises only on the last one run
+    counted = [int((yi != IGNORE_INDEX).sum()) for _, yi in micro]
+    if sum(counted) == 0:
+        raise ValueError("y has no target token that counts (every one equals IGNORE_INDEX = -100)")
+    sizes = counted if weight == "tokens" else [xi.shape[0] for xi, _ in micro]
+    run = [i for i, n in enumerate(counted) if n > 0]  # a micro-batch counting nothing: 0/0
+    total = sum(sizes[i] for i in run)
     is_ddp = isinstance(model, DistributedDataParallel)
-    last = max(i for i, size in enumerate(sizes) if size > 0)  # the one that synchronises
     loss_sum = 0.0
-    for i, ((xi, yi), size) in enumerate(zip(micro, sizes)):
-        if size == 0:
-            continue  # nothing counted here (its mean loss would be NaN)
-        sync = model.no_sync() if (is_ddp and i != last) else contextlib.nullcontext()
-        with sync:
-            loss = model(xi, yi) * (size / total)
+    for i in run:
+        xi, yi = micro[i]
+        sync = model.no_sync() if (is_ddp and i != run[-1]) else contextlib.nullcontext()
+        with sync:  # DDP all-reduces only in the backward of the last micro-batch run
+            loss = model(xi, yi) * (sizes[i] / total)
             loss.backward()
         loss_sum += float(loss.detach())
     return loss_sum
     # END SOLUTION
-
-
-# ---------------------------------------------------------------- per-rank worker (infrastructure)
-
-def ddp_accumulation_worker(rank: int, world_size: int, model: torch.nn.Module, batches,
-                            ks) -> dict:
-    """For each k in ``ks``: wrap a fresh copy of ``model`` in DDP, call
-    ``accumulate_gradients(ddp, x, y, k)`` on this rank's batch ``batches[rank]`` under
-    ``count_comm``; return ``{k: {"grads": [...], "calls": {op: n}, "bytes": {op: B}}}``."""
-    import copy
-
-    out = {}
-    x, y = batches[rank]
-    for k in ks:
-        replica = copy.deepcopy(model)
-        ddp = DistributedDataParallel(replica)
-        with count_comm() as counts:
-            accumulate_gradients(ddp, x, y, k)
-        out[k] = {"grads": [p.grad.detach().clone() for p in replica.parameters()],
-                  "calls": dict(counts.calls), "bytes": dict(counts.bytes_sent)}
-    return out

@@ -19,6 +19,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from labkit.validate import non_negative_int, number, positive_int, tensor
+
+# ==== given: the course's code — read it, call it, don't change it ====
+
 
 class PowerSGDState:
     """What PowerSGD keeps between steps, per bucket of a DDP model.
@@ -26,7 +30,7 @@ class PowerSGDState:
     Args:
         rank: int ≥ 1, the rank r of the approximation (capped at min(n, m) per matrix).
         process_group: the group to all-reduce over (None: the default group).
-        seed: int, seeds the random starting Q (the same on every rank).
+        seed: int ≥ 0, seeds the random starting Q (the same on every rank).
 
     Attributes the hook uses: ``rank``, ``process_group``, ``error`` (bucket index → flat tensor
     of the error left by the last step), ``q`` (bucket index → list of the last Q of each
@@ -34,10 +38,8 @@ class PowerSGDState:
     """
 
     def __init__(self, rank: int, process_group=None, *, seed: int = 0):
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise ValueError(f"rank must be an int >= 1 (the rank r of the approximation), got {rank!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        rank = positive_int("rank", rank)  # the rank r of the approximation
+        seed = non_negative_int("seed", seed)
         self.rank, self.process_group, self.seed = rank, process_group, seed
         self.error: dict[int, torch.Tensor] = {}
         self.q: dict[int, list[torch.Tensor]] = {}
@@ -49,6 +51,7 @@ def should_compress(n: int, m: int, r: int) -> bool:
 
     A vector (m = 1) never is, so biases and norm weights go uncompressed.
     """
+    n, m, r = positive_int("n", n), positive_int("m", m), positive_int("r", r)
     return (n + m) * r < n * m
 
 
@@ -60,6 +63,12 @@ def initial_qs(state: PowerSGDState, shapes: list[tuple[int, int]]) -> list[torc
     matrices grouped by shape in order of first appearance), so that both start from the same Q.
     Every rank draws the same numbers.
     """
+    if not isinstance(state, PowerSGDState):
+        raise TypeError(f"state must be a PowerSGDState, got {type(state).__name__}")
+    shapes = [tuple(s) for s in shapes]
+    for shape in shapes:
+        if len(shape) != 2 or not all(isinstance(d, int) and d >= 1 for d in shape):
+            raise ValueError(f"shapes must be (n, m) pairs of ints >= 1, got {shape!r}")
     order: dict[tuple[int, int], list[int]] = {}
     for i, shape in enumerate(shapes):
         order.setdefault(tuple(shape), []).append(i)
@@ -74,7 +83,12 @@ def initial_qs(state: PowerSGDState, shapes: list[tuple[int, int]]) -> list[torc
 
 
 def orthogonalize_(a: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
-    """Orthonormalise the columns of the n×r matrix ``a`` in place (Gram–Schmidt); returns ``a``."""
+    """Orthonormalise the columns of the n×r matrix ``a`` in place (Gram–Schmidt); returns ``a``.
+
+    ``a``: a 2-D floating-point tensor; ``eps`` ≥ 0 is added to each column's norm before the
+    division (PyTorch's hook uses 0: a zero column then gives NaN, as it does there)."""
+    tensor("a", a, floating=True, ndim=2)
+    eps = number("eps", eps, low=0)
     for i in range(a.shape[1]):
         col = a[:, i:i + 1]
         col /= torch.linalg.vector_norm(col) + eps
@@ -85,9 +99,18 @@ def orthogonalize_(a: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
 
 
 def _done(value):
+    """A completed ``torch.futures.Future`` holding ``value`` (what a comm hook returns)."""
     fut = torch.futures.Future()
     fut.set_result(value)
     return fut
+
+
+def _check_state(state) -> None:
+    if not isinstance(state, PowerSGDState):
+        raise TypeError(f"state must be a PowerSGDState, got {type(state).__name__}")
+
+
+# ==== exercise 4.5: your code ====
 
 
 def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -110,59 +133,5 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
           all the Q's (each a single flat fp32 tensor): (n + m)·r·4 bytes per compressed matrix.
         * Returns a completed ``torch.futures.Future`` whose value is ``bucket.buffer()``.
     """
+    _check_state(state)
     raise NotImplementedError("exercise 4.5: error feedback, split compressed/uncompressed, one power-iteration step with the warm-started Q, three all-reduces, new error and Q (labs/04_gradients.ipynb)")
-
-
-def compare_with_torch(rank: int, world_size: int, model, batches, r: int, seed: int = 0,
-                       model_computes_loss: bool = False):
-    """Worker (run by ``labkit.dist.launch``): DDP + ``powersgd_hook`` next to DDP + PyTorch's hook.
-
-    Both wrap copies of ``model`` in one bucket, take one uncompressed step on ``batches[0]``
-    (DDP settles its bucket order), then register the hooks, which compress from their first
-    step on, with the same seed. The loss is ``model(x, y)`` if ``model_computes_loss`` (the
-    course's GPT), else the mean squared error of ``model(x)`` and ``y``; ``batches[s][rank]`` is
-    this rank's (x, y) at step s. Returns, per step, both
-    models' gradients (name → tensor) and the communication of the step with ``powersgd_hook``
-    (calls and bytes of all-reduce, as ``count_comm`` counts them).
-    """
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ref
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from labkit.comm_count import count_comm
-
-    def loss(ddp, x, y):
-        return ddp(x, y) if model_computes_loss else torch.nn.functional.mse_loss(ddp(x), y)
-
-    ours = DDP(model, bucket_cap_mb=1024)
-    theirs = DDP(_copy(model), bucket_cap_mb=1024)
-    # One plain step first: DDP reorders its buckets after its first backward (in the order the
-    # gradients became ready), which would shuffle the matrices under the kept Q and error.
-    x, y = batches[0][rank]
-    for ddp in (ours, theirs):
-        loss(ddp, x, y).backward()
-        ddp.zero_grad(set_to_none=True)
-    ours.register_comm_hook(PowerSGDState(r, seed=seed), powersgd_hook)
-    ref_state = ref.PowerSGDState(None, matrix_approximation_rank=r, start_powerSGD_iter=2,
-                                  min_compression_rate=1, use_error_feedback=True,
-                                  warm_start=True, random_seed=seed)
-    ref_state.iter = ref_state.start_powerSGD_iter  # compress from the first step
-    theirs.register_comm_hook(ref_state, ref.powerSGD_hook)
-    out = []
-    for step in batches:
-        x, y = step[rank]
-        with count_comm() as counts:
-            loss(ours, x, y).backward()
-        loss(theirs, x, y).backward()
-        out.append({
-            "ours": {n: p.grad.clone() for n, p in ours.module.named_parameters()},
-            "torch": {n: p.grad.clone() for n, p in theirs.module.named_parameters()},
-            "calls": counts.calls["all_reduce"], "bytes": counts.bytes_sent["all_reduce"],
-        })
-        for p in list(ours.parameters()) + list(theirs.parameters()):
-            p.grad = None
-    return out
-
-
-def _copy(model):
-    import copy
-    return copy.deepcopy(model)

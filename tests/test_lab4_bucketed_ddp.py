@@ -1,0 +1,168 @@
+"""Graders of Lab 4, exercise 4.2 (labs/04_gradients.ipynb): bucketed data parallelism.
+
+The reference nobody in this course wrote: ``torch.nn.parallel.DistributedDataParallel``, run on
+the same real gloo ranks, group and batches (``labkit.reference.lab4.ddp_backward``), for the
+starting parameters and the averaged gradients; the bucket formula (gradients join a bucket in
+the order they become ready, a bucket closes when its fp32 bytes reach the cap) for what is sent.
+What is sent, when and how is read from the c10d operators themselves (``labkit.harness.lab4
+.EventLog``, a dispatch mode): the order of the gradient-ready events and the all-reduces,
+their bytes, and each call's ``async_op`` — exact facts, not wall time.
+
+Configurations: 2 and 3 ranks of the default group; a 4-rank world split into two groups of 2
+with a frozen parameter; 2 ranks in bf16; caps that a bucket reaches exactly. Two iterations of
+backward + ``finish()`` each.
+
+Tolerance: fp32 gradients averaged as DDP does (the same sums, divided before or after): a few
+ulps, rtol 1e-5 / atol 1e-7. In bf16 on 2 ranks the fp32 sum of two bf16 values is exact, so
+the average rounds exactly as DDP's bf16 all-reduce: compared at rtol 0 / atol 0... within one
+bf16 ulp (rtol 2⁻⁸) to allow for the order of the halving.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from _lab4_helpers import expected_buckets, expected_events, first_difference, ready_order, zero2_gpt
+from labkit.dist import launch
+from labkit.models import SyntheticData
+
+CAP = 16_384
+
+
+def model_for(config: str):
+    model = zero2_gpt(torch.bfloat16 if config == "bf16" else torch.float32)
+    if config == "subgroups":
+        model.wpe.weight.requires_grad_(False)  # a frozen parameter
+    return model
+
+
+def exact_cap(model, batch) -> int:
+    """A cap that the first bucket reaches exactly: the fp32 bytes of the first two gradients."""
+    order = ready_order(model, *batch)
+    return 4 * (order[0][1] + order[1][1])
+
+
+CONFIGS = {  # label -> (world size, group size)
+    "N=2": (2, None), "N=3": (3, None), "subgroups": (4, 2), "bf16": (2, None)}
+
+
+@functools.lru_cache(maxsize=None)  # one launch per configuration (not cached if it raises)
+def run(config: str):
+    from labkit.harness.lab4 import compare_with_ddp
+
+    world_size, group_size = CONFIGS[config]
+    model = model_for(config)
+    data = SyntheticData(64, 32, 4, seed=1)
+    batches = [data.batch(r) for r in range(world_size)]
+    cap = CAP if config in ("N=2", "N=3") else exact_cap(model, batches[0])
+    results = launch(compare_with_ddp, world_size, model, batches, bucket_cap_bytes=cap,
+                     group_size=group_size, timeout=120)
+    return model, batches, cap, results
+
+
+def where(config, rank, res):
+    return f"{config}, rank {rank}" + (f" (group {res['ranks']})" if config == "subgroups" else "")
+
+
+@pytest.mark.exercise("4.2", points=1)
+@pytest.mark.parametrize("config", ["N=2", "subgroups"])
+def test_bucketed_ddp_starts_from_the_groups_first_rank(config):
+    """Check that after wrapping, every rank's parameters equal those DistributedDataParallel
+    leaves (its group's first rank's: global rank 0, or 2 in the second group of 2), although
+    each rank's copy was perturbed first; exactly Ψ·4 B broadcast."""
+    model, _, _, results = run(config)
+    psi = sum(p.numel() for p in model.parameters())
+    for rank, res in enumerate(results):
+        for i, (got, want) in enumerate(zip(res["params"], res["ref_params"])):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m, i=i, rank=rank, res=res: (
+                f"{where(config, rank, res)}, parameter {i} after wrapping differs from DDP's — "
+                f"replicas must start from the group's first rank's parameters (broadcast from "
+                f"global rank {res['ranks'][0]})\n{m}"))
+        assert res["init_bytes"].get("broadcast", 0) == 4 * psi, (
+            f"{where(config, rank, res)}: {res['init_bytes']} sent at construction, expected one "
+            f"broadcast of every parameter, 4Ψ = {4 * psi:,} B")
+
+
+@pytest.mark.exercise("4.2", points=2)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_bucketed_ddp_gradients_equal_ddps(config):
+    """Check that after the second backward and finish() every .grad equals
+    DistributedDataParallel's average over the group (frozen parameters: none)."""
+    model, _, _, results = run(config)
+    names = [n for n, _ in model.named_parameters()]
+    tol = dict(rtol=2 ** -8, atol=0) if config == "bf16" else dict(rtol=1e-5, atol=1e-7)
+    for rank, res in enumerate(results):
+        n = len(res["ranks"])
+        for name, got, want in zip(names, res["grads"], res["ref_grads"]):
+            if want is None:
+                assert got is None, f"{where(config, rank, res)}: frozen {name} got a gradient"
+                continue
+            assert got is not None, f"{where(config, rank, res)}: {name}.grad is None after finish()"
+            torch.testing.assert_close(got, want, **tol, msg=lambda m, name=name, rank=rank, res=res: (
+                f"{where(config, rank, res)}, {name}.grad differs from DDP's average over the "
+                f"{n} ranks of the group (after a second iteration)\n{m}"))
+
+
+@pytest.mark.exercise("4.2", points=2)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_each_bucket_is_sent_asynchronously_by_the_hook_that_fills_it(config):
+    """Check the order of events of each backward: every full bucket's all-reduce is issued
+    (async_op=True) inside the hook of the gradient that brings it to the cap — right before that
+    gradient's own ready event — with the bucket's fp32 bytes; the last, partial bucket in
+    finish(); nothing else."""
+    model, batches, cap, results = run(config)
+    for rank, res in enumerate(results):
+        want = expected_events(ready_order(model, *batches[rank]), cap, "all_reduce")
+        for it, events in enumerate(res["events"]):
+            end = events.index(("backward_end", "", None))
+            got = events[:end]
+            assert got == want, (
+                f"{where(config, rank, res)}, iteration {it}: backward's events differ from the "
+                f"bucket formula (cap {cap:,} B): {first_difference(got, want)}"
+                + (" — a blocking all-reduce cannot overlap the rest of backward: use async_op=True"
+                   if any(e[2] is False for e in got) else ""))
+            tail = [e for e in events[end:] if e[0] == "all_reduce"]
+            assert len(tail) <= 1 and all(e[2] for e in tail), (
+                f"{where(config, rank, res)}, iteration {it}: finish() issued {tail}, expected "
+                "at most one asynchronous all-reduce (the last, partial bucket)")
+
+
+@pytest.mark.exercise("4.2", points=1)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_bucketed_ddp_bytes_and_calls_follow_the_cap(config):
+    """Check the counted all-reduces of each iteration: 4Ψ bytes in all (fp32, also for bf16
+    parameters; frozen ones excluded), of the sizes the cap gives, and ``buckets_sent`` = the full
+    buckets sent during backward, reset by finish()."""
+    model, batches, cap, results = run(config)
+    for rank, res in enumerate(results):
+        order = ready_order(model, *batches[rank])
+        psi = sum(n for _, n in order)
+        buckets = expected_buckets([4 * n for _, n in order], cap)
+        want = [4 * sum(order[i][1] for i in b) for b in buckets]
+        full = sum(1 for b in want if b >= cap)
+        for it in range(len(res["events"])):
+            sent = res["bytes_sent"][it].get("all_reduce", 0)
+            assert sent == 4 * psi, (
+                f"{where(config, rank, res)}, iteration {it}: all-reduces carried {sent:,} B, "
+                f"expected 4Ψ = {4 * psi:,} (each trainable gradient once, in fp32)")
+            got = [e[1] for e in res["events"][it] if e[0] == "all_reduce"]
+            assert got == want, (
+                f"{where(config, rank, res)}, iteration {it}: bucket sizes sent {got}, expected "
+                f"{want} (cap {cap:,} B, fp32 bytes, gradients in the order they became ready)")
+            assert res["sent_before_finish"][it] == full and res["sent_after_finish"][it] == 0, (
+                f"{where(config, rank, res)}, iteration {it}: buckets_sent was "
+                f"{res['sent_before_finish'][it]} before finish() and {res['sent_after_finish'][it]} "
+                f"after, expected {full} (full buckets sent during backward) and 0")
+
+
+def test_bucketed_ddp_rejects_bad_arguments():
+    """Not graded (the checks are given): bucket_cap_bytes must be an int > 0, module a Module."""
+    from labkit.lab4.bucketed_ddp import BucketedDDP
+
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="bucket_cap_bytes"):
+            BucketedDDP(torch.nn.Linear(2, 2), bucket_cap_bytes=bad)
+    with pytest.raises(TypeError, match="module"):
+        BucketedDDP([torch.nn.Parameter(torch.ones(2))])
