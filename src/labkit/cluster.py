@@ -49,7 +49,7 @@ USES = {
     "zero1": "labkit.harness.lab2:train_data_parallel",
     "ring_attention": "labkit.harness.lab5:ring_worker labkit.reference.lab5:ring_bytes_per_rank,single_device_peak_bytes",
     "tensor_parallel": "labkit.harness.lab3:run_tp",
-    "zero2": "labkit.lab4.zero2:train_zero2",
+    "zero2": "labkit.harness.lab4:train_zero2",
     "zero3": "labkit.harness.lab3:train_zero3",
     "pipeline": "labkit.harness.lab3:pipeline_worker labkit.lab3.pipeline:split_gpt labkit.lab3.pipeline_schedule:make_schedule",
     "sequence_parallel": "labkit.harness.lab5:run_sp",
