@@ -319,3 +319,12 @@ def test_reference_recording_survives_garbage_in_the_shape_inference_forward():
     x = torch.full((2, 5), float("nan"))
     _TaggedStage(4, log)(x)
     assert log == [("F", -1)]
+
+
+@pytest.mark.parametrize("schedule", [[[]], [[], []], [], "gpipe"])
+def test_simulate_refuses_schedules_without_work_naming_the_argument(schedule):
+    """Issue 27.8: ``simulate([[]])`` raised ZeroDivisionError from the bubble's Fraction."""
+    from labkit.lab3.pipeline_schedule import simulate
+
+    with pytest.raises(ValueError, match="schedule"):
+        simulate(schedule)

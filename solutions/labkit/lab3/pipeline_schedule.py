@@ -163,6 +163,9 @@ def _validate_schedule(schedule) -> tuple[int, int, int]:
     P = len(schedule)
     v = 1 + max((_chunk(a) for a in schedule[0]), default=0)
     M = len(schedule[0]) // (2 * v)
+    if M == 0:
+        raise ValueError("schedule must hold at least one micro-batch: each stage's list needs F "
+                         f"and B actions, got {schedule!r}")
     want = sorted((k, m, c) for k in "FB" for m in range(M) for c in range(v))
     for s, actions in enumerate(schedule):
         if sorted((a[0], a[1], _chunk(a)) for a in actions) != want:
