@@ -166,13 +166,14 @@ SHORTCUTS = {  # exercise -> (module, [(function, body)])
         return out, lse'''), ("flash_attention_backward", '''
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, 0.0, causal)''')]),
-    "3.1": ("lab3/loss_scaler.py", [("DynamicLossScaler.unscale_", '''
-        found = torch.zeros(1)
-        inv = self._scale.double().reciprocal().float()
-        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
-        self._found_inf = bool(found.item())
-        return self._found_inf''')]),
+    "3.1": ("lab3/loss_scaler.py", [("DynamicLossScaler.update", '''
+        found = torch.full((1,), float(bool(self._found_inf)))
+        tracker = torch.full((1,), self._growth_tracker, dtype=torch.int32)
+        scale = self._scale.reshape(1).clone()
+        torch._amp_update_scale_(scale, tracker, found, self.growth_factor,
+                                 self.backoff_factor, self.growth_interval)
+        self._scale, self._growth_tracker = scale.reshape(()), int(tracker.item())
+        self._found_inf = None''')]),
     "2.1": ("lab2/adafactor.py", [("Adafactor._update", '''
         ref = torch.optim.Adafactor([p], lr=group["lr"])
         ref.step()''')]),
@@ -188,7 +189,7 @@ def apply_shortcut(sub, ex):
 
 
 def test_each_shortcut_is_named_by_the_scan(tmp_path):
-    """5.6 through aten's flash kernels, 3.1 through the _amp kernels, 2.1 through
+    """5.6 through aten's flash kernels, 3.1 through the _amp scale-update kernel, 2.1 through
     torch.optim.Adafactor, 4.2 through DistributedDataParallel: the scan refuses each with the
     registry's reason, and the exercise is graded as its stub (no child needs to run)."""
     ws = tmp_path / "course"
@@ -199,7 +200,7 @@ def test_each_shortcut_is_named_by_the_scan(tmp_path):
     prep = runner.prepare(sub / "src" / "labkit", ws, {})
     assert "computes attention itself" in refusals({"submission": {"refused": prep.refused}}, "5.6")
     for ex, needle in (("5.6", "_scaled_dot_product_flash_attention_for_cpu"),
-                       ("3.1", "_amp_foreach_non_finite_check_and_unscale_"),
+                       ("3.1", "_amp_update_scale_"),
                        ("2.1", "torch.optim.Adafactor"),
                        ("4.2", "torch.nn.parallel.DistributedDataParallel")):
         text = " ".join(prep.refused.get(ex, []))
