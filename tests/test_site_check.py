@@ -48,9 +48,10 @@ PAGES = {
         <img src="pic.png" alt="a picture" style="background: #fff; width: 40px">"""),
     "wide.html": ("", '<table><tr><td style="min-width: 900px">a table wider than the column</td></tr></table>'),
     "cut.html": ("", '<div style="overflow: hidden"><div style="width: 900px">cut at the edge</div></div>'),
-    "squeezed.html": ("", '<table style="width: 400px; table-layout: fixed"><tr><td style="width: 380px">'
-                          'a wide first column</td><td>why: an explanation squeezed into a few characters</td>'
-                          '</tr></table>'),
+    # a column 60 px wide (under 6 em) whose sentence wraps at every character: squeezed, not clipped
+    "squeezed.html": ("", '<table style="width: 400px; table-layout: fixed"><tr><td style="width: 340px">'
+                          'a wide first column</td><td style="overflow-wrap: anywhere">why: an explanation '
+                          'squeezed into a few characters</td></tr></table>'),
     "clipped.html": ("", '<table style="width: 300px; table-layout: fixed"><tr><td style="width: 150px">'
                          'anunbreakablewordmuchwiderthanitscell</td><td>b</td></tr></table>'),
     "noalt.html": ("", '<img src="pic.png" style="width: 40px">'),
