@@ -67,3 +67,36 @@ def test_tables_leave_the_wall_ratio_out_on_request():
            "wall_ratio": 7.0}
     assert "ratio (wall)" in markdown_table([row]) and "7.00" in markdown_table([row])
     assert "wall" not in markdown_table([row], wall=False) + html_table([row], wall=False)
+
+
+@pytest.mark.parametrize("target", [0, -1.0, True, "1.5"])
+def test_case_refuses_a_target_that_is_not_a_positive_ratio(target):
+    with pytest.raises(ValueError, match="target"):
+        Case(0, "x", _spin(1), _spin(1), "y", target=target)
+
+
+def test_make_bench_marks_only_targeted_rows_above_their_target(tmp_path, monkeypatch, capsys):
+    """The runner: a context row (target None) is never above target, a targeted row is when its
+    ratio passes its own bound, and --strict turns that into exit status 1."""
+    import sys
+    import types
+
+    from tools.bench import __main__ as runner
+
+    slow, fast = _spin(40000), _spin(4000)  # about 10x: above any bound below
+    module = types.ModuleType("tools.bench.lab99")
+    module.cases = lambda: [Case(99, "context row", slow, fast, "fast", repeat=3, target=None),
+                            Case(99, "targeted row", slow, fast, "fast", repeat=3, target=2.0),
+                            Case(99, "within", fast, fast, "same", repeat=3, target=4.0)]
+    monkeypatch.setitem(sys.modules, "tools.bench.lab99", module)
+    monkeypatch.setattr(runner, "available_labs", lambda: [99])
+    assert runner.main(["--lab", "99", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split("  ")[1].strip(): line for line in out.splitlines() if line.startswith("lab 99")}
+    assert "ABOVE TARGET" not in lines["context row"] and "context" in lines["context row"]
+    assert "ABOVE TARGET" in lines["targeted row"] and "≤ 2" in lines["targeted row"]
+    assert "ABOVE TARGET" not in lines["within"]
+    assert "1 of 2 targeted rows within their target; 1 context rows" in out
+    table = (tmp_path / "out" / "bench.md").read_text()
+    assert "| context |" in table and "| ≤ 2 |" in table
+    assert runner.main(["--lab", "99", "--out", str(tmp_path / "out"), "--strict"]) == 1

@@ -40,6 +40,18 @@ class Case:
     repeat: int = 15
     note: str = ""
     """Anything the reader needs to read the ratio (e.g. FLOPs ratio next to a time ratio)."""
+    target: float | None = 1.5
+    """The ratio ours / ref this row should stay within. 1.5 where both sides do the same work
+    (a reference solution may cost at most half as much again as the library); ``None`` for a
+    *context* row, which sets different work side by side to show what a technique costs (8-bit
+    states against fp32 ones, a recompute against none): its note says what the ratio means."""
+
+    def __post_init__(self) -> None:
+        if self.target is not None and (isinstance(self.target, bool)
+                                        or not isinstance(self.target, (int, float))
+                                        or not self.target > 0):
+            raise ValueError(f"Case.target must be None (a context row) or a ratio > 0, "
+                             f"got {self.target!r}")
 
 
 def cpu_seconds() -> float:
@@ -53,7 +65,7 @@ def time_case(case: Case, repeat: int | None = None) -> dict:
     """Time ``case``: a warm-up call of each side, then ``repeat`` (default ``case.repeat``)
     interleaved rounds. Returns the medians in seconds and the ratios ours / ref:
     ``{"lab", "label", "reference", "ours_s", "ref_s", "ratio", "ours_wall_s", "ref_wall_s",
-    "wall_ratio", "repeat", "note"}`` (``ours_s``, ``ref_s`` and ``ratio`` in CPU time).
+    "wall_ratio", "repeat", "note", "target"}`` (``ours_s``, ``ref_s`` and ``ratio`` in CPU time).
 
     Raises:
         TypeError: ``case`` is not a Case or its sides are not callable.
@@ -84,7 +96,7 @@ def time_case(case: Case, repeat: int | None = None) -> dict:
     return {"lab": case.lab, "label": case.label, "reference": case.ref_name, **med,
             "ratio": med["ours_s"] / med["ref_s"] if med["ref_s"] > 0 else float("nan"),
             "wall_ratio": med["ours_wall_s"] / med["ref_wall_s"],
-            "repeat": repeat, "note": case.note}
+            "repeat": repeat, "note": case.note, "target": case.target}
 
 
 def _cells(rows: Sequence[dict], ours_name: str, wall: bool) -> tuple[list, list]:

@@ -9,9 +9,16 @@ same code). Interleaving puts both under the same machine load, and CPU time lea
 time other processes take from it, so the ratio means something on a shared machine even when
 the absolute times do not. The target applies to the CPU-time ratio.
 
+Each row has its own target (``Case.target``): 1.5 where both sides do the same work; another
+bound where the row says so (the allocator's slowdown with live blocks: 2; checkpointing against
+a plain step plus the forward it recomputes: 1.1); none for a *context* row, which sets
+different work side by side to show what a technique costs (8-bit optimizer states against
+fp32 ones, a file-backed optimizer against one in memory, what fusion buys). Context rows are
+printed and tabled with "context" in the target column and never count as above target.
+
     .venv/bin/python -m tools.bench              # every lab
     .venv/bin/python -m tools.bench --lab 2      # one lab
-    .venv/bin/python -m tools.bench --strict     # exit 1 if a ratio is above 1.5 (the target)
+    .venv/bin/python -m tools.bench --strict     # exit 1 if a row is above its target
 Writes ``_build/bench/bench.json`` and ``_build/bench/bench.md`` (a table the book can include).
 """
 from __future__ import annotations
@@ -28,8 +35,9 @@ from labkit.bench import time_case
 ROOT = Path(__file__).resolve().parents[2]
 
 
-TARGET = 1.5
-"""The ratio ours / ref a reference solution should stay within on CPU."""
+def available_labs() -> list[int]:
+    """The labs that have rows: one ``tools/bench/labN.py`` each."""
+    return sorted(int(p.stem[3:]) for p in (ROOT / "tools" / "bench").glob("lab*.py"))
 
 
 def main(argv=None) -> int:
@@ -37,10 +45,10 @@ def main(argv=None) -> int:
     parser.add_argument("--lab", type=int, default=None)
     parser.add_argument("--out", default=str(ROOT / "_build" / "bench"))
     parser.add_argument("--strict", action="store_true",
-                        help=f"exit 1 if a ratio is above {TARGET} (default: only mark it)")
+                        help="exit 1 if a row is above its target (default: only mark it)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    labs = sorted(int(p.stem[3:]) for p in (ROOT / "tools" / "bench").glob("lab*.py"))
+    labs = available_labs()
     if args.lab is not None:
         if args.lab not in labs:
             raise SystemExit(f"--lab {args.lab}: no tools/bench/lab{args.lab}.py (have {labs})")
@@ -52,24 +60,36 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"lab {lab}  {row['label']:<44} {row['ours_s'] * 1e3:9.2f} ms  vs "
                   f"{row['reference']:<32} {row['ref_s'] * 1e3:9.2f} ms  ratio {row['ratio']:5.2f}"
-                  f" (wall {row['wall_ratio']:5.2f})"
-                  + ("  ABOVE TARGET" if row["ratio"] > TARGET else "")
+                  f" (wall {row['wall_ratio']:5.2f})  {_target(row)}"
+                  + ("  ABOVE TARGET" if _above(row) else "")
                   + (f"  ({row['note']})" if row["note"] else ""), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(rows, indent=1))
     lines = ["| lab | what | ours (ms CPU) | reference | reference (ms CPU) | ratio (CPU) | "
-             "ratio (wall) |", "|---|---|---|---|---|---|---|"]
+             "ratio (wall) | target |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['lab']} | {r['label']} | {r['ours_s'] * 1e3:.2f} | {r['reference']} | "
-              f"{r['ref_s'] * 1e3:.2f} | {r['ratio']:.2f} | {r['wall_ratio']:.2f} |" for r in rows]
+              f"{r['ref_s'] * 1e3:.2f} | {r['ratio']:.2f} | {r['wall_ratio']:.2f} | "
+              f"{_target(r)} |" for r in rows]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
-    above = [r for r in rows if r["ratio"] > TARGET]
+    above = [r for r in rows if _above(r)]
+    targeted = sum(r["target"] is not None for r in rows)
+    print(f"{targeted - len(above)} of {targeted} targeted rows within their target; "
+          f"{len(rows) - targeted} context rows")
     if above:
-        print(f"{len(above)} row(s) above the target ratio {TARGET}: "
-              + "; ".join(f"lab {r['lab']} {r['label']} ({r['ratio']:.2f})" for r in above))
+        print(f"{len(above)} row(s) above their target: "
+              + "; ".join(f"lab {r['lab']} {r['label']} ({r['ratio']:.2f} > {r['target']:g})"
+                          for r in above))
     return 1 if above and args.strict else 0
 
+
+def _target(row: dict) -> str:
+    return "context" if row["target"] is None else f"≤ {row['target']:g}"
+
+
+def _above(row: dict) -> bool:
+    return row["target"] is not None and row["ratio"] > row["target"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

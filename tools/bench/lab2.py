@@ -34,13 +34,14 @@ def _model_with_grads():
     return model, (x, y)
 
 
-def _step_case(label, make_ours, make_ref, ref_name, repeat=15):
+def _step_case(label, make_ours, make_ref, ref_name, repeat=15, **extra):
     model, _ = _model_with_grads()
     a, b = copy.deepcopy(model), copy.deepcopy(model)
     for p, q, r in zip(model.parameters(), a.parameters(), b.parameters()):
         q.grad, r.grad = p.grad.clone(), p.grad.clone()
     ours, ref = make_ours(a.parameters()), make_ref(b.parameters())
-    return Case(lab=2, label=label, ours=ours.step, ref=ref.step, ref_name=ref_name, repeat=repeat)
+    return Case(lab=2, label=label, ours=ours.step, ref=ref.step, ref_name=ref_name, repeat=repeat,
+                **extra)
 
 
 def cases() -> list[Case]:
@@ -58,7 +59,9 @@ def cases() -> list[Case]:
     except ImportError:  # pragma: no cover - optional
         pass
     rows.append(_step_case("Adam8bit step, lab GPT", lambda p: Adam8bit(p, lr=1e-3),
-                           lambda p: torch.optim.Adam(p, lr=1e-3), "torch Adam (fp32 states)"))
+                           lambda p: torch.optim.Adam(p, lr=1e-3), "torch Adam (fp32 states)",
+                           target=None, note="context: what 4x smaller states cost in time (each "
+                           "step dequantizes and requantizes every state; fp32 Adam does neither)"))
     rows.append(_step_case("Adafactor step, lab GPT", lambda p: Adafactor(p, lr=1e-2),
                            lambda p: torch.optim.Adafactor(p, lr=1e-2), "torch Adafactor"))
 
@@ -143,5 +146,6 @@ def _offload_cases() -> list[Case]:
     mem = torch.optim.Adam(mem_model.parameters(), lr=1e-3)
     rows.append(Case(lab=2, label="NVMe Adam step (state in files), lab GPT", ours=nvme.step,
                      ref=mem.step, ref_name="torch Adam (state in memory)",
-                     note="reads and writes 8Ψ bytes through the page cache"))
+                     target=None, note="context: reads and writes 8Ψ bytes through the page "
+                     "cache each step; torch Adam keeps them in memory"))
     return rows

@@ -73,7 +73,7 @@ def _ddp_cases() -> list[Case]:
              ref=ddp_adam_step, ref_name="DDP + torch.optim.Adam"),
         Case(lab=4, label="accumulate_gradients k = 4 vs one backward, lab GPT", ours=accumulate,
              ref=full_batch, ref_name="one backward over the batch",
-             note="k smaller passes: the time that accumulation trades for memory"),
+             target=None, note="context: k smaller passes, the time that accumulation trades for memory"),
     ]
 
 
@@ -119,11 +119,11 @@ def _compression_cases() -> list[Case]:
         Case(lab=4, label="compression_hook int8 (chunk 256), MLP 3×512², 1 rank",
              ours=_hook_ddp(compression_hook, CompressionState("int8", chunk=256)),
              ref=_hook_ddp(default_hooks.fp16_compress_hook, None), ref_name="PyTorch fp16_compress_hook",
-             note="int8 quantizes per chunk, all-gathers and decodes each rank's part; fp16 casts and all-reduces"),
+             target=None, note="context: int8 quantizes per chunk, all-gathers and decodes each rank's part; fp16 casts and all-reduces"),
         Case(lab=4, label="compression_hook int8 (chunk 256), MLP 3×512², 1 rank",
              ours=_hook_ddp(compression_hook, CompressionState("int8", chunk=256)),
              ref=_hook_ddp(default_hooks.allreduce_hook, None), ref_name="PyTorch allreduce_hook",
-             note="the hook does more passes over the gradients than a plain all-reduce; it pays only where the network, not memory bandwidth, is the bottleneck"),
+             target=None, note="context: the hook does more passes over the gradients than a plain all-reduce; it pays only where the network, not memory bandwidth, is the bottleneck"),
     ]
 
 
