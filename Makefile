@@ -111,7 +111,7 @@ test-compat: compat-venv
 	echo "make test-compat TORCH=$(TORCH): tests exit $$tests, labs exit $$labs"; \
 	test $$tests -eq 0 -a $$labs -eq 0
 
-# make bench [LAB=N]: reference solutions vs the libraries, as time ratios (target <= 1.5 on CPU).
+# make bench [LAB=N]: reference solutions vs the libraries, as time ratios (each row its target: 1.5 for the same work; context rows none).
 bench: setup
 	$(SOLUTIONS) $(PY) -m tools.bench $(if $(LAB),--lab $(LAB))
 
