@@ -528,6 +528,20 @@ def test_predict_peak_at_the_end_of_backward():
     _check_peaks(BIG_VOCAB, 1, 16, "fp32", "sgd", steps=1)
 
 
+LONG = GPTConfig(vocab_size=64, block_size=512, n_layer=1, n_head=2, n_embd=64)
+"""The position embedding (512·64) is the largest tensor and follows the token embedding."""
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_predict_peak_at_the_update_with_other_largest_tensors():
+    """Check update-bound peaks on a model whose largest tensor is the MLP's (SGD with momentum:
+    no temporaries) and on one whose largest is the position embedding (Adam: it is updated
+    right after the token embedding, whose last temporary is still alive)."""
+    _check_peaks(WIDE, 1, 8, "fp32", "sgd-momentum", steps=2)
+    _check_peaks(LONG, 1, 8, "fp32", "adam", steps=2)
+    _check_peaks(LONG, 1, 8, "bf16", "adam", steps=2)
+
+
 @pytest.mark.exercise("1.5", points=1)
 def test_predict_peak_in_bf16():
     """Check bf16 models (bf16 activations, gradients and torch.optim states) with Adam and

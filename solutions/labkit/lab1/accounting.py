@@ -281,8 +281,10 @@ def predict_peak(cfg: GPTConfig, batch_size: int, seq_len: int, recipe: str = "f
     gradients of the log-probabilities and of the logits (B·T·vocab_size each).  At the update
     the activations are gone but every gradient and every state exists, plus the optimizer's
     working memory: ``torch.optim``'s single-tensor (for-loop) Adam holds two temporaries the
-    size of the largest parameter, Adafactor one, SGD and bitsandbytes' 8-bit Adam none.  States
-    appear at the first update, so step 1 can fit where step 2 does not.
+    size of the parameter tensor it is updating, Adafactor one, SGD and bitsandbytes' 8-bit Adam
+    none, and while it updates a tensor the last temporary of the tensor before it (in
+    ``model.parameters()`` order) is still alive: Python frees it only when the loop assigns the
+    new one.  States appear at the first update, so step 1 can fit where step 2 does not.
 
     Args:
         cfg: as for ``activation_bytes``.
@@ -310,8 +312,18 @@ def predict_peak(cfg: GPTConfig, batch_size: int, seq_len: int, recipe: str = "f
     loss_grads = 2 * batch_size * seq_len * cfg.vocab_size * s
     states_before = O if step >= 2 else 0
     C = cfg.n_embd
-    largest = max(cfg.vocab_size * C, cfg.block_size * C, 4 * C * C) * s
-    working = {"adam": 2, "adafactor": 1}.get(optimizer, 0) * largest
+    norm = [C, C] if cfg.bias else [C]  # weight (+ bias)
+
+    def linear(n_in: int, n_out: int) -> list[int]:
+        return [n_in * n_out] + ([n_out] if cfg.bias else [])
+
+    block = norm + linear(C, 3 * C) + linear(C, C) + norm + linear(C, 4 * C) + linear(4 * C, C)
+    sizes = [cfg.vocab_size * C, cfg.block_size * C] + cfg.n_layer * block + norm  # parameters() order
+    temporaries = {"adam": 2, "adafactor": 1}.get(optimizer, 0)  # of the tensor being updated
+    # while tensor i is updated, the last temporary of tensor i − 1 is alive too: Python frees it
+    # only when the loop assigns the new one to the same name
+    working = max(temporaries * n + (prev if temporaries else 0)
+                  for prev, n in zip([0] + sizes, sizes)) * s
     embedding_grads = 2 * cfg.vocab_size * C * s  # wte's gradient from the embedding, and the sum
     backward_start = P + states_before + A + loss_grads
     backward_end = P + states_before + G + embedding_grads
