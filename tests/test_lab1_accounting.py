@@ -623,3 +623,20 @@ def test_accounting_refuses_bad_input(exercise):
     TypeError that names the argument, before any work."""
     for call, name in BAD_CALLS[exercise]:
         _refuses(call, name, f"exercise {exercise}, bad {name}")
+
+
+def test_accounting_takes_numpy_integers_and_stays_exact():
+    """Not graded (an edge case of the reference solution): numpy integers are integers
+    (``labkit.validate``), and each count comes back a Python int, exact past int64 (numpy's
+    int64 would wrap silently at 9.2·10¹⁸)."""
+    import numpy as np
+
+    i = np.int64
+    cfg = HELD_OUT[0][0]
+    assert type(acc.activation_bytes(cfg, i(2), i(8))) is int
+    assert type(acc.predict_peak(cfg, i(2), i(8), step=i(2))) is int
+    s, b, h, a, L = 2 ** 20, 2 ** 12, 2 ** 16, 2 ** 6, 2 ** 7
+    want = L * (34 * s * b * h + 5 * a * s * s * b)  # 1.9·10²⁰: past int64
+    got = acc.korthikanti_activation_bytes(i(s), i(b), i(h), i(a), i(L))
+    assert type(got) is int and got == want, f"got {got!r}, expected the exact int {want:,}"
+    assert acc.static_bytes(i(10) ** 18)["parameters"] == 2 * 10 ** 18

@@ -216,3 +216,14 @@ def test_adafactor_in_other_dtypes_matches_torch(dtype, scale):
             torch.testing.assert_close(a, b, **tol, msg=lambda m, name=name, step=step: (
                 f"{str(dtype).removeprefix('torch.')} {name} after step {step} vs "
                 f"torch.optim.Adafactor: {m}"))
+
+
+def test_adafactor_skips_an_empty_parameter():
+    """Not graded (given code): a parameter with no elements has nothing to update; the step
+    skips it (``torch.optim.Adafactor`` divides by its numel and raises ZeroDivisionError)."""
+    from labkit.lab2.adafactor import Adafactor
+
+    empty = torch.nn.Parameter(torch.zeros(0, 4))
+    empty.grad = torch.zeros(0, 4)
+    Adafactor([empty]).step()
+    assert empty.shape == (0, 4) and not Adafactor([empty]).state

@@ -201,8 +201,8 @@ def activation_bytes(cfg: GPTConfig, batch_size: int, seq_len: int,
     """
     # BEGIN SOLUTION 1.3: add up, op by op, the tensors the forward pass leaves for backward
     check_model_config(cfg)
-    positive_int("batch_size", batch_size)
-    positive_int("seq_len", seq_len)
+    batch_size = positive_int("batch_size", batch_size)  # a Python int: exact arithmetic
+    seq_len = positive_int("seq_len", seq_len)
     if seq_len > cfg.block_size:
         raise ValueError(f"seq_len must be at most cfg.block_size={cfg.block_size}, got {seq_len}")
     one_of("dtype", dtype, ACTIVATION_DTYPES)
@@ -250,9 +250,10 @@ def korthikanti_activation_bytes(seq_len: int, batch_size: int, hidden: int, n_h
         ValueError: naming the argument and its allowed values, before any work.
     """
     # BEGIN SOLUTION 1.4: sort the paper's stored tensors into masks, activations and dropout-only ones
-    for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("hidden", hidden),
-                        ("n_head", n_head), ("n_layer", n_layer)):
-        positive_int(name, value)
+    seq_len, batch_size, hidden, n_head, n_layer = (  # Python ints: exact arithmetic
+        positive_int(name, value) for name, value in (
+            ("seq_len", seq_len), ("batch_size", batch_size), ("hidden", hidden),
+            ("n_head", n_head), ("n_layer", n_layer)))
     if hidden % n_head:
         raise ValueError(f"n_head={n_head} must divide hidden={hidden}; "
                          f"allowed: the divisors of {hidden}")
@@ -300,10 +301,10 @@ def predict_peak(cfg: GPTConfig, batch_size: int, seq_len: int, recipe: str = "f
     # BEGIN SOLUTION 1.5: the largest of three moments: backward begins, backward ends, the update
     one_of("recipe", recipe, PREDICTABLE_RECIPES)
     one_of("optimizer", optimizer, OPTIMIZERS)
-    positive_int("step", step)
+    step = positive_int("step", step)
     check_model_config(cfg)
-    positive_int("batch_size", batch_size)
-    positive_int("seq_len", seq_len)
+    batch_size = positive_int("batch_size", batch_size)  # a Python int: exact arithmetic
+    seq_len = positive_int("seq_len", seq_len)
     dtype = torch.float32 if recipe == "fp32" else torch.bfloat16
     s = dtype.itemsize
     static = static_bytes(count_params(cfg), recipe, optimizer)
