@@ -493,7 +493,8 @@ def _moment_hint(point) -> str:
     """Which of the three moments the measured peak is, and what is alive there."""
     if point.phase == "optimizer":
         return ("the update: parameters, every gradient, every optimizer state and the "
-                "optimizer's temporaries (single-tensor Adam: two of the largest parameter's size)")
+                "optimizer's temporaries (single-tensor Adam: two the size of the tensor it "
+                "updates, plus the last one of the tensor updated before it, still alive)")
     if point.phase == "backward" and point.bytes.get("activations", 0) > point.bytes.get("gradients", 0):
         return ("backward begins: parameters, earlier steps' states, every activation and the "
                 "two (B·T, V) gradients of the loss, in the model's dtype")
