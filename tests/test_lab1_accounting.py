@@ -493,7 +493,8 @@ def _moment_hint(point) -> str:
     """Which of the three moments the measured peak is, and what is alive there."""
     if point.phase == "optimizer":
         return ("the update: parameters, every gradient, every optimizer state and the "
-                "optimizer's temporaries (single-tensor Adam: two of the largest parameter's size)")
+                "optimizer's temporaries (single-tensor Adam: two the size of the tensor it "
+                "updates, plus the last one of the tensor updated before it, still alive)")
     if point.phase == "backward" and point.bytes.get("activations", 0) > point.bytes.get("gradients", 0):
         return ("backward begins: parameters, earlier steps' states, every activation and the "
                 "two (B·T, V) gradients of the loss, in the model's dtype")
@@ -526,6 +527,20 @@ def test_predict_peak_at_the_end_of_backward():
     embedding's gradient from the input side being added to the head's."""
     _check_peaks(WIDE, 1, 8, "fp32", "sgd", steps=1)
     _check_peaks(BIG_VOCAB, 1, 16, "fp32", "sgd", steps=1)
+
+
+LONG = GPTConfig(vocab_size=64, block_size=512, n_layer=1, n_head=2, n_embd=64)
+"""The position embedding (512·64) is the largest tensor and follows the token embedding."""
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_predict_peak_at_the_update_with_other_largest_tensors():
+    """Check update-bound peaks on a model whose largest tensor is the MLP's (SGD with momentum:
+    no temporaries) and on one whose largest is the position embedding (Adam: it is updated
+    right after the token embedding, whose last temporary is still alive)."""
+    _check_peaks(WIDE, 1, 8, "fp32", "sgd-momentum", steps=2)
+    _check_peaks(LONG, 1, 8, "fp32", "adam", steps=2)
+    _check_peaks(LONG, 1, 8, "bf16", "adam", steps=2)
 
 
 @pytest.mark.exercise("1.5", points=1)
@@ -609,3 +624,20 @@ def test_accounting_refuses_bad_input(exercise):
     TypeError that names the argument, before any work."""
     for call, name in BAD_CALLS[exercise]:
         _refuses(call, name, f"exercise {exercise}, bad {name}")
+
+
+def test_accounting_takes_numpy_integers_and_stays_exact():
+    """Not graded (an edge case of the reference solution): numpy integers are integers
+    (``labkit.validate``), and each count comes back a Python int, exact past int64 (numpy's
+    int64 would wrap silently at 9.2·10¹⁸)."""
+    import numpy as np
+
+    i = np.int64
+    cfg = HELD_OUT[0][0]
+    assert type(acc.activation_bytes(cfg, i(2), i(8))) is int
+    assert type(acc.predict_peak(cfg, i(2), i(8), step=i(2))) is int
+    s, b, h, a, L = 2 ** 20, 2 ** 12, 2 ** 16, 2 ** 6, 2 ** 7
+    want = L * (34 * s * b * h + 5 * a * s * s * b)  # 1.9·10²⁰: past int64
+    got = acc.korthikanti_activation_bytes(i(s), i(b), i(h), i(a), i(L))
+    assert type(got) is int and got == want, f"got {got!r}, expected the exact int {want:,}"
+    assert acc.static_bytes(i(10) ** 18)["parameters"] == 2 * 10 ** 18

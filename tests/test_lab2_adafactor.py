@@ -181,3 +181,49 @@ def test_adafactor_zero_gradient_rows_and_columns_stay_finite():
     assert bad == 0, (f"{bad} of {out[0].numel()} weights are NaN/inf with zero-gradient rows and "
                       "columns: clamp V̂ from below (ε₁²) before taking 1/√V̂")
     torch.testing.assert_close(out[0], out[1], **UPDATE_TOL)
+
+
+@pytest.mark.exercise("2.1", points=1)
+@pytest.mark.parametrize("dtype,scale", [(torch.float64, 1e-9), (torch.bfloat16, 1e-3)],
+                         ids=["fp64", "bf16"])
+def test_adafactor_in_other_dtypes_matches_torch(dtype, scale):
+    """A (2, 6, 8) weight and a vector in fp64 and in bf16, 3 steps against torch.optim.Adafactor
+    in the same dtype, with gradients of a size (``scale``) whose G² lies near ε₁² of that dtype
+    (its machine epsilon, squared), so the clamps use the parameter's ε₁, not fp32's.
+    Tolerance: fp64 rtol 1e-10 (same operations, ulps of 1e-16); bf16 one ulp (2⁻⁷ relative),
+    as both round the same bf16 operations."""
+    from labkit.lab2.adafactor import Adafactor
+
+    g = torch.Generator().manual_seed(5)
+    w0, v0 = torch.randn(2, 6, 8, generator=g), torch.randn(8, generator=g)
+    grads = [(torch.randn(2, 6, 8, generator=g) * scale, torch.randn(8, generator=g) * scale)
+             for _ in range(3)]
+    out = []
+    for cls in (Adafactor, torch.optim.Adafactor):
+        w = torch.nn.Parameter(w0.to(dtype))
+        v = torch.nn.Parameter(v0.to(dtype))
+        opt = cls([w, v], lr=0.05)
+        history = []
+        for gw, gv in grads:
+            w.grad, v.grad = gw.to(dtype), gv.to(dtype)
+            opt.step()
+            history.append((w.detach().clone(), v.detach().clone()))
+        out.append(history)
+    tol = dict(atol=0, rtol=1e-10) if dtype == torch.float64 else dict(atol=1e-5, rtol=2 ** -7)
+    for step, ((wa, va), (wb, vb)) in enumerate(zip(*out), 1):
+        for name, a, b in (("weight", wa, wb), ("vector", va, vb)):
+            assert a.dtype == dtype, f"{name} became {a.dtype}: the step must keep the parameter's dtype"
+            torch.testing.assert_close(a, b, **tol, msg=lambda m, name=name, step=step: (
+                f"{str(dtype).removeprefix('torch.')} {name} after step {step} vs "
+                f"torch.optim.Adafactor: {m}"))
+
+
+def test_adafactor_skips_an_empty_parameter():
+    """Not graded (given code): a parameter with no elements has nothing to update; the step
+    skips it (``torch.optim.Adafactor`` divides by its numel and raises ZeroDivisionError)."""
+    from labkit.lab2.adafactor import Adafactor
+
+    empty = torch.nn.Parameter(torch.zeros(0, 4))
+    empty.grad = torch.zeros(0, 4)
+    Adafactor([empty]).step()
+    assert empty.shape == (0, 4) and not Adafactor([empty]).state

@@ -229,3 +229,33 @@ def test_adam8bit_counts_steps_per_parameter_and_reads_each_group():
     o.step()
     assert p.grad is not None and torch.equal(p.grad, torch.ones(5)), (
         "step() changed or dropped the parameter's .grad: zero_grad() is the caller's")
+
+
+@pytest.mark.exercise("2.3", points=1)
+def test_adam8bit_on_bf16_parameters():
+    """bf16 parameters, two steps: each step equals Adam computed in fp32 from the moments that
+    were stored (dequantized here: step 2 starts from them) and the fp32 gradient, rounded to
+    bf16; the parameters stay bf16. Tolerance: one bf16 ulp (the fp32 result rounded either
+    way)."""
+    from labkit.lab2.adam8bit import Adam8bit
+    from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code
+
+    g = torch.Generator().manual_seed(4)
+    w = torch.nn.Parameter(torch.randn(10, 30, generator=g).to(torch.bfloat16))
+    opt = Adam8bit([w], lr=1e-2, block_size=64)
+    code_m, code_v = dynamic_code(True), dynamic_code(False)
+    m = v = torch.zeros(10, 30)
+    for t in (1, 2):
+        grad = torch.randn(10, 30, generator=g).to(torch.bfloat16)
+        before = w.detach().float().clone()
+        w.grad = grad
+        opt.step()
+        m = 0.9 * m + 0.1 * grad.float()
+        v = 0.999 * v + 0.001 * grad.float() ** 2
+        want = before - 1e-2 / (1 - 0.9 ** t) * m / ((v / (1 - 0.999 ** t)).sqrt() + 1e-8)
+        assert w.dtype == torch.bfloat16, f"the parameter became {w.dtype}: keep its dtype"
+        torch.testing.assert_close(w.detach().float(), want, atol=1e-5, rtol=2 ** -7,
+                                   msg=lambda msg, t=t: f"bf16 weight after step {t}: {msg}")
+        state = opt.state[w]
+        m = dequantize_blockwise(state["exp_avg"], state["exp_avg_absmax"], code_m, 64)
+        v = dequantize_blockwise(state["exp_avg_sq"], state["exp_avg_sq_absmax"], code_v, 64)

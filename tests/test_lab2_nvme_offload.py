@@ -153,6 +153,7 @@ def test_nvme_state_survives_a_restart(dtype, tmp_path):
     (lambda m, d: m.NVMeAdam([], d), "params"),
     (lambda m, d: m.NVMeAdam(torch.zeros(2), d), "params"),
     (lambda m, d: m.NVMeAdam([torch.zeros(2)], 3), "directory"),
+    (lambda m, d: m.NVMeAdam([torch.zeros(2)], __file__), "directory"),  # a file, not a directory
     (lambda m, d: m.NVMeAdam([torch.zeros(2)], d, lr=-1), "lr"),
     (lambda m, d: m.NVMeAdam([torch.zeros(2)], d, betas=(1.0, 0.9)), "betas"),
     (lambda m, d: m.NVMeAdam([torch.zeros(2)], d, read_ahead=-1), "read_ahead"),

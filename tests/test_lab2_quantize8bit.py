@@ -225,3 +225,27 @@ def _block_scales(x, block_size):
     flat[:n] = x.reshape(-1).float()
     absmax = flat.view(blocks, block_size).abs().amax(dim=1)
     return torch.where(absmax > 0, absmax, torch.ones_like(absmax)).repeat_interleave(block_size)[:n].view(x.shape)
+
+
+@pytest.mark.exercise("2.2", points=1)
+def test_quantize_a_non_contiguous_tensor_by_its_logical_order():
+    """A transposed (40, 30) tensor and a strided slice, quantized, must give the codes and
+    scales of their contiguous copies (blocks run over ``x.flatten()``, the logical order, not
+    the storage), and dequantize back to the same values. Exact: the same numbers either way."""
+    from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
+
+    base = heavy_tailed(30, 80, seed=11)
+    for name, x in (("a transposed tensor", base[:, :40].t()), ("a strided slice", base[::2, ::3])):
+        assert not x.is_contiguous()
+        codes, absmax = quantize_blockwise(x, dynamic_code(), 64)
+        want_codes, want_absmax = quantize_blockwise(x.contiguous(), dynamic_code(), 64)
+        assert codes.shape == x.shape, f"{name}: codes of shape {tuple(codes.shape)}, expected {tuple(x.shape)}"
+        assert torch.equal(absmax, want_absmax), (
+            f"{name}: the block scales differ from those of x.contiguous(): blocks must follow "
+            "x.flatten() (its logical order), not the storage")
+        assert torch.equal(codes, want_codes), (
+            f"{name}: {int((codes != want_codes).sum())} of {x.numel()} codes differ from those "
+            "of x.contiguous()")
+        back = dequantize_blockwise(codes.t().contiguous().t(), absmax, dynamic_code(), 64)
+        want = dequantize_blockwise(want_codes, want_absmax, dynamic_code(), 64)
+        assert torch.equal(back, want), f"{name}: dequantizing non-contiguous codes gives other values"

@@ -151,6 +151,27 @@ def test_zero_offload_skips_parameters_without_a_gradient():
             "whose gradient did not arrive this step (give it no .grad)"))
 
 
+@pytest.mark.exercise("2.6", points=1)
+def test_zero_offload_keeps_no_fp32_gradient_after_the_step():
+    """bf16 model, two steps: after each, the host holds exactly its bf16 gradient buffers
+    (2 B per parameter) as gradients, every fp32 gradient the host step used is released
+    (4 B per parameter otherwise, held until the next step), and the device holds none. Exact
+    bytes (``memory_by_location``, each storage once)."""
+    from labkit.harness.lab2 import memory_by_location
+
+    model = tiny_gpt(dtype=torch.bfloat16)
+    off = run_offload(model, 2)
+    psi = sum(p.numel() for p in off.params)
+    got = memory_by_location(off)
+    assert got["host"]["gradients"] == 2 * psi, (
+        f"host gradients after the step: {got['host']['gradients']:,} B, expected the bf16 "
+        f"buffers' 2·Ψ = {2 * psi:,} B"
+        + (": the fp32 gradients given to the master weights are still alive (set them to None "
+           "once the host step has used them)" if got["host"]["gradients"] == 6 * psi else ""))
+    assert got["device"]["gradients"] == 0, (
+        f"device gradients after the step: {got['device']['gradients']:,} B, expected 0")
+
+
 def test_zero_offload_state_is_on_the_host():
     """Not graded (the numbers the lab shows): after a step, by location: the device holds the
     bf16 parameters (2Ψ) and no gradient; the host the master, m, v (12Ψ + 4 B per tensor's step

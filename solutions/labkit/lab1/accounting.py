@@ -201,8 +201,8 @@ def activation_bytes(cfg: GPTConfig, batch_size: int, seq_len: int,
     """
     # BEGIN SOLUTION 1.3: add up, op by op, the tensors the forward pass leaves for backward
     check_model_config(cfg)
-    positive_int("batch_size", batch_size)
-    positive_int("seq_len", seq_len)
+    batch_size = positive_int("batch_size", batch_size)  # a Python int: exact arithmetic
+    seq_len = positive_int("seq_len", seq_len)
     if seq_len > cfg.block_size:
         raise ValueError(f"seq_len must be at most cfg.block_size={cfg.block_size}, got {seq_len}")
     one_of("dtype", dtype, ACTIVATION_DTYPES)
@@ -250,9 +250,10 @@ def korthikanti_activation_bytes(seq_len: int, batch_size: int, hidden: int, n_h
         ValueError: naming the argument and its allowed values, before any work.
     """
     # BEGIN SOLUTION 1.4: sort the paper's stored tensors into masks, activations and dropout-only ones
-    for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("hidden", hidden),
-                        ("n_head", n_head), ("n_layer", n_layer)):
-        positive_int(name, value)
+    seq_len, batch_size, hidden, n_head, n_layer = (  # Python ints: exact arithmetic
+        positive_int(name, value) for name, value in (
+            ("seq_len", seq_len), ("batch_size", batch_size), ("hidden", hidden),
+            ("n_head", n_head), ("n_layer", n_layer)))
     if hidden % n_head:
         raise ValueError(f"n_head={n_head} must divide hidden={hidden}; "
                          f"allowed: the divisors of {hidden}")
@@ -281,8 +282,10 @@ def predict_peak(cfg: GPTConfig, batch_size: int, seq_len: int, recipe: str = "f
     gradients of the log-probabilities and of the logits (B·T·vocab_size each).  At the update
     the activations are gone but every gradient and every state exists, plus the optimizer's
     working memory: ``torch.optim``'s single-tensor (for-loop) Adam holds two temporaries the
-    size of the largest parameter, Adafactor one, SGD and bitsandbytes' 8-bit Adam none.  States
-    appear at the first update, so step 1 can fit where step 2 does not.
+    size of the parameter tensor it is updating, Adafactor one, SGD and bitsandbytes' 8-bit Adam
+    none, and while it updates a tensor the last temporary of the tensor before it (in
+    ``model.parameters()`` order) is still alive: Python frees it only when the loop assigns the
+    new one.  States appear at the first update, so step 1 can fit where step 2 does not.
 
     Args:
         cfg: as for ``activation_bytes``.
@@ -298,10 +301,10 @@ def predict_peak(cfg: GPTConfig, batch_size: int, seq_len: int, recipe: str = "f
     # BEGIN SOLUTION 1.5: the largest of three moments: backward begins, backward ends, the update
     one_of("recipe", recipe, PREDICTABLE_RECIPES)
     one_of("optimizer", optimizer, OPTIMIZERS)
-    positive_int("step", step)
+    step = positive_int("step", step)
     check_model_config(cfg)
-    positive_int("batch_size", batch_size)
-    positive_int("seq_len", seq_len)
+    batch_size = positive_int("batch_size", batch_size)  # a Python int: exact arithmetic
+    seq_len = positive_int("seq_len", seq_len)
     dtype = torch.float32 if recipe == "fp32" else torch.bfloat16
     s = dtype.itemsize
     static = static_bytes(count_params(cfg), recipe, optimizer)
@@ -310,8 +313,18 @@ def predict_peak(cfg: GPTConfig, batch_size: int, seq_len: int, recipe: str = "f
     loss_grads = 2 * batch_size * seq_len * cfg.vocab_size * s
     states_before = O if step >= 2 else 0
     C = cfg.n_embd
-    largest = max(cfg.vocab_size * C, cfg.block_size * C, 4 * C * C) * s
-    working = {"adam": 2, "adafactor": 1}.get(optimizer, 0) * largest
+    norm = [C, C] if cfg.bias else [C]  # weight (+ bias)
+
+    def linear(n_in: int, n_out: int) -> list[int]:
+        return [n_in * n_out] + ([n_out] if cfg.bias else [])
+
+    block = norm + linear(C, 3 * C) + linear(C, C) + norm + linear(C, 4 * C) + linear(4 * C, C)
+    sizes = [cfg.vocab_size * C, cfg.block_size * C] + cfg.n_layer * block + norm  # parameters() order
+    temporaries = {"adam": 2, "adafactor": 1}.get(optimizer, 0)  # of the tensor being updated
+    # while tensor i is updated, the last temporary of tensor i − 1 is alive too: Python frees it
+    # only when the loop assigns the new one to the same name
+    working = max(temporaries * n + (prev if temporaries else 0)
+                  for prev, n in zip([0] + sizes, sizes)) * s
     embedding_grads = 2 * cfg.vocab_size * C * s  # wte's gradient from the embedding, and the sum
     backward_start = P + states_before + A + loss_grads
     backward_end = P + states_before + G + embedding_grads

@@ -83,8 +83,8 @@ class Adafactor(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None:
-                    continue
+                if p.grad is None or p.numel() == 0:  # an empty tensor has nothing to update
+                    continue  # (torch.optim.Adafactor divides by its numel and raises)
                 self._update(p, p.grad, self.state[p], group)
         return loss
 

@@ -136,8 +136,8 @@ def memory_by_location(offload: ZeROOffload) -> dict[str, dict[str, int]]:
 
     Returns ``{"device": {...}, "host": {...}}`` with keys "parameters", "gradients",
     "optimizer states". The device holds the model's parameters and any ``.grad`` left on them;
-    the host the master weights and the optimizer's state ("optimizer states") and the gradient
-    buffers ("gradients"). On CUDA a tensor's location is its ``.device``. On a CPU, where both
+    the host the master weights and the optimizer's state ("optimizer states"), the gradient
+    buffers and any gradient left on a master weight ("gradients"). On CUDA a tensor's location is its ``.device``. On a CPU, where both
     are the same memory, a tensor is on the host only if its storage is not also a parameter's
     or a device gradient's (a "host" buffer that *is* the device gradient is counted on the
     device: nothing left it); otherwise by who holds it.
@@ -171,4 +171,7 @@ def memory_by_location(offload: ZeROOffload) -> dict[str, dict[str, int]]:
         add(t, "host", "optimizer states")
     for g in offload.host_grads:
         add(g, "host", "gradients")
+    for m in offload.master:  # an fp32 gradient the host step made and kept
+        if m.grad is not None:
+            add(m.grad, "host", "gradients")
     return out

@@ -207,8 +207,10 @@ def predict_peak(cfg: GPTConfig, batch_size: int, seq_len: int, recipe: str = "f
     gradients of the log-probabilities and of the logits (B·T·vocab_size each).  At the update
     the activations are gone but every gradient and every state exists, plus the optimizer's
     working memory: ``torch.optim``'s single-tensor (for-loop) Adam holds two temporaries the
-    size of the largest parameter, Adafactor one, SGD and bitsandbytes' 8-bit Adam none.  States
-    appear at the first update, so step 1 can fit where step 2 does not.
+    size of the parameter tensor it is updating, Adafactor one, SGD and bitsandbytes' 8-bit Adam
+    none, and while it updates a tensor the last temporary of the tensor before it (in
+    ``model.parameters()`` order) is still alive: Python frees it only when the loop assigns the
+    new one.  States appear at the first update, so step 1 can fit where step 2 does not.
 
     Args:
         cfg: as for ``activation_bytes``.

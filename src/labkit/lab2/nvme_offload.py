@@ -113,6 +113,8 @@ class NVMeAdam:
             raise ValueError("params must list each tensor once")
         if not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"directory must be a path (str or os.PathLike), got {type(directory).__name__}")
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise ValueError(f"directory must be a directory (existing or new), got the file {os.fspath(directory)!r}")
         self.read_ahead = validate.non_negative_int("read_ahead", read_ahead)
         self.groups = params
         self.directory = os.fspath(directory)
