@@ -1,0 +1,58 @@
+"""Refuse bad input to ``launch`` before any process starts, naming the argument and what is allowed."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import torch
+import torch.distributed as dist
+
+from labkit.dist.methods import BACKENDS, START_METHODS
+
+
+def _check_launch_arguments(fn, world_size, timeout, backend, start_method) -> None:
+    """Bad input → ValueError/TypeError naming the argument and what is allowed."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable fn(rank, world_size, ...), got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int >= 1, got {world_size!r} ({type(world_size).__name__})")
+    if world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend='nccl' needs CUDA GPUs and none is available here; use backend='gloo'")
+    if start_method is not None and start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS} or None, got {start_method!r}")
+    if start_method == "fork" and "fork" not in mp.get_all_start_methods():
+        raise ValueError("start_method='fork' does not exist on this system; use 'spawn' or None")
+
+
+def _check_gpus_for_nccl(world_size: int, backend: str) -> None:
+    """NCCL refuses two ranks on one GPU: say so before starting any, not as a rank's crash."""
+    if backend != "nccl":
+        return
+    gpus = torch.cuda.device_count()
+    if world_size > gpus:
+        raise ValueError(
+            f"backend='nccl' needs one GPU per rank: world_size={world_size} ranks, and this machine "
+            f"has {gpus} GPU{'s' if gpus != 1 else ''} (NCCL refuses two ranks on one GPU). Use "
+            f"backend='gloo' (the ranks compute on the CPU, as every lab does) or world_size <= {gpus}")
+
+
+def _torchrun_group(world_size: int) -> int | None:
+    """This process's rank if it is one rank of an initialised group of ``world_size`` ranks that
+    torchrun started (``TORCHELASTIC_RUN_ID`` or ``RANK`` set); else None."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if "TORCHELASTIC_RUN_ID" not in os.environ and "RANK" not in os.environ:
+        return None
+    if dist.get_world_size() != world_size:
+        raise ValueError(f"world_size={world_size} inside a torchrun job of {dist.get_world_size()} "
+                         f"ranks: launch runs on the existing group, so world_size must be "
+                         f"{dist.get_world_size()} (torchrun --nproc-per-node sets it)")
+    return dist.get_rank()
