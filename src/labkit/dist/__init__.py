@@ -64,7 +64,8 @@ Used in: every distributed chapter of ``book/`` and its lab in ``labs/``.
 from __future__ import annotations
 
 from labkit.comm_count import CommCounts, count_comm
-from labkit.dist.checks import _check_gpus_for_nccl, _check_launch_arguments, _torchrun_group
+from labkit.dist.checks import (MAX_WORLD_SIZE, _check_call, _check_gpus_for_nccl, _check_launch_arguments,
+                                _torchrun_group)
 from labkit.dist.collect import _collect, _kill_all, _read_stacks, _receive
 from labkit.dist.errors import (RankError, RankTimeout, _DIST_ERRORS, _is_collective_timeout,
                                 _is_peer_failure, _ranks_text)
@@ -73,6 +74,7 @@ from labkit.dist.methods import (BACKENDS, START_METHODS, ZYGOTE_PRELOAD, _by_na
                                  _CurrentPickler, _default_start_method, _dumps_by_value,
                                  _mentions_cuda, _zygote_context, _zygote_pid, current_definition,
                                  start_method_for)
-from labkit.dist.rank import _become_independent, _format_child_exception, _ResultPickler, _run_rank
+from labkit.dist.rank import (_become_independent, _forget_inherited_group, _format_child_exception,
+                             _ResultPickler, _run_rank)
 
 __all__ = ["launch", "start_method_for", "RankError", "RankTimeout", "count_comm", "CommCounts"]

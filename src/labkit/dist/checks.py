@@ -8,16 +8,24 @@ import torch
 import torch.distributed as dist
 
 from labkit.dist.methods import BACKENDS, START_METHODS
+from labkit.validate import is_int
+
+MAX_WORLD_SIZE = 64
+"""The most ranks ``launch`` starts on one machine: each is a process with its own copy of the
+model, and a typo (``launch(fn, 10**6)``) must be refused, not fork a million processes."""
 
 
 def _check_launch_arguments(fn, world_size, timeout, backend, start_method) -> None:
     """Bad input → ValueError/TypeError naming the argument and what is allowed."""
     if not callable(fn):
         raise TypeError(f"fn must be a callable fn(rank, world_size, ...), got {type(fn).__name__}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int >= 1, got {world_size!r} ({type(world_size).__name__})")
-    if world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size}")
+    if not is_int(world_size):
+        raise TypeError(f"world_size must be an int in [1, {MAX_WORLD_SIZE}], got {world_size!r} "
+                        f"({type(world_size).__name__})")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"world_size must be an int in [1, {MAX_WORLD_SIZE}], got {world_size}: each "
+                         "rank is a process on this machine (the labs use 1 to 8); a larger job runs "
+                         "under torchrun on a cluster (labkit.cluster)")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     if not timeout > 0 or timeout != timeout or timeout == float("inf"):
@@ -56,3 +64,24 @@ def _torchrun_group(world_size: int) -> int | None:
                          f"ranks: launch runs on the existing group, so world_size must be "
                          f"{dist.get_world_size()} (torchrun --nproc-per-node sets it)")
     return dist.get_rank()
+
+
+def _check_call(fn, args: tuple, kwargs: dict) -> None:
+    """``fn(rank, world_size, *args, **kwargs)`` must bind: a TypeError naming ``fn`` here, not
+    the same TypeError raised N times in N ranks (e.g. a keyword argument named ``rank``)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check
+        return
+    try:
+        signature.bind(0, 1, *args, **kwargs)
+    except TypeError as exc:
+        name = getattr(fn, "__qualname__", repr(fn))
+        given = ", ".join(["rank", "world_size"] + [f"<{len(args)} positional>"] * bool(args)
+                          + [f"{k}=" for k in kwargs])
+        raise TypeError(f"fn {name}{signature} cannot be called as {name}({given}): {exc}. launch "
+                        "calls fn(rank, world_size, *args, **kwargs) with the arguments given after "
+                        "world_size (keyword arguments named rank or world_size clash with those)") from None
+

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import multiprocessing as mp
 
-from labkit.dist.checks import _check_gpus_for_nccl, _check_launch_arguments, _torchrun_group
+from labkit.dist.checks import _check_call, _check_gpus_for_nccl, _check_launch_arguments, _torchrun_group
 from labkit.dist.collect import _collect, _kill_all
 from labkit.dist.methods import (_check_spawnable, _dumps_by_value, _zygote_context, _zygote_pid,
                                  start_method_for)
@@ -42,7 +42,7 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
 
     Args:
         fn: the per-rank function; unless forked it must be importable (module level).
-        world_size: number of ranks N, an int >= 1.
+        world_size: number of ranks N, an int in [1, MAX_WORLD_SIZE = 64] (each a process here).
         timeout: seconds (> 0) before the parent kills every rank and raises :class:`RankTimeout`.
         backend: ``"gloo"`` (CPU, the default) or ``"nccl"`` (one GPU per rank: refused, before
             any rank starts, when ``world_size`` exceeds the GPUs here).
@@ -60,6 +60,8 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
             still inside ``fn`` (not those that returned and wait in the closing barrier).
     """
     _check_launch_arguments(fn, world_size, timeout, backend, start_method)
+    world_size = int(world_size)  # a numpy integer, say
+    _check_call(fn, args, kwargs)
     inside = _torchrun_group(world_size)
     if inside is not None:  # already one rank of a torchrun job: run here, on the existing group
         return [fn(inside, world_size, *args, **kwargs)]

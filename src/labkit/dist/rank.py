@@ -21,9 +21,35 @@ class _ResultPickler(pickle.Pickler):
     tensors are detached and moved to CPU first."""
 
     def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and obj.device.type == "meta":  # no data to copy: its
+            return _meta_tensor, (tuple(obj.shape), obj.dtype)  # shape and dtype come back
         if isinstance(obj, torch.Tensor) and (obj.requires_grad or obj.device.type != "cpu"):
             return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         return NotImplemented
+
+
+def _meta_tensor(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """In the parent: a rank's meta tensor (shape and dtype, no data), as it was."""
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+_INHERITED_WORLDS: list = []  # a forked rank's copies of the parent's process groups, never used
+
+
+def _forget_inherited_group() -> None:
+    """Start a forked rank from an empty process-group world.
+
+    A rank forked from a process that has a process group of its own (a one-rank gloo group for a
+    benchmark, say) inherits a copy of it, and joining the launch's group would fail ("trying to
+    initialize the default process group twice"); destroying the copy could wait on threads that
+    fork did not copy. So the copy is set aside, still referenced (no destructor runs: the rank
+    leaves with ``os._exit``), and torch's world (``distributed_c10d._world``, which torch names
+    an extension point) starts empty."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if dist.is_initialized():
+        _INHERITED_WORLDS.append(c10d._world)
+        c10d._world = c10d._World()
 
 
 def _format_child_exception(exc: BaseException) -> str:
@@ -62,6 +88,7 @@ def _run_rank(fn, rank, world_size, args, kwargs, port, backend, pg_timeout, con
     try:
         if payload is not None:
             fn, args, kwargs = pickle.loads(payload)
+        _forget_inherited_group()
         if hasattr(signal, "SIGUSR1"):  # the parent asks for our stack at the deadline
             stack_file = open(stack_path, "a")  # noqa: SIM115 - must stay open until exit
             faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
