@@ -38,6 +38,10 @@ def _meta_result(rank, world_size):
     return {"weight": torch.empty(3, 5, dtype=torch.bfloat16, device="meta")}
 
 
+def _launch_inside(rank, world_size, inner_size):
+    return launch(_rank_and_size, inner_size)
+
+
 def _takes_nothing_more(rank, world_size):
     return rank
 
@@ -85,6 +89,13 @@ def test_arguments_fn_cannot_take_are_refused_before_any_rank_starts(args, kwarg
     assert time.monotonic() - started < 1.0
 
 
+@pytest.mark.parametrize("timeout", [1e15, float("inf"), float("nan")])
+def test_a_timeout_no_process_group_can_hold_is_refused(timeout):
+    """Check 1e15 s is refused up front (each rank's timedelta overflowed: N OverflowErrors)."""
+    with pytest.raises(ValueError, match=r"timeout must be a number of seconds in \(0, 1e\+07\]"):
+        launch(_rank_and_size, 2, timeout=timeout)
+
+
 def test_an_absurd_world_size_is_refused_instead_of_forking_a_million_processes():
     """Check launch(fn, 10**6) is refused at once (it forked processes for minutes, then ran out
     of file descriptors), naming the allowed range."""
@@ -106,3 +117,11 @@ def test_ranks_forked_from_a_process_with_its_own_group_join_theirs(tmp_path):
         assert t.tolist() == [1.0, 1.0]
     finally:
         dist.destroy_process_group()
+
+
+def test_a_launch_inside_a_rank_runs_on_the_rank_s_own_group_or_is_named():
+    """Check a nested launch of the same N runs fn in place on the rank's group (as under
+    torchrun), and one of another N is a ValueError naming world_size, shown with its traceback."""
+    assert launch(_launch_inside, 2, 2) == [[(0, 2, 2)], [(1, 2, 2)]]
+    with pytest.raises(RankError, match=r"ValueError: world_size=3 inside a group of 2 ranks"):
+        launch(_launch_inside, 2, 3, timeout=20)

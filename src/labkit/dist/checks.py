@@ -10,6 +10,9 @@ import torch.distributed as dist
 from labkit.dist.methods import BACKENDS, START_METHODS
 from labkit.validate import is_int
 
+MAX_TIMEOUT = 10**7
+"""The longest ``timeout`` (seconds, about 116 days): any finite deadline a launch can mean."""
+
 MAX_WORLD_SIZE = 64
 """The most ranks ``launch`` starts on one machine: each is a process with its own copy of the
 model, and a typo (``launch(fn, 10**6)``) must be refused, not fork a million processes."""
@@ -28,8 +31,8 @@ def _check_launch_arguments(fn, world_size, timeout, backend, start_method) -> N
                          "under torchrun on a cluster (labkit.cluster)")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    if not 0 < timeout <= MAX_TIMEOUT:  # NaN fails too; past ~10**13 s a rank's timedelta overflows
+        raise ValueError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {timeout!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "nccl" and not torch.cuda.is_available():
@@ -60,9 +63,10 @@ def _torchrun_group(world_size: int) -> int | None:
     if "TORCHELASTIC_RUN_ID" not in os.environ and "RANK" not in os.environ:
         return None
     if dist.get_world_size() != world_size:
-        raise ValueError(f"world_size={world_size} inside a torchrun job of {dist.get_world_size()} "
-                         f"ranks: launch runs on the existing group, so world_size must be "
-                         f"{dist.get_world_size()} (torchrun --nproc-per-node sets it)")
+        raise ValueError(f"world_size={world_size} inside a group of {dist.get_world_size()} ranks (a "
+                         "rank of launch, or of a torchrun job): launch runs fn here, on the existing "
+                         f"group, so world_size must be {dist.get_world_size()} (torchrun's "
+                         "--nproc-per-node sets it); launch cannot start ranks from inside a rank")
     return dist.get_rank()
 
 
