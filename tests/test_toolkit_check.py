@@ -72,3 +72,15 @@ def test_the_import_probe_names_each_broken_module_and_its_line(tmp_path):
     assert sorted(broken) == ["labkit.lab9.misspelt", "labkit.lab9.typo"], out.stderr[-2000:]
     assert "line 2" in broken["labkit.lab9.typo"] and "SyntaxError" in broken["labkit.lab9.typo"]
     assert "line 2" in broken["labkit.lab9.misspelt"] and "ImportError: cannot import name 'pathh'" in broken["labkit.lab9.misspelt"]
+
+
+def test_tests_that_never_finish_are_a_message_not_a_timeout_traceback(monkeypatch, capsys):
+    """Check an exercise whose code loops forever (the grader's 900 s limit) is reported as that."""
+    import subprocess
+
+    def too_long(ex, verbose=False):
+        raise subprocess.TimeoutExpired(["pytest"], 900)
+
+    monkeypatch.setattr("labkit.grading.check", too_long)
+    assert labkit.check("2.1") is False
+    assert "exercise 2.1: not graded: its tests had not finished after 900 s" in capsys.readouterr().out

@@ -118,10 +118,17 @@ def check(exercise: str, *, verbose: bool = False) -> bool:
     """
     from labkit.grading import check as _check
 
+    import subprocess
+
     exercise = _exercise_id(exercise)
     try:
         return _check(exercise, verbose=verbose)
-    except (ValueError, RuntimeError) as exc:
+    except subprocess.TimeoutExpired as exc:
+        print(f"exercise {exercise}: not graded: its tests had not finished after {exc.timeout:g} s "
+              "and were stopped. Look for a loop that never ends in your code (or a rank waiting for "
+              "a peer that never sends); run the lab's cell for it to see where it stays.")
+        return False
+    except (ValueError, RuntimeError):
         broken = _modules_that_fail_to_import(exercise.split(".")[0])
         if not broken:
             raise
