@@ -125,3 +125,4 @@ def test_a_launch_inside_a_rank_runs_on_the_rank_s_own_group_or_is_named():
     assert launch(_launch_inside, 2, 2) == [[(0, 2, 2)], [(1, 2, 2)]]
     with pytest.raises(RankError, match=r"ValueError: world_size=3 inside a group of 2 ranks"):
         launch(_launch_inside, 2, 3, timeout=20)
+

@@ -46,7 +46,10 @@ def _receive(conn, proc, rank, sentinel_ready: bool):
     proc.join(timeout=1)
     return ("error", None, f"exit code {proc.exitcode}",
             f"rank {rank} died (exit code {proc.exitcode}) without reporting (killed by a "
-            "signal if negative, e.g. -9 by the out-of-memory killer; or it called os._exit)")
+            "signal if negative: -9 by the out-of-memory killer or a kill, -6 an abort such as "
+            "gloo's \"Is there a distributed collective mismatch in your code?\" (ranks calling "
+            "different collectives or sizes: its message is on stderr), -11 a segfault; or it "
+            "called os._exit)")
 
 
 def _collect(procs, conns, fn, world_size, deadline, timeout, pg_timeout, stack_dir) -> list:
