@@ -112,10 +112,86 @@ def check(exercise: str, *, verbose: bool = False) -> bool:
     ``verbose=True`` adds the traceback and details. Returns True when every test that could run
     here passed (a test that needs CUDA on a CPU machine, or one whose optional reference
     library is missing, is reported but does not count).
+
+    If the lab's code cannot even be imported (a syntax error, a misspelt import), no test can
+    run: the report names the file, the line and the error instead, and returns False.
     """
     from labkit.grading import check as _check
 
-    return _check(exercise, verbose=verbose)
+    import subprocess
+
+    exercise = _exercise_id(exercise)
+    try:
+        return _check(exercise, verbose=verbose)
+    except subprocess.TimeoutExpired as exc:
+        print(f"exercise {exercise}: not graded: its tests had not finished after {exc.timeout:g} s "
+              "and were stopped. Look for a loop that never ends in your code (or a rank waiting for "
+              "a peer that never sends); run the lab's cell for it to see where it stays.")
+        return False
+    except (ValueError, RuntimeError):
+        broken = _modules_that_fail_to_import(exercise.split(".")[0])
+        if not broken:
+            raise
+        print(f"exercise {exercise}: not graded: the lab's code does not import, so no test could run.")
+        for module, error in broken.items():
+            print(f"  {module}:\n        " + error.replace("\n", "\n        "))
+        print(f"  Fix the line shown, save the file, and run labkit.check({exercise!r}) again "
+              "(in a notebook with %autoreload, re-run the cell that imports it too).")
+        return False
+
+
+def _exercise_id(exercise) -> str:
+    """``exercise`` as an id "N.E" of a lab that exists; else a ValueError saying what to pass
+    (a float such as 1.2 is refused: 1.10 and 1.1 would be the same number)."""
+    if not isinstance(exercise, str):  # a ValueError, as for any other malformed id
+        raise ValueError(f"exercise must be an exercise id such as '1.2', a str (with quotes: "
+                         f"labkit.check('1.2')), got {exercise!r} ({type(exercise).__name__})")
+    lab, _, number = exercise.strip().partition(".")
+    if not (lab.isdigit() and number.isdigit()):
+        raise ValueError(f"exercise must be an exercise id such as '1.2' (lab 1, exercise 2), "
+                         f"got {exercise!r}")
+    labs = sorted(int(p.name[3:]) for p in _labs_dir().glob("lab[0-9]*") if p.name[3:].isdigit())
+    if int(lab) not in labs:
+        raise ValueError(f"exercise={exercise!r}: there is no lab {int(lab)}; the known exercises are "
+                         f"those of labs {', '.join(map(str, labs))} (an id is 'lab.exercise', e.g. "
+                         f"'{labs[0]}.1')")
+    return f"{int(lab)}.{int(number)}"
+
+
+def _labs_dir():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent
+
+
+def _modules_that_fail_to_import(lab: str) -> dict[str, str]:
+    """{module: the last lines of its import error} for each module of ``labkit.lab<lab>`` that
+    does not import, tried in a fresh process (as the grader imports them)."""
+    import subprocess
+    import sys
+
+    names = sorted(p.stem for p in (_labs_dir() / f"lab{lab}").glob("*.py") if p.stem != "__init__")
+    probe = (
+        "import importlib, json, sys, traceback\n"
+        "out = {}\n"
+        f"for name in {names!r}:\n"
+        f"    module = 'labkit.lab{lab}.' + name\n"
+        "    try:\n"
+        "        importlib.import_module(module)\n"
+        "    except BaseException as exc:\n"
+        "        lines = traceback.format_exception_only(type(exc), exc)\n"
+        "        tb = traceback.extract_tb(exc.__traceback__)\n"
+        "        where = [f'{f.filename}, line {f.lineno}' for f in tb if '/labkit/lab' in f.filename]\n"
+        "        out[module] = ''.join((where[-1:] and [where[-1] + '\\n']) + lines).strip()\n"
+        "print(json.dumps(out))\n"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+        import json
+
+        return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
+    except Exception:  # noqa: BLE001 - a diagnosis that fails leaves the grader's own error
+        return {}
 
 
 # Inside the grader's child process (and the ranks it spawns) the run-time guard is installed

@@ -15,17 +15,11 @@ This module is infrastructure, not an exercise: ZeRO-1 (lab 2), ZeRO-2 (lab 4) a
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
+from labkit.validate import non_negative_int, positive_int
+
 __all__ = ["partition", "shard_range", "flatten_padded", "copy_from_flat"]
-
-
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def partition(numel: int, world_size: int) -> tuple[int, int]:
@@ -36,17 +30,14 @@ def partition(numel: int, world_size: int) -> tuple[int, int]:
         zeros appended at the end so that every rank's slice has exactly S elements
         (0 ≤ padding < N).
     """
-    _positive_int("numel", numel)
-    _positive_int("world_size", world_size)
-    shard_size = math.ceil(numel / world_size)
+    numel, world_size = positive_int("numel", numel), positive_int("world_size", world_size)
+    shard_size = -(-numel // world_size)  # ceil in integers: a float division rounds above 2**53
     return shard_size, shard_size * world_size - numel
 
 
 def shard_range(rank: int, shard_size: int) -> slice:
     """The slice ``[rank·S, (rank+1)·S)`` of the padded flat vector that ``rank`` owns."""
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-        raise ValueError(f"rank must be an int >= 0, got {rank!r}")
-    _positive_int("shard_size", shard_size)
+    rank, shard_size = non_negative_int("rank", rank), positive_int("shard_size", shard_size)
     return slice(rank * shard_size, (rank + 1) * shard_size)
 
 
@@ -55,11 +46,15 @@ def flatten_padded(tensors, padding: int, dtype: torch.dtype) -> torch.Tensor:
 
     Returns a new tensor of ``sum(numel) + padding`` elements on the first tensor's device.
     """
-    tensors = list(tensors)
+    tensors = _tensor_list("tensors", tensors)
     if not tensors:
         raise ValueError("tensors must be a non-empty sequence of tensors")
-    if not isinstance(padding, int) or isinstance(padding, bool) or padding < 0:
-        raise ValueError(f"padding must be an int >= 0, got {padding!r}")
+    padding = non_negative_int("padding", padding)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype (e.g. torch.float32), got {dtype!r}")
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) > 1:
+        raise ValueError(f"tensors must all be on one device to be flattened together, got {devices}")
     pieces = [t.detach().reshape(-1).to(dtype) for t in tensors]
     pieces.append(torch.zeros(padding, dtype=dtype, device=pieces[0].device))
     return torch.cat(pieces)  # (numel + padding,)
@@ -67,7 +62,10 @@ def flatten_padded(tensors, padding: int, dtype: torch.dtype) -> torch.Tensor:
 
 def copy_from_flat(flat: torch.Tensor, tensors) -> None:
     """Copy consecutive pieces of ``flat`` into ``tensors``, in order (trailing padding ignored)."""
-    tensors = list(tensors)
+    if not isinstance(flat, torch.Tensor) or flat.dim() != 1:
+        raise TypeError("flat must be a 1-D tensor, got " + (f"shape {tuple(flat.shape)}" if
+                        isinstance(flat, torch.Tensor) else type(flat).__name__))
+    tensors = _tensor_list("tensors", tensors)
     needed = sum(t.numel() for t in tensors)
     if flat.numel() < needed:
         raise ValueError(f"flat has {flat.numel()} elements, the tensors need {needed}")
@@ -76,3 +74,18 @@ def copy_from_flat(flat: torch.Tensor, tensors) -> None:
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+def _tensor_list(name: str, tensors) -> list:
+    """``tensors`` as a list of tensors; a single tensor (which iterates over its rows) or anything
+    else is a TypeError naming ``name``."""
+    if isinstance(tensors, torch.Tensor):
+        raise TypeError(f"{name} must be a sequence of tensors, got a single Tensor (wrap it: [t])")
+    try:
+        tensors = list(tensors)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of tensors, got {type(tensors).__name__}") from None
+    bad = [type(t).__name__ for t in tensors if not isinstance(t, torch.Tensor)]
+    if bad:
+        raise TypeError(f"{name} must hold only tensors, got {bad[0]}")
+    return tensors

@@ -28,6 +28,9 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.utils.flop_counter import FlopCounterMode
 
+PHASES = ("forward", "backward", "optimizer")
+"""The phases of a step, as ``TimelinePoint.phase`` names them."""
+
 CONSUMERS = ("parameters", "gradients", "optimizer states", "activations", "temporaries", "other")
 """The consumers, in the order figures stack them."""
 
@@ -70,7 +73,33 @@ class TimelinePoint:
         return sum(self.bytes.values())
 
 
-class _TimelineTracker(MemTracker):
+class _NoHook:
+    """Stands in for a gradient hook's handle on a frozen parameter (there is nothing to remove)."""
+
+    @staticmethod
+    def remove() -> None:
+        return None
+
+
+class Tracker(MemTracker):
+    """PyTorch's MemTracker, accepting models with frozen parameters.
+
+    MemTracker registers a gradient hook on every parameter of each module it sees run forward,
+    and ``register_hook`` refuses a tensor that does not require grad, so a model with one frozen
+    layer (fine-tuning, a frozen embedding) raised "cannot register a hook on a tensor that doesn't
+    require gradient". A frozen parameter gets no gradient, so it needs no hook: it is marked as
+    hooked already (and still counted as a parameter). Every tracker of ``labkit.measure`` is one.
+    """
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        if install_grad_hooks:
+            for param in module.parameters():
+                if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                    self._param_to_grad_hook_handles[param] = (_NoHook, _NoHook)
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+
+class _TimelineTracker(Tracker):
     """MemTracker that also records bytes by consumer after every operator."""
 
     def __init__(self, device: torch.device):
@@ -156,6 +185,8 @@ class StepMemory:
         """Most bytes one consumer held at any point (optionally within one phase)."""
         if consumer not in CONSUMERS:
             raise ValueError(f"consumer must be one of {CONSUMERS}, got {consumer!r}")
+        if phase is not None and phase not in PHASES:
+            raise ValueError(f"phase must be None or one of {PHASES}, got {phase!r}")
         points = [p for p in self.timeline if phase is None or p.phase == phase]
         return max([p.bytes[consumer] for p in points] + [self.before[consumer]])
 
@@ -163,6 +194,10 @@ class StepMemory:
 def default_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                  batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """One plain training step: loss = model(x, y); backward; optimizer step; grads set to None."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise TypeError("batch must be an (inputs, targets) pair for the default step_fn, got "
+                        + (f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list))
+                           else type(batch).__name__) + "; pass step_fn=... to take another kind of batch")
     x, y = batch
     loss = model(x, y)
     loss.backward()
@@ -170,6 +205,30 @@ def default_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+def _one_step(step_fn, model, optimizer, batch):
+    """``step_fn(...)``, with MemTracker's refusal of a second forward explained in course terms."""
+    try:
+        return step_fn(model, optimizer, batch)
+    except NotImplementedError as exc:
+        if "multiple iterative calls" not in str(exc):
+            raise
+        raise ValueError("step_fn called the model more than once in one step (gradient accumulation, "
+                         "micro-batches): measure_step counts one forward of the model per step. Use "
+                         "labkit.measure.peak_over_calls(model, fn) for a run that calls it many times, "
+                         "or steps=k for k steps of one forward each") from None
+
+
+def _loss_value(loss) -> float:
+    """The loss ``step_fn`` returned, as a float."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return float(loss.detach())
+    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        return float(loss)
+    got = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+           else type(loss).__name__)
+    raise TypeError(f"step_fn must return the step's loss (a number or a one-element tensor), got {got}")
 
 
 def measure_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -202,6 +261,11 @@ def measure_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     if snapshot_path is not None and not isinstance(snapshot_path, (str, os.PathLike)):
         raise TypeError(f"snapshot_path must be a path (str) or None, got {type(snapshot_path).__name__}")
     device = params[0].device
+    if device.type == "meta":
+        raise ValueError("model is on the meta device: measure_step needs real storages (MemTracker "
+                         "tells tensors that share memory, such as the GPT's tied embedding and head, "
+                         "apart by their storage, and every meta tensor has none, so shared bytes would "
+                         "count twice). Measure on 'cpu' (sizes in bytes are the same) or on 'cuda'")
     is_cuda = device.type == "cuda"
     recording = False
     try:
@@ -220,7 +284,7 @@ def measure_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
                 boundaries.append(len(tracker.timeline))
                 tracker.step_start = len(tracker.timeline)
                 tracker.reset_mod_stats()  # MemTracker refuses a second forward otherwise
-                losses.append(float(step_fn(model, optimizer, batch)))
+                losses.append(_loss_value(_one_step(step_fn, model, optimizer, batch)))
         after = tracker.current()
         peak_snap = _device_entry(tracker.get_tracker_snapshot("peak"), device)
         at_peak = by_consumer(peak_snap)
@@ -272,7 +336,7 @@ def peak_bytes(fn: Callable, *args, **kwargs) -> tuple[int, object]:
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    with MemTracker() as tracker:
+    with Tracker() as tracker:
         result = fn(*args, **kwargs)
     peak = tracker.get_tracker_snapshot("peak")
     return int(sum(snap.get("Total", 0) for snap in peak.values())), result
@@ -299,7 +363,7 @@ def peak_over_calls(module: torch.nn.Module, fn: Callable, *args,
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    tracker, cls = MemTracker(), type(module)
+    tracker, cls = Tracker(), type(module)
 
     class _ResetEachCall(cls):
         def __call__(self, *a, **k):

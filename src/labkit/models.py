@@ -158,25 +158,41 @@ class GPT(nn.Module):
             raise ValueError("idx must be a (batch_size, seq_len) int64 tensor of token ids, got "
                              + (f"{tuple(idx.shape)} {idx.dtype}" if isinstance(idx, torch.Tensor)
                                 else type(idx).__name__))
-        if targets is not None and (not isinstance(targets, torch.Tensor)
+        if targets is not None and (not isinstance(targets, torch.Tensor) or targets.dtype != torch.long
                                     or targets.shape != idx.shape):
             raise ValueError(f"targets must be None or an int64 tensor shaped like idx "
                              f"{tuple(idx.shape)}, got "
-                             + (str(tuple(targets.shape)) if isinstance(targets, torch.Tensor)
+                             + (f"{tuple(targets.shape)} {targets.dtype}" if isinstance(targets, torch.Tensor)
                                 else type(targets).__name__))
+        where = self.wte.weight.device
+        for name, t in (("idx", idx), ("targets", targets)):
+            if t is not None and t.device != where:
+                raise ValueError(f"{name} is on {t.device} and the model on {where}: move it with "
+                                 f"{name}.to({str(where)!r}) (a meta idx into a CPU model gave NaN logits)")
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
                 f"seq_len={T} is longer than GPTConfig.block_size={self.config.block_size}"
             )
         pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        V = self.config.vocab_size
+        try:
+            tok = self.wte(idx)  # (B, T, C)
+        except IndexError:  # on a CPU; CUDA reports it later, as a device-side assert
+            raise ValueError(f"idx holds token ids outside [0, vocab_size={V}): min "
+                             f"{int(idx.min())}, max {int(idx.max())}") from None
+        x = self.drop(tok + self.wpe(pos))  # (B, T, C)
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
+        try:  # V, not -1: an empty batch (B·T = 0) has no size to infer
+            return F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))
+        except IndexError:
+            raise ValueError(f"targets hold ids outside [0, vocab_size={V}) (other than -100, which "
+                             f"cross_entropy ignores): min {int(targets.min())}, max "
+                             f"{int(targets.max())}") from None
 
 
 class SyntheticData:
@@ -193,12 +209,12 @@ class SyntheticData:
                             ("batch_size", batch_size), ("branching", branching)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SyntheticData: {name} must be a positive int, got {value!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"SyntheticData: seed must be a non-negative int, got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"SyntheticData: seed must be an int in [0, 2**63), got {seed!r}")
         if branching > vocab_size:
             raise ValueError(f"SyntheticData: branching={branching} exceeds vocab_size={vocab_size}")
         self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
-        self.seed, self.device = seed, torch.device(device)
+        self.seed, self.device = seed, _usable_device(device)
         g = torch.Generator().manual_seed(seed)
         self.successors = torch.stack(
             [torch.randperm(vocab_size, generator=g)[:branching] for _ in range(vocab_size)]
@@ -208,7 +224,7 @@ class SyntheticData:
         """The i-th batch: inputs and next-token targets, each (batch_size, seq_len) int64."""
         if isinstance(i, bool) or not isinstance(i, int) or i < 0:
             raise ValueError(f"SyntheticData.batch: i must be a non-negative int, got {i!r}")
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        g = torch.Generator().manual_seed((self.seed * 1_000_003 + i) % 2**63)  # same for small seeds
         B, T = self.batch_size, self.seq_len
         tokens = torch.empty(B, T + 1, dtype=torch.long)
         tokens[:, 0] = torch.randint(self.vocab_size, (B,), generator=g)
@@ -239,6 +255,19 @@ def _device(device) -> torch.device:
         except (RuntimeError, TypeError):
             pass
     raise ValueError(f"device must be None, 'cpu', 'cuda' or a torch.device, got {device!r}")
+
+
+def _usable_device(device) -> torch.device:
+    """``_device(device)``, refused with a ValueError if this machine cannot put a tensor there
+    (``'cuda'`` on a machine without CUDA failed later, inside torch, as an AssertionError)."""
+    device = _device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}, and CUDA is not available here: use 'cpu' or None "
+                         "(None picks CUDA when there is a GPU)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device={str(device)!r}, and this machine has {torch.cuda.device_count()} "
+                         "GPU(s): use 'cuda' or an index below that")
+    return device
 
 
 def lab_config(device: str | torch.device | None = None, **overrides) -> GPTConfig:

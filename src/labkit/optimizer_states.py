@@ -39,6 +39,7 @@ def state_bytes(optimizer) -> int:
     """Bytes of the optimizer's state tensors, each storage counted once."""
     seen: dict[tuple, int] = {}
     for t in state_tensors(optimizer):
-        storage = t.untyped_storage()
-        seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
+        storage = t.untyped_storage()  # a meta storage has no address (every one is 0): its id
+        where = storage._cdata if t.device.type == "meta" else storage.data_ptr()
+        seen[(str(t.device), where)] = storage.nbytes()
     return sum(seen.values())

@@ -154,6 +154,9 @@ LABELS = {"world_size": "GPUs N", "dp": "data D", "tp": "tensor T", "pp": "pipel
 
 def tables(gpu_bytes: float = 80e9) -> dict:
     """Everything the page's JavaScript needs, computed by ``labkit.memory_model``."""
+    if isinstance(gpu_bytes, bool) or not isinstance(gpu_bytes, (int, float)) \
+            or not 0 < gpu_bytes < float("inf"):
+        raise ValueError(f"gpu_bytes must be a positive, finite number, got {gpu_bytes!r}")
     per_param = {f"{r}|{o}|{g}": memory_model.bytes_per_parameter(r, o, g)
                  for r, o, g in itertools.product(memory_model.RECIPES, memory_model.OPTIMIZERS,
                                                   memory_model.GRAD_BUFFERS)}

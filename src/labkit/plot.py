@@ -71,8 +71,8 @@ def stacked_bars(bars: Mapping[str, Mapping[str, float]], *, unit: str = "MiB",
             raise ValueError(f"bar {label!r}: unknown consumers {sorted(unknown)}; "
                              f"allowed: {list(COLORS)}")
         for consumer, nbytes in parts.items():
-            if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or nbytes < 0:
-                raise ValueError(f"bar {label!r}: bytes of {consumer!r} must be a number >= 0, "
+            if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not 0 <= nbytes < float("inf"):
+                raise ValueError(f"bar {label!r}: bytes of {consumer!r} must be a finite number >= 0, "
                                  f"got {nbytes!r}")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
                               or limit < 0):

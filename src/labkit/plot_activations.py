@@ -46,8 +46,9 @@ def ring_schedule_grid(n_ranks: int, *, causal: bool = True) -> Figure:
     """Rank × step grids of ring attention: which source block each rank attends to, and
     whether it computes it (full, diagonal-masked or skipped), for a contiguous and a zigzag
     split of the sequence."""
-    if isinstance(n_ranks, bool) or not isinstance(n_ranks, int) or n_ranks < 2:
-        raise ValueError(f"n_ranks must be an int >= 2, got {n_ranks!r}")
+    if isinstance(n_ranks, bool) or not isinstance(n_ranks, int) or not 2 <= n_ranks <= 32:
+        raise ValueError(f"n_ranks must be an int in [2, 32] (the grid writes one label per rank and "
+                         f"step), got {n_ranks!r}")
     import numpy as np
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 0.9 + 0.45 * n_ranks), sharey=True)
@@ -186,8 +187,11 @@ def curves_side_by_side(xs, panels, *, xlabel: str) -> Figure:
     The first curve of each panel is drawn solid, the others alternate solid and dashed, so
     that two curves lying on each other stay visible.
     """
-    if not panels:
-        raise ValueError("panels must map at least one title to (ylabel, {label: ys})")
+    if not (isinstance(panels, dict) and panels and all(
+            isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[1], dict) for v in panels.values())):
+        raise ValueError("panels must map at least one title to (ylabel, {label: ys}), got "
+                         + (f"{ {k: type(v).__name__ for k, v in panels.items()} }" if isinstance(panels, dict)
+                            else type(panels).__name__))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (title, (ylabel, curves)) in zip(axes[0], panels.items()):
         for k, (label, ys) in enumerate(curves.items()):

@@ -14,9 +14,14 @@ Used in: Chapter 2 (book/02_optimizer_states.md) and Lab 2 (labs/02_optimizer_st
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from numbers import Real
 
 import matplotlib.pyplot as plt
+import torch
 from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from labkit.validate import is_int
 
 __all__ = ["zero1_partition", "code_entries", "quantization_errors", "loss_curves",
            "shard_deviation", "offload_events", "came_vs_adafactor"]
@@ -33,9 +38,13 @@ def zero1_partition(sizes, world_size: int, *, title: str | None = None):
     shards, with the step's two collectives: reduce-scatter of the gradients into the shards,
     all-gather of the updated shards back to the full vector.
     """
-    sizes = [(str(n), int(k)) for n, k in sizes]
-    if not sizes or any(k < 1 for _, k in sizes):
-        raise ValueError("sizes must be a non-empty list of (name, numel >= 1) pairs")
+    try:
+        sizes = [(str(n), k) for n, k in sizes]
+    except (TypeError, ValueError):
+        raise ValueError(f"sizes must be a non-empty list of (name, numel >= 1) pairs, got {sizes!r}") from None
+    if not sizes or not all(is_int(k) and k >= 1 for _, k in sizes):
+        raise ValueError(f"sizes must be a non-empty list of (name, numel >= 1) pairs, got {sizes!r}")
+    sizes = [(n, int(k)) for n, k in sizes]
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     psi = sum(k for _, k in sizes)
@@ -81,6 +90,10 @@ def code_entries(codes: dict):
     Args:
         codes: ``{label: 256-entry tensor}``.
     """
+    if not (isinstance(codes, dict) and codes and all(
+            isinstance(c, torch.Tensor) and bool((c > 0).any()) for c in codes.values())):
+        raise ValueError("codes must be a non-empty dict {label: code tensor with positive entries}, "
+                         f"got {type(codes).__name__}")
     fig, ax = plt.subplots(figsize=(9, 2.6))
     for i, (label, code) in enumerate(codes.items()):
         positive = code[code > 0]
@@ -92,6 +105,18 @@ def code_entries(codes: dict):
     ax.set_xlabel("positive code entries (fraction of the block's absmax), log scale")
     fig.tight_layout()
     return fig
+
+
+def _check_curves(name: str, curves) -> None:
+    """``curves`` must be a non-empty dict {label: [loss per step]} of numbers (NaN allowed: a
+    diverged step)."""
+    ok = isinstance(curves, dict) and curves and all(
+        isinstance(v, Sequence) and all(isinstance(x, Real) and not isinstance(x, bool) for x in v)
+        for v in curves.values())
+    if not ok:
+        raise ValueError(f"{name} must be a non-empty dict {{label: [loss per step]}} of numbers, got "
+                         + (f"{ {k: type(v).__name__ for k, v in curves.items()} }" if isinstance(curves, dict)
+                            else type(curves).__name__))
 
 
 def _curves_on(ax, curves: dict, styles: dict | None = None) -> None:
@@ -141,8 +166,7 @@ def loss_curves(curves: dict, *, styles: dict | None = None, ylim=None, title: s
         styles: optional ``{label: matplotlib kwargs}``.
         ylim: optional (bottom, top) of the loss axis.
     """
-    if not curves:
-        raise ValueError("curves must be a non-empty dict {label: [loss per step]}")
+    _check_curves("curves", curves)
     fig, ax = plt.subplots()
     _curves_on(ax, curves, styles)
     if ylim is not None:

@@ -76,12 +76,29 @@ def settings(**values) -> dict:
     if unknown:
         raise ValueError(f"unknown settings {sorted(unknown)}; allowed: {list(DEFAULTS)}")
     v = {**DEFAULTS, **values}
+    _check_settings(v)
     if "world_size" in values and "dp" not in values:
         rest = v["tp"] * v["pp"] * v["cp"] if all(
             isinstance(v[k], int) and v[k] > 0 for k in ("tp", "pp", "cp")) else 0
         if rest and isinstance(v["world_size"], int) and v["world_size"] % rest == 0:
             v["dp"] = v["world_size"] // rest
     return v
+
+
+def _check_settings(v: dict) -> None:
+    """Each setting of the right kind, named when not (a widget clamps or refuses it later)."""
+    validate.positive_number("n_params", v["n_params"])
+    for name in ("world_size", "dp", "tp", "pp", "cp", "n_micro", "n_layer", "hidden", "n_head",
+                 "batch_size", "seq_len", "vocab_size"):
+        validate.positive_int(name, v[name])
+    validate.one_of("recipe", v["recipe"], memory_model.RECIPES)
+    validate.one_of("optimizer", v["optimizer"], memory_model.OPTIMIZERS)
+    validate.one_of("grad_buffer", v["grad_buffer"], memory_model.GRAD_BUFFERS)
+    validate.one_of("zero_stage", v["zero_stage"], memory_model.ZERO_STAGES)
+    validate.one_of("checkpointing", v["checkpointing"], CHECKPOINTING)
+    for name in ("sequence_parallel", "fp32_logits"):
+        if not isinstance(v[name], bool):
+            raise ValueError(f"{name} must be a bool (True or False), got {v[name]!r}")
 
 
 def calculator_bytes(*, n_params, recipe, optimizer, zero_stage, world_size, dp, tp, pp, cp,
