@@ -218,6 +218,17 @@ def test_seed_100b_on_16_gpus_says_20_gpus_needed():
     assert "at least 3 GPUs of 80 GB" in msg, (
         f"with offload allowed the GPU keeps the 2 B of each 16-bit parameter (the gradients leave "
         f"as backward makes them): ⌈2 × 100e9 / 80e9⌉ = 3 GPUs; got: {msg!r}")
+    # several recipes and optimizers: the fewest bytes per parameter over the space decide
+    # (bf16 Adam 2 + 2 + 4 = 8 B; mixed Adam 16 B): ⌈8 × 100e9 / 80e9⌉ = 10
+    with pytest.raises(ValueError) as err:
+        planner.plan(model, planner.Cluster(8), 256, recipes=("mixed", "bf16"), optimizers=("adam", "sgd-momentum"))
+    per = min(sum(memory_model.bytes_per_parameter(r, o).values())
+              for r in ("mixed", "bf16") for o in ("adam", "sgd-momentum"))
+    need = -(-int(per * 100e9) // int(80e9))
+    msg = str(err.value)
+    assert f"at least {need} GPUs of 80 GB" in msg, (
+        f"over recipes mixed/bf16 and Adam/momentum the fewest bytes per parameter are {per:g} B "
+        f"(bf16 momentum): at least {need} GPUs; got: {msg!r}")
 
 
 @pytest.mark.exercise("7.1", points=2)
