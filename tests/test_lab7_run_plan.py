@@ -131,9 +131,22 @@ def test_every_ranks_peak_is_within_10_percent_of_the_prediction(name):
               "never freed)")
 
 
+@pytest.mark.exercise("7.2", points=1)
+@pytest.mark.parametrize("name", NAMES)
+def test_no_full_gradient_is_left_after_the_step(name):
+    """Check train_step's guarantee: after each step no parameter of the rank's module keeps a
+    .grad (a zeroed gradient still holds its bytes between steps)."""
+    for rank, result in enumerate(runs()[name]):
+        assert not result["grads_left"], (
+            f"{name}, rank {rank}: after train_step {len(result['grads_left'])} parameters still "
+            f"have a .grad (e.g. {result['grads_left'][:3]}): the step must leave them None "
+            f"(zero_grad(set_to_none=True), or ZeRO freeing its unsharded gradients)")
+
+
 BAD_PLANS = [  # (plan fields, world_size, batch_size, the words the message must name)
     (dict(dp=3, tp=2), 4, 16, "world_size"),
     (dict(tp=3), 3, 16, "plan.tp"),
+    (dict(tp=8), 8, 16, "plan.tp"),  # T | n_embd = 128 but not n_head = 4: heads decide
     (dict(pp=8), 8, 16, "plan.pp"),
     (dict(dp=4), 4, 6, "batch_size"),
     (dict(dp=2, pp=2, n_micro=4), 4, 12, "batch_size"),

@@ -36,7 +36,8 @@ def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: d
 
     Returns, per plan, ``{"label", "coords", "losses": per step (None where this rank computes
     no loss), "peak": MemTracker's peak bytes over the steps, "at_peak": bytes by consumer at
-    that moment, "seconds"}``. A stub of an earlier exercise → RuntimeError naming it."""
+    that moment, "seconds", "grads_left": the names of the module's parameters whose ``.grad`` is
+    still set after the last step}``. A stub of an earlier exercise → RuntimeError naming it."""
     out = []
     for plan in plans:
         try:
@@ -51,9 +52,10 @@ def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: d
             seconds = time.perf_counter() - started
         except NotImplementedError as exc:
             raise _prerequisite_error(exc) from None
+        grads_left = [n for n, p in setup.module.named_parameters() if p.grad is not None]
         dist.barrier()
         out.append({"label": plan.label, "coords": setup.coords, "losses": losses, "peak": peak,
-                    "at_peak": at_peak, "seconds": seconds})
+                    "at_peak": at_peak, "seconds": seconds, "grads_left": grads_left})
     return out
 
 
