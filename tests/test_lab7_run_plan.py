@@ -37,6 +37,7 @@ CFG = lab_config("cpu")
 LOSS_TOL = 1e-4
 PEAK_TOL = 0.10
 NAMES = ("zero3x4", "tp2xdp2", "pp2xdp2")
+GRAD_TOL = 1e-4  # relative: fp32 norms of the same gradient summed in another order
 
 
 def _setup():
@@ -55,9 +56,25 @@ def runs() -> dict:
     from labkit.lab7.run_plan import PLANS
 
     _, state, batches = _setup()
-    plans = [PLANS[n] for n in NAMES]
+    plans = [PLANS[n] for n in NAMES] + list(EXTRA.values())
     results = launch(run_plans_worker, WORLD, plans, CFG, state, batches, timeout=240)
-    return {n: [rank[i] for rank in results] for i, n in enumerate(NAMES)}
+    return {n: [rank[i] for rank in results] for i, n in enumerate(NAMES + tuple(EXTRA))}
+
+
+def plan_of(name):
+    from labkit.lab7.run_plan import PLANS
+
+    return PLANS[name] if name in PLANS else EXTRA[name]
+
+
+def one_device_grad_norms(lo: int, hi: int) -> dict:
+    """Norms of the probes' gradients of one device's mean loss on sequences [lo, hi) of step 1
+    (the tied weight: wte.weight, which holds both uses)."""
+    model, _, batches = _setup()
+    x, y = batches[0]
+    model(x[lo:hi], y[lo:hi]).backward()
+    g = {n: float(p.grad.norm()) for n, p in model.named_parameters()}
+    return {"wte.weight": g["wte.weight"], "lm_head.weight": g["wte.weight"], "ln_f.weight": g["ln_f.weight"]}
 
 
 def adam_losses(model, batches) -> list[float]:
@@ -91,8 +108,46 @@ def whole_batch_losses(ranks: list[dict]) -> list[float]:
     return [sum(ls[s] for ls in replicas.values()) / len(replicas) for s in range(STEPS)]
 
 
+def _extra_plans():
+    from labkit.lab7.run_plan import Plan
+
+    # ZeRO-2 inside a TP × DP mesh: its group (the replicas) is not the world
+    # GPipe: every micro-batch in flight at the first backward, one fewer at the later ones
+    return {"zero2tp2xdp2": Plan(dp=2, tp=2, zero_stage=2),
+            "gpipe2xdp2": Plan(dp=2, pp=2, n_micro=4, schedule="gpipe")}
+
+
+EXTRA = _extra_plans()
+
+
+@pytest.mark.exercise("7.2", points=1)
+@pytest.mark.parametrize("name", ["tp2xdp2", "pp2xdp2"])
+def test_gradients_are_the_replicas_mean_and_the_tied_copies_sum(name):
+    """Check the gradients as the first step begins (Adam's update hides their scale, so the
+    losses cannot): without ZeRO every rank holds the whole batch's mean-loss gradient of wte and
+    ln_f; under a pipeline both copies of the tied weight (stage 0's wte, the last stage's lm_head)
+    hold the sum of their two uses — of the replica's slice, or already averaged over the replicas."""
+    plan = plan_of(name)
+    whole = one_device_grad_norms(0, BATCH)
+    per = BATCH // plan.dp
+    for rank, result in enumerate(runs()[name]):
+        got = {k: v for k, v in result["grad_norms"].items() if k != "recorded"}
+        d = result["coords"]["dp"]
+        wants = [whole] if plan.zero_stage == 0 else [whole, one_device_grad_norms(d * per, (d + 1) * per)]
+        assert got, f"{name}, rank {rank}: no probe of {sorted(whole)} had a gradient when the step began"
+        for key, g in got.items():
+            ok = any(abs(g / w[key] - 1) <= GRAD_TOL for w in wants)
+            assert ok, (
+                f"{name}, rank {rank} {result['coords']}: ‖∇{key}‖ = {g:.6g} when the step began, "
+                f"expected {' or '.join(f'{w[key]:.6g}' for w in wants)} (ratio "
+                f"{g / whole[key]:.3f} of the whole batch's): "
+                + ("the replicas' gradients summed, not averaged?" if abs(g / whole[key] - plan.dp) < 0.05 else
+                   "the tied weight's two copies averaged, not summed?" if key != "ln_f.weight" and
+                   any(abs(2 * g / w[key] - 1) < 0.05 for w in wants) else "a gradient of the wrong scale"))
+
+
 @pytest.mark.exercise("7.2", points=2)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + tuple(EXTRA))
 def test_losses_equal_one_device_adam_on_the_whole_batch(name):
     """Check the plan's loss at each of 3 steps (mean over the replicas) equals one device's
     torch.optim.Adam on the whole batch: the same data, the same gradients, the same updates."""
@@ -110,14 +165,14 @@ def test_losses_equal_one_device_adam_on_the_whole_batch(name):
 
 
 @pytest.mark.exercise("7.2", points=2)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + ("gpipe2xdp2",))
 def test_every_ranks_peak_is_within_10_percent_of_the_prediction(name):
     """Check each rank's MemTracker peak over the 3 steps is within 10% of predict_peak(plan,
     cfg, 16, rank) for that rank."""
-    from labkit.lab7.run_plan import PLANS, predict_peak
+    from labkit.lab7.run_plan import predict_peak
 
     for rank, result in enumerate(runs()[name]):
-        want = predict_peak(PLANS[name], CFG, BATCH, rank)
+        want = predict_peak(plan_of(name), CFG, BATCH, rank)
         got = result["peak"]
         assert isinstance(want, int) and want > 0, f"predict_peak returned {want!r}: expected bytes (an int > 0)"
         gap = got / want - 1
@@ -131,9 +186,22 @@ def test_every_ranks_peak_is_within_10_percent_of_the_prediction(name):
               "never freed)")
 
 
+@pytest.mark.exercise("7.2", points=1)
+@pytest.mark.parametrize("name", NAMES)
+def test_no_full_gradient_is_left_after_the_step(name):
+    """Check train_step's guarantee: after each step no parameter of the rank's module keeps a
+    .grad (a zeroed gradient still holds its bytes between steps)."""
+    for rank, result in enumerate(runs()[name]):
+        assert not result["grads_left"], (
+            f"{name}, rank {rank}: after train_step {len(result['grads_left'])} parameters still "
+            f"have a .grad (e.g. {result['grads_left'][:3]}): the step must leave them None "
+            f"(zero_grad(set_to_none=True), or ZeRO freeing its unsharded gradients)")
+
+
 BAD_PLANS = [  # (plan fields, world_size, batch_size, the words the message must name)
     (dict(dp=3, tp=2), 4, 16, "world_size"),
     (dict(tp=3), 3, 16, "plan.tp"),
+    (dict(tp=8), 8, 16, "plan.tp"),  # T | n_embd = 128 but not n_head = 4: heads decide
     (dict(pp=8), 8, 16, "plan.pp"),
     (dict(dp=4), 4, 6, "batch_size"),
     (dict(dp=2, pp=2, n_micro=4), 4, 12, "batch_size"),

@@ -29,17 +29,22 @@ the logits, ZeRO-3's gathered layer).
 Time (``step_time``), in seconds per optimizer step, an estimate with stated assumptions:
 
 * compute: 2Ψ + 4·L·s·h FLOPs per token forward (the weights' matmuls and the attention scores
-  and weighted sum), three times that for forward + backward, plus the recomputed forward
-  (full: all of it; selective: the attention core, 4·L·s·h; fused attention recomputes the
-  scores in its backward, 2·L·s·h), at ``utilisation`` of the peak (16-bit tensor cores, or the
-  fp32 peak for the fp32 recipe), shared by all GPUs;
+  and weighted sum over all s × s pairs; a fused kernel is causal and skips the blocks above the
+  diagonal, 2·L·s·h — naive attention computes them all and masks), three times that for
+  forward + backward, plus the recomputed forward (full: all of it; selective: the attention
+  core; fused attention recomputes the scores in its backward, half its core), at
+  ``utilisation`` of the peak (16-bit tensor cores, or the fp32 peak for the fp32 recipe),
+  shared by all GPUs. 2Ψ counts every parameter as a matmul weight (an untied input
+  embedding is a lookup: 2·V·h too many per token);
 * the 1F1B pipeline bubble: (P − 1)/m of the compute time, i.e. a fraction (P − 1)/(m + P − 1)
   of the step (Narayanan et al. 2021, https://arxiv.org/abs/2104.04473, §2.2.1);
 * communication, bytes per GPU over the bandwidth of its axis (ring collectives: an all-reduce
   moves 2(n − 1)/n of the buffer, a reduce-scatter or all-gather (n − 1)/n). The mesh is ordered
   P (outermost), D, C, T (innermost): Megatron-LM's default order ``tp-cp-ep-dp-pp`` (innermost
   first) and torchtitan's mesh ``("pp", "dp", "cp", "tp")`` (outermost first) agree on it. An
-  axis whose groups lie inside a node uses ``intra_bw``, otherwise ``inter_bw``. DP (ZeRO over
+  axis whose groups lie inside a node uses ``intra_bw``, otherwise ``inter_bw``; every ring
+  step (hop) also costs that axis' latency (``Cluster.intra_latency``, ``inter_latency``), which
+  decides for small messages. DP (ZeRO over
   D·C ranks): ZeRO-0/1 one gradient all-reduce per step; ZeRO-2 a gradient reduce-scatter per
   micro-batch and a parameter all-gather; ZeRO-3 two parameter all-gathers and a gradient
   reduce-scatter per micro-batch. TP: four all-reduces of the layer's activations per layer and
@@ -76,7 +81,9 @@ MESH_ORDER = ("pp", "dp", "cp", "tp")
 DEFAULT_MARGIN = 0.1
 """The share of GPU (and host) memory the planner leaves for what its model does not count."""
 DEFAULT_UTILISATION = 0.4
-"""The share of the peak FLOP/s the default ``Cluster`` reaches (calibrated in chapter 7)."""
+"""The share of the peak FLOP/s the compute of the default ``Cluster`` reaches: an input, not a
+fit. Chapter 7 shows the utilisation each published run implies (``labkit.reference.lab7``); at
+0.4 the planner predicts 0.6–0.85 of their throughput (tests/test_lab7_calibration.py)."""
 
 
 # ==== given: the course's code — read it, call it, don't change it ====
@@ -119,6 +126,20 @@ class ModelSpec:
         validate.boolean("dropout", self.dropout)
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a str, got {self.name!r}")
+        if self.n_params < self.block_weights / 2:  # a shape that contradicts Ψ (Ψ in billions?)
+            raise ValueError(
+                f"n_params={self.n_params:.4g} is less than half the {self.block_weights:.4g} "
+                f"weights of the layers alone (n_layer={self.n_layer} × the attention's and the "
+                f"MLP's matrices of hidden={self.hidden}): Ψ counts every parameter, e.g. 7e9 for 7B")
+
+    @property
+    def block_weights(self) -> float:
+        """The weight matrices of the L layers (no biases, norms or embeddings): Q and the
+        output projection h², K and V h²·g/a each, the MLP 2·h·f (3·h·f gated)."""
+        h, a = self.hidden, self.n_head
+        g = self.n_kv_head or a
+        f = self.ffn_hidden or 4 * h
+        return float(self.n_layer * (2 * h * h + 2 * h * h * g // a + (3 if self.gated_mlp else 2) * h * f))
 
     @classmethod
     def llama(cls, n_params: float, n_layer: int, hidden: int, n_head: int, n_kv_head: int,
@@ -154,6 +175,11 @@ class Cluster:
     InfiniBand NIC per GPU (50 GB/s), PCIe 5.0 x16 (64 GB/s), 2 TB of host memory per node (a
     DGX H100), ``DEFAULT_UTILISATION`` of the peak reached. ``host_adam_rate`` (parameters per
     second one node's CPUs update with Adam) has no default: offload needs it measured.
+    ``intra_latency`` and ``inter_latency`` are the seconds one step of a ring collective (one
+    hop) costs beyond its bytes, inside a node and across nodes: assumed, not measured (the
+    order of magnitude of the small-message time of NCCL's all-reduce divided by its 2(n − 1)
+    hops); they matter only for small messages, where a ring of many hops costs more than its
+    bytes (the α of Thakur et al. 2005's α-β model of ring collectives).
     """
 
     n_gpus: int
@@ -167,6 +193,8 @@ class Cluster:
     utilisation: float = DEFAULT_UTILISATION
     host_memory_bytes: float = 2000 * GB
     host_adam_rate: float | None = None
+    intra_latency: float = 2e-6
+    inter_latency: float = 8e-6
 
     def __post_init__(self) -> None:
         for name in ("n_gpus", "gpus_per_node"):
@@ -176,6 +204,8 @@ class Cluster:
             validate.positive_number(name, getattr(self, name))
         if self.host_adam_rate is not None:
             validate.positive_number("host_adam_rate", self.host_adam_rate)
+        for name in ("intra_latency", "inter_latency"):
+            validate.number(name, getattr(self, name), low=0)
         validate.number("utilisation", self.utilisation, low=0, low_open=True, high=1)
 
 
@@ -245,6 +275,9 @@ def _offloaded_shard(model: ModelSpec, cfg: Config) -> float:
 def memory_estimate(model: ModelSpec, cluster: Cluster, cfg: Config) -> dict[str, float]:
     """Bytes of the four consumers on the busiest GPU of ``cfg`` (lab 6's model), and "total".
 
+    Lab 6 divides K and V by T; when T does not divide the key/value heads (MQA, GQA with T >
+    n_kv_head), a rank holds ``kv_heads_per_rank`` whole heads and the difference is added.
+
     Under offload the optimizer states leave the GPU and its gradients shrink to one bucket:
     one layer's 16-bit gradients of this GPU's parameters (the module docstring)."""
     out = per_gpu_bytes(model.n_params, world_size=cluster.n_gpus, dp=cfg.dp, tp=cfg.tp,
@@ -255,6 +288,12 @@ def memory_estimate(model: ModelSpec, cluster: Cluster, cfg: Config) -> dict[str
                         sequence_parallel=cfg.sequence_parallel, attention=cfg.attention,
                         **model.shape)
     out = {c: float(out[c]) for c in CONSUMERS}
+    g, kv = model.n_kv_head or model.n_head, kv_heads_per_rank(model, cfg.tp)
+    if kv * cfg.tp > g and cfg.checkpointing != "full":
+        # lab 6 splits K and V by T; a rank holds kv whole key/value heads (replicated ones too)
+        e, s = RECIPES[cfg.recipe].activation, model.seq_len // cfg.cp
+        per_layer = 2 * e * s * cfg.micro_batch * model.hidden / model.n_head * (kv - g / cfg.tp)
+        out["activations"] += model.n_layer // cfg.pp * min(cfg.pp, cfg.n_micro) * per_layer
     if cfg.offload:
         out["optimizer states"] = 0.0  # in host memory
         local = model.n_params / (cfg.tp * cfg.pp)
@@ -274,6 +313,16 @@ def host_bytes(model: ModelSpec, cluster: Cluster, cfg: Config) -> float:
     return min(cluster.gpus_per_node, cluster.n_gpus) * per_gpu
 
 
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    """Key/value heads one of ``tp`` tensor-parallel ranks holds: the groups its n_head/tp query
+    heads use (n_kv_head/tp when tp divides n_kv_head; one, replicated, when tp is a multiple of
+    it — Megatron-LM requires the first, vLLM-style replication allows the second; the most any
+    rank needs otherwise)."""
+    a, g = model.n_head, model.n_kv_head or model.n_head
+    q, group = a // tp, a // g  # query heads per rank, query heads per key/value head
+    return max((r * q + q - 1) // group - (r * q) // group + 1 for r in range(tp))
+
+
 def _intra(cluster: Cluster, inner: int, size: int) -> bool:
     """Whether every group of an axis of ``size`` ranks with stride ``inner`` lies in one node."""
     return cluster.gpus_per_node % (inner * size) == 0
@@ -284,10 +333,13 @@ def step_time(model: ModelSpec, cluster: Cluster, cfg: Config, global_batch: int
     psi, L, h, s = model.n_params, model.n_layer, model.hidden, model.seq_len
     D, T, P, C, b, m = cfg.dp, cfg.tp, cfg.pp, cfg.cp, cfg.micro_batch, cfg.n_micro
     r = RECIPES[cfg.recipe]
-    forward = 2 * psi + 4 * L * s * h  # FLOPs per token
-    again = {"none": 0.0, "selective": 4 * L * s * h, "full": forward}[cfg.checkpointing]
+    # FLOPs per token forward: the weights' 2Ψ and the attention's QKᵀ and softmax·V, 4·L·s·h
+    # for all s × s pairs; a fused (causal) kernel skips the blocks above the diagonal: half
+    core = 4 * L * s * h * (0.5 if cfg.attention == "fused" else 1.0)
+    forward = 2 * psi + core
+    again = {"none": 0.0, "selective": core, "full": forward}[cfg.checkpointing]
     if cfg.attention == "fused" and cfg.checkpointing != "full":
-        again += 2 * L * s * h  # the scores, recomputed in the fused kernel's backward
+        again += core / 2  # the scores QKᵀ, recomputed in the fused kernel's backward
     peak = cluster.fp32_flops if cfg.recipe == "fp32" else cluster.flops
     compute = global_batch * s * (3 * forward + again) / (cluster.n_gpus * peak * cluster.utilisation)
     bubble = compute * (P - 1) / m
@@ -301,11 +353,19 @@ def step_time(model: ModelSpec, cluster: Cluster, cfg: Config, global_batch: int
     layers = L // P
     tp = layers * m * (6 if cfg.checkpointing == "full" else 4) * 2 * (T - 1) / T * act
     pp = 2 * m * act / T if P > 1 else 0.0
-    kv_share = (model.n_kv_head or model.n_head) / model.n_head  # K and V are this share of Q
-    cp = layers * m * 3 * (C - 1) * 2 * kv_share * act / T
+    # K and V of one rank are kv_heads_per_rank of its a/T query heads' size (GQA; replicated
+    # when T exceeds the key/value heads)
+    cp = layers * m * 3 * (C - 1) * 2 * kv_heads_per_rank(model, T) / model.n_head * act
+    # hops (ring steps) per step, each costing the axis' latency: a ring all-reduce over n ranks
+    # takes 2(n − 1), a reduce-scatter or all-gather n − 1; DP's gradients go one layer's bucket
+    # at a time; a pipeline stage sends an activation and a gradient per micro-batch
+    hops = {"dp": layers * (n - 1) * {0: 2, 1: 2, 2: m + 1, 3: 3 * m}[cfg.zero_stage],
+            "tp": layers * m * (6 if cfg.checkpointing == "full" else 4) * 2 * (T - 1),
+            "pp": 2 * m if P > 1 else 0, "cp": layers * m * 3 * (C - 1)}
     bw = {"tp": _intra(cluster, 1, T), "cp": _intra(cluster, T, C),
           "dp": _intra(cluster, T * C, D), "pp": _intra(cluster, T * C * D, P)}
     comm = {a: v / (cluster.intra_bw if bw[a] else cluster.inter_bw)
+            + hops[a] * (cluster.intra_latency if bw[a] else cluster.inter_latency)
             for a, v in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp))}
     comm["offload"] = comm["cpu adam"] = 0.0
     if cfg.offload:
@@ -495,7 +555,8 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, recipes=("mix
     for recipe, optimizer in itertools.product(space["recipes"], space["optimizers"]):
         for dp, tp, pp, cp in grid:
             per_rank = global_batch // dp
-            sizes = [b for b in range(1, per_rank + 1) if per_rank % b == 0]
+            small = [b for b in range(1, math.isqrt(per_rank) + 1) if per_rank % b == 0]
+            sizes = sorted(set(small + [per_rank // b for b in small]))  # O(√B), not O(B)
             for zero, off, ckpt, attn in combinations(space["zero_stages"], space["offload"],
                                                       space["checkpointing"], space["attention"], cp):
                 cfg = Config(recipe, optimizer, zero, off, dp, tp, pp, cp, ckpt, 1, per_rank, attn)

@@ -29,6 +29,32 @@ def _prerequisite_error(exc: NotImplementedError) -> Exception:
         f"exercises {', '.join(sorted(set(PREREQUISITES.values())))}.")
 
 
+GRAD_PROBES = ("wte.weight", "lm_head.weight", "ln_f.weight")
+"""Parameters whose gradient norm the harness records when the first step begins: never split by
+tensor parallelism, and the tied weight's two pipeline copies among them."""
+
+
+def _record_grad_norms(setup) -> dict:
+    """Wrap ``setup.optimizer.step`` so that, on its first call, the norms of the GRAD_PROBES
+    this rank holds are recorded (floats: no tensor kept, MemTracker's peak unchanged) before
+    the real step runs. Adam hides a gradient's scale (m/√v); these norms do not."""
+    norms: dict = {}
+    params = dict(setup.module.named_parameters())
+    real_step = setup.optimizer.step
+
+    def step(*args, **kwargs):
+        if not norms:
+            for name in GRAD_PROBES:
+                p = params.get(name)
+                if p is not None and p.grad is not None:
+                    norms[name] = float(p.grad.norm())
+            norms.setdefault("recorded", 1.0)
+        return real_step(*args, **kwargs)
+
+    setup.optimizer.step = step
+    return norms
+
+
 def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: dict,
                      batches) -> list[dict]:
     """Run by ``labkit.dist.launch``: for each plan, build the GPT from ``state``, check the plan,
@@ -36,7 +62,9 @@ def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: d
 
     Returns, per plan, ``{"label", "coords", "losses": per step (None where this rank computes
     no loss), "peak": MemTracker's peak bytes over the steps, "at_peak": bytes by consumer at
-    that moment, "seconds"}``. A stub of an earlier exercise → RuntimeError naming it."""
+    that moment, "seconds", "grads_left": the names of the module's parameters whose ``.grad`` is
+    still set after the last step, "grad_norms": the norms of ``GRAD_PROBES``' gradients as the
+    first optimizer step begins}``. A stub of an earlier exercise → RuntimeError naming it."""
     out = []
     for plan in plans:
         try:
@@ -45,15 +73,18 @@ def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: d
             model.load_state_dict(state)
             setup = build_rank(plan, model, rank)
             del model
+            grad_norms = _record_grad_norms(setup)
             started = time.perf_counter()
             peak, at_peak, losses = peak_over_calls(
                 setup.module, lambda: [train_step(setup, x, y) for x, y in batches])
             seconds = time.perf_counter() - started
         except NotImplementedError as exc:
             raise _prerequisite_error(exc) from None
+        grads_left = [n for n, p in setup.module.named_parameters() if p.grad is not None]
         dist.barrier()
         out.append({"label": plan.label, "coords": setup.coords, "losses": losses, "peak": peak,
-                    "at_peak": at_peak, "seconds": seconds})
+                    "at_peak": at_peak, "seconds": seconds, "grads_left": grads_left,
+                    "grad_norms": grad_norms})
     return out
 
 
