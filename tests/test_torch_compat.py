@@ -41,3 +41,25 @@ def test_a_context_that_has_op_output_is_left_alone_and_unknown_ops_give_none():
     ctx = SimpleNamespace(is_recompute=False, op_output=real)
     assert with_op_output(lambda c, op, *a, **k: c.op_output)(ctx, torch.ops.aten.mm.default) is real
     assert output_on_meta(torch.ops.aten.mm.default, (torch.ones(2, 3), torch.ones(4, 5)), {}) is None
+
+
+def test_the_new_collective_names_exist_and_take_the_old_arguments(monkeypatch):
+    """On a torch without ``dist.all_gather_single`` (older than 2.13) the new names are the old
+    functions; where torch has them they are left as torch made them."""
+    import inspect
+
+    import torch.distributed as dist
+
+    from labkit.torch_compat import NEW_COLLECTIVE_NAMES, distributed_new_names
+
+    have = {new: getattr(dist, new) for new in NEW_COLLECTIVE_NAMES if hasattr(dist, new)}
+    distributed_new_names()
+    for new, fn in have.items():
+        assert getattr(dist, new) is fn, f"dist.{new} was replaced on a torch that has it"
+    for new, old in NEW_COLLECTIVE_NAMES.items():
+        monkeypatch.delattr(dist, new, raising=False)
+    distributed_new_names()
+    for new, old in NEW_COLLECTIVE_NAMES.items():
+        assert getattr(dist, new) is getattr(dist, old), f"dist.{new} is not dist.{old}"
+        assert list(inspect.signature(getattr(dist, old)).parameters)[:2] in (
+            ["output_tensor", "input_tensor"], ["output", "input"]), old

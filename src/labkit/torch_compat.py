@@ -12,6 +12,12 @@ releases (2.9, for one) call the policy *before* the operator runs and give no o
 ``create_selective_checkpoint_contexts`` is wrapped so that a policy finds ``ctx.op_output`` all
 the same: the output computed on the ``meta`` device (its shapes, strides and dtypes; nothing
 is computed and no random number is drawn), the same in forward and in the recompute.
+
+``distributed_new_names``: torch 2.13 names the flat collectives ``dist.all_gather_single`` and
+``dist.reduce_scatter_single`` (and deprecates ``all_gather_into_tensor``/``reduce_scatter_tensor``,
+which take the same arguments in the same order); on older releases the new names are given to
+the old functions, so code written for either release runs on both. Both end in the same c10d
+operators, so ``labkit.comm_count`` counts them alike.
 """
 from __future__ import annotations
 
@@ -22,7 +28,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
-__all__ = ["has_op_output", "output_on_meta", "with_op_output", "selective_checkpoint_op_output"]
+__all__ = ["distributed_new_names", "has_op_output", "output_on_meta", "with_op_output",
+           "selective_checkpoint_op_output"]
 
 
 def has_op_output() -> bool:
@@ -83,3 +90,19 @@ def selective_checkpoint_op_output() -> None:
 
     create_selective_checkpoint_contexts.labkit_op_output = True
     checkpoint.create_selective_checkpoint_contexts = create_selective_checkpoint_contexts
+
+
+NEW_COLLECTIVE_NAMES = {"all_gather_single": "all_gather_into_tensor",
+                        "reduce_scatter_single": "reduce_scatter_tensor"}
+"""torch 2.13's name → the older function with the same arguments."""
+
+
+def distributed_new_names() -> None:
+    """Give ``torch.distributed`` the 2.13 names of the flat collectives where it lacks them."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    for new, old in NEW_COLLECTIVE_NAMES.items():
+        if not hasattr(dist, new):
+            setattr(dist, new, getattr(dist, old))
