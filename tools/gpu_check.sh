@@ -10,7 +10,13 @@ export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 LABKIT_SOLUTIONS
 PT="python3 -m pytest -q -rs -p no:cacheprovider"
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader
 python3 -c "import sys,os,torch;print(sys.version.split()[0],torch.__version__,torch.version.cuda,torch.cuda.get_device_capability(),os.cpu_count(),'CPUs')"
+# which of labkit.torch_compat's shims this torch needs (an older torch, as Colab's may be)
+python3 -c "import labkit, torch.distributed as d; from labkit.torch_compat import has_op_output as h; print('labkit needs torch >=', labkit.MIN_TORCH, '| SAC ctx.op_output:', h(), '| dist.all_gather_single:', hasattr(d, 'all_gather_single'))"
 
+# 0. what depends on the torch release (on this torch, maybe older than the course's): the shims,
+#    lab 5's selective checkpointing (ctx.op_output), 3.2's fused step, lab 4's collectives
+$PT tests/test_torch_compat.py tests/test_lab5_selective_checkpoint.py tests/test_lab3_mixed_precision.py \
+    tests/test_lab4_compression.py -k "not training" 2>&1 | tee "$OUT/torch_release.log" | tail -3
 # 1. the CUDA-only tests, in a fresh process (5.5's two are graded, test_measure's and 2.6's are not)
 $PT tests/test_measure.py tests/test_lab2_zero_offload.py tests/test_lab5_offload.py \
     -k "cuda or memory_history or offload_frees" 2>&1 | tee "$OUT/cuda_only.log" | tail -3
