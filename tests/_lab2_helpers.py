@@ -126,6 +126,13 @@ _CROSS_DEVICE_OK = {"copy_", "to", "cpu", "cuda", "__setitem__", "new_tensor", "
                     "shape", "dim", "numel", "element_size", "size", "is_floating_point", "__repr__",
                     "__format__", "tolist", "numpy", "item", "data_ptr", "untyped_storage"}
 
+# Kernels that take no 0-dim CPU scalar: CUDA's fused optimizers read every tensor argument
+# (state_steps included) through device pointers, with no device check (a CPU step count is an
+# illegal memory access, PyTorch's multi_tensor_apply_for_fused_optimizer); the AMP kernels
+# refuse a CPU found_inf or inv_scale ("found_inf must be a CUDA tensor").
+_NO_HOST_SCALARS = {"_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_",
+                    "_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_"}
+
 
 class StrictDevices(TorchFunctionMode):
     """Raise, as CUDA does, when one op gets tensors on two devices.
@@ -135,7 +142,8 @@ class StrictDevices(TorchFunctionMode):
     GPU. Under this mode, with the data on the ``meta`` device and the tables on the CPU, the same
     code raises here: an op whose tensor arguments (0-dim CPU scalars aside, which CUDA accepts)
     sit on more than one device is refused, except copies between devices and indexing with
-    CPU indices, which CUDA allows.
+    CPU indices, which CUDA allows; the fused optimizer and AMP kernels (``_NO_HOST_SCALARS``)
+    take no 0-dim CPU scalar either.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -147,9 +155,13 @@ class StrictDevices(TorchFunctionMode):
                 base = tensors[0].device
                 bad = {t.device for t in tensors[1:] if t.device != base and t.device.type != "cpu"}
                 devices = {base} | bad if bad else {base}
+            elif name in _NO_HOST_SCALARS:  # every tensor on the one device, 0-dim ones too
+                devices = {t.device for t in tensors}
             else:
                 devices = {t.device for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
             if len(devices) > 1:
-                raise RuntimeError(f"{name} mixes tensors on {sorted(map(str, devices))}: on a GPU "
-                                   "this raises (Expected all tensors to be on the same device)")
+                on_gpu = ("its CUDA kernel reads the CPU tensor through a device pointer (an illegal "
+                          "memory access) or refuses it" if name in _NO_HOST_SCALARS else
+                          "this raises (Expected all tensors to be on the same device)")
+                raise RuntimeError(f"{name} mixes tensors on {sorted(map(str, devices))}: on a GPU {on_gpu}")
         return func(*args, **kwargs)

@@ -192,3 +192,33 @@ def test_bad_hyperparameters_raise_value_error(kwargs):
         MixedPrecisionAdam([p], **kwargs)
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         MixedPrecisionAdam([{"params": [p], **kwargs}])
+
+
+@pytest.mark.exercise("3.2", points=1)
+def test_step_keeps_every_tensor_on_the_parameters_device():
+    """Check a step of 16-bit parameters on another device than the CPU (``meta`` here, standing
+    in for CUDA) under ``StrictDevices``, which raises as CUDA does when one op mixes devices;
+    for torch's fused Adam kernel a 0-dim CPU step count counts too (on CUDA the kernel reads it
+    through a device pointer: an illegal memory access that kills the notebook's CUDA context).
+    Two steps run; the state ends up on the parameters' device."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _lab2_helpers import StrictDevices
+
+    from labkit.lab3.mixed_precision import MixedPrecisionAdam
+
+    params = [torch.nn.Parameter(torch.zeros(*shape, dtype=torch.bfloat16, device="meta"))
+              for shape in ((16, 8), (8,))]
+    opt = MixedPrecisionAdam(params, lr=1e-3)
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        with StrictDevices():
+            opt.step()
+    for i, p in enumerate(params):
+        on = {k: v.device.type for k, v in opt.state[p].items()
+              if isinstance(v, torch.Tensor) and v.dim() > 0}
+        assert on and set(on.values()) == {"meta"}, \
+            f"parameter {i}'s state tensors sit on {on}, expected all on the parameter's device (meta)"

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import zipfile
 from pathlib import Path
@@ -34,6 +35,7 @@ def _tool():
 
 TOOL = _tool()
 DRIVE_COURSE = f"drive/MyDrive/{TOOL.DRIVE_FOLDER}"
+KEEP_TORCH = f"-c {os.path.join(tempfile.gettempdir(), 'labkit-keep-torch.txt')}"
 
 
 def _git(*args, cwd):
@@ -55,16 +57,26 @@ def course_repo(tmp_path) -> Path:
     return repo
 
 
-def _run_cell(tmp_path, url, *, drive: str = "mounts") -> dict:
+def _run_cell(tmp_path, url, *, drive: str = "mounts", installed_from: Path | None = None,
+              pip_fails: bool = False) -> dict:
     """Run the set-up cell on a fake Colab; return {rc, stdout, stderr, cwd, pip, sys_path}.
 
-    drive: "mounts" (the student allows Drive) or "declines" (drive.mount raises)."""
+    drive: "mounts" (the student allows Drive) or "declines" (drive.mount raises).
+    installed_from: labkit is installed already, editable from that folder (a fake dist-info first
+    on sys.path, as pip leaves it). pip_fails: every pip command exits 1."""
     content = tmp_path / "content"
     content.mkdir(exist_ok=True)
     log = tmp_path / "pip.log"
     fake_python = tmp_path / "fake-python"
-    fake_python.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    fake_python.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n" + ("exit 1\n" if pip_fails else ""))
     fake_python.chmod(0o755)
+    dists = tmp_path / "dists"
+    if installed_from is not None:
+        info = dists / "labkit-0.1.0.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: labkit\nVersion: 0.1.0\n")
+        (info / "direct_url.json").write_text(json.dumps(
+            {"dir_info": {"editable": True}, "url": installed_from.as_uri()}))
     source = TOOL.setup_cell_source(url=str(url)).replace("/content", str(content))
     (tmp_path / "cell.py").write_text(source)
     mount = ("os.makedirs(os.path.join(path, 'MyDrive'), exist_ok=True)" if drive == "mounts"
@@ -78,6 +90,7 @@ def _run_cell(tmp_path, url, *, drive: str = "mounts") -> dict:
         colab.drive.mount = fake_mount
         sys.modules["google.colab"] = colab
         sys.executable = {str(fake_python)!r}
+        sys.path.insert(0, {str(dists)!r})
         try:
             exec(open({str(tmp_path / 'cell.py')!r}).read(), {{"__name__": "__main__"}})
         finally:
@@ -98,7 +111,7 @@ def test_first_lab_clones_the_course_into_drive_and_installs_it_from_there(tmp_p
     assert run["rc"] == 0, run["stderr"][-2000:]
     assert (course / "src" / "labkit" / "__init__.py").read_text() == "VERSION = 'from git'\n"
     assert run["cwd"] == str(course / "labs")
-    assert run["pip"][0] == f"-m pip install -q -e {course}"
+    assert run["pip"][0] == f"-m pip install -q -e {course} {KEEP_TORCH}"
     assert str(course / "src") in run["sys_path"]
     said = [line for line in run["stdout"].splitlines() if line.startswith("The course is in")]
     assert said == [f"The course is in {course} (in Google Drive: kept for every lab); "
@@ -146,7 +159,7 @@ def test_a_lab_runs_from_an_uploaded_zip_of_the_course(tmp_path, course_repo):
     assert run["rc"] == 0, run["stderr"][-2000:]
     assert (course / "src" / "labkit" / "__init__.py").is_file()
     assert run["cwd"] == str(course / "labs")
-    assert run["pip"][0] == f"-m pip install -q -e {course}"
+    assert run["pip"][0] == f"-m pip install -q -e {course} {KEEP_TORCH}"
 
 
 def test_every_lab_opens_on_a_gpu_runtime_in_colab():
@@ -155,3 +168,35 @@ def test_every_lab_opens_on_a_gpu_runtime_in_colab():
     assert labs
     missing = [p.name for p in labs if nbformat.read(p, as_version=4).metadata.get("accelerator") != "GPU"]
     assert not missing, f"no 'accelerator': 'GPU' in {missing}: run python tools/lab_setup_cell.py"
+
+
+def test_pip_keeps_the_runtimes_torch_and_a_rerun_installs_nothing(tmp_path, course_repo):
+    """Every pip command runs with a constraint pinning the torch this runtime has (Colab's CUDA
+    build: a dependency must never pull gigabytes of another torch from PyPI into a kernel that
+    has imported torch); a re-run of the cell (labkit installed already, editable from this
+    course) does not reinstall labkit."""
+    from importlib import metadata
+
+    run = _run_cell(tmp_path, course_repo)
+    assert run["rc"] == 0, run["stderr"][-2000:]
+    assert run["pip"] and all(line.endswith(KEEP_TORCH) for line in run["pip"]), run["pip"]
+    pin = Path(KEEP_TORCH.split()[1]).read_text()
+    assert pin == f"torch=={metadata.version('torch')}\n", pin
+    course = tmp_path / "content" / DRIVE_COURSE
+    (tmp_path / "pip.log").unlink()
+    again = _run_cell(tmp_path, course_repo, installed_from=course)
+    assert again["rc"] == 0, again["stderr"][-2000:]
+    assert not any(" -e " in line for line in again["pip"]), again["pip"]
+    assert again["cwd"] == str(course / "labs")
+
+
+def test_a_failed_install_says_what_to_do(tmp_path, course_repo):
+    """pip refusing labkit beside the runtime's torch (e.g. one older than labkit needs) stops
+    with a message naming the upgrade and the restart, not a CalledProcessError."""
+    run = _run_cell(tmp_path, course_repo, pip_fails=True)
+    assert run["rc"] != 0
+    assert "CalledProcessError" not in run["stderr"]
+    error = run["stderr"].strip().splitlines()[-1]
+    for words in ("RuntimeError: pip could not install labkit", f"pip install -U 'torch>={TOOL.min_torch()}'",
+                  "Restart session"):
+        assert words in error, f"the message lacks {words!r}:\n{error}"

@@ -15,6 +15,12 @@ labs/. Where the course comes from, first found first:
    fails stops with a message naming that setting and the alternatives (a fork's URL, an
    uploaded zip, Drive), not a ``CalledProcessError``.
 
+Every pip command runs with a constraint that pins the torch the runtime has (Colab's own CUDA
+build): no dependency may pull another torch from PyPI into a kernel that has imported torch
+already; if that torch is older than labkit declares (pyproject.toml), the cell stops and says how
+to upgrade and restart. A re-run (labkit installed already, editable from the same folder, e.g.
+after a restarted kernel) installs nothing again.
+
 Elsewhere it only turns on autoreload (and, if labkit is not installed, puts the copy's src/ on
 ``sys.path``: an unzipped course runs as it is). The repository's URL and branch are written
 once, in _config.yml (``repository.url``, ``repository.branch``); this script copies them into
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -37,6 +44,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "_config.yml"
+PYPROJECT = ROOT / "pyproject.toml"
 LABS = ROOT / "labs"
 SETUP_TAG = "setup"
 CELL_TAGS = [SETUP_TAG, "remove-cell"]  # remove-cell: run, but not shown on the book's lab pages
@@ -53,11 +61,15 @@ BRANCH = "{branch}"
 
 import glob
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import urllib.parse
 import zipfile
+from importlib import metadata
 
 
 def _is_course(folder):
@@ -76,6 +88,28 @@ def _unzip_course(archive, folder):
     shutil.move(os.path.join(unpacked, tops[0]), folder)
     shutil.rmtree(unpacked, ignore_errors=True)
     return True
+
+
+def _installed_from(folder):
+    """True when labkit is installed already, editable, from folder (a re-run, a restarted kernel)."""
+    try:
+        url = json.loads(metadata.distribution("labkit").read_text("direct_url.json") or "{{}}").get("url", "")
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+    here = urllib.parse.unquote(urllib.parse.urlparse(url).path) if url.startswith("file:") else ""
+    return bool(here) and os.path.realpath(here) == os.path.realpath(folder)
+
+
+def _keep_torch():
+    """pip arguments that keep this runtime's torch (Colab's CUDA build) whatever a package asks."""
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return [], None
+    pin = os.path.join(tempfile.gettempdir(), "labkit-keep-torch.txt")
+    with open(pin, "w") as f:
+        f.write(f"torch=={{version}}\\n")
+    return ["-c", pin], version
 
 
 if "google.colab" in sys.modules:
@@ -104,9 +138,19 @@ if "google.colab" in sys.modules:
                     "/content with the Files pane, or to the top of your Google Drive, and run this cell again;\\n"
                     "  - Google Drive: put the course folder at MyDrive/{drive_folder} (KEEP_IN_DRIVE = True)."
                 ) from None
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", course], check=True)
+    # pip may never replace torch: a newer one from PyPI is gigabytes, and it breaks a kernel
+    # that has imported torch already (a re-run); the course runs on the torch it finds.
+    keep_torch, torch_version = _keep_torch()
+    if not _installed_from(course):
+        if subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", course, *keep_torch]).returncode:
+            raise RuntimeError(
+                f"pip could not install labkit from {{course}} beside this runtime's torch {{torch_version}} "
+                "(kept as it is: pip's message is above). If it says torch is older than labkit needs, "
+                "run  !pip install -U 'torch>={min_torch}'  in a cell, then Runtime > Restart session, and run "
+                "this cell again.") from None
     # bitsandbytes (lab 2's 8-bit reference; CPU support from 0.50): optional, never fatal.
-    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", "bitsandbytes>=0.50"]).returncode:
+    if importlib.util.find_spec("bitsandbytes") is None and subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "bitsandbytes>=0.50", *keep_torch]).returncode:
         print("bitsandbytes>=0.50 did not install: its comparisons will show as not graded")
     if os.path.join(course, "src") not in sys.path:
         sys.path.insert(0, os.path.join(course, "src"))
@@ -135,7 +179,15 @@ def setup_cell_source(url: str | None = None, branch: str | None = None) -> str:
     """The source of the labs' first cell, for the repository in _config.yml (or ``url``/``branch``)."""
     config_url, config_branch = repository()
     return CELL_TEMPLATE.format(url=url or config_url, branch=branch or config_branch,
-                                drive_folder=DRIVE_FOLDER)
+                                drive_folder=DRIVE_FOLDER, min_torch=min_torch())
+
+
+def min_torch() -> str:
+    """The oldest torch labkit declares (``torch>=X`` in pyproject.toml's dependencies)."""
+    found = re.search(r'"torch>=([0-9.]+)"', PYPROJECT.read_text(encoding="utf-8"))
+    if not found:
+        raise ValueError("pyproject.toml declares no \"torch>=X\" dependency")
+    return found.group(1)
 
 
 def setup_cell() -> nbformat.NotebookNode:

@@ -5,8 +5,9 @@ from tools.mutants.mutant import Mutant
 # 3.2's reference runs one fused kernel; the bugs a student writes are in a hand-written update.
 _FUSED_ADAM = """            masters = [st["master"] for st in states]
             # One fused kernel per group does Adam's whole update in one pass over the tensors
-            # (what torch.optim.Adam(fused=True) calls); the step counts go in as tensors.
-            steps = [torch.tensor(float(st["step"])) for st in states]
+            # (what torch.optim.Adam(fused=True) calls); the step counts go in as tensors on the
+            # masters' device: on CUDA the kernel reads them through device pointers.
+            steps = [torch.tensor(float(st["step"]), device=st["master"].device) for st in states]
             torch._fused_adam_(masters, grads, [st["exp_avg"] for st in states],
                                [st["exp_avg_sq"] for st in states], [], steps, lr=lr, beta1=beta1,
                                beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
@@ -324,6 +325,9 @@ INDEPENDENT = [
     Mutant("3.2", "lab3/mixed_precision.py", find=_FUSED_ADAM,
            replace=_adam_by_hand(step='max(s["step"] for s in self.state.values())'),
            why="one step count for all parameters: a late parameter is bias-corrected as the oldest"),
+    Mutant("3.2", "lab3/mixed_precision.py", find='device=st["master"].device) for st in states]',
+           replace=') for st in states]',
+           why="hands the fused kernel CPU step counts (an illegal memory access on CUDA)"),
     Mutant("3.2", "lab3/mixed_precision.py", find='params = [p for p in group["params"] if p.grad is not None]',
            replace='params = list(group["params"])',
            why="does not skip parameters without a gradient"),

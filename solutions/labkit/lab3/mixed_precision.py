@@ -81,8 +81,9 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
             grads = [p.grad.float() for p in params]
             masters = [st["master"] for st in states]
             # One fused kernel per group does Adam's whole update in one pass over the tensors
-            # (what torch.optim.Adam(fused=True) calls); the step counts go in as tensors.
-            steps = [torch.tensor(float(st["step"])) for st in states]
+            # (what torch.optim.Adam(fused=True) calls); the step counts go in as tensors on the
+            # masters' device: on CUDA the kernel reads them through device pointers.
+            steps = [torch.tensor(float(st["step"]), device=st["master"].device) for st in states]
             torch._fused_adam_(masters, grads, [st["exp_avg"] for st in states],
                                [st["exp_avg_sq"] for st in states], [], steps, lr=lr, beta1=beta1,
                                beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
