@@ -33,7 +33,12 @@ TORCH_APIS = {
     "Tensor.register_post_accumulate_grad_hook (LOMO)": (2, 1),
     "torch._scaled_mm on CPU (FP8, mixed precision)": (2, 7),
 }
-"""Each API the course relies on and the torch release that first has it."""
+"""Each API the course relies on and the torch release that first has it. Two newer names are
+shimmed on older releases by ``labkit.torch_compat`` rather than raising the minimum:
+``SelectiveCheckpointContext.op_output`` (lab 5; torch 2.13) and ``dist.all_gather_single``
+(lab 4; torch 2.13). Known gap: torch 2.9's own ``torch.distributed.pipelining`` aborts a gloo
+rank ("Received data size doesn't match expected size"), so lab 3's comparison with it needs a
+newer torch."""
 
 
 def _release(version: str) -> tuple[int, ...]:
