@@ -71,6 +71,12 @@ def setup(M, P=P):
     return cfg, model, x, y
 
 
+# The subgroup runs also start from a .grad that already holds PREFILL (as after an earlier
+# accumulation step): run_stage must add to it. 2^-10 is exact in fp32 and ~100× the gradients'
+# tolerance, so dropping it fails clearly while adding it back costs at most one fp32 rounding.
+PREFILL = 2.0 ** -10
+
+
 @functools.lru_cache(maxsize=None)
 def _run(kind, M, P, groups=1):
     from labkit.dist import launch
@@ -80,7 +86,7 @@ def _run(kind, M, P, groups=1):
     # The harness's watchdog (15 s without any operator on a rank) fires well before this
     # launch timeout: a deadlock is reported as one, not as "Connection closed by peer".
     return launch(pipeline_worker, P * groups, cfg, model.state_dict(), actions(kind, P, M), x, y,
-                  M, groups=groups, timeout=60.0)
+                  M, groups=groups, timeout=60.0, prefill=PREFILL if groups > 1 else 0.0)
 
 
 STALLED: list[str] = []  # set by the first test whose pipeline stalled: the others stop at once
@@ -363,13 +369,22 @@ def test_1f1b_live_memory_does_not_grow_with_m():
 def test_two_pipelines_in_subgroups_of_the_world(kind):
     """Check 4 ranks as two pipelines of P = 2 ({0, 1} and {2, 3}, run_stage given group=, rank
     and world_size in the group): both pipelines' gradients equal the single-device GPT's. Peers
-    addressed by global rank, or sends to the default group, fail here."""
+    addressed by global rank, or sends to the default group, fail here. Every .grad starts at
+    PREFILL (an earlier accumulation step): run_stage must add to it, not replace it."""
     M = 4
     cfg, model, x, y = setup(M)
     model(x, y).backward()
     res = run(kind, M, P, groups=2)
     for g in range(2):
-        got = summed_grads(res[2 * g:2 * g + 2], kind)
+        raw = summed_grads(res[2 * g:2 * g + 2], kind)
+        tied = {"wte.weight"}  # two parameters on two stages: PREFILL twice
+        got = {n: t - PREFILL * (2 if n in tied else 1) for n, t in raw.items()}
         for name, p in model.named_parameters():
+            if not torch.allclose(got[name], p.grad, rtol=1e-5, atol=1e-7) and \
+                    torch.allclose(raw[name], p.grad, rtol=1e-5, atol=1e-7):
+                raise AssertionError(
+                    f"{kind}, pipeline {g}, {name}: .grad held {PREFILL} before the step and afterwards "
+                    "holds only this step's gradient: run_stage must accumulate into .grad (no "
+                    "zero_grad, no assignment)")
             torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7, msg=lambda m, g=g, name=name: (
                 f"{kind}, pipeline {g} (world ranks {2 * g}, {2 * g + 1}), gradient of {name}: {m}"))

@@ -543,8 +543,4 @@ INDEPENDENT += [
     Mutant("3.7", "lab3/zero3.py", find="denom = (u.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** t)).add_(self.eps)",
            replace="denom = (u.exp_avg_sq / (1 - beta2 ** t)).add_(self.eps).sqrt()",
            why="adds eps under the square root (torch adds it to the root)"),
-    Mutant("3.7", "lab3/zero3.py", find="""        if u.full.untyped_storage().nbytes() == nbytes:
-            return  # already gathered
-        u.full""", replace="""        u.full""",
-           why="all-gathers again a unit that is already gathered (the root: one extra all-gather per block)"),
 ]

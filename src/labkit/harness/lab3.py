@@ -177,11 +177,13 @@ def stall_demo(rank: int, world_size: int, stall_s: float = 2.0) -> None:
 
 def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, actions_by_stage,
                     x: torch.Tensor, y: torch.Tensor, num_microbatches: int, groups: int = 1,
-                    stall_s: float = 15.0) -> dict:
+                    stall_s: float = 15.0, prefill: float = 0.0) -> dict:
     """Run by ``labkit.dist.launch``: build the GPT from ``state``, take stage ``r`` of the
     student's ``split_gpt`` (r: this rank's index in its pipeline, one of ``groups`` subgroups),
     and run the student's ``run_stage`` on the batch (x, y) cut into ``num_microbatches`` with
-    that stage's actions, under the stall watchdog.
+    that stage's actions, under the stall watchdog. ``prefill`` ≠ 0: every parameter's ``.grad``
+    holds that constant before the step (as after an earlier micro-step of an accumulation), and
+    the returned gradients are the raw ``.grad`` (the run must add to it).
 
     Returns ``{"loss", "grads": {name: grad}, "blocking_sends": calls of dist.send (which waits
     for its receiver; small messages get through gloo's socket buffers, large ones deadlock),
@@ -197,6 +199,9 @@ def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, act
     stage = split_gpt(model, pp_size)[pp_rank]
     inputs = [t.clone() for t in x.chunk(num_microbatches)]  # own storages: counted apart
     targets = [t.clone() for t in y.chunk(num_microbatches)]
+    if prefill:
+        for p in stage.parameters():
+            p.grad = torch.full_like(p, prefill)
 
     blocking, real_send = [], dist.send
 

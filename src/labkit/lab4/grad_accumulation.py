@@ -65,7 +65,9 @@ def accumulate_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
         * If ``model`` is a ``DistributedDataParallel``, gradients are synchronised across the
           ranks once, on the last micro-batch, not k times.
         * A micro-batch with no counted target token is skipped (its mean loss would be 0/0);
-          under DDP the micro-batch that synchronises is then the last one that is not skipped.
+          the shares are then those among the micro-batches run (with ``weight="samples"``, its
+          samples over the samples run), and under DDP the micro-batch that synchronises is the
+          last one that is not skipped.
 
     Returns:
         The whole batch's loss as a float (the weighted sum of the micro-batch losses).
