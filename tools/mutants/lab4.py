@@ -431,9 +431,25 @@ INDEPENDENT += [
            replace="    return (n + m) * r <= n * m",
            why="compresses a matrix whose factors are exactly as large as it"),
     Mutant("4.5", "lab4/powersgd.py", find="""        q_flat = torch.cat([q.reshape(-1) for q in qs])
-        dist.all_reduce(q_flat, group=group)""", replace="""        q_flat = torch.cat([q.reshape(-1) for q in qs])
-        state.q[index] = [q.clone() for q in qs]
-        dist.all_reduce(q_flat, group=group)""",
+        dist.all_reduce(q_flat, group=group)
+        q_flat.div_(world)
+        off = 0
+        for i, q in enumerate(qs):
+            qs[i] = q_flat[off:off + q.numel()].view_as(q)
+            off += q.numel()
+        for mat, p, q in zip(mats, ps, qs):
+            mat.copy_(p @ q.t())
+        state.q[index] = qs""", replace="""        q_flat = torch.cat([q.reshape(-1) for q in qs])
+        local = [q.clone() for q in qs]
+        dist.all_reduce(q_flat, group=group)
+        q_flat.div_(world)
+        off = 0
+        for i, q in enumerate(qs):
+            qs[i] = q_flat[off:off + q.numel()].view_as(q)
+            off += q.numel()
+        for mat, p, q in zip(mats, ps, qs):
+            mat.copy_(p @ q.t())
+        state.q[index] = local""",
            why="keeps this rank's Q before the all-reduce for the warm start"),
     Mutant("4.5", "lab4/powersgd.py", find="        for mat, p, q in zip(mats, ps, qs):\n            mat.copy_(p @ q.t())",
            replace="        for mat, p in zip(mats, ps):\n            mat.copy_(p @ (mat.t() @ p).t())",
