@@ -281,14 +281,19 @@ def test_send_recv_counts_equal_the_formula(kind):
 @pytest.mark.exercise("3.6", points=1)
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_no_send_waits_for_its_receiver(kind):
-    """Check no rank calls the blocking dist.send (P = 2, 3): it returns only once the receiver
-    has the data, and under 1F1B both neighbours send at once. gloo's socket buffers let the
+    """Check no rank calls the blocking dist.send (P = 2, 3), nor waits for an isend right after
+    issuing it: either returns only once the receiver has the data, and under 1F1B both
+    neighbours send at once. gloo's socket buffers let the
     lab's small messages through, so the step works here and deadlocks at real sizes."""
     for stages in (2, 3):
         for s, r in enumerate(run(kind, 4, stages)):
             assert r["blocking_sends"] == 0, (
                 f"{kind} P={stages}, rank {s}: {r['blocking_sends']} blocking dist.send calls: start "
                 "each send with dist.isend and wait for its handle later")
+            assert r["waited_at_once"] == 0, (
+                f"{kind} P={stages}, rank {s}: {r['waited_at_once']} isend handles waited for right "
+                "after being issued (no forward, backward, send or recv in between) — a blocking "
+                "send in disguise: wait for a send only once its tensor must be released")
 
 
 def test_the_watchdog_reports_a_deadlock_as_one():

@@ -466,8 +466,10 @@ INDEPENDENT += [
     Mutant("3.2", "lab3/mixed_precision.py", find="            if not params:\n                continue",
            replace="            if not params:\n                break",
            why="stops at the first param group without a gradient (later groups never step)"),
-    Mutant("3.2", "lab3/mixed_precision.py", find="            masters = [st[\"master\"] for st in states]\n",
-           replace="            masters = [st[\"master\"] for st in states]\n            torch._foreach_copy_(params, masters)\n",
+    Mutant("3.2", "lab3/mixed_precision.py", find=_FUSED_ADAM,
+           replace=_FUSED_ADAM.replace("            torch._foreach_copy_(params, masters)\n", "").replace(
+               "            masters = [st[\"master\"] for st in states]\n",
+               "            masters = [st[\"master\"] for st in states]\n            torch._foreach_copy_(params, masters)\n"),
            why="rounds the master into p before updating it (p lags one step behind)"),
     Mutant("3.2", "lab3/mixed_precision.py", find="            grads = [p.grad.float() for p in params]",
            replace="            grads = [p.grad.bfloat16().float() for p in params]",
