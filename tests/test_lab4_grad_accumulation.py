@@ -172,7 +172,8 @@ def test_a_micro_batch_with_no_counted_token_is_skipped():
 
 def test_accumulation_rejects_bad_input():
     """Not graded (the checks are given): ValueError naming the argument for k = 0, k = -1,
-    k = 2.0, k > batch size and an unknown weight, before any gradient is touched."""
+    k = 2.0, k > batch size, an unknown weight and 0-dim tensors, TypeError for float targets,
+    before any gradient is touched."""
     from labkit.lab4.grad_accumulation import accumulate_gradients
 
     model = tiny_gpt()
@@ -184,6 +185,10 @@ def test_accumulation_rejects_bad_input():
         accumulate_gradients(model, x, y, 2, weight="mean")
     with pytest.raises(TypeError, match="x"):
         accumulate_gradients(model, x.tolist(), y, 2)
+    with pytest.raises(TypeError, match="y must be an int64"):  # not cross-entropy's RuntimeError
+        accumulate_gradients(model, x, y.float(), 2)
+    with pytest.raises(ValueError, match="batch dimension"):  # not an IndexError
+        accumulate_gradients(model, torch.tensor(1), torch.tensor(1), 1)
     assert all(p.grad is None for p in model.parameters()), "a gradient was computed before the error"
 
 
