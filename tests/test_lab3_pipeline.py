@@ -338,6 +338,16 @@ def test_bad_actions_are_refused_before_any_work():
     with pytest.raises(ValueError, match="num_microbatches"):
         check_actions([], 0)
     assert check_actions(ONE_F_ONE_B[2][0], 2) == ONE_F_ONE_B[2][0]
+    from labkit.lab3.pipeline import run_stage  # its given checks run before any send or recv
+
+    stage = torch.nn.Identity()
+    for inputs in ([], torch.zeros(2, 4), [[1, 2]]):
+        with pytest.raises(ValueError, match="inputs"):
+            run_stage(stage, [("F", 0), ("B", 0)], inputs, [torch.zeros(2)], rank=0, world_size=2)
+    with pytest.raises(ValueError, match="targets"):
+        run_stage(stage, [("F", 0), ("B", 0)], [torch.zeros(1, 4)], [], rank=0, world_size=2)
+    with pytest.raises(ValueError, match="rank"):
+        run_stage(stage, [("F", 0), ("B", 0)], [torch.zeros(1, 4)], [torch.zeros(1)], rank=2, world_size=2)
 
 
 def test_split_gpt_refuses_a_stage_count_that_does_not_divide_n_layer():
