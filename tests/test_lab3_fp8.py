@@ -251,6 +251,35 @@ def test_delayed_linear_saturates_on_a_spike():
 
 
 @pytest.mark.exercise("3.3", points=1)
+def test_delayed_backward_scales_the_gradient_from_its_history():
+    """Check a delayed-scaling Fp8Linear's backward: at the second step grad_out is 8× larger, and
+    grad_x must equal the fp32 product of E5M2(grad_out) quantised with the *first* step's grad
+    scale (saturating) and the dequantised E4M3 weight (rtol 1e-5: the same fp8 values, summed in
+    another order); the grad scaler's history holds both amaxes."""
+    lin = layer(bias=False, scaling="delayed", history_len=4)
+    x, gy = data()
+    w = lin.weight.detach()
+    lin(x.detach().requires_grad_()).backward(gy)
+    x2 = x.detach().clone().requires_grad_()
+    lin(x2).backward(gy * 8)
+    sg = ref_scale(gy.abs().max(), E5M2)  # the previous step's amax
+    sw = ref_scale(w.abs().max(), E4M3)
+    want = (ref_quant(gy * 8, sg, E5M2).float() * sg) @ (ref_quant(w, sw, E4M3).float() * sw)
+    own = ref_scale((gy * 8).abs().max(), E5M2)
+    current = (ref_quant(gy * 8, own, E5M2).float() * own) @ (ref_quant(w, sw, E4M3).float() * sw)
+    if not torch.allclose(x2.grad, want, rtol=1e-5, atol=1e-5 * want.abs().max().item()):
+        cause = ("it matches the gradient's own amax scale: in backward, take the scale from "
+                 "scalers['grad'] (delayed), not from grad_out itself"
+                 if torch.allclose(x2.grad, current, rtol=1e-5, atol=1e-5 * current.abs().max().item())
+                 else f"max |diff| {(x2.grad - want).abs().max().item():.3g} of max |want| {want.abs().max().item():.3g}")
+        raise AssertionError(f"grad_x at the second delayed step vs E5M2 with the first step's grad scale: {cause}")
+    hist = lin.scalers["grad"].history
+    want_hist = [float(gy.abs().max()), float((gy * 8).abs().max())]
+    assert hist == pytest.approx(want_hist, rel=0), (
+        f"scalers['grad'].history = {hist}, expected the two grad_out amaxes {want_hist}")
+
+
+@pytest.mark.exercise("3.3", points=1)
 def test_saved_bytes_are_one_per_element_plus_scales():
     """Check the tensors autograd keeps for backward are the fp8 x and weight (1 byte per
     element) and their two float32 scales: M·K + N·K + 8 bytes (fp32 would save 4·M·K)."""
@@ -289,6 +318,10 @@ def test_bad_inputs_raise():
         quantize(torch.ones(4), torch.tensor(0.0))
     with pytest.raises(ValueError, match="history_len"):
         DelayedScaling(history_len=0)
+    with pytest.raises(TypeError, match="x"):  # not a tensor: named, not an AttributeError
+        DelayedScaling().scale_for([1.0, 2.0])
+    with pytest.raises(TypeError, match="int64"):  # the dtype is named
+        quantize(torch.tensor([1, 2]), 1.0)
 
 
 class _LayoutCheck:

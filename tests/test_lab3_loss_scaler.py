@@ -106,6 +106,25 @@ def test_scale_multiplies_the_loss_by_the_current_scale():
 
 
 @pytest.mark.exercise("3.1", points=1)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_scale_of_16bit_losses_equals_gradscaler(dtype):
+    """Check scale(loss) of 16-bit losses (0-dim and per-sample) at the default scale 2^16, which
+    fp16 cannot hold (max 65504): value and dtype equal GradScaler.scale's (tolerance 0: both are
+    one multiplication by the same float32 scalar, with torch's type promotion)."""
+    from labkit.lab3.loss_scaler import DynamicLossScaler
+
+    for loss in (torch.tensor(0.75, dtype=dtype), torch.tensor([0.5, 1e-3], dtype=dtype)):
+        got = DynamicLossScaler().scale(loss)
+        want = torch.amp.GradScaler("cpu").scale(loss)
+        assert got.dtype == want.dtype, (f"scale() of a {tuple(loss.shape)} {dtype} loss has dtype "
+                                         f"{got.dtype}, GradScaler's {want.dtype}")
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m, loss=loss: (
+            f"scale() of the {tuple(loss.shape)} {dtype} loss {loss.tolist()} at scale 2^16 vs "
+            f"GradScaler's {want.tolist()}: {m} — multiply by the float32 scale tensor itself "
+            "(cast to the loss' dtype, 2^16 becomes inf in fp16)"))
+
+
+@pytest.mark.exercise("3.1", points=1)
 @pytest.mark.parametrize("settings", [SETTINGS, ODD], ids=["powers-of-2", "odd-factors"])
 def test_scale_sequence_equals_gradscaler(settings):
     """Check the scale before each of 14 steps (with inf/NaN injected at 2, 3, 7, 8; growth

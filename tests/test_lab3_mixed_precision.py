@@ -69,8 +69,9 @@ def test_master_weights_equal_fp32_adam(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_16bit_parameters_are_the_reference_rounded(dtype):
     """Check each 16-bit parameter equals the fp32 reference cast to its dtype (at most one
-    16-bit ulp off, on ≤ 1% of elements, where the two masters straddle a rounding boundary)."""
-    model, _, ref = lockstep(dtype)
+    16-bit ulp off, on ≤ 1% of elements, where the two masters straddle a rounding boundary), and
+    equals the optimizer's own master rounded exactly."""
+    model, opt, ref = lockstep(dtype)
     for (name, p), q in zip(model.named_parameters(), ref):
         assert p.dtype == dtype, f"{name} has dtype {p.dtype}, expected it to stay {dtype}"
         want = q.detach().to(dtype)
@@ -80,6 +81,12 @@ def test_16bit_parameters_are_the_reference_rounded(dtype):
         assert not far.any(), (f"{name}: {int(far.sum())} elements differ from fp32 Adam rounded to {dtype} by "
                                "more than one ulp: is p set to the master rounded after every step?")
         assert off.float().mean() <= 0.01, f"{name}: {off.float().mean():.1%} of elements differ by an ulp"
+        # exact: after step() the 16-bit parameter IS the optimizer's own master rounded
+        own = opt.state[p]["master"].to(dtype)
+        lag = p != own
+        assert not lag.any(), (f"{name}: {int(lag.sum())} of {p.numel()} elements differ from the "
+                               f"optimizer's own fp32 master rounded to {dtype} (e.g. {p[lag][0].item()} vs "
+                               f"{own[lag][0].item()}): is p rounded from the master after the update, not before?")
 
 
 @pytest.mark.exercise("3.2", points=2)
@@ -135,7 +142,8 @@ def test_non_16bit_params_raise_value_error(dtype):
 @pytest.mark.exercise("3.2", points=2)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_param_groups_late_and_frozen_parameters_equal_fp32_adam(dtype):
-    """Check, against torch.optim.Adam on fp32 copies with the same param groups: two groups with
+    """Check, against torch.optim.Adam on fp32 copies with the same param groups: a first group
+    (wpe alone) that never has a gradient, then two groups with
     their own lr, betas and eps (eps 1e-3, large enough that where it is added shows), block 1's
     parameters first given a gradient at step 2 (each parameter keeps its own step count), and
     wpe never given one (skipped: no state, unchanged). Masters within atol 1e-6, rtol 1e-5 (the
@@ -148,9 +156,13 @@ def test_param_groups_late_and_frozen_parameters_equal_fp32_adam(dtype):
     first = [n for n in named if n.startswith("h.0.")]
     rest = [n for n in named if n not in first]
     hyper = dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-3)
-    opt = MixedPrecisionAdam([{"params": [named[n] for n in first], **hyper},
+    rest.remove("wpe.weight")  # a group of its own, first: a group without any gradient
+    groups = [["wpe.weight"], first, rest]
+    opt = MixedPrecisionAdam([{"params": [named[n] for n in groups[0]]},
+                              {"params": [named[n] for n in first], **hyper},
                               {"params": [named[n] for n in rest]}], lr=1e-3)
-    ref_opt = torch.optim.Adam([{"params": [ref[n] for n in first], **hyper},
+    ref_opt = torch.optim.Adam([{"params": [ref[n] for n in groups[0]]},
+                                {"params": [ref[n] for n in first], **hyper},
                                 {"params": [ref[n] for n in rest]}], lr=1e-3)
     late = {n for n in named if n.startswith("h.1.")}
     data = SyntheticData(64, 16, 4, seed=1)
@@ -172,6 +184,8 @@ def test_param_groups_late_and_frozen_parameters_equal_fp32_adam(dtype):
     for n, p in named.items():
         if n == "wpe.weight":
             continue
+        assert opt.state.get(p), (f"{n} had gradients but has no optimizer state: does step() go on "
+                                  "to the next param group after a group without any gradient?")
         steps = opt.state[p].get("step")
         want_steps = 3 if n in late else 5
         assert steps == want_steps, (f"{n}: state['step'] = {steps}, expected {want_steps} (the steps "
@@ -222,3 +236,23 @@ def test_step_keeps_every_tensor_on_the_parameters_device():
               if isinstance(v, torch.Tensor) and v.dim() > 0}
         assert on and set(on.values()) == {"meta"}, \
             f"parameter {i}'s state tensors sit on {on}, expected all on the parameter's device (meta)"
+
+
+def test_step_calls_the_closure_and_returns_its_loss():
+    """As torch's optimizers: step(closure) evaluates the closure (with grad enabled) first and
+    returns its loss; the update then uses the gradients the closure computed."""
+    from labkit.lab3.mixed_precision import MixedPrecisionAdam
+
+    w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt = MixedPrecisionAdam([w], lr=1e-2)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w.float() ** 2).sum()
+        loss.backward()
+        return loss
+
+    with torch.no_grad():
+        loss = opt.step(closure)
+    assert loss is not None and float(loss.detach()) == 4.0, f"step(closure) returned {loss}, expected the closure's loss 4.0"
+    assert (w < 1).all(), "step(closure) did not update w with the gradient the closure computed"

@@ -71,6 +71,12 @@ def setup(M, P=P):
     return cfg, model, x, y
 
 
+# The subgroup runs also start from a .grad that already holds PREFILL (as after an earlier
+# accumulation step): run_stage must add to it. 2^-10 is exact in fp32 and ~100× the gradients'
+# tolerance, so dropping it fails clearly while adding it back costs at most one fp32 rounding.
+PREFILL = 2.0 ** -10
+
+
 @functools.lru_cache(maxsize=None)
 def _run(kind, M, P, groups=1):
     from labkit.dist import launch
@@ -80,7 +86,7 @@ def _run(kind, M, P, groups=1):
     # The harness's watchdog (15 s without any operator on a rank) fires well before this
     # launch timeout: a deadlock is reported as one, not as "Connection closed by peer".
     return launch(pipeline_worker, P * groups, cfg, model.state_dict(), actions(kind, P, M), x, y,
-                  M, groups=groups, timeout=60.0)
+                  M, groups=groups, timeout=60.0, prefill=PREFILL if groups > 1 else 0.0)
 
 
 STALLED: list[str] = []  # set by the first test whose pipeline stalled: the others stop at once
@@ -275,14 +281,19 @@ def test_send_recv_counts_equal_the_formula(kind):
 @pytest.mark.exercise("3.6", points=1)
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_no_send_waits_for_its_receiver(kind):
-    """Check no rank calls the blocking dist.send (P = 2, 3): it returns only once the receiver
-    has the data, and under 1F1B both neighbours send at once. gloo's socket buffers let the
+    """Check no rank calls the blocking dist.send (P = 2, 3), nor waits for an isend right after
+    issuing it: either returns only once the receiver has the data, and under 1F1B both
+    neighbours send at once. gloo's socket buffers let the
     lab's small messages through, so the step works here and deadlocks at real sizes."""
     for stages in (2, 3):
         for s, r in enumerate(run(kind, 4, stages)):
             assert r["blocking_sends"] == 0, (
                 f"{kind} P={stages}, rank {s}: {r['blocking_sends']} blocking dist.send calls: start "
                 "each send with dist.isend and wait for its handle later")
+            assert r["waited_at_once"] == 0, (
+                f"{kind} P={stages}, rank {s}: {r['waited_at_once']} isend handles waited for right "
+                "after being issued (no forward, backward, send or recv in between) — a blocking "
+                "send in disguise: wait for a send only once its tensor must be released")
 
 
 def test_the_watchdog_reports_a_deadlock_as_one():
@@ -327,6 +338,16 @@ def test_bad_actions_are_refused_before_any_work():
     with pytest.raises(ValueError, match="num_microbatches"):
         check_actions([], 0)
     assert check_actions(ONE_F_ONE_B[2][0], 2) == ONE_F_ONE_B[2][0]
+    from labkit.lab3.pipeline import run_stage  # its given checks run before any send or recv
+
+    stage = torch.nn.Identity()
+    for inputs in ([], torch.zeros(2, 4), [[1, 2]]):
+        with pytest.raises(ValueError, match="inputs"):
+            run_stage(stage, [("F", 0), ("B", 0)], inputs, [torch.zeros(2)], rank=0, world_size=2)
+    with pytest.raises(ValueError, match="targets"):
+        run_stage(stage, [("F", 0), ("B", 0)], [torch.zeros(1, 4)], [], rank=0, world_size=2)
+    with pytest.raises(ValueError, match="rank"):
+        run_stage(stage, [("F", 0), ("B", 0)], [torch.zeros(1, 4)], [torch.zeros(1)], rank=2, world_size=2)
 
 
 def test_split_gpt_refuses_a_stage_count_that_does_not_divide_n_layer():
@@ -363,13 +384,22 @@ def test_1f1b_live_memory_does_not_grow_with_m():
 def test_two_pipelines_in_subgroups_of_the_world(kind):
     """Check 4 ranks as two pipelines of P = 2 ({0, 1} and {2, 3}, run_stage given group=, rank
     and world_size in the group): both pipelines' gradients equal the single-device GPT's. Peers
-    addressed by global rank, or sends to the default group, fail here."""
+    addressed by global rank, or sends to the default group, fail here. Every .grad starts at
+    PREFILL (an earlier accumulation step): run_stage must add to it, not replace it."""
     M = 4
     cfg, model, x, y = setup(M)
     model(x, y).backward()
     res = run(kind, M, P, groups=2)
     for g in range(2):
-        got = summed_grads(res[2 * g:2 * g + 2], kind)
+        raw = summed_grads(res[2 * g:2 * g + 2], kind)
+        tied = {"wte.weight"}  # two parameters on two stages: PREFILL twice
+        got = {n: t - PREFILL * (2 if n in tied else 1) for n, t in raw.items()}
         for name, p in model.named_parameters():
+            if not torch.allclose(got[name], p.grad, rtol=1e-5, atol=1e-7) and \
+                    torch.allclose(raw[name], p.grad, rtol=1e-5, atol=1e-7):
+                raise AssertionError(
+                    f"{kind}, pipeline {g}, {name}: .grad held {PREFILL} before the step and afterwards "
+                    "holds only this step's gradient: run_stage must accumulate into .grad (no "
+                    "zero_grad, no assignment)")
             torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7, msg=lambda m, g=g, name=name: (
                 f"{kind}, pipeline {g} (world ranks {2 * g}, {2 * g + 1}), gradient of {name}: {m}"))

@@ -309,6 +309,14 @@ def test_simulate_rejects_bad_costs_and_deadlocks():
         simulate([[Action("B", 0), Action("F", 0)], [Action("F", 0), Action("B", 0)]])
 
 
+def test_check_dependencies_refuses_what_is_not_a_timeline():
+    """Given check: a list of spans (not simulate's Timeline) is a TypeError naming timeline."""
+    from labkit.lab3.pipeline_schedule import check_dependencies
+
+    with pytest.raises(TypeError, match="timeline"):
+        check_dependencies([])
+
+
 def test_reference_recording_survives_garbage_in_the_shape_inference_forward():
     """torch.distributed.pipelining's first step runs a non-first stage's forward on torch.empty
     memory (PipelineStage._to_tensor): the recording stage must not raise on a NaN there (it did:

@@ -237,3 +237,13 @@ def test_t_that_does_not_divide_raises_value_error(kind, name):
     cfg = GPTConfig(vocab_size=64, block_size=S, n_layer=1, n_head=H, n_embd=C)
     messages = launch(_build, 3, kind, cfg)
     assert all(m is not None and name in m for m in messages), messages
+
+
+@pytest.mark.parametrize("layer", ["ColumnParallelLinear", "RowParallelLinear"])
+def test_a_layer_that_is_not_linear_raises_type_error(layer):
+    """Given check: the parallel layers split an nn.Linear; anything else is a TypeError naming
+    full, before the process group is touched (no launch needed)."""
+    import labkit.lab3.tensor_parallel as tp
+
+    with pytest.raises(TypeError, match="full"):
+        getattr(tp, layer)(torch.nn.Conv1d(4, 4, 1))

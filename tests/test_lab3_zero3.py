@@ -378,3 +378,15 @@ def test_bad_adam_hyperparameters_raise_before_any_collective(kwargs):
     model, _ = setup(2)
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         ZeRO3(model, **kwargs)  # no process group exists: it must refuse before asking for one
+
+
+def test_a_16bit_model_raises_value_error_before_any_collective():
+    """Given check: ZeRO3 keeps fp32 shards and buffers; a bf16 model would have its parameters
+    silently turned to fp32. ValueError naming the dtype, raised before the process group is
+    touched (no launch needed)."""
+    from labkit.lab3.zero3 import ZeRO3
+    from labkit.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)).bfloat16()
+    with pytest.raises(ValueError, match="bfloat16"):
+        ZeRO3(model)

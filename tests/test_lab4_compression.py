@@ -196,6 +196,7 @@ def test_topk_returns_the_largest_magnitudes():
             f"{len(set(idx.tolist()) - set(want))} wrong — largest magnitude, not largest value?")
         torch.testing.assert_close(values, x[idx], atol=0, rtol=0, msg=lambda m: (
             f"k = {k}: values are not x at the returned indices (signs kept)\n{m}"))
+        assert idx.dtype == torch.int64, f"k = {k}: indices of dtype {idx.dtype}, expected torch.int64"
 
 
 def test_bad_input_is_rejected():
@@ -411,3 +412,50 @@ def test_random_indices_are_shared_and_change_per_step():
     assert len(set(a.tolist())) == 10
     with pytest.raises(ValueError, match="k"):
         random_indices(100, 101, seed=0, bucket=0, step=0)
+
+
+class _Bucket:
+    """What compression_hook reads of a dist.GradBucket: index() and buffer()."""
+
+    def __init__(self, index, buffer):
+        self._index, self._buffer = index, buffer
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buffer
+
+
+def _two_buckets(rank, world_size):
+    """One rank, random-K without error feedback, buckets called in the order 0, 1, 0."""
+    from labkit.lab4.compression import CompressionState, compression_hook
+
+    state = CompressionState("randomk", density=0.25, error_feedback=False)
+    g = torch.arange(1.0, 41.0)
+    outs = []
+    for index in (0, 1, 0):
+        bucket = _Bucket(index, g.clone())
+        outs.append(compression_hook(state, bucket).wait().clone())
+    return outs, dict(state.step)
+
+
+@pytest.mark.exercise("4.4", points=1)
+def test_random_k_counts_the_steps_of_each_bucket_apart():
+    """Check, on one rank with two buckets called 0, 1, 0, that random-K's third call (bucket 0's
+    second) sends g at random_indices(…, bucket=0, step=1), zeros elsewhere (exact: one rank, the
+    mean is its own ĝ), and that state.step counts each bucket's calls: {0: 2, 1: 1}."""
+    from labkit.lab4.compression import random_indices
+
+    outs, steps = launch(_two_buckets, 1, timeout=60)[0]
+    g = torch.arange(1.0, 41.0)
+    for call, (index, step) in enumerate(((0, 0), (1, 0), (0, 1))):
+        want = torch.zeros(40)
+        idx = random_indices(40, 10, seed=0, bucket=index, step=step)
+        want[idx] = g[idx]
+        assert torch.equal(outs[call], want), (
+            f"call {call} (bucket {index}, its call number {step}): the entries sent are not "
+            f"random_indices(40, 10, seed=0, bucket={index}, step={step}); got nonzero at "
+            f"{sorted(outs[call].nonzero().flatten().tolist())}, expected {sorted(idx.tolist())} — "
+            "step is the number of earlier calls for this bucket (state.step[index]), not in all")
+    assert steps == {0: 2, 1: 1}, f"state.step = {steps}, expected {{0: 2, 1: 1}} (calls per bucket)"

@@ -51,7 +51,8 @@ def masked(y, counted):
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_accumulation_equals_the_full_batch(k):
     """Check that k equal micro-batches of a batch of 8 leave the full batch's gradient in .grad
-    (float64, atol 1e-12) and return the full batch's loss."""
+    (float64, atol 1e-12) and return the full batch's loss; a second call on another batch adds
+    that batch's gradient to .grad."""
     from labkit.lab4.grad_accumulation import accumulate_gradients
 
     model = tiny_gpt(dtype=torch.float64)
@@ -64,6 +65,18 @@ def test_accumulation_equals_the_full_batch(k):
     assert math.isclose(loss, full_loss, rel_tol=1e-12), (
         f"returned loss {loss!r}, the full batch's is {full_loss!r}: return the weighted sum of "
         "the micro-batch losses")
+    # a second batch on top: .grad must grow by its gradient (as backward() does), not restart
+    x2, y2 = SyntheticData(64, 32, 8, seed=7).batch(0)
+    second = full_batch_grads(model, x2, y2)
+    accumulate_gradients(model, x2, y2, k)
+    again = {n: want[n] + second[n] for n in want}
+    if not all(torch.allclose(p.grad, again[n], **F64_TOL) for n, p in model.named_parameters()) and \
+            all(torch.allclose(p.grad, second[n], **F64_TOL) for n, p in model.named_parameters()):
+        raise AssertionError(f"k = {k}, second call: .grad holds only the second batch's gradient; "
+                             "the first batch's, already in .grad, was dropped (no zero_grad or "
+                             ".grad assignment inside accumulate_gradients: add to .grad)")
+    assert_grads_equal(model, again, f"k = {k}, a second call on another batch: .grad must hold "
+                       "the sum of both batches' gradients", **F64_TOL)
 
 
 @pytest.mark.exercise("4.1", points=1)
@@ -126,7 +139,8 @@ def test_weight_samples_weighs_by_samples_even_with_masked_tokens():
 @pytest.mark.exercise("4.1", points=1)
 def test_a_micro_batch_with_no_counted_token_is_skipped():
     """Check a batch of 8 in k = 4 where micro-batch 1 (samples 2, 3) has every target masked:
-    the full batch's gradient and loss, no NaN (its mean loss would be 0/0)."""
+    the full batch's gradient and loss, no NaN (its mean loss would be 0/0); with
+    weight="samples", the shares of the 6 samples run."""
     from labkit.lab4.grad_accumulation import accumulate_gradients
 
     model = tiny_gpt(dtype=torch.float64)
@@ -140,6 +154,15 @@ def test_a_micro_batch_with_no_counted_token_is_skipped():
     assert_grads_equal(model, want, "micro-batch 1 counts no token", **F64_TOL)
     full_loss = float(copy.deepcopy(model)(x, y).detach())
     assert math.isclose(loss, full_loss, rel_tol=1e-12), f"returned loss {loss!r}, expected {full_loss!r}"
+    # weight="samples": the shares are those of the micro-batches run (6 samples, not 8)
+    model.zero_grad(set_to_none=True)
+    ref = copy.deepcopy(model)
+    run = [(x[i:i + 2], y[i:i + 2]) for i in (0, 4, 6)]
+    sum(ref(xi, yi) * (2 / 6) for xi, yi in run).backward()
+    accumulate_gradients(model, x, y, 4, weight="samples")
+    assert_grads_equal(model, {n: p.grad for n, p in ref.named_parameters()},
+                       'weight="samples" with micro-batch 1 skipped: each micro-batch run stands '
+                       "for its share of the samples run (2 of 6), not of all 8", **F64_TOL)
     model.zero_grad(set_to_none=True)
     with pytest.raises(ValueError, match="y"):  # nothing counted at all: refuse, touch nothing
         accumulate_gradients(model, x, torch.full_like(y, -100), 4)
@@ -149,7 +172,8 @@ def test_a_micro_batch_with_no_counted_token_is_skipped():
 
 def test_accumulation_rejects_bad_input():
     """Not graded (the checks are given): ValueError naming the argument for k = 0, k = -1,
-    k = 2.0, k > batch size and an unknown weight, before any gradient is touched."""
+    k = 2.0, k > batch size, an unknown weight and 0-dim tensors, TypeError for float targets,
+    before any gradient is touched."""
     from labkit.lab4.grad_accumulation import accumulate_gradients
 
     model = tiny_gpt()
@@ -161,6 +185,10 @@ def test_accumulation_rejects_bad_input():
         accumulate_gradients(model, x, y, 2, weight="mean")
     with pytest.raises(TypeError, match="x"):
         accumulate_gradients(model, x.tolist(), y, 2)
+    with pytest.raises(TypeError, match="y must be an int64"):  # not cross-entropy's RuntimeError
+        accumulate_gradients(model, x, y.float(), 2)
+    with pytest.raises(ValueError, match="batch dimension"):  # not an IndexError
+        accumulate_gradients(model, torch.tensor(1), torch.tensor(1), 1)
     assert all(p.grad is None for p in model.parameters()), "a gradient was computed before the error"
 
 

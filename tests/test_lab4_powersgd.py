@@ -103,6 +103,19 @@ def test_powersgd_later_steps_equal_torchs_hook(r):
     assert_step_equal(r, list(range(1, STEPS)), "the first step matched: is the error "
                       "(gradient + old error − M̂) kept and added next step, and the last "
                       "all-reduced Q (divided by the ranks) kept as the next starting Q?")
+    # the kept error itself, over the whole bucket: the averaged vectors' error (own − mean)
+    # cancels in the next mean, so only state.error shows whether it is kept there too
+    _, results = run(r)
+    for rank, res in enumerate(results):
+        for step in range(STEPS):
+            ours, theirs = res[step]["error"]["ours"], res[step]["error"]["torch"]
+            assert set(ours) == set(theirs), (f"r = {r}, rank {rank}, step {step}: state.error has "
+                                              f"buckets {sorted(ours)}, PyTorch's error_dict {sorted(theirs)}")
+            for i in theirs:
+                torch.testing.assert_close(ours[i], theirs[i], **TOL, msg=lambda m, i=i, step=step, rank=rank: (
+                    f"r = {r}, rank {rank}, step {step}: state.error[{i}] differs from PyTorch's "
+                    f"error_dict[{i}] — it is (gradients + old error) − what the hook returned, over "
+                    f"the whole bucket, the uncompressed vectors included\n{m}"))
 
 
 def expected_bytes(model, r):

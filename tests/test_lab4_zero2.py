@@ -30,8 +30,8 @@ from labkit.models import SyntheticData
 CAP = 16_384
 
 
-def _batches(world_size, steps, backwards=1, seed=1):
-    data = SyntheticData(64, 32, 4, seed=seed)
+def _batches(world_size, steps, backwards=1, seed=1, vocab=64, T=32):
+    data = SyntheticData(vocab, T, 4, seed=seed)
     n = iter(range(10_000))
 
     def one():
@@ -48,11 +48,13 @@ def run_zero2(world_size, steps=3, bucket_cap_bytes=CAP, backwards=1, dtype="flo
 
     if model == "zero2":
         m = zero2_gpt(getattr(torch, dtype))
+    elif model == "odd":  # Ψ = 231 in sizes of 3: at N = 2 a shard boundary leaves a 1-element piece
+        m = tiny_gpt(vocab_size=30, block_size=8, n_layer=1, n_head=1, n_embd=3, bias=False)
     else:  # a model whose shard (4Ψ/N) dwarfs a small bucket and its largest gradient
         m = tiny_gpt(n_layer=4, n_embd=48, n_head=2, bias=False)
     if frozen:
         m.wpe.weight.requires_grad_(False)
-    batches = _batches(world_size, steps, backwards)
+    batches = _batches(world_size, steps, backwards, **(dict(vocab=30, T=8) if model == "odd" else {}))
     return m, batches, launch(train_zero2, world_size, m, batches, lr=1e-3,
                               bucket_cap_bytes=bucket_cap_bytes, reference=reference,
                               group_size=group_size, timeout=120)
@@ -122,6 +124,19 @@ def test_zero2_accumulates_several_backwards_exactly(bucket_cap_bytes):
              "must be added to grad_shard, not written over it")
     assert_moments_match(results, f"3 backwards per step, cap {bucket_cap_bytes:,} B", cause)
     assert_params_match(model, results, f"3 backwards per step, cap {bucket_cap_bytes:,} B", cause)
+
+
+@pytest.mark.exercise("4.3", points=1)
+def test_zero2_pieces_of_one_element_at_shard_boundaries():
+    """Check a GPT whose parameter sizes (multiples of 3, Ψ = 231) put N = 2's shard boundary one
+    element before a parameter's end, and another two elements into one, with 40-byte buckets
+    (most hold one gradient) and 2 backwards per step: the moments and parameters of DDP + Adam
+    after 2 steps — every piece, whatever its length, lands at its place in grad_shard."""
+    model, _, results = run_zero2(2, steps=2, bucket_cap_bytes=40, backwards=2, model="odd")
+    cause = ("a parameter cut by a shard boundary into pieces of 1 and 2 elements: is every piece "
+             "(owned_pieces gives them all) sent to its owner, and read back at its offset?")
+    assert_moments_match(results, "pieces of 1 element", cause)
+    assert_params_match(model, results, "pieces of 1 element", cause)
 
 
 @pytest.mark.exercise("4.3", points=1)

@@ -441,3 +441,112 @@ INDEPENDENT = [
            replace="u.shard = flat[shard_range(self.rank, u.shard_size)]",
            why="the shard is a view: it keeps the whole flat copy of the unit alive"),
 ]
+
+# Session 5 (mut34), written blind from the solutions: mixed dtypes per optimizer, a group with no
+# gradient, fp16 losses, delayed-scaler paths, manual attention, P >= 3 drains, unequal costs.
+INDEPENDENT += [
+    # ------------------------------------------------------------ 3.1 loss scaler
+    Mutant("3.1", "lab3/loss_scaler.py",
+           find="            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale.to(device))\n            found.append(found_inf)",
+           replace="            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale.to(device))\n            found.append(found_inf)\n            if found_inf.item():\n                break",
+           why="stops unscaling at the first (device, dtype) group holding an inf: the others stay scaled"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="return loss * self._scale.to(device=loss.device)",
+           replace="return loss * self._scale.to(device=loss.device, dtype=loss.dtype)",
+           why="casts the scale to the loss' dtype (an fp16 loss: 2^16 rounds to inf)"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="                if p.grad is not None:\n                    by_kind",
+           replace="                if p.grad is not None and p.grad.dtype != torch.float32:\n                    by_kind",
+           why="unscales only the 16-bit gradients (fp32 ones stay scaled)"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="""        if self._found_inf is None:
+            self.unscale_(optimizer)
+        if self._found_inf:
+            return False""", replace="""        if self._found_inf is None and self.unscale_(optimizer):
+            return False""",
+           why="after an explicit unscale_() it steps even when that found an inf"),
+    # ------------------------------------------------------------ 3.2 mixed-precision Adam
+    Mutant("3.2", "lab3/mixed_precision.py",
+           find='lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]',
+           replace='lr, (beta1, beta2), eps = group["lr"], group["betas"], self.defaults["eps"]',
+           why="uses the constructor's eps for every param group"),
+    Mutant("3.2", "lab3/mixed_precision.py", find="            if not params:\n                continue",
+           replace="            if not params:\n                break",
+           why="stops at the first param group without a gradient (later groups never step)"),
+    Mutant("3.2", "lab3/mixed_precision.py", find=_FUSED_ADAM,
+           replace=_FUSED_ADAM.replace("            torch._foreach_copy_(params, masters)\n", "").replace(
+               "            masters = [st[\"master\"] for st in states]\n",
+               "            masters = [st[\"master\"] for st in states]\n            torch._foreach_copy_(params, masters)\n"),
+           why="rounds the master into p before updating it (p lags one step behind)"),
+    Mutant("3.2", "lab3/mixed_precision.py", find="            grads = [p.grad.float() for p in params]",
+           replace="            grads = [p.grad.bfloat16().float() for p in params]",
+           why="rounds every gradient through bf16 (an fp16 gradient loses 3 bits)"),
+    # ------------------------------------------------------------ 3.3 fp8
+    Mutant("3.3", "lab3/fp8.py", find="""    if amax == 0:
+        return torch.ones((), dtype=torch.float32, device=amax.device)
+""", replace="""    amax = amax.clamp(min=torch.finfo(torch.float32).tiny)
+""",
+           why="clamps amax 0 to a tiny number instead of returning scale 1"),
+    Mutant("3.3", "lab3/fp8.py", find="return torch._scaled_mm(qx, qw.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype)",
+           replace="return torch._scaled_mm(qx, qw.t(), scale_a=sx, scale_b=sw, out_dtype=torch.float32)",
+           why="the forward returns fp32 whatever x's dtype"),
+    Mutant("3.3", "lab3/fp8.py", find="amax = float(x.detach().abs().max()) if x.numel() else 0.0",
+           replace="amax = max(float(x.detach().max()), 0.0) if x.numel() else 0.0",
+           why="delayed scaling records max(x), not max|x|"),
+    Mutant("3.3", "lab3/fp8.py",
+           find='sg = ctx.scalers["grad"].scale_for(grad_out) if ctx.scalers else _current(grad_out, e5m2)',
+           replace="sg = _current(grad_out, e5m2)",
+           why="the backward always scales the gradient by its own amax, ignoring the delayed scaler"),
+    # ------------------------------------------------------------ 3.4 tensor parallelism
+    Mutant("3.4", "lab3/tensor_parallel.py",
+           find="self.bias = None if full.bias is None else nn.Parameter(full.bias.detach()[rows].clone())",
+           replace="self.bias = None if full.bias is None else nn.Parameter(full.bias.detach()[r * per:(r + 1) * per].clone())",
+           why="takes the bias' contiguous slice even when rows are given (attention's q/k/v bias)"),
+    Mutant("3.4", "lab3/tensor_parallel.py", find="""        dist.all_reduce(grad, group=ctx.group)
+        return grad, None""", replace="""        dist.all_reduce(grad, group=ctx.group)
+        return grad / dist.get_world_size(ctx.group), None""",
+           why="f's backward averages the ranks' gradients instead of summing them"),
+    Mutant("3.4", "lab3/tensor_parallel.py", find="return self.c_proj(F.gelu(self.c_fc(copy_to_tp(x, self.group))))",
+           replace='return self.c_proj(F.gelu(self.c_fc(copy_to_tp(x, self.group)), approximate="tanh"))',
+           why="uses the tanh approximation of GELU (the model uses the exact one)"),
+    Mutant("3.4", "lab3/tensor_parallel.py", find="""        T, r = dist.get_world_size(group), dist.get_rank(group)
+        per = _split("in_features", full.in_features, T)""", replace="""        T, r = dist.get_world_size(group), dist.get_rank()
+        per = _split("in_features", full.in_features, T)""",
+           why="the row-parallel layer picks its columns by global rank"),
+    Mutant("3.4", "lab3/tensor_parallel.py", find="mask = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()",
+           replace="mask = torch.ones(S, S, dtype=torch.bool, device=x.device).triu()",
+           why="the manual attention path masks the past instead of the future"),
+    # ------------------------------------------------------------ 3.5 pipeline schedules
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="        order += backwards[b:]\n",
+           replace="        order += backwards[b:][::-1]\n",
+           why="1F1B drains the remaining backwards last micro-batch first"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find='            count += 1 if action[0] == "F" else -1',
+           replace='            count += 1 if action[0] == "F" else 0',
+           why="in_flight counts the forwards run, never subtracting a finished backward"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="    busy = P * M * v * (forward_cost + backward_cost)",
+           replace="    busy = P * M * v * 2 * forward_cost",
+           why="the bubble counts a backward as long as a forward"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="    warmup = min((v - 1) * R + 2 * (P - 1 - s), v * M)",
+           replace="    warmup = (v - 1) * R + 2 * (P - 1 - s)",
+           why="interleaved warm-up not capped at vM (few micro-batches, many stages)"),
+    # ------------------------------------------------------------ 3.6 pipeline runner
+    Mutant("3.6", "lab3/pipeline.py", find="    previous_grad = None\n",
+           replace="    previous_grad = None\n    stage.zero_grad()\n",
+           why="zeroes the stage's gradients first (accumulating over several steps loses the earlier ones)"),
+    Mutant("3.6", "lab3/pipeline.py", find="                previous_grad = (\"B\", m)\n",
+           replace="                previous_grad = (\"B\", m)\n                finish(previous_grad)\n",
+           why="waits for each gradient's send right after issuing it (a blocking send)"),
+    Mutant("3.6", "lab3/pipeline.py", find="dist.isend(x.grad, group=group, group_dst=rank - 1)",
+           replace="dist.isend(x.grad, dst=rank - 1)",
+           why="sends the input gradient to rank − 1 as a global rank (wrong in a subgroup)"),
+    Mutant("3.6", "lab3/pipeline.py", find="    return total\n",
+           replace="    return None if total is None else total / M\n",
+           why="returns the mean of the loss_m (already divided by M): the loss M times too small"),
+    # ------------------------------------------------------------ 3.7 ZeRO-3
+    Mutant("3.7", "lab3/zero3.py", find="        if u.grads_ready == u.trainable:",
+           replace="        if u.grads_ready == len(u.params):",
+           why="waits for a gradient of every parameter, frozen ones too (the unit never reduces)"),
+    Mutant("3.7", "lab3/zero3.py", find="            u.shard.addcdiv_(u.exp_avg, denom, value=-self.lr / (1 - beta1 ** t))\n            u.grad = None",
+           replace="            u.shard.addcdiv_(u.exp_avg, denom, value=-self.lr / (1 - beta1 ** t))",
+           why="keeps the gradient slice after step (the next step adds onto it)"),
+    Mutant("3.7", "lab3/zero3.py", find="denom = (u.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** t)).add_(self.eps)",
+           replace="denom = (u.exp_avg_sq / (1 - beta2 ** t)).add_(self.eps).sqrt()",
+           why="adds eps under the square root (torch adds it to the root)"),
+]

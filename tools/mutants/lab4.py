@@ -365,3 +365,96 @@ INDEPENDENT = [
            replace="        state.q[index] = [q.clone() for q in initial_qs(state, [tuple(m.shape) for m in mats])]",
            why="warm start from a fresh random Q every step (the subspace never improves)"),
 ]
+
+# Session 5 (mut34), written blind from the solutions: a pad id that is not -100, gradients
+# already in .grad, DDP's forward inside no_sync, frozen parameters, a second iteration,
+# several buckets, the boundary of should_compress.
+INDEPENDENT += [
+    # ---------------------------------------------------------------- 4.1 gradient accumulation
+    Mutant("4.1", "lab4/grad_accumulation.py", find="    counted = [int((yi != IGNORE_INDEX).sum()) for _, yi in micro]",
+           replace="    counted = [int((yi != 0).sum()) for _, yi in micro]",
+           why="counts the targets that are not 0 (a pad id) instead of not IGNORE_INDEX"),
+    Mutant("4.1", "lab4/grad_accumulation.py", find="    is_ddp = isinstance(model, DistributedDataParallel)\n",
+           replace="    is_ddp = isinstance(model, DistributedDataParallel)\n    model.zero_grad()\n",
+           why="zeroes .grad first (the gradients already there are lost)"),
+    Mutant("4.1", "lab4/grad_accumulation.py", find="    total = sum(sizes[i] for i in run)",
+           replace="    total = sum(sizes)",
+           why="the samples' total counts a skipped micro-batch too"),
+    Mutant("4.1", "lab4/grad_accumulation.py", find="""        with sync:  # DDP all-reduces only in the backward of the last micro-batch run
+            loss = model(xi, yi) * (sizes[i] / total)
+            loss.backward()""", replace="""        loss = model(xi, yi) * (sizes[i] / total)
+        with sync:  # DDP all-reduces only in the backward of the last micro-batch run
+            loss.backward()""",
+           why="runs the forward outside no_sync (DDP decides in the forward: it syncs every micro-batch)"),
+    # ---------------------------------------------------------------- 4.2 bucketed DDP
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="            for p in module.parameters():\n                dist.broadcast",
+           replace="            for p in self.params:\n                dist.broadcast",
+           why="broadcasts only the trainable parameters (frozen ones differ between replicas)"),
+    Mutant("4.2", "lab4/bucketed_ddp.py",
+           find="            self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))",
+           replace="            self.handles.append(p.register_hook(lambda g, p=p: self._on_grad_ready(p)))",
+           why="hooks the gradient before it is accumulated into .grad (the bucket reads the old .grad)"),
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="        self.bucket, self.bucket_bytes = [], 0\n",
+           replace="        self.bucket = []\n",
+           why="never resets the bucket's byte count (every later gradient is a bucket of its own)"),
+    # ---------------------------------------------------------------- 4.3 ZeRO-2
+    Mutant("4.3", "lab4/zero2.py", find="        denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(self.eps)",
+           replace="        denom = v.sqrt().add_(self.eps)",
+           why="forgets the second moment's bias correction"),
+    Mutant("4.3", "lab4/zero2.py", find="        denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(self.eps)",
+           replace="        denom = (v / (1 - beta2 ** t)).add_(self.eps).sqrt()",
+           why="adds eps under the square root (torch adds it to the root)"),
+    Mutant("4.3", "lab4/zero2.py", find="""        self._send_bucket()
+        self._finish_in_flight()
+        g = self.grad_shard / self.world_size""", replace="""        g = self.grad_shard / self.world_size
+        self._send_bucket()
+        self._finish_in_flight()""",
+           why="averages the shard before the last buckets are added into it"),
+    Mutant("4.3", "lab4/zero2.py", find="            if rank == self.rank:\n                    mine.append",
+           replace="            if rank == self.rank and length > 1:\n                    mine.append",
+           why="drops a piece of one element (a parameter whose last element starts a shard)"),
+    # ---------------------------------------------------------------- 4.4 compression
+    Mutant("4.4", "lab4/compression.py", find="    scales = padded.abs().amax(dim=1) / 127",
+           replace="    scales = padded.amax(dim=1).clamp(min=0) / 127",
+           why="int8 scale from the chunk's largest value, not its largest magnitude"),
+    Mutant("4.4", "lab4/compression.py", find="    return x.detach()[idx], idx",
+           replace="    return x.detach()[idx], idx.to(torch.int32)",
+           why="top-K returns int32 indices (the contract: int64)"),
+    Mutant("4.4", "lab4/compression.py", find="        k = keep_count(n, state.density)",
+           replace="        k = max(1, int(state.density * n))",
+           why="K = floor(density · numel) instead of keep_count's ceiling"),
+    Mutant("4.4", "lab4/compression.py", find="    step = state.step.get(index, 0)",
+           replace="    step = sum(state.step.values())",
+           why="random-K's step counts every bucket's calls, not this bucket's"),
+    # ---------------------------------------------------------------- 4.5 PowerSGD
+    Mutant("4.5", "lab4/powersgd.py", find="    return (n + m) * r < n * m",
+           replace="    return (n + m) * r <= n * m",
+           why="compresses a matrix whose factors are exactly as large as it"),
+    Mutant("4.5", "lab4/powersgd.py", find="""        q_flat = torch.cat([q.reshape(-1) for q in qs])
+        dist.all_reduce(q_flat, group=group)
+        q_flat.div_(world)
+        off = 0
+        for i, q in enumerate(qs):
+            qs[i] = q_flat[off:off + q.numel()].view_as(q)
+            off += q.numel()
+        for mat, p, q in zip(mats, ps, qs):
+            mat.copy_(p @ q.t())
+        state.q[index] = qs""", replace="""        q_flat = torch.cat([q.reshape(-1) for q in qs])
+        local = [q.clone() for q in qs]
+        dist.all_reduce(q_flat, group=group)
+        q_flat.div_(world)
+        off = 0
+        for i, q in enumerate(qs):
+            qs[i] = q_flat[off:off + q.numel()].view_as(q)
+            off += q.numel()
+        for mat, p, q in zip(mats, ps, qs):
+            mat.copy_(p @ q.t())
+        state.q[index] = local""",
+           why="keeps this rank's Q before the all-reduce for the warm start"),
+    Mutant("4.5", "lab4/powersgd.py", find="        for mat, p, q in zip(mats, ps, qs):\n            mat.copy_(p @ q.t())",
+           replace="        for mat, p in zip(mats, ps):\n            mat.copy_(p @ (mat.t() @ p).t())",
+           why="decompresses with this rank's own Q = Mᵀ P, not the all-reduced mean"),
+    Mutant("4.5", "lab4/powersgd.py", find="    state.error[index] = before - buf",
+           replace="    state.error[index] = before - buf\n    for g in plain:\n        start = (g.data_ptr() - buf.data_ptr()) // 4\n        state.error[index][start:start + g.numel()] = 0",
+           why="keeps error feedback only for the compressed matrices"),
+]

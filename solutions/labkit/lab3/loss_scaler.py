@@ -67,8 +67,10 @@ class DynamicLossScaler:
 
     # ==== exercise 3.1: your code ====
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        """Return ``loss`` multiplied by the current scale (a new tensor in the graph; ``loss``'s
-        dtype and device are kept)."""
+        """Return ``loss`` multiplied by the current float32 scale tensor (a new tensor in the graph,
+        on ``loss``'s device), exactly as ``GradScaler.scale`` does; the dtype is what torch's type
+        promotion gives: a float32 loss stays float32, a 0-dim fp16 loss comes back float32 (both
+        operands are 0-dim), so a scale of 2¹⁶ never overflows fp16's 65504."""
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"loss must be a torch.Tensor, got {type(loss).__name__}")
         # BEGIN SOLUTION 3.1: multiply the loss by the scale (as a tensor on the loss' device)

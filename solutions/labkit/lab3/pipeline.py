@@ -129,6 +129,12 @@ def run_stage(stage: nn.Module, actions, inputs: list[torch.Tensor],
 
     Returns the batch's loss (a 0-dim tensor, sum of the loss_m) on the last rank, None elsewhere.
     """
+    if not isinstance(inputs, (list, tuple)) or not inputs or \
+            not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise ValueError(f"inputs must be a non-empty list of micro-batch tensors, got "
+                         f"{type(inputs).__name__} of {len(inputs) if hasattr(inputs, '__len__') else '?'}")
+    if not isinstance(targets, (list, tuple)):
+        raise ValueError(f"targets must be a list of micro-batch tensors, got {type(targets).__name__}")
     M = len(inputs)
     actions = check_actions(actions, M)
     if len(targets) != M:

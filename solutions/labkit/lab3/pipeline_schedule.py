@@ -253,6 +253,8 @@ def check_dependencies(timeline: Timeline) -> list[str]:
     two spans of one stage overlap. Each violation names the stage, the action and the one it
     should have waited for, e.g. ``"stage 2 F3 starts at 4 before stage 1 F3 ends at 5"``.
     """
+    if not isinstance(timeline, Timeline):
+        raise TypeError(f"timeline must be a Timeline (what simulate returns), got {type(timeline).__name__}")
     # BEGIN SOLUTION 3.5: look up each span's dependencies and report those that end after it starts; and overlaps on a stage
     P = len(timeline.spans)
     v = 1 + max((_chunk(sp.action) for row in timeline.spans for sp in row), default=0)

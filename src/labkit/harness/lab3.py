@@ -177,14 +177,19 @@ def stall_demo(rank: int, world_size: int, stall_s: float = 2.0) -> None:
 
 def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, actions_by_stage,
                     x: torch.Tensor, y: torch.Tensor, num_microbatches: int, groups: int = 1,
-                    stall_s: float = 15.0) -> dict:
+                    stall_s: float = 15.0, prefill: float = 0.0) -> dict:
     """Run by ``labkit.dist.launch``: build the GPT from ``state``, take stage ``r`` of the
     student's ``split_gpt`` (r: this rank's index in its pipeline, one of ``groups`` subgroups),
     and run the student's ``run_stage`` on the batch (x, y) cut into ``num_microbatches`` with
-    that stage's actions, under the stall watchdog.
+    that stage's actions, under the stall watchdog. ``prefill`` ≠ 0: every parameter's ``.grad``
+    holds that constant before the step (as after an earlier micro-step of an accumulation), and
+    the returned gradients are the raw ``.grad`` (the run must add to it).
 
     Returns ``{"loss", "grads": {name: grad}, "blocking_sends": calls of dist.send (which waits
     for its receiver; small messages get through gloo's socket buffers, large ones deadlock),
+    "waited_at_once": isend handles waited for before the rank did anything else (a send or
+    recv, a stage forward, a backward), the last send's closing wait excepted (an isend waited
+    at once is a blocking send),
     "peak_saved": bytes autograd held at most
     (labkit.measure.peak_saved_bytes), "peak_live": the most bytes of tensors alive that the step
     created (:class:`LiveBytes`: activations, send buffers, gradients, temporaries), "calls": {op: n},
@@ -197,12 +202,48 @@ def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, act
     stage = split_gpt(model, pp_size)[pp_rank]
     inputs = [t.clone() for t in x.chunk(num_microbatches)]  # own storages: counted apart
     targets = [t.clone() for t in y.chunk(num_microbatches)]
+    if prefill:
+        for p in stage.parameters():
+            p.grad = torch.full_like(p, prefill)
 
-    blocking, real_send = [], dist.send
+    blocking, real_send, real_isend, real_recv = [], dist.send, dist.isend, dist.recv
+    # events: point-to-point calls, stage forwards and backward calls so far; "at_once": the
+    # event count at the issue of each isend that was waited for with no event in between
+    comm = {"calls": 0, "at_once": []}
+    real_backward = torch.autograd.backward
+
+    def backward(*args, **kwargs):
+        comm["calls"] += 1
+        return real_backward(*args, **kwargs)
+
+    stage.register_forward_pre_hook(lambda module, args: comm.__setitem__("calls", comm["calls"] + 1))
 
     def send(*args, **kwargs):  # dist.send waits for its receiver: count the calls
         blocking.append(1)
         return real_send(*args, **kwargs)
+
+    class _Handle:
+        """An isend's handle that notes whether it is waited for before this rank does anything
+        else — another send or recv, a stage forward, a backward (a blocking send in disguise)."""
+
+        def __init__(self, work):
+            self._work, self._issued = work, comm["calls"]
+
+        def wait(self, *args, **kwargs):
+            if comm["calls"] == self._issued:
+                comm["at_once"].append(self._issued)
+            return self._work.wait(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self._work, name)
+
+    def isend(*args, **kwargs):
+        comm["calls"] += 1
+        return _Handle(real_isend(*args, **kwargs))
+
+    def recv(*args, **kwargs):
+        comm["calls"] += 1
+        return real_recv(*args, **kwargs)
 
     def step():
         box = {}
@@ -212,13 +253,17 @@ def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, act
                 world_size=pp_size, group=group)))
         return box["loss"], saved, live.peak, c
 
-    dist.send = send
+    dist.send, dist.isend, dist.recv, torch.autograd.backward = send, isend, recv, backward
     try:
         loss, saved, live, c = watch_progress(step, stall_s=stall_s, where="run_stage")
     finally:
-        dist.send = real_send
+        dist.send, dist.isend, dist.recv, torch.autograd.backward = real_send, real_isend, real_recv, real_backward
     dist.barrier()
+    # a send waited for at once, before the rank's last event (the closing wait of its last
+    # send is fine): the rank blocked until its receiver had the data
+    waited_at_once = sum(issued < comm["calls"] for issued in comm["at_once"])
     return {"loss": loss, "peak_saved": saved, "peak_live": live, "blocking_sends": len(blocking),
+            "waited_at_once": waited_at_once,
             "grads": {n: p.grad for n, p in stage.named_parameters()},
             "calls": dict(c.calls), "bytes": dict(c.bytes_sent)}
 

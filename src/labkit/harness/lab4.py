@@ -357,8 +357,9 @@ def compare_with_torch(rank: int, world_size: int, model, batches, r: int, seed:
     (DDP settles its bucket order), then register the hooks, which compress from their first
     step on, with the same seed. The loss is ``model(x, y)`` if ``model_computes_loss`` (the
     course's GPT), else the mean squared error of ``model(x)`` and ``y``; ``batches[s][rank]`` is
-    this rank's (x, y) at step s. Returns, per step, both models' gradients (name → tensor) and
-    the communication of the step with ``powersgd_hook`` (calls and bytes of all-reduce, as
+    this rank's (x, y) at step s. Returns, per step, both models' gradients (name → tensor),
+    both hooks' kept errors (``"error"``: ours and torch's, bucket index → tensor) and the
+    communication of the step with ``powersgd_hook`` (calls and bytes of all-reduce, as
     ``count_comm`` counts them).
     """
     from labkit.lab4.powersgd import PowerSGDState, powersgd_hook
@@ -366,17 +367,21 @@ def compare_with_torch(rank: int, world_size: int, model, batches, r: int, seed:
     group, _ = pair_groups(rank, world_size, group_size)
     loss_fn = None if model_computes_loss else torch.nn.functional.mse_loss
     steps = [s[rank] for s in batches]
-    theirs = torch_powersgd_steps(model, steps, r=r, seed=seed, loss_fn=loss_fn, group=group)
+    their_errors: list[dict] = []
+    theirs = torch_powersgd_steps(model, steps, r=r, seed=seed, loss_fn=loss_fn, group=group,
+                                  errors=their_errors)
     ours = DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=1024, process_group=group)
     settle_buckets(ours, steps[0], loss_fn)
-    ours.register_comm_hook(PowerSGDState(r, group, seed=seed), powersgd_hook)
+    state = PowerSGDState(r, group, seed=seed)
+    ours.register_comm_hook(state, powersgd_hook)
     out = []
-    for batch, want in zip(steps, theirs):
+    for batch, want, their_error in zip(steps, theirs, their_errors):
         with count_comm() as counts:
             x, y = batch
             (ours(x, y) if loss_fn is None else loss_fn(ours(x), y)).backward()
         out.append({"ours": {n: p.grad.clone() for n, p in ours.module.named_parameters()},
-                    "torch": want,
+                    "torch": want, "error": {"ours": {i: e.clone() for i, e in state.error.items()},
+                                             "torch": their_error},
                     "calls": counts.calls["all_reduce"], "bytes": counts.bytes_sent["all_reduce"]})
         ours.zero_grad(set_to_none=True)
     return out

@@ -63,7 +63,8 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, fmt=torch.float8_e4m3fn) -> t
     """
     _check_format(fmt)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got {type(x).__name__}")
+        raise TypeError(f"x must be a floating-point tensor, got "
+                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
     scale = torch.as_tensor(scale, dtype=torch.float32)
     if scale.numel() != 1 or not torch.isfinite(scale).all() or (scale <= 0).any():
         raise ValueError(f"scale must be one positive finite number, got {scale.tolist()!r}")
@@ -89,6 +90,9 @@ class DelayedScaling:
 
     def scale_for(self, x: torch.Tensor) -> torch.Tensor:
         """The scale to quantise ``x`` with now (see the class); records x's amax afterwards."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point tensor, got "
+                            f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
         raise NotImplementedError("exercise 3.3: scale from the history's max (x's own amax if the history is empty), then record x's amax, keep the last history_len (labs/03_parameters.ipynb)")
 
 

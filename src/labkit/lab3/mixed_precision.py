@@ -63,11 +63,16 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         """One Adam step for every parameter with a gradient, exactly ``torch.optim.Adam``'s
         update (bias-corrected, with each group's lr, betas and eps) applied to the fp32 master
         with the gradient cast to fp32; then the 16-bit parameter becomes the master rounded to
-        its dtype."""
+        its dtype. ``closure`` (optional) re-evaluates the model and returns the loss, as for
+        torch's optimizers: it is called first, with gradients enabled, and its loss returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
             lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
             raise NotImplementedError("exercise 3.2: create the fp32 state on the first step; Adam on the master with the fp32 gradient; round the master into p (labs/03_parameters.ipynb)")
-        return None
+        return loss

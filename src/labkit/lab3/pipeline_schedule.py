@@ -177,6 +177,8 @@ def check_dependencies(timeline: Timeline) -> list[str]:
     two spans of one stage overlap. Each violation names the stage, the action and the one it
     should have waited for, e.g. ``"stage 2 F3 starts at 4 before stage 1 F3 ends at 5"``.
     """
+    if not isinstance(timeline, Timeline):
+        raise TypeError(f"timeline must be a Timeline (what simulate returns), got {type(timeline).__name__}")
     raise NotImplementedError("exercise 3.5: look up each span's dependencies and report those that end after it starts; and overlaps on a stage (labs/03_parameters.ipynb)")
 
 

@@ -73,6 +73,11 @@ def reduce_from_tp(x: torch.Tensor, group=None) -> torch.Tensor:
     return _ReduceFromTP.apply(x, group)
 
 
+def _check_linear(full) -> None:
+    if not isinstance(full, nn.Linear):
+        raise TypeError(f"full must be a torch.nn.Linear, got {type(full).__name__}")
+
+
 def _split(name: str, size: int, parts: int) -> int:
     if size % parts:
         raise ValueError(f"{name} ({size}) must be divisible by the tensor-parallel size T = {parts}")
@@ -90,6 +95,7 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, full: nn.Linear, group=None, rows: torch.Tensor | None = None):
         super().__init__()
+        _check_linear(full)
         T, r = dist.get_world_size(group), dist.get_rank(group)
         per = _split("out_features", full.out_features, T)
         if rows is None:
@@ -109,6 +115,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, full: nn.Linear, group=None):
         super().__init__()
         self.group = group
+        _check_linear(full)
         T, r = dist.get_world_size(group), dist.get_rank(group)
         per = _split("in_features", full.in_features, T)
         raise NotImplementedError("exercise 3.4: keep a copy of this rank's weight columns and the whole bias (labs/03_parameters.ipynb)")

@@ -93,6 +93,9 @@ class ZeRO3:
         adam_args(lr=lr, betas=betas, eps=eps)
         if not isinstance(getattr(model, "h", None), nn.ModuleList) or len(model.h) == 0:
             raise ValueError("model must have a non-empty ModuleList 'h' of blocks (a labkit GPT)")
+        bad = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+        if bad:  # the shards, the full buffers and Adam are fp32: a 16-bit model would silently change dtype
+            raise ValueError(f"model's parameters must be float32 (ZeRO3 keeps fp32 shards), got dtypes {bad}")
         self.model, self.lr, self.betas, self.eps, self.group = model, float(lr), tuple(betas), eps, group
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.step_count = 0

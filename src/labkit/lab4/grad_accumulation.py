@@ -39,7 +39,10 @@ def split_batch(x: torch.Tensor, y: torch.Tensor, k: int) -> list[tuple[torch.Te
     tensor("x", x)
     tensor("y", y)
     k = positive_int("k", k)
-    if x.dim() == 0 or x.shape[0] != y.shape[0]:
+    if x.dim() == 0 or y.dim() == 0:
+        raise ValueError(f"x and y must have a batch dimension (dim 0), got shapes {tuple(x.shape)} "
+                         f"and {tuple(y.shape)}")
+    if x.shape[0] != y.shape[0]:
         raise ValueError(f"x and y must have the same batch size, got {x.shape[0]} and {y.shape[0]}")
     if k > x.shape[0]:
         raise ValueError(f"k must be at most the batch size {x.shape[0]}, got {k}")
@@ -65,7 +68,9 @@ def accumulate_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
         * If ``model`` is a ``DistributedDataParallel``, gradients are synchronised across the
           ranks once, on the last micro-batch, not k times.
         * A micro-batch with no counted target token is skipped (its mean loss would be 0/0);
-          under DDP the micro-batch that synchronises is then the last one that is not skipped.
+          the shares are then those among the micro-batches run (with ``weight="samples"``, its
+          samples over the samples run), and under DDP the micro-batch that synchronises is the
+          last one that is not skipped.
 
     Returns:
         The whole batch's loss as a float (the weighted sum of the micro-batch losses).
@@ -77,4 +82,7 @@ def accumulate_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
     """
     weight = one_of("weight", weight, WEIGHTS)
     micro = split_batch(x, y, k)  # checks x, y and k
+    if y.dtype != torch.int64:
+        raise TypeError(f"y must be an int64 tensor of target ids (IGNORE_INDEX = -100 for the "
+                        f"ones that do not count), got dtype {y.dtype}")
     raise NotImplementedError("exercise 4.1: weigh each micro-batch by its share (per `weight`; refuse a batch that counts no token); for each: forward, scaled loss, backward, skipping empty ones; DDP synchronises only on the last one run (labs/04_gradients.ipynb)")

@@ -204,13 +204,14 @@ def ddp_sgd_steps(model: torch.nn.Module, steps, *, lr: float, hook=None, hook_s
 
 
 def torch_powersgd_steps(model: torch.nn.Module, steps, *, r: int, seed: int = 0,
-                         loss_fn=None, group=None) -> list[dict]:
+                         loss_fn=None, group=None, errors: list | None = None) -> list[dict]:
     """DDP (one bucket, over ``group``) with PyTorch's ``powerSGD_hook`` at rank ``r``: error
     feedback and warm start on, ``min_compression_rate=1`` (a matrix is compressed when its
     factors are smaller), compressing from its first step (after one settling backward on
     ``steps[0]``), the starting Q drawn from ``seed``. ``steps[s]`` is this rank's ``(x, y)``;
     the loss is ``model(x, y)``, or ``loss_fn(model(x), y)``. Returns per step the gradients
-    (parameter name → tensor)."""
+    (parameter name → tensor); ``errors`` (a list) receives per step a copy of the hook's
+    ``error_dict`` (bucket index → the error it keeps for the next step)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ref
 
     ddp = DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=1024, process_group=group)
@@ -224,5 +225,7 @@ def torch_powersgd_steps(model: torch.nn.Module, steps, *, r: int, seed: int = 0
     for batch in steps:
         _loss(ddp, batch, loss_fn).backward()
         out.append({n: p.grad.clone() for n, p in ddp.module.named_parameters()})
+        if errors is not None:
+            errors.append({i: e.clone() for i, e in state.error_dict.items()})
         ddp.zero_grad(set_to_none=True)
     return out
