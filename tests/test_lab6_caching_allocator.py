@@ -272,6 +272,26 @@ def test_bad_requests_raise():
     assert alloc.allocated_bytes == 0
 
 
+@pytest.mark.parametrize("trace,error,word", [
+    ([("free", 0, 0)], ValueError, "not allocated"),
+    ([("alloc", 0, 10), ("alloc", 0, 10)], ValueError, "twice"),
+    ([("alloc", 0, 10), ("free", 0, "x")], ValueError, "nbytes"),
+    ([("alloc", 0, -1)], ValueError, "nbytes"),
+    ([("alloc", 0, 2.5)], ValueError, "nbytes"),
+    ([["alloc", 0, 10]], ValueError, "trace\\[0\\]"),
+    ([("alloc", [0], 10)], TypeError, "hashable"),
+    ("alloc", TypeError, "trace"),
+])
+def test_bad_traces_raise_before_any_replay(trace, error, word):
+    """Not graded (the given check_trace, in the stub too): a malformed trace is refused by name
+    and index before the allocator sees any event."""
+    from labkit.lab6.caching_allocator import peak_live_bytes, replay
+
+    for fn in (replay, peak_live_bytes):
+        with pytest.raises(error, match=word):
+            fn(trace)
+
+
 def not_live(addr, what, **live):
     """Assert that ``addr`` (returned by ``what``) is none of the live blocks' addresses: a block
     still in use handed out again can only come from a free set that still holds it."""

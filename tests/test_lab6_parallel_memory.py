@@ -237,6 +237,7 @@ def test_zero_shards_over_data_and_context_ranks(stage):
     (dict(n_micro=0), "n_micro"),
     (dict(attention="flash"), "attention"),
     (dict(n_kv_head=5), "n_kv_head"),                          # 5 does not divide 12
+    (dict(world_size=4, tp=4, n_kv_head=2), "n_kv_head"),      # 4 ranks cannot split 2 K/V heads
     (dict(ffn_hidden=0), "ffn_hidden"),
     (dict(gated_mlp=1), "gated_mlp"),
 ])

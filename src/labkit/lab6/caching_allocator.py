@@ -403,6 +403,7 @@ def check_trace(trace) -> list:
             seen.add(ident)
             live.add(ident)
         else:
+            _size(nbytes, f"trace[{k}] nbytes")
             if ident not in live:
                 raise ValueError(f"trace[{k}]: free of id {ident!r}, which is not allocated")
             live.remove(ident)
