@@ -329,8 +329,6 @@ _INDEPENDENT_S5 = [
            why="merging the next block leaves the block after it pointing back at the absorbed one"),
     Mutant("6.1", CA, find="        self.requested_bytes -= block.requested\n", replace="",
            why="free forgets to take the request off requested_bytes"),
-    Mutant("6.1", CA, find="        target = max(size, self.max_split_size)\n", replace="        target = size\n",
-           why="the release target is the request, not at least max_split_size"),
     Mutant("6.1", CA, find="        return released >= target\n", replace="        return released > 0\n",
            why="reports success whenever it released anything, enough or not"),
     Mutant("6.1", CA, find="free[i].size >= self.max_split_size and free[i].stream == stream:",
