@@ -272,6 +272,26 @@ def test_bad_requests_raise():
     assert alloc.allocated_bytes == 0
 
 
+@pytest.mark.parametrize("trace,error,word", [
+    ([("free", 0, 0)], ValueError, "not allocated"),
+    ([("alloc", 0, 10), ("alloc", 0, 10)], ValueError, "twice"),
+    ([("alloc", 0, 10), ("free", 0, "x")], ValueError, "nbytes"),
+    ([("alloc", 0, -1)], ValueError, "nbytes"),
+    ([("alloc", 0, 2.5)], ValueError, "nbytes"),
+    ([["alloc", 0, 10]], ValueError, "trace\\[0\\]"),
+    ([("alloc", [0], 10)], TypeError, "hashable"),
+    ("alloc", TypeError, "trace"),
+])
+def test_bad_traces_raise_before_any_replay(trace, error, word):
+    """Not graded (the given check_trace, in the stub too): a malformed trace is refused by name
+    and index before the allocator sees any event."""
+    from labkit.lab6.caching_allocator import peak_live_bytes, replay
+
+    for fn in (replay, peak_live_bytes):
+        with pytest.raises(error, match=word):
+            fn(trace)
+
+
 def not_live(addr, what, **live):
     """Assert that ``addr`` (returned by ``what``) is none of the live blocks' addresses: a block
     still in use handed out again can only come from a free set that still holds it."""
@@ -503,6 +523,43 @@ def test_oom_under_max_split_size_falls_back_to_releasing_everything():
     assert got == (60 * MiB, 1, [30 * MiB, 20 * MiB, 60 * MiB]), \
         (f"reserved {mib(got[0])}, num_alloc_retries {got[1]}, segments {[mib(s) for s in got[2]]}; expected 60 MiB, 1, "
          f"[30, 20, 60] MiB: when the oversize blocks cannot cover the request, release every free segment and retry")
+
+
+@pytest.mark.exercise("6.1", points=1)
+def test_a_request_of_exactly_max_split_size_is_oversize_too():
+    """max_split_size = 24 MiB, hand-derived from ``get_free_block``: a request ≥ max_split_size
+    may take an oversize block less than 20 MiB larger. A cached 30 MiB block and malloc(24 MiB):
+    24 is not below 24, and 30 < 24 + 20 → taken whole (no split: ``should_split`` needs a
+    request below max_split_size): one segment, 30 MiB allocated."""
+    from labkit.lab6.caching_allocator import CachingAllocator
+
+    at = CachingAllocator(max_split_size=24 * MiB)
+    at.free(at.malloc(30 * MiB))
+    at.malloc(24 * MiB)
+    assert (at.segment_log, at.allocated_bytes) == ([30 * MiB], 30 * MiB), \
+        (f"segments {[mib(s) for s in at.segment_log]}, allocated {mib(at.allocated_bytes)}; expected [30 MiB] and "
+         f"30 MiB: a request of exactly max_split_size is not 'below' it (<, not <=), so the cached oversize block "
+         f"serves it")
+
+
+@pytest.mark.exercise("6.1", points=1)
+def test_oom_under_max_split_size_releases_only_the_requests_stream():
+    """capacity 60 MiB, max_split_size 24 MiB, hand-derived: stream 0 caches an oversize 30 MiB
+    segment and a 20 MiB one (reserved 50 MiB). malloc(4 MiB) on stream 1: nothing of stream 1
+    is cached, a 20 MiB segment would make 70 > 60; ``release_available_cached_blocks`` looks
+    at stream 1's oversize blocks only (there are none) and fails; then every free segment is
+    released and the request retried: reserved 20 MiB, num_alloc_retries 1."""
+    from labkit.lab6.caching_allocator import CachingAllocator
+
+    alloc = CachingAllocator(60 * MiB, max_split_size=24 * MiB)
+    a, x = alloc.malloc(30 * MiB), alloc.malloc(2 * MiB)
+    alloc.free(a)
+    alloc.free(x)
+    alloc.malloc(4 * MiB, stream=1)
+    got = (alloc.reserved_bytes, alloc.num_alloc_retries)
+    hint = (": stream 0's oversize block was released for a stream-1 request (release only the request's stream)"
+            if got == (40 * MiB, 0) else "")
+    assert got == (20 * MiB, 1), (f"reserved {mib(got[0])}, num_alloc_retries {got[1]}; expected 20 MiB and 1{hint}")
 
 
 @pytest.mark.exercise("6.1", points=1)

@@ -25,6 +25,9 @@ MESH_SHAPES = [
     ((4, 2, 2, 8), ("dp", "pp", "cp", "tp")),
     ((8, 16, 8), ("dp", "pp", "tp")),       # 1024 ranks
     ((3, 5, 7), ("a", "b", "c")),           # sizes with no common factor
+    ((1, 4, 1, 2), ("pp", "dp", "cp", "tp")),  # unused axes of size 1 (no pipeline, no context parallelism)
+    ((3, 1), ("dp", "tp")),                 # a size-1 innermost axis: 3 groups of one rank
+    ((1,), ("dp",)),                        # a single GPU
 ]
 
 

@@ -20,16 +20,26 @@ FUSION_GRAD_TOL = dict(atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.exercise("6.5", points=1)
-def test_fused_gelu_matches_torch_gelu_tanh():
-    """Outputs and input gradients equal torch.nn.functional.gelu(x, approximate="tanh")."""
+@pytest.mark.parametrize("dtype,layout", [(torch.float32, "contiguous"), (torch.float32, "transposed"),
+                                          (torch.float64, "contiguous")])
+def test_fused_gelu_matches_torch_gelu_tanh(dtype, layout):
+    """Outputs and input gradients equal torch.nn.functional.gelu(x, approximate="tanh"), in x's
+    dtype and shape, for a contiguous and a transposed (non-contiguous) x; x itself is left
+    unchanged. (fp64 within the fp32 tolerances: looser than it needs.)"""
     import torch.nn.functional as F
 
     from labkit.lab6.fusion import fused_gelu_tanh
 
     torch.manual_seed(0)
-    x = (3 * torch.randn(37, 129)).requires_grad_()
-    g = torch.randn(37, 129)
+    base = 3 * torch.randn(37, 129, dtype=dtype)
+    x = (base if layout == "contiguous" else base.T.contiguous().T).requires_grad_()
+    before = x.detach().clone()
+    g = torch.randn(37, 129, dtype=dtype)
     y = fused_gelu_tanh(x)
+    assert torch.equal(x.detach(), before), \
+        "forward changed its input x (an in-place operation on x?): the caller's tensor, and what backward saved"
+    assert (y.dtype, y.shape) == (dtype, x.shape), \
+        f"output {y.dtype} {tuple(y.shape)}, expected {dtype} {tuple(x.shape)}: compute in x's dtype, elementwise"
     (gx,) = torch.autograd.grad(y, x, g)
     ref = F.gelu(x, approximate="tanh")
     (gref,) = torch.autograd.grad(ref, x, g)

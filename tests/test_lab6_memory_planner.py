@@ -31,19 +31,26 @@ def overlapping_pairs(tensors, offsets):
     return bad
 
 
+def reference_place(tensors, order):
+    """Placement written independently of the solution: in ``order`` (tensors), each tensor at
+    the lowest offset free of all conflicting tensors placed before it (candidates: 0 and every
+    end of a placed conflicting tensor: the lowest free offset is one of them)."""
+    off = {}
+    for t in order:
+        others = [u for u in order if u.id in off and u.start <= t.end and t.start <= u.end]
+        for cand in sorted({0} | {off[u.id] + u.size for u in others}):
+            if all(cand + t.size <= off[u.id] or off[u.id] + u.size <= cand for u in others):
+                off[t.id] = cand
+                break
+    return off
+
+
 def brute_force_arena(tensors):
-    """The optimum, written independently: every order, each tensor at the lowest offset that
-    is free of all conflicting tensors placed before it (candidates: 0 and every end of a
-    placed conflicting tensor); the smallest arena over all orders."""
+    """The optimum, written independently: ``reference_place`` in every order; the smallest
+    arena over all orders."""
     best = None
     for order in itertools.permutations(tensors):
-        off = {}
-        for t in order:
-            others = [u for u in order if u.id in off and u.start <= t.end and t.start <= u.end]
-            for cand in sorted({0} | {off[u.id] + u.size for u in others}):
-                if all(cand + t.size <= off[u.id] or off[u.id] + u.size <= cand for u in others):
-                    off[t.id] = cand
-                    break
+        off = reference_place(tensors, order)
         size = max(off[t.id] + t.size for t in tensors)
         best = size if best is None else min(best, size)
     return best
@@ -82,6 +89,35 @@ def test_plans_never_overlap_live_tensors(planner):
         else:
             offsets = getattr(mp, planner)(tensors)
         check_plan(tensors, offsets, f"{planner}, instance {seed}")
+
+
+@pytest.mark.exercise("6.2", points=1)
+def test_plans_equal_the_documented_order_placed_by_a_reference():
+    """Each planner is its documented order placed at the lowest offset: on 40 random instances
+    with many equal sizes (so every tie-break decides), ``place`` in a shuffled order,
+    ``plan_greedy_by_size`` (size descending, then longer lifetime, then lower id) and
+    ``plan_in_order_of_allocation`` (start, then id) give exactly ``reference_place``'s offsets
+    for those orders. Ids are shuffled so that id order is neither size nor start order."""
+    from labkit.lab6 import memory_planner as mp
+
+    orders = {"plan_greedy_by_size": lambda ts: sorted(ts, key=lambda t: (-t.size, -(t.end - t.start), t.id)),
+              "plan_in_order_of_allocation": lambda ts: sorted(ts, key=lambda t: (t.start, t.id))}
+    for seed in range(40):
+        rng = random.Random(1000 + seed)
+        ids = rng.sample(range(100), 7)
+        tensors = []
+        for i in ids:
+            start = rng.randrange(8)
+            tensors.append(mp.TensorLife(i, rng.choice([1, 2, 2]) * 512, start, start + rng.randrange(0, 5)))
+        shuffled = rng.sample(tensors, len(tensors))
+        got, want = mp.place(tensors, [t.id for t in shuffled]), reference_place(tensors, shuffled)
+        assert got == want, (f"instance {seed}: place in order {[t.id for t in shuffled]} gave {got}, "
+                             f"expected {want}: each tensor, in the given order, at the lowest offset "
+                             "free of the placed tensors alive with it")
+        for name, order in orders.items():
+            got, want = getattr(mp, name)(tensors), reference_place(tensors, order(tensors))
+            assert got == want, (f"instance {seed}: {name} gave {got}, expected {want} (tensors {tensors}): "
+                                 f"the order differs from the documented one (a tie-break?)")
 
 
 @pytest.mark.exercise("6.2", points=1)
@@ -234,7 +270,7 @@ def test_order_of_allocation_follows_start_not_id():
 def test_bad_tensors_raise():
     """Not graded (the checks are the given code's, in the stub too): peak_live, arena_size and
     the planners refuse what is not a list of TensorLife, and arena_size an offset missing."""
-    from labkit.lab6.memory_planner import TensorLife, arena_size, lifetimes, peak_live
+    from labkit.lab6.memory_planner import TensorLife, arena_size, lifetimes, peak_live, plan_greedy_by_size
 
     with pytest.raises(TypeError, match="tensors"):
         peak_live([1, 2])
@@ -247,3 +283,10 @@ def test_bad_tensors_raise():
         lifetimes([("alloc", 0, 10)], round_to=0)
     assert [x.size for x in lifetimes([("alloc", 0, 0), ("alloc", 1, 10)], round_to=512)] == [0, 512], \
         "a 0-byte tensor takes no bytes in a plan (the allocator gives it no block either)"
+    with pytest.raises(TypeError, match="ints"):
+        peak_live([TensorLife(0, 1.5, 0, 1)])          # a fractional size
+    with pytest.raises(ValueError, match="start"):
+        peak_live([TensorLife(0, 512, -1, 1)])
+    with pytest.raises(TypeError, match="comparable"):
+        plan_greedy_by_size([TensorLife("a", 512, 0, 1), TensorLife(1, 512, 0, 1)])  # ties need an id order
+    assert arena_size([], {}) == 0 and peak_live([]) == 0, "an empty trace: a plan of 0 bytes"

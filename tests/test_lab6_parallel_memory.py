@@ -139,22 +139,27 @@ def test_first_pipeline_stage_holds_min_p_m_micro_batches(pp, n_micro):
 
 @pytest.mark.exercise("6.4", points=1)
 @pytest.mark.parametrize("cp", [2, 4, 8])
-def test_context_parallelism_splits_the_sequence(cp):
+@pytest.mark.parametrize("ckpt", ["none", "selective", "full"])
+def test_context_parallelism_splits_the_sequence(cp, ckpt):
     """C ranks, naive attention: each rank holds s/C tokens, and its s/C queries attend to all s
     keys, so every sbh term is the s/C layer's and the score term is a·(s/C)·s·b·5 (e = 2): the
     s² term divided by C, not C² (an (s/C)² block is what a *fused* ring holds at one moment,
-    and it stores none of them for backward)."""
+    and it stores none of them for backward). Under every recomputation mode: selective keeps
+    sbh·34 at s/C, full keeps the layer's input of its s/C tokens, 2·(s/C)·b·h."""
     from labkit.lab6.parallel_memory import activation_bytes_per_layer
 
     s, b, h, a = 8192, 1, 4096, 32
     local = s // cp
-    want = local * b * h * 34 + 5 * a * local * s * b  # Korthikanti's sbh(34 + 5as/h) at s/C queries
-    got = activation_bytes_per_layer(s, b, h, a, cp=cp)
+    want = {"none": local * b * h * 34 + 5 * a * local * s * b,  # Korthikanti's sbh(34 + 5as/h) at s/C queries
+            "selective": local * b * h * 34, "full": 2 * local * b * h}[ckpt]
+    got = activation_bytes_per_layer(s, b, h, a, cp=cp, checkpointing=ckpt)
     over_c2 = memory_model.activation_bytes_per_layer(local, b, h, a)
+    whole = activation_bytes_per_layer(s, b, h, a, checkpointing=ckpt)
     hint = (": the score term divided by C², as if a rank's queries attended to its own s/C keys only"
-            if close(got, over_c2) else ": is the sequence split by C, and do the s/C queries see all s keys?")
-    assert close(got, want), (f"activations per layer with C = {cp}, s = {s}, naive attention: {got:,.0f} B, "
-                              f"expected sbh(34) at s/C + 5·a·(s/C)·s·b = {want:,.0f}{hint}")
+            if close(got, over_c2) else ": the whole sequence's count (C not applied)" if close(got, whole)
+            else ": is the sequence split by C, and do the s/C queries see all s keys?")
+    assert close(got, want), (f"activations per layer with C = {cp}, s = {s}, naive attention, recompute "
+                              f"{ckpt}: {got:,.0f} B, expected {want:,.0f} (s/C = {local} tokens){hint}")
 
 
 @pytest.mark.exercise("6.4", points=1)
@@ -237,6 +242,7 @@ def test_zero_shards_over_data_and_context_ranks(stage):
     (dict(n_micro=0), "n_micro"),
     (dict(attention="flash"), "attention"),
     (dict(n_kv_head=5), "n_kv_head"),                          # 5 does not divide 12
+    (dict(world_size=4, tp=4, n_kv_head=2), "n_kv_head"),      # 4 ranks cannot split 2 K/V heads
     (dict(ffn_hidden=0), "ffn_hidden"),
     (dict(gated_mlp=1), "gated_mlp"),
 ])

@@ -59,21 +59,12 @@ def allocator_rates(lives=(250, 1000, 4000, 16000), repeat: int = 3) -> dict[int
 
 
 def cases() -> list[Case]:
-    from labkit.lab6.caching_allocator import record_trace, replay
+    from labkit.lab6.caching_allocator import gpt_training_step, record_trace, replay
     from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused
-    from labkit.models import GPT, SyntheticData, lab_config
+    from labkit.models import GPT
 
-    cfg = lab_config("cpu")
-    torch.manual_seed(0)
-    model = GPT(cfg)
-    opt = torch.optim.Adam(model.parameters())
-    x, y = SyntheticData(cfg.vocab_size, cfg.block_size, 16).batch(0)
-
-    def step():
-        model(x, y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = gpt_training_step()
+    cfg, (x, y) = step.model.config, step.batch
     step()
     trace, _ = record_trace(step)
 

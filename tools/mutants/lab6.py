@@ -315,3 +315,89 @@ _INDEPENDENT_63_64 = [
            why="selective recomputation still keeps the attention scores"),
 ]
 INDEPENDENT = globals().get("INDEPENDENT", []) + _INDEPENDENT_63_64
+
+# ---------------------------------------------------------------------------------------------
+# Session 5 (mut6): a third list, written from the solution modules and the lab's instructions
+# before reading the graders or the lists above; the ones that duplicated a listed mutant's
+# effect were dropped. Appended to INDEPENDENT.
+_INDEPENDENT_S5 = [
+    # ------------------------------------------------------------------ 6.1 the caching allocator
+    Mutant("6.1", CA, find="            if size < self.max_split_size and block.size >= self.max_split_size:",
+           replace="            if size <= self.max_split_size and block.size >= self.max_split_size:",
+           why="a request of exactly max_split_size counted as below it: it never reuses a cached block"),
+    Mutant("6.1", CA, find="            if nxt.next is not None:\n                nxt.next.prev = block\n", replace="",
+           why="merging the next block leaves the block after it pointing back at the absorbed one"),
+    Mutant("6.1", CA, find="        self.requested_bytes -= block.requested\n", replace="",
+           why="free forgets to take the request off requested_bytes"),
+    Mutant("6.1", CA, find="        return released >= target\n", replace="        return released > 0\n",
+           why="reports success whenever it released anything, enough or not"),
+    Mutant("6.1", CA, find="free[i].size >= self.max_split_size and free[i].stream == stream:",
+           replace="free[i].size >= self.max_split_size:",
+           why="the OOM release under max_split_size also frees other streams' segments"),
+    Mutant("6.1", CA, find="        if block is None and not self.expandable and self._release_available(pool, stream, rounded):\n"
+                           "            block = self._new_block(pool, stream, rounded)\n"
+                           "        if block is None:\n"
+                           "            self.num_alloc_retries += 1\n"
+                           "            self._release_cached()\n"
+                           "            block = self._new_block(pool, stream, rounded)\n",
+           replace="        if block is None:\n"
+                   "            self.num_alloc_retries += 1\n"
+                   "            self._release_cached()\n"
+                   "            block = self._new_block(pool, stream, rounded)\n",
+           why="skips the just-enough release of oversize segments: frees the whole cache at once"),
+    Mutant("6.1", CA, find="        free.discard(block)\n        if self._should_split(block, size):",
+           replace="        free.discard(block)\n        self.allocated_bytes += block.size - size\n        if self._should_split(block, size):",
+           why="counts the whole cached block as allocated before splitting it"),
+    # ------------------------------------------------------------------ 6.2 the static planner
+    Mutant("6.2", MP, find="            if lo - offset >= t.size:", replace="            if lo >= t.size:",
+           why="compares the start of the next busy range, not the gap, with the tensor's size"),
+    Mutant("6.2", MP, find="for p in placed if conflict(p, t))",
+           replace="for p in placed if p.start < t.end and t.start < p.end)",
+           why="lifetimes that touch (one freed at the event the other is allocated) taken as disjoint"),
+    Mutant("6.2", MP, find="    order = sorted(tensors, key=lambda t: (-t.size, -(t.end - t.start), t.id))",
+           replace="    order = sorted(tensors, key=lambda t: (-t.size, -t.end, t.id))",
+           why="largest first, ties by the later end instead of the longer lifetime"),
+    Mutant("6.2", MP, find="    for ident in order:\n", replace="    for ident in by_id:\n",
+           why="places the tensors in the order they were given, ignoring the order argument"),
+    # ------------------------------------------------------------------ 6.3 the device mesh
+    Mutant("6.3", DM, find="    for rank in range(math.prod(shape)):\n        c = coords_of(rank, shape)\n",
+           replace="    for rank in sorted(range(math.prod(shape)), key=lambda r: tuple(reversed(coords_of(r, shape)))):\n        c = coords_of(rank, shape)\n",
+           why="groups listed with the other coordinates varying first-dimension-fastest, not by first rank"),
+    Mutant("6.3", DM, find="    for size in reversed(shape):\n        rank, c = divmod(rank, size)\n",
+           replace="    for size in reversed([s for s in shape if s > 1]):\n        rank, c = divmod(rank, size)\n",
+           why="drops the dimensions of size 1 from the coordinates"),
+    Mutant("6.3", DM, find="    dim = names.index(axis)\n",
+           replace="    dim = names.index(axis)\n    if shape[dim] == 1:\n        return []\n",
+           why="an axis of size 1 has no groups (it has world_size groups of one rank)"),
+    # ------------------------------------------------------------------ 6.4 the parallel memory model
+    Mutant("6.4", PM, find="    unsplit = sbh * (4 * e + 2 * masks)", replace="    unsplit = sbh * (4 * e + masks)",
+           why="one dropout mask outside attention instead of two (after attention and after the MLP)"),
+    Mutant("6.4", PM, find="    mlp = (3 if gated_mlp else 2) * e * s * b * ffn_hidden",
+           replace="    mlp = (3 if gated_mlp else 2) * e * s * b * 4 * h",
+           why="the MLP width taken as 4h even when ffn_hidden says otherwise"),
+    Mutant("6.4", PM, find='    sharded = {"optimizer states": zero_stage >= 1,',
+           replace='    sharded = {"optimizer states": zero_stage >= 2,',
+           why="ZeRO-1 shards nothing (stage boundary off by one for the optimizer states)"),
+    Mutant("6.4", PM, find="    s, b, h, a, e = seq_len // cp, micro_batch, hidden, n_head, element_bytes\n"
+                           "    sbh = s * b * h\n    masks = 1 if dropout else 0\n"
+                           "    if checkpointing == \"full\":\n        return sbh * e / tp if sequence_parallel else sbh * e\n",
+           replace="    s, b, h, a, e = seq_len // cp, micro_batch, hidden, n_head, element_bytes\n"
+                   "    sbh = s * b * h\n    masks = 1 if dropout else 0\n"
+                   "    if checkpointing == \"full\":\n        return seq_len * b * h * e / tp if sequence_parallel else seq_len * b * h * e\n",
+           why="full recomputation keeps the whole sequence's layer input on a context-parallel rank"),
+    Mutant("6.4", PM, find="    in_flight = min(pp, n_micro)\n", replace="    in_flight = min(pp - 1, n_micro) or 1\n",
+           why="the first stage keeps P − 1 micro-batches in flight (off by one)"),
+    # ------------------------------------------------------------------ 6.5 fusion
+    Mutant("6.5", FU, find="* K * (1 + 3 * A * x * x)", replace="* (1 + 3 * A * x * x)",
+           why="forgets the k of the inner derivative"),
+    Mutant("6.5", FU, find="        ctx.save_for_backward(x)\n        t = torch.tanh(K * (x + A * x * x * x))\n        return 0.5 * x * (1 + t)\n",
+           replace="        x = x.float()\n        ctx.save_for_backward(x)\n        t = torch.tanh(K * (x + A * x * x * x))\n        return 0.5 * x * (1 + t)\n",
+           why="computes (and returns) in fp32 whatever the input's dtype"),
+    Mutant("6.5", FU, find="        t = torch.tanh(K * (x + A * x * x * x))\n        return 0.5 * x * (1 + t)\n",
+           replace="        t = torch.tanh(K * (x + A * x * x * x))\n        return x.mul_(0.5).mul_(1 + t)\n",
+           why="computes y in place in x to save memory (overwrites the input it saved)"),
+    Mutant("6.5", FU, find="        (x,) = ctx.saved_tensors\n        t = torch.tanh(K * (x + A * x * x * x))\n",
+           replace="        (x,) = ctx.saved_tensors\n        t = torch.tanh(x + A * x * x * x)\n",
+           why="recomputes tanh without the k factor in backward"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_S5

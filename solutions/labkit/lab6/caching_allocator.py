@@ -47,7 +47,7 @@ import math
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
-from labkit.validate import boolean, non_negative_int
+from labkit.validate import boolean, non_negative_int, positive_int
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
@@ -509,6 +509,7 @@ def check_trace(trace) -> list:
             seen.add(ident)
             live.add(ident)
         else:
+            _size(nbytes, f"trace[{k}] nbytes")
             if ident not in live:
                 raise ValueError(f"trace[{k}]: free of id {ident!r}, which is not allocated")
             live.remove(ident)
@@ -580,6 +581,34 @@ def record_trace(fn, *args, **kwargs):
     with _Recorder():
         result = fn(*args, **kwargs)
     return list(events), result  # frees after the mode exits are not part of the recording
+
+
+def gpt_training_step(batch_size: int = 16, seed: int = 0):
+    """A zero-argument callable that runs one training step (forward, backward, Adam, grads set
+    to None) of the lab's GPT (``lab_config("cpu")``) on batch ``batch_size`` of ``SyntheticData``.
+
+    Its first call also creates Adam's states; later calls allocate and free the same tensors.
+    The model, the optimizer and the batch are its attributes ``model``, ``optimizer``, ``batch``.
+    ``record_trace(gpt_training_step())[0]`` is the trace of a first step.
+    """
+    import torch
+
+    from labkit.models import GPT, SyntheticData, lab_config
+
+    batch_size = positive_int("batch_size", batch_size)
+    cfg = lab_config("cpu")
+    torch.manual_seed(non_negative_int("seed", seed))
+    model = GPT(cfg)
+    optimizer = torch.optim.Adam(model.parameters())
+    x, y = SyntheticData(cfg.vocab_size, cfg.block_size, batch_size).batch(0)
+
+    def step():
+        model(x, y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step.model, step.optimizer, step.batch = model, optimizer, (x, y)
+    return step
 
 
 def peak_live_bytes(trace, rounded: bool = False) -> int:

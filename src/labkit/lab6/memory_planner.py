@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from labkit.validate import positive_int
+from labkit.validate import is_int, positive_int
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
@@ -92,10 +92,17 @@ def _check_tensors(tensors) -> list[TensorLife]:
     if not all(isinstance(t, TensorLife) for t in tensors):
         raise TypeError("tensors must be TensorLife objects (see lifetimes(trace))")
     for t in tensors:
-        if t.size < 0 or t.end < t.start:
-            raise ValueError(f"tensor {t.id}: size must be >= 0 and end >= start, got {t}")
+        if not all(is_int(v) for v in (t.size, t.start, t.end)):
+            raise TypeError(f"tensor {t.id!r}: size, start and end must be ints, got {t}")
+        if t.size < 0 or t.start < 0 or t.end < t.start:
+            raise ValueError(f"tensor {t.id!r}: size and start must be >= 0 and end >= start, got {t}")
     if len({t.id for t in tensors}) != len(tensors):
         raise ValueError("tensors must have distinct ids")
+    try:
+        sorted(t.id for t in tensors)
+    except TypeError:
+        raise TypeError("tensor ids must be comparable with each other (ties are broken by id): "
+                        f"got ids of types {sorted({type(t.id).__name__ for t in tensors})}") from None
     return tensors
 
 

@@ -79,6 +79,9 @@ def check_layer(seq_len, micro_batch, hidden, n_head, *, tp, cp, sequence_parall
         raise ValueError(f"n_kv_head={n_kv_head} must divide n_head={n_head} (grouped-query attention)")
     if n_head % tp:
         raise ValueError(f"tp={tp} must divide n_head={n_head} (each rank keeps whole heads)")
+    if n_kv_head % tp:
+        raise ValueError(f"tp={tp} must divide n_kv_head={n_kv_head} (each rank keeps whole key/value "
+                         "heads, as Megatron-LM's divide(num_query_groups, tp) requires)")
     if seq_len % cp:
         raise ValueError(f"cp={cp} must divide seq_len={seq_len}")
     validate.one_of("checkpointing", checkpointing, CHECKPOINTING)
@@ -154,6 +157,8 @@ def per_gpu_bytes(n_params: float, *, world_size: int, dp: int = 1, tp: int = 1,
         raise ValueError(f"pp={pp} must divide n_layer={n_layer}")
     validate.one_of("recipe", recipe, tuple(RECIPES))
     validate.one_of("optimizer", optimizer, tuple(OPTIMIZERS))
+    validate.one_of("zero_stage", zero_stage, ZERO_STAGES)
+    validate.positive_number("n_params", n_params)
     per_layer = activation_bytes_per_layer(seq_len, micro_batch, hidden, n_head, tp=tp, cp=cp,
                                            sequence_parallel=sequence_parallel,
                                            checkpointing=checkpointing,
