@@ -110,7 +110,12 @@ def _params_cause(cfg: GPTConfig, diff: int) -> str:
         return "the final LayerNorm (ln_f) is off"
     if diff % cfg.n_layer == 0 and abs(diff) < cfg.n_layer * 12 * C:
         return "a per-block count of biases or LayerNorm weights is off (what does bias=False remove?)"
-    return "a block's matrices are off: count the qkv, output, up and down projections"
+    if diff % cfg.n_layer == 0:
+        return (f"{diff // cfg.n_layer:+,} per block: a block's matrices are off? count the qkv, "
+                f"output, up and down projections")
+    return (f"the count is off by {diff:+,}, which no single missing or extra piece explains: "
+            f"check each piece (the two embeddings, ln_f, every block's matrices, biases and "
+            f"LayerNorms) against the model")
 
 
 CONFIGS_WITH_BIAS = [cfg for cfg, _, _ in HELD_OUT if cfg.bias] + [

@@ -21,17 +21,16 @@ next to the gradient-ready events a probe hook appends: exact facts, not wall ti
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import warnings
 
 import torch
 import torch.distributed as dist
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.comm_count import count_comm
+from labkit.measure import Tracker
 from labkit.reference.lab4 import (
     ddp_adam_steps, ddp_backward, ddp_sgd_steps, grad_bytes, master_adam_steps, pair_groups,
     settle_buckets, torch_powersgd_steps)
@@ -194,7 +193,7 @@ def train_zero2(rank: int, world_size: int, model: torch.nn.Module, batches, *, 
     (most ``.grad`` bytes alive during the backward passes), ``"held_after_backward"`` (bytes
     of every tensor MemTracker sees alive after the first step's backward passes, the
     parameters and Adam's states excluded: the gradient shard, the full gradients, buffers in
-    flight; None with frozen parameters, which MemTracker cannot follow),
+    flight),
     ``"shard_bytes"``, ``"shard_size"``, ``"largest_grad_bytes"``, ``"timeline"``, ``"events"``
     (the first step's backward: collectives and ("grad", name)), ``"exp_avg"``,
     ``"exp_avg_sq"`` (per step, this rank's (S,) slice), ``"shard_left"`` (per step, the largest
@@ -205,9 +204,7 @@ def train_zero2(rank: int, world_size: int, model: torch.nn.Module, batches, *, 
     group, ranks = pair_groups(rank, world_size, group_size)
     zmodel = copy.deepcopy(model)
     params = [p for p in zmodel.parameters() if p.requires_grad]
-    # MemTracker (torch 2.13) registers a hook on every parameter a forward touches, which a
-    # frozen one refuses: with frozen parameters the bytes held are not measured (None).
-    tracker = MemTracker() if all(p.requires_grad for p in zmodel.parameters()) else contextlib.nullcontext()
+    tracker = Tracker()  # MemTracker that accepts frozen parameters (labkit.measure)
     with tracker:
         opt = ZeRO2Adam(list(zmodel.parameters()), lr=lr, bucket_cap_bytes=bucket_cap_bytes,
                         group=group)
@@ -233,14 +230,12 @@ def train_zero2(rank: int, world_size: int, model: torch.nn.Module, batches, *, 
             if i == 0:
                 with tracker, log:
                     for x, y in micro:
-                        if isinstance(tracker, MemTracker):
-                            tracker.reset_mod_stats()  # it refuses a module's second forward otherwise
+                        tracker.reset_mod_stats()  # it refuses a module's second forward otherwise
                         loss = zmodel(x, y)
                         loss.backward()
-                    if isinstance(tracker, MemTracker):
-                        snap = tracker.get_tracker_snapshot("current")
-                        total = sum(entry.get("Total", 0) for entry in snap.values())
-                        held = total - _storage_bytes([*opt.state.values(), *zmodel.parameters()])
+                    snap = tracker.get_tracker_snapshot("current")
+                    total = sum(entry.get("Total", 0) for entry in snap.values())
+                    held = total - _storage_bytes([*opt.state.values(), *zmodel.parameters()])
                 first_timeline, events = list(timeline), list(log.events)
             else:
                 for x, y in micro:
