@@ -275,22 +275,27 @@ def _offloaded_shard(model: ModelSpec, cfg: Config) -> float:
 def memory_estimate(model: ModelSpec, cluster: Cluster, cfg: Config) -> dict[str, float]:
     """Bytes of the four consumers on the busiest GPU of ``cfg`` (lab 6's model), and "total".
 
-    Lab 6 divides K and V by T; when T does not divide the key/value heads (MQA, GQA with T >
-    n_kv_head), a rank holds ``kv_heads_per_rank`` whole heads and the difference is added.
+    Lab 6 divides K and V by T and refuses a T that does not divide the key/value heads (as
+    Megatron-LM does); for such a layout (MQA, GQA with T > n_kv_head) lab 6 is asked for the
+    multi-head shape and the activations are corrected to the ``kv_heads_per_rank`` whole heads
+    a rank really holds (replicated ones too).
 
     Under offload the optimizer states leave the GPU and its gradients shrink to one bucket:
     one layer's 16-bit gradients of this GPU's parameters (the module docstring)."""
+    g, kv = model.n_kv_head or model.n_head, kv_heads_per_rank(model, cfg.tp)
+    shape = dict(model.shape)
+    if g % cfg.tp:  # lab 6 refuses it: ask for the multi-head shape, correct below
+        g = shape["n_kv_head"] = model.n_head
     out = per_gpu_bytes(model.n_params, world_size=cluster.n_gpus, dp=cfg.dp, tp=cfg.tp,
                         pp=cfg.pp, cp=cfg.cp, zero_stage=cfg.zero_stage, recipe=cfg.recipe,
                         optimizer=cfg.optimizer, n_layer=model.n_layer, hidden=model.hidden,
                         n_head=model.n_head, seq_len=model.seq_len, micro_batch=cfg.micro_batch,
                         n_micro=cfg.n_micro, checkpointing=cfg.checkpointing,
                         sequence_parallel=cfg.sequence_parallel, attention=cfg.attention,
-                        **model.shape)
+                        **shape)
     out = {c: float(out[c]) for c in CONSUMERS}
-    g, kv = model.n_kv_head or model.n_head, kv_heads_per_rank(model, cfg.tp)
-    if kv * cfg.tp > g and cfg.checkpointing != "full":
-        # lab 6 splits K and V by T; a rank holds kv whole key/value heads (replicated ones too)
+    if kv * cfg.tp != g and cfg.checkpointing != "full":
+        # lab 6 split K and V of g heads by T; a rank holds kv whole key/value heads
         e, s = RECIPES[cfg.recipe].activation, model.seq_len // cfg.cp
         per_layer = 2 * e * s * cfg.micro_batch * model.hidden / model.n_head * (kv - g / cfg.tp)
         out["activations"] += model.n_layer // cfg.pp * min(cfg.pp, cfg.n_micro) * per_layer
