@@ -42,7 +42,8 @@ import itertools
 
 import torch
 
-LIMIT = 3  # a module-level statement
+LIMIT = 3  # a module-level constant: taken
+torch.manual_seed(LIMIT)  # a module-level statement: dropped
 
 
 def given(x):
@@ -51,16 +52,18 @@ def given(x):
 
 def exercise(x):
     """Doc."""
-    return helper(x) * 2
+    return helper(x) * 2 + Thing.OFFSET
 
 
 def helper(x):
-    return x
+    return x - LIMIT + 3
 
 
 class Thing:
     def given_method(self):
         return 1
+
+    OFFSET = 0  # a class constant the student added: taken
 
     def method(self, y):
         return self.extra(y)
@@ -75,23 +78,27 @@ class Added:
 
 
 def test_extraction_takes_exercise_bodies_and_added_definitions_only():
-    """Exercise units and added definitions come from the student; the given function, the
-    module-level statement and the edit are dropped and listed; line ranges mark the student's."""
+    """Exercise units, added definitions and added constants (module-level and in an exercise's
+    class) come from the student; the given function, the module-level statement and the edit
+    are dropped and listed; line ranges mark the student's."""
     merged = extract.merge(PRISTINE, STUDENT, "labkit/lab9/m.py")
     assert extract.exercise_ids(PRISTINE) == ("9.1", "9.2")
     assert set(merged.units) == {"exercise", "Thing.method"}
-    assert set(merged.added) == {"helper", "Thing.extra", "Added"}
+    assert set(merged.added) == {"helper", "Thing.extra", "Added", "LIMIT", "Thing.OFFSET"}
     ns: dict = {}
     exec(compile(merged.source, "m.py", "exec"), ns)
     assert ns["given"](1) == 2 and ns["exercise"](3) == 6 and ns["Thing"]().method(1) == 2
-    assert "LIMIT" not in ns and "itertools" in ns
+    assert ns["LIMIT"] == 3 and ns["Thing"].OFFSET == 0 and "itertools" in ns
     dropped = "\n".join(map(str, merged.dropped))
-    assert "LIMIT = 3" in dropped and "module-level statement" in dropped
+    assert "torch.manual_seed(LIMIT)" in dropped and "module-level statement" in dropped
+    assert "LIMIT = 3" not in dropped and "OFFSET" not in dropped
     assert "given `given`" in dropped
     lines = merged.source.splitlines()
     for lo, hi in merged.student_lines:
         assert "raise NotImplementedError" not in "\n".join(lines[lo - 1:hi])
     assert any("def exercise" in lines[lo - 1] for lo, hi in merged.student_lines)
+    assert any(lines[lo - 1].startswith("LIMIT = 3") for lo, hi in merged.student_lines)
+    assert scan.scan(merged, PRISTINE) == []
 
 
 def test_a_missing_or_broken_file_is_graded_as_the_stub():

@@ -72,6 +72,18 @@ class _State:
             self.cache[code] = hit
         return hit
 
+    def is_student_frame(self, frame) -> bool:
+        """A frame of the student's code: one of its functions, or a module or class body
+        running one of its lines (a decorator, a default value, a constant, at import)."""
+        code = frame.f_code
+        if code.co_flags & 0x2:  # CO_NEWLOCALS: a function's own code object
+            return self.is_student(code)
+        ranges = self.student.get(code.co_filename)
+        if ranges is None and code.co_filename[:1] == "/":
+            ranges = self.student.get(os.path.realpath(code.co_filename))
+        line = frame.f_lineno or 0
+        return bool(ranges) and any(lo <= line <= hi for lo, hi in ranges)
+
     def where(self, frame) -> str:
         return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} " \
                f"({frame.f_code.co_name})"
@@ -79,7 +91,7 @@ class _State:
     def student_frame(self, frame):
         """The innermost student frame on the stack from ``frame`` outwards, or None."""
         while frame is not None:
-            if self.is_student(frame.f_code):
+            if self.is_student_frame(frame):
                 return frame
             frame = frame.f_back
         return None
@@ -111,8 +123,16 @@ DIRECT = {
     "function.__new__": "building functions at run time", "code.__new__": "building code objects",
     "builtins.breakpoint": "a debugger",
 }
+PICKLE_FORBIDDEN = ("sys", "os", "posix", "builtins", "subprocess", "gc", "ctypes", "importlib",
+                    "inspect", "labkit.grade", "labkit.grading", "pytest", "_pytest", "runpy",
+                    "code", "types", "marshal", "pickle", "operator", "functools", "shutil",
+                    "signal", "atexit", "torch.hub", "torch.library", "nt", "io", "codecs")
+"""Modules an unpickled object may not come from while a student's code is on the stack
+(``torch.load(..., weights_only=False)`` of hand-made bytes reaches ``sys.modules``)."""
 FORBIDDEN_IMPORTS = ("labkit.grade", "labkit.grading", "pytest", "_pytest", "gc", "ctypes",
-                     "atexit", "inspect", "importlib", "builtins", "signal", "subprocess")
+                     "atexit", "inspect", "importlib", "builtins", "signal", "subprocess",
+                     "labkit.reference", "labkit.harness", "labkit.cross_check", "unittest",
+                     "torch.hub", "torch.library", "torch.package")
 WRITES = {"os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
           "os.symlink", "os.link", "os.utime", "shutil.rmtree", "shutil.move", "os.mkdir",
           "os.chflags", "os.lchown", "os.lchmod"}
@@ -154,7 +174,7 @@ def _make_hook(state: _State):
             return
         is_write = event == "open" or event in WRITES
         if event not in direct and not is_write and event != "import" \
-                and not event.startswith("ctypes."):
+                and not event.startswith("ctypes.") and event != "pickle.find_class":
             return
         me = get_ident()
         if me in busy:
@@ -162,6 +182,20 @@ def _make_hook(state: _State):
         busy.add(me)
         try:
             frame = getframe(1)  # the frame whose call raised the event
+            if event == "exec" and args and hasattr(args[0], "co_filename") \
+                    and args[0].co_filename[:1] == "/" and \
+                    (realpath(args[0].co_filename) + os.sep).startswith(write_roots):
+                state.refuse(f"running code from {args[0].co_filename}: a file the test may "
+                             "write is never run (torch.hub, runpy, an import from a temporary "
+                             "folder)")
+            if event == "pickle.find_class":
+                module = str(args[0]) if args else ""
+                if any(module == m or module.startswith(m + ".") for m in PICKLE_FORBIDDEN) \
+                        and state.student_frame(frame) is not None:
+                    state.refuse(f"unpickling {module}.{args[1] if len(args) > 1 else '?'} "
+                                 f"from {state.where(state.student_frame(frame))}: an unpickled "
+                                 "object reaches the interpreter's modules (load weights only)")
+                return
             if is_write:
                 if event == "open":
                     path, mode, flags = (tuple(args) + (None, None))[:3]
@@ -186,11 +220,11 @@ def _make_hook(state: _State):
                 if not any(name == m or name.startswith(m + ".") for m in FORBIDDEN_IMPORTS):
                     return
                 frame = caller(frame)
-                if frame is not None and state.is_student(frame.f_code):
+                if frame is not None and state.is_student_frame(frame):
                     state.refuse(f"import {name} from {state.where(frame)}: the grader's and "
                                  "the interpreter's internals are not an exercise's to use")
                 return
-            if frame is not None and state.is_student(frame.f_code):
+            if frame is not None and state.is_student_frame(frame):
                 what = direct.get(event, "raw memory access (ctypes)")
                 detail = f" {args[1]}" if event.startswith("object.") and len(args) > 1 else ""
                 state.refuse(f"{event}{detail} from {state.where(frame)}: {what} — no exercise "
@@ -376,8 +410,38 @@ def _snapshot():
     return snap, classes
 
 
+def _torch_state() -> dict:
+    import torch
+
+    return {"default dtype": torch.get_default_dtype(), "grad mode": torch.is_grad_enabled(),
+            "torch-function modes": torch._C._len_torch_function_stack(),
+            "dispatch modes": torch._C._len_torch_dispatch_stack(),
+            "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+            "inference mode": torch.is_inference_mode_enabled()}
+
+
+def _global_state_changes(baseline: dict) -> list[str]:
+    """torch's global state that differs from ``baseline`` (the state before any student module
+    was imported): a default dtype, grad mode or a mode left on changes what the graders' own
+    comparisons compute. Each is put back; the names are returned."""
+    import torch
+
+    now = _torch_state()
+    changed = [f"torch's {k} ({baseline[k]} -> {now[k]})" for k in baseline if now[k] != baseline[k]]
+    if changed:
+        torch.set_default_dtype(baseline["default dtype"])
+        torch.set_grad_enabled(baseline["grad mode"])
+        while torch._C._len_torch_function_stack() > baseline["torch-function modes"]:
+            torch._C._pop_torch_function_stack()
+        while torch._C._len_torch_dispatch_stack() > baseline["dispatch modes"]:
+            torch._C._pop_torch_dispatch_stack()
+        torch.use_deterministic_algorithms(baseline["deterministic algorithms"])
+    return changed
+
+
 def _api(state: _State):
     snapshot = []
+    baseline = _torch_state()
 
     class Api:
         @staticmethod
@@ -398,10 +462,11 @@ def _api(state: _State):
 
         @staticmethod
         def check_integrity():
-            """Names of trusted functions rebound since the snapshot (each is put back)."""
+            """Names of trusted functions rebound since the snapshot (each is put back), and
+            torch's global state left changed since the guard was installed (put back too)."""
+            changed = _global_state_changes(baseline)
             if not snapshot:
-                return []
-            changed = []
+                return changed
             modules, classes = snapshot[0]
             for name, (mod, attrs) in modules.items():
                 now = vars(mod)
