@@ -13,8 +13,9 @@ import shutil
 
 import pytest
 
-from _grade_helpers import ROOT, append, module, replace_body, student_edition
-from labkit.grade import runner
+from _grade_helpers import (ROOT, append, apply_cheat, cheat_files, load_cheat, module,
+                            replace_body, student_edition)
+from labkit.grade import extract, runner, scan
 
 # Each test grades a lab in child processes (start-up, collection, the tests): seconds on an idle
 # machine, minutes on a loaded one; pytest's per-test timeout (180 s) is too short for that.
@@ -223,3 +224,33 @@ def test_a_shortcut_the_scan_misses_is_blocked_at_run_time(tmp_path, collected, 
                           "refused while grading" in t["message"] for t in failed), \
         [t["message"][:200] for t in failed]
     assert any(f"exercise {ex}" in t["message"] for t in failed)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", cheat_files(), ids=lambda p: p.stem)
+def test_each_cheat_of_the_corpus_is_refused_or_dropped(tmp_path, path):
+    """Every cheat in tests/cheats/ (reaching the grader through objects, lying return values,
+    code at import time, references, mocks, torch.library, torch.hub, unpickling, grader
+    detection, ...), applied to the stubs' module it names: the scan refuses it for the
+    exercises the header names (they are graded as stubs, with the reason), or the extraction
+    drops it (listed, never run). Static: no child process, milliseconds each."""
+    cheat = load_cheat(path)
+    rel = f"labkit/{cheat['module']}"
+    pristine = (ROOT / "src" / rel).read_text()
+    labkit = tmp_path / "labkit"
+    (labkit / cheat["module"]).parent.mkdir(parents=True)
+    (labkit / cheat["module"]).write_text(pristine)
+    student = apply_cheat(labkit, cheat).read_text()
+    merged = extract.merge(pristine, student, rel)
+    found = scan.scan(merged, pristine)
+    text = " ".join(map(str, found))
+    if cheat["expect"] == "dropped":
+        assert found == [], text
+        dropped = " ".join(map(str, merged.dropped))
+        assert cheat["needle"] in dropped, dropped
+        assert cheat["code"].strip().splitlines()[-1] not in merged.source
+        return
+    expected = set(cheat["expect"].split()[1:])
+    refused = {e for r in found for e in r.exercises}
+    assert expected <= refused, (cheat["cheat"], text or "nothing refused")
+    assert cheat["needle"] in text, (cheat["needle"], text)

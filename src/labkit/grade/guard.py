@@ -410,6 +410,58 @@ def _snapshot():
     return snap, classes
 
 
+GRADER_MODULES = ("labkit.grade", "labkit.grading", "_pytest", "pytest", "pluggy")
+OWN_MODULES = ("labkit.grade", "labkit.grading")
+VOLATILE = {"_pytest.assertion.util"}
+"""pytest sets these modules' hooks around every test (``util._reprcompare``)."""
+
+
+def _grader_snapshot(extra_classes=()) -> tuple[dict, dict]:
+    """What decides the grade in this process — the grader's modules (every value), pytest's and
+    pluggy's functions and classes, and those classes' attributes — taken once the child's
+    plugin is loaded, before any test module (so any student module) is imported."""
+    import types
+
+    mods, classes = {}, {}
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith(GRADER_MODULES) or name in VOLATILE:
+            continue
+        try:
+            items = dict(vars(mod))
+        except TypeError:
+            continue
+        own = name.startswith(OWN_MODULES)
+        mods[name] = (mod, {k: v for k, v in items.items() if own or isinstance(
+            v, (types.FunctionType, types.BuiltinFunctionType, type))})
+        for v in items.values():
+            if isinstance(v, type) and getattr(v, "__module__", None) == name:
+                classes[v] = (dict(vars(v)), own)
+    for cls in extra_classes:
+        classes[cls] = (dict(vars(cls)), True)
+    return mods, classes
+
+
+def _compare(snap, changed: list) -> None:
+    modules, classes = snap
+    for name, (mod, attrs) in modules.items():
+        now = vars(mod)
+        for k, v in attrs.items():
+            if now.get(k, v) is not v:
+                changed.append(f"{name}.{k}")
+                setattr(mod, k, v)
+    for cls, value in classes.items():
+        attrs, own = value if isinstance(value, tuple) else (value, False)
+        now = vars(cls)
+        for k, v in attrs.items():
+            if now.get(k, v) is not v:
+                changed.append(f"{cls.__qualname__}.{k}")
+                type.__setattr__(cls, k, v)
+        for k in set(now) - set(attrs) if own else ():
+            if k not in ("__abstractmethods__", "_abc_impl", "__annotations__"):
+                changed.append(f"{cls.__qualname__}.{k} (added)")
+                type.__delattr__(cls, k)
+
+
 def _torch_state() -> dict:
     import torch
 
@@ -428,19 +480,21 @@ def _global_state_changes(baseline: dict) -> list[str]:
 
     now = _torch_state()
     changed = [f"torch's {k} ({baseline[k]} -> {now[k]})" for k in baseline if now[k] != baseline[k]]
-    if changed:
+    if now["default dtype"] != baseline["default dtype"]:
         torch.set_default_dtype(baseline["default dtype"])
+    if now["grad mode"] != baseline["grad mode"]:
         torch.set_grad_enabled(baseline["grad mode"])
-        while torch._C._len_torch_function_stack() > baseline["torch-function modes"]:
-            torch._C._pop_torch_function_stack()
-        while torch._C._len_torch_dispatch_stack() > baseline["dispatch modes"]:
-            torch._C._pop_torch_dispatch_stack()
-        torch.use_deterministic_algorithms(baseline["deterministic algorithms"])
+    while torch._C._len_torch_function_stack() > baseline["torch-function modes"]:
+        torch._C._pop_torch_function_stack()
+    while torch._C._len_torch_dispatch_stack() > baseline["dispatch modes"]:
+        torch._C._pop_torch_dispatch_stack()
+    if now["deterministic algorithms"] != baseline["deterministic algorithms"]:
+        torch._C._set_deterministic_algorithms(baseline["deterministic algorithms"])
     return changed
 
 
 def _api(state: _State):
-    snapshot = []
+    snapshot, early = [], []
     baseline = _torch_state()
 
     class Api:
@@ -461,24 +515,18 @@ def _api(state: _State):
             snapshot[:] = [_snapshot()]
 
         @staticmethod
+        def take_grader_snapshot():
+            if not early:
+                early.append(_grader_snapshot(extra_classes=(Api,)))
+
+        @staticmethod
         def check_integrity():
-            """Names of trusted functions rebound since the snapshot (each is put back), and
+            """Names of trusted functions rebound since the snapshots (each is put back), and
             torch's global state left changed since the guard was installed (put back too)."""
             changed = _global_state_changes(baseline)
-            if not snapshot:
-                return changed
-            modules, classes = snapshot[0]
-            for name, (mod, attrs) in modules.items():
-                now = vars(mod)
-                for k, v in attrs.items():
-                    if now.get(k, v) is not v:
-                        changed.append(f"{name}.{k}")
-                        setattr(mod, k, v)
-            for cls, attrs in classes.items():
-                now = vars(cls)
-                for k, v in attrs.items():
-                    if now.get(k, v) is not v:
-                        changed.append(f"{cls.__qualname__}.{k}")
-                        type.__setattr__(cls, k, v)
+            if early:
+                _compare(early[0], changed)
+            if snapshot:
+                _compare(snapshot[0], changed)
             return changed
     return Api

@@ -171,6 +171,26 @@ WHY_SPECIAL = ("a special method that answers comparisons, truth, conversions or
 FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
+_MODULE_PATHS: dict[str, bool] = {}
+
+
+def _is_module_path(full: str) -> bool:
+    """Whether the dotted name is a module (``torch.testing``) rather than a function, a class
+    or a constant (``torch.float32``), without importing anything new."""
+    if full not in _MODULE_PATHS:
+        import importlib.util
+        import sys
+
+        ok = full in sys.modules
+        if not ok:
+            try:
+                ok = importlib.util.find_spec(full) is not None
+            except (ImportError, ValueError, AttributeError):
+                ok = False
+        _MODULE_PATHS[full] = ok
+    return _MODULE_PATHS[full]
+
+
 def _dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
@@ -256,6 +276,7 @@ class _Scanner(ast.NodeVisitor):
         self.params: set[str] = set()       # an exercise's parameters (the test's objects)
         self.unpacked: set[int] = set()     # ids of expressions unpacked with ** in a call or {}
         self.loops: dict[str, list[str]] = {}  # loop variables over literal strings
+        self.classes: set[str] = set()       # local names bound to type(x)
 
     def visit_For(self, node):
         """``for name in ("dp", "tp"): getattr(plan, name)``: the names are literal."""
@@ -386,6 +407,17 @@ class _Scanner(ast.NodeVisitor):
         func = node.func
         self.called.add(id(func))
         self.unpacked |= {id(k.value) for k in node.keywords if k.arg is None}
+        args = list(node.args)
+        if isinstance(func, ast.Name) and func.id in ("getattr", "hasattr") and len(args) >= 2 \
+                and isinstance(args[1], ast.Constant):
+            args = args[1:]  # getattr(dist, "all_gather_single", None): checked as dist.<name>
+        for a in (*args, *[k.value for k in node.keywords]):
+            self._no_module_value(a, "passed to a call")
+        if isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and node.args and (
+                isinstance(node.args[0], ast.Call) or (isinstance(node.args[0], ast.Name)
+                                                       and node.args[0].id in self.classes)):
+            self.refuse(node, f"`{func.id}({ast.unparse(node.args[0])[:40]}, ...)`",
+                        "patching the class of an object changes what the graders run")
         if isinstance(func, ast.Name) and func.id == "type" and len(node.args) == 1 \
                 and not node.keywords:
             self.type_calls.add(id(func))
@@ -436,7 +468,48 @@ class _Scanner(ast.NodeVisitor):
         self.generic_visit(node)
 
     # assignments -------------------------------------------------------------
+    def _module_value(self, node) -> str | None:
+        """The module a bare expression refers to (``torch``, ``torch.testing``, an alias), or None."""
+        full = self.resolve(node)
+        return full if full and _is_module_path(full) else None
+
+    def _no_module_value(self, node, where: str) -> None:
+        """A module is only ever the base of an attribute (``torch.x``): one put in a list,
+        passed, returned or stored hides from the scan what the code reaches through it."""
+        full = self._module_value(node)
+        if full:
+            self.refuse(node, f"the module `{full}` {where}",
+                        "a module used as a value (in a list, an argument, a return value, an "
+                        "attribute) hides from the checks what is reached through it: use its "
+                        "functions by name")
+
+    def visit_List(self, node):
+        for e in node.elts:
+            self._no_module_value(e, "in a list, tuple or set")
+        self.generic_visit(node)
+
+    visit_Tuple = visit_Set = visit_List
+
+    def visit_Return(self, node):
+        if node.value is not None:
+            self._no_module_value(node.value, "returned")
+        self.generic_visit(node)
+
+    def visit_Subscript(self, node):
+        self._no_module_value(node.value, "subscripted")
+        self.generic_visit(node)
+
+    def visit_comprehension(self, node):
+        self._no_module_value(node.iter, "iterated")
+        self.generic_visit(node)
+
     def _check_target(self, target, verb):
+        base = target.value if isinstance(target, (ast.Attribute, ast.Subscript)) else None
+        if base is not None and (isinstance(base, ast.Call) or (
+                isinstance(base, ast.Name) and base.id in self.classes)):
+            self.refuse(target, f"{verb} `{ast.unparse(target)[:70]}`",
+                        "patching the class of an object (type(x).name = ...) changes what the "
+                        "graders run: an exercise only writes its own code")
         if isinstance(target, ast.Attribute) and self._is_module_ref(target.value):
             self.refuse(target, f"{verb} `{ast.unparse(target)}`",
                         "patching a module, or the course's given code, changes what the graders "
@@ -457,6 +530,11 @@ class _Scanner(ast.NodeVisitor):
             full = self.resolve(node.value)
             if full:
                 self.names[node.targets[0].id] = full
+            elif isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) \
+                    and node.value.func.id == "type":
+                self.classes.add(node.targets[0].id)
+        else:
+            self._no_module_value(node.value, "stored in an attribute or an item")
         self.generic_visit(node)
 
     def visit_AugAssign(self, node):
