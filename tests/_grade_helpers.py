@@ -59,7 +59,7 @@ CHEATS = ROOT / "tests" / "cheats"
 
 def cheat_files() -> list[Path]:
     """The cheats of tests/cheats/ (one per file: a header, ``---``, the code)."""
-    return sorted(p for p in CHEATS.glob("*.txt") if p.read_text().startswith("# cheat:"))
+    return sorted(p for p in CHEATS.glob("*.txt") if p.read_text().startswith(("# cheat:", "# fair:")))
 
 
 def load_cheat(path: Path) -> dict:

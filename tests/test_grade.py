@@ -284,3 +284,37 @@ def test_the_command_grades_a_class_into_one_csv(tmp_path):
     for name in ("ada", "bob"):
         res = json.loads((tmp_path / "out" / name / "results.json").read_text())
         assert res["score"] == 0 and "refused" in res["output"]
+
+
+def test_links_huge_and_non_utf8_files_of_a_submission_are_not_read(tmp_path):
+    """A folder submission whose module is a link to the instructor's solution (or whose
+    src/labkit is one) grades nothing from it; a huge file or one that is not UTF-8 is graded as
+    the stub, and the report says why; a zip keeps only its Python files, within a size cap."""
+    solution = ROOT / "solutions" / "labkit" / "lab1" / "accounting.py"
+    sub = tmp_path / "sub" / "src" / "labkit"
+    (sub / "lab1").mkdir(parents=True)
+    (sub / "lab1" / "accounting.py").symlink_to(solution)
+    (sub / "lab2").mkdir()
+    (sub / "lab2" / "adafactor.py").write_bytes(b"x = '\xff\xfe'\n")
+    (sub / "lab2" / "offload.py").write_text("#" * (runner.MAX_FILE_BYTES + 10))
+    (sub / "lab3").mkdir()
+    (sub / "lab3" / "loss_scaler.py").write_text("# nothing\n")
+    assert runner.find_labkit(tmp_path / "sub") == sub
+    text, why = runner.read_submitted(sub / "lab1" / "accounting.py", sub)
+    assert text is None and "link" in why
+    assert "not UTF-8" in runner.read_submitted(sub / "lab2" / "adafactor.py", sub)[1]
+    assert "larger than" in runner.read_submitted(sub / "lab2" / "offload.py", sub)[1]
+    assert runner.read_submitted(sub / "lab3" / "loss_scaler.py", sub) == ("# nothing\n", "")
+    linked = tmp_path / "linked"
+    (linked / "src").mkdir(parents=True)
+    (linked / "src" / "labkit").symlink_to(ROOT / "solutions" / "labkit")
+    with pytest.raises(FileNotFoundError):
+        runner.find_labkit(linked)
+    zpath = tmp_path / "sub.zip"
+    with zipfile.ZipFile(zpath, "w") as z:
+        z.writestr("src/labkit/lab1/accounting.py", "x = 1\n")
+        z.writestr("src/labkit/lab1/big.py", "#" * (runner.MAX_FILE_BYTES + 1))
+        z.writestr("src/labkit/lab1/data.bin", b"\0" * 100)
+    out = runner.unpack(zpath, tmp_path / "unz")
+    assert (out / "src/labkit/lab1/accounting.py").exists()
+    assert not (out / "src/labkit/lab1/big.py").exists() and not (out / "src/labkit/lab1/data.bin").exists()

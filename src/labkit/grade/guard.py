@@ -59,6 +59,7 @@ class _State:
         self.write_roots = tuple(os.path.realpath(r) + os.sep for r in spec.get("write_roots", ()))
         self.exercise = None
         self.refusals: list[str] = []
+        self.outside: list[str] = []     # refusals outside any test (a student module's import)
         self.cache: dict = {}
 
     def is_student(self, code) -> bool:
@@ -97,6 +98,8 @@ class _State:
         return None
 
     def refuse(self, text: str):
+        if self.exercise is None:  # at import or between tests: every later test fails with it
+            self.outside.append(text)
         self.refusals.append(text)
         raise PermissionError(f"refused while grading: {text}")
 
@@ -127,6 +130,14 @@ PICKLE_FORBIDDEN = ("sys", "os", "posix", "builtins", "subprocess", "gc", "ctype
                     "inspect", "labkit.grade", "labkit.grading", "pytest", "_pytest", "runpy",
                     "code", "types", "marshal", "pickle", "operator", "functools", "shutil",
                     "signal", "atexit", "torch.hub", "torch.library", "nt", "io", "codecs")
+PICKLE_NEVER = ("sys", "os", "posix", "nt", "subprocess", "importlib", "labkit.grade",
+                "labkit.grading", "pytest", "_pytest", "runpy", "code", "ctypes", "gc", "inspect",
+                "marshal", "signal", "atexit", "shutil", "pty", "pickle", "torch.hub",
+                "torch.library", "unittest")
+PICKLE_NEVER_BUILTINS = {"exec", "eval", "compile", "getattr", "setattr", "delattr",
+                         "__import__", "open", "globals", "vars", "breakpoint", "input", "locals"}
+"""What no unpickled object may come from, whoever unpickles it (a rank's return value is
+unpickled by the launcher in the test's process, with no student frame on the stack)."""
 """Modules an unpickled object may not come from while a student's code is on the stack
 (``torch.load(..., weights_only=False)`` of hand-made bytes reaches ``sys.modules``)."""
 FORBIDDEN_IMPORTS = ("labkit.grade", "labkit.grading", "pytest", "_pytest", "gc", "ctypes",
@@ -190,6 +201,11 @@ def _make_hook(state: _State):
                              "folder)")
             if event == "pickle.find_class":
                 module = str(args[0]) if args else ""
+                name = str(args[1]) if len(args) > 1 else ""
+                if any(module == m or module.startswith(m + ".") for m in PICKLE_NEVER) or \
+                        (module == "builtins" and name in PICKLE_NEVER_BUILTINS):
+                    state.refuse(f"unpickling {module}.{name}: no result of the course's code "
+                                 "is made of it (an object a rank returns included)")
                 if any(module == m or module.startswith(m + ".") for m in PICKLE_FORBIDDEN) \
                         and state.student_frame(frame) is not None:
                     state.refuse(f"unpickling {module}.{args[1] if len(args) > 1 else '?'} "
@@ -506,7 +522,7 @@ def _api(state: _State):
         @staticmethod
         def end():
             state.exercise = None
-            found = list(state.refusals)
+            found = list(dict.fromkeys(state.outside + state.refusals))
             state.refusals.clear()
             return found
 

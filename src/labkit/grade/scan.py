@@ -621,10 +621,30 @@ def _import_time_parts(node) -> list[ast.AST]:
     return []
 
 
+def _decorators(node) -> list[ast.AST]:
+    """Every decorator of a definition and of the definitions in its class body."""
+    out = list(getattr(node, "decorator_list", ()))
+    if isinstance(node, ast.ClassDef):
+        for stmt in node.body:
+            if isinstance(stmt, (*FUNCS, ast.ClassDef)):
+                out += _decorators(stmt)
+    return out
+
+
 def _import_time_refusals(s: _Scanner, node) -> None:
     """Code that runs at import (before any test, outside an exercise) may only build values:
     every call in it must be one of :data:`SAFE_IMPORT_TIME_CALLS`; no statement but an
     assignment (and ``pass``) in a class body."""
+    for deco in _decorators(node):
+        dotted = _dotted(deco)
+        if dotted is None:
+            continue  # a call: checked below
+        name, full = ".".join(dotted), s.resolve(deco)
+        if not ({name, full} & SAFE_IMPORT_TIME_CALLS) and dotted[-1] not in (
+                "setter", "getter", "deleter"):
+            s.refuse(deco, f"the decorator `@{name}`", "a decorator is called when the module "
+                     "is imported, before any test: only the usual ones (staticmethod, "
+                     "classmethod, property, dataclass, functools' and torch.no_grad) may be")
     for part in _import_time_parts(node):
         if isinstance(part, ast.stmt) and not isinstance(part, (ast.Assign, ast.AnnAssign,
                                                                  ast.Pass)):
