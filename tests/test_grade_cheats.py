@@ -259,3 +259,24 @@ def test_each_cheat_of_the_corpus_is_refused_or_dropped(tmp_path, path):
     refused = {e for r in found for e in r.exercises}
     assert expected <= refused, (cheat["cheat"], text or "nothing refused")
     assert cheat["needle"] in text, (cheat["needle"], text)
+
+
+def test_tampering_at_import_the_scan_misses_is_caught_in_the_child(tmp_path, collected, no_scan):
+    """With the scan off, 1.1's honest solution plus an added class whose body runs at import,
+    before any test: it reaches sys.modules through torch.sys, replaces the child's grading table
+    by one that reads "passed" (before this check: 30/30 on lab 1's stubs) and sets torch's
+    default dtype to float64. The child's own binding of its table and the check of torch's
+    global state fail every test, with the reason."""
+    sub = student_edition(tmp_path / "sub")
+    acc = module(sub, ACCOUNTING)
+    replace_body(acc, "count_params", COUNT_PARAMS_SOLUTION)
+    apply_cheat(sub / "src" / "labkit", load_cheat(ROOT / "tests" / "cheats" /
+                                                   "sys_modules_via_torch.txt"))
+    append(acc, '''
+        class _Float64:
+            torch.set_default_dtype(torch.float64)
+        ''')
+    table = grade(sub, collected, ["1.1"])
+    assert table["earned"] == 0, table["exercises"]["1.1"]
+    text = messages(table, "1.1")
+    assert "grading table was replaced" in text and "default dtype" in text, text

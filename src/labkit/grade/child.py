@@ -105,7 +105,10 @@ def pytest_runtest_logreport(report, _guard=_guard, _send=_send, _config=_config
                            "test ran (put back): " + ", ".join(sorted(set(changed))[:8]))
         if refused:
             record["outcome"] = "failed"
-            record["message"] = "refused while grading: " + " | ".join(refused)[:1500]
+            before = record.get("message", "") if record.get("message", "").startswith(
+                "refused while grading") else ""
+            record["message"] = (before + " | " if before else "refused while grading: ") + \
+                " | ".join(refused)[:1500]
     _send({"kind": "test", "nodeid": report.nodeid, "outcome": record.get("outcome"),
            "message": (record.get("message") or "")[:3000],
            "details": (record.get("details") or "")[-3000:]})
