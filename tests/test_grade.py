@@ -1,6 +1,7 @@
 """``labkit-grade``: extraction, scan, formats, and the Gradescope autograder in its layout."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -318,3 +319,21 @@ def test_links_huge_and_non_utf8_files_of_a_submission_are_not_read(tmp_path):
     out = runner.unpack(zpath, tmp_path / "unz")
     assert (out / "src/labkit/lab1/accounting.py").exists()
     assert not (out / "src/labkit/lab1/big.py").exists() and not (out / "src/labkit/lab1/data.bin").exists()
+
+
+def test_an_outcome_that_takes_points_out_of_the_total_is_believed_only_where_it_can_happen():
+    """A child (or a student's code raising a skip) that reports "needs CUDA" for a test that
+    runs here, or "not graded" for a test whose optional reference this machine has, would take
+    the test's points out of ``possible``: the parent fails it. A collected file that asks for
+    an optional reference this machine lacks keeps "not graded"."""
+    test = {"exercise": "1.1", "points": 2, "test": "t", "cuda_only_here": False,
+            "may_be_ungraded": False}
+    for outcome in ("needs CUDA", "not graded"):
+        out = runner._decide(test, {"outcome": outcome, "message": "Skipped"}, "", None)
+        assert out["outcome"] == "failed" and "this machine" in out["message"], out
+    out = runner._decide({**test, "may_be_ungraded": True}, {"outcome": "not graded"}, "", None)
+    assert out["outcome"] == "not graded"
+    from labkit.grade.collect import _optional_missing
+
+    fake = ROOT / "tests" / "test_lab1_accounting.py"
+    assert _optional_missing(fake) is (importlib.util.find_spec("bitsandbytes") is None)

@@ -123,6 +123,16 @@ def _assigned_names(node: ast.AST) -> list[str]:
     return []
 
 
+def _free_names(expr: ast.AST) -> set[str]:
+    """The names an expression reads that it does not bind itself (comprehensions, lambdas)."""
+    loads = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    stores = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    args = {a.arg for n in ast.walk(expr) if isinstance(n, ast.Lambda)
+            for a in (*n.args.posonlyargs, *n.args.args, *n.args.kwonlyargs, n.args.vararg,
+                      n.args.kwarg) if a is not None}
+    return loads - stores - args
+
+
 def _constant_names(node: ast.AST) -> list[str]:
     """The names a student's constant binds (``EPS = 1e-8``, ``A, B = 1, 2``, ``N: int = 4``);
     [] for anything else (an augmented assignment, an attribute or item target, a dunder)."""
@@ -246,6 +256,10 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
     p_names = _top_names(p_tree)
     p_dumps = {ast.dump(n) for n in p_tree.body}
     tail: list[str] = []
+    import builtins
+
+    available = set(p_names) | set(dir(builtins)) | {"__name__", "__file__", "__doc__"}
+    available |= {n.name for n in s_tree.body if isinstance(n, (*FUNCS, ast.ClassDef))}
     for node in s_tree.body:
         if isinstance(node, (*FUNCS, ast.ClassDef)):
             if node.name in p_names:
@@ -271,6 +285,7 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
                                               f"refused and dropped: {why}"))
                 continue
             tail.append(ast.get_source_segment(student, node) + "\n")
+            available |= bound
             merged.taken.append((f"import at line {node.lineno}", node, module_ids))
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
                 and isinstance(node.value.value, str):
@@ -278,8 +293,16 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
         elif _constant_names(node) and not (set(_constant_names(node)) & p_names) \
                 and ast.dump(node) not in p_dumps:
             # a module-level constant the student added (EPS = 1e-8): taken, scanned like the
-            # code that runs at import (it may only build a value)
+            # code that runs at import (it may only build a value), if every name it reads is
+            # defined (a constant that reads a dropped import would break the whole module)
             names = _constant_names(node)
+            unknown = sorted(_free_names(node.value) - available)
+            if unknown:
+                merged.dropped.append(Dropped(path, node.lineno, _describe(node),
+                                              f"reads {', '.join(unknown)}, which is not taken "
+                                              "from the submission: dropped"))
+                continue
+            available.update(names)
             tail.append("\n")
             tail += _indent(_segment(s_lines, node, with_decorators=False), "")
             merged.added += names

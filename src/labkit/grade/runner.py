@@ -447,6 +447,9 @@ def _decide(test: dict, record: dict | None, note: str, refused: list | None) ->
     if outcome == "needs CUDA" and not test.get("cuda_only_here"):
         outcome, record = "failed", {**record, "message": "reported as needing CUDA, which this "
                                      "test does not on this machine"}
+    if outcome == "not graded" and not test.get("may_be_ungraded", True):
+        outcome, record = "failed", {**record, "message": "reported as not graded (an optional "
+                                     "reference missing), which this machine has"}
     if outcome not in ("passed", "failed", "not attempted", "needs CUDA", "not graded"):
         outcome = "failed"
     out["outcome"] = outcome
