@@ -9,6 +9,7 @@ trusted, process), the run-time guard of the child and the parent's verdict stil
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -245,6 +246,8 @@ def test_each_cheat_of_the_corpus_is_refused_or_dropped(tmp_path, path):
     merged = extract.merge(pristine, student, rel)
     found = scan.scan(merged, pristine)
     text = " ".join(map(str, found))
+    if cheat["expect"] == "runtime":
+        return  # the run-time guard's: test_run_time_cheats_are_refused_by_the_guard
     if cheat["expect"] == "fair":
         assert found == [], text
         assert not merged.dropped, [str(d) for d in merged.dropped]
@@ -280,3 +283,57 @@ def test_tampering_at_import_the_scan_misses_is_caught_in_the_child(tmp_path, co
     assert table["earned"] == 0, table["exercises"]["1.1"]
     text = messages(table, "1.1")
     assert "grading table was replaced" in text and "default dtype" in text, text
+
+
+GUARD_PROBE = r"""
+import json, sys, tempfile, textwrap
+from labkit.grade import guard
+import torch
+cheats = json.loads(sys.stdin.read())
+tmp = tempfile.gettempdir()
+state = guard._State({"student": {"/student/probe.py": [[1, 10000]]}, "write_roots": [tmp]})
+sys.addaudithook(guard._make_hook(state))  # the audit hook alone: no shortcut wrappers
+
+
+class api:
+    def begin(ex):
+        state.exercise = ex
+
+    def end():
+        found, state.refusals[:] = list(state.refusals), []
+        return found
+
+
+api.begin("1.1")
+out = {}
+for name, code in cheats.items():
+    src = "def probe():\n" + textwrap.indent(code, "    ")
+    ns = {"torch": torch}
+    exec(compile(src, "/student/probe.py", "exec"), ns)
+    try:
+        ns["probe"]()
+        out[name] = "ran: " + " | ".join(api.end())
+    except BaseException as exc:  # noqa: BLE001
+        out[name] = f"{type(exc).__name__}: {exc} | " + " | ".join(api.end())
+    api.begin("1.1")
+print(json.dumps(out))
+"""
+
+
+def test_run_time_cheats_are_refused_by_the_guard(tmp_path):
+    """The cheats of tests/cheats/ that only the run-time guard can see (``expect: runtime``:
+    a path read, code run from a file the test wrote), each run as a student's function in a
+    fresh process with the guard installed: each is refused with its reason."""
+    import subprocess
+    import sys
+
+    cheats = {p.stem: load_cheat(p) for p in cheat_files()}
+    runtime = {k: c["code"] for k, c in cheats.items() if c["expect"] == "runtime"}
+    assert runtime
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", GUARD_PROBE], input=json.dumps(runtime),
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, text in result.items():
+        assert cheats[name]["needle"] in text and "refused" in text, (name, text)

@@ -75,6 +75,7 @@ def stub_ids(node: ast.AST) -> tuple[str, ...]:
 
 
 FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+BUILTIN_NAMES = set(__import__("builtins").__dict__)
 
 
 def units(tree: ast.Module) -> dict[str, Unit]:
@@ -261,6 +262,15 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
     available = set(p_names) | set(dir(builtins)) | {"__name__", "__file__", "__doc__"}
     available |= {n.name for n in s_tree.body if isinstance(n, (*FUNCS, ast.ClassDef))}
     for node in s_tree.body:
+        bound_here = {node.name} if isinstance(node, (*FUNCS, ast.ClassDef)) else \
+            {(a.asname or a.name).split(".")[0] for a in node.names} \
+            if isinstance(node, (ast.Import, ast.ImportFrom)) else set(_constant_names(node))
+        shadowed = sorted((bound_here & BUILTIN_NAMES) - p_names)
+        if shadowed:
+            merged.dropped.append(Dropped(path, node.lineno, _describe(node),
+                                          f"shadows the builtin {', '.join(shadowed)}, which the "
+                                          "course's code in this module uses: dropped"))
+            continue
         if isinstance(node, (*FUNCS, ast.ClassDef)):
             if node.name in p_names:
                 continue  # a course definition: handled above

@@ -148,6 +148,10 @@ WRITES = {"os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.trun
           "os.symlink", "os.link", "os.utime", "shutil.rmtree", "shutil.move", "os.mkdir",
           "os.chflags", "os.lchown", "os.lchmod"}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+SECRET_FILES = {"mem", "kmem", "environ", "pagemap", "maps", "smaps", "cmdline", "auxv",
+                "syscall", "stack"}
+"""Files of /proc and /dev that hold (or locate) this process's memory, environment or command
+line: reading them would find the grader's key. Refused whoever opens them."""
 DEVICES = ("/dev/null", "/dev/shm/", "/dev/tty", "/proc/self/fd/")
 
 
@@ -212,6 +216,12 @@ def _make_hook(state: _State):
                                  f"from {state.where(state.student_frame(frame))}: an unpickled "
                                  "object reaches the interpreter's modules (load weights only)")
                 return
+            if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+                where = os.fsdecode(args[0])
+                if where.startswith(("/proc/", "/dev/")) and \
+                        os.path.basename(where.rstrip("/")) in SECRET_FILES:
+                    state.refuse(f"open {where}: this process's memory and environment are "
+                                 "the grader's (they hold its key), never an exercise's")
             if is_write:
                 if event == "open":
                     path, mode, flags = (tuple(args) + (None, None))[:3]

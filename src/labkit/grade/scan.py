@@ -434,7 +434,8 @@ class _Scanner(ast.NodeVisitor):
                     name = ast.Constant(sorted({*literal} & ({*ATTR_DENY} | {"modules"}))[0])
                     self.refuse(node, f"`{func.id}(..., {name.value!r})`",
                                 f"{ATTR_DENY.get(name.value, 'a module table')}: {WHY_DENY}")
-            elif not (isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls")):
+            elif not (func.id == "getattr" and isinstance(node.args[0], ast.Name)
+                      and node.args[0].id in ("self", "cls")):
                 self.refuse(node, f"`{func.id}({ast.unparse(node.args[0])[:40]}, <computed name>)`",
                             "an attribute looked up by a computed name hides what the code "
                             "reaches (only an object's own attributes, getattr(self, name), may "
