@@ -179,8 +179,13 @@ TABLE = {
                           "not graded": 0, "tests": [
                               {"test": "a", "points": 2, "outcome": "passed", "message": ""},
                               {"test": "b", "points": 1, "outcome": "failed", "message": "off by one"},
-                              {"test": "c", "points": 1, "outcome": "needs CUDA", "message": ""}]}},
-    "labs": {"1": {"earned": 2, "possible": 3, "cuda_points": 1, "ungraded_points": 0}},
+                              {"test": "c", "points": 1, "outcome": "needs CUDA", "message": ""}]},
+                  "1.2": {"earned": 0, "possible": 1, "cuda_points": 0, "ungraded_points": 0,
+                          "passed": 0, "failed": 0, "not attempted": 1, "needs CUDA": 0,
+                          "not graded": 0, "tests": [
+                              {"test": "d", "points": 1, "outcome": "not attempted",
+                               "message": "NotImplementedError: exercise 1.2"}]}},
+    "labs": {"1": {"earned": 2, "possible": 4, "cuda_points": 1, "ungraded_points": 0}},
     "earned": 2, "possible": 3, "cuda_points": 1, "ungraded_points": 0,
     "submission": {"path": "s", "labkit": ".", "dropped": ["m.py:3: `x = 1`: dropped"],
                    "refused": {"1.1": ["m.py:9: `eval` — no"]}},
@@ -195,6 +200,9 @@ def test_gradescope_results_and_the_class_csv(tmp_path):
     assert by_name["1.1 b"]["score"] == 0 and "off by one" in by_name["1.1 b"]["output"]
     assert by_name["1.1 c"]["max_score"] == 0 and "needs CUDA" in by_name["1.1 c"]["output"]
     assert "refused" in res["output"] and "dropped" in res["output"]
+    assert "not attempted (graded as the stub): 1.2" in res["output"]
+    assert "not attempted (graded as the stub): 1.2" in formats.report(TABLE)
+    assert formats.not_attempted(TABLE) == ["1.2"]
     formats.write_csv(formats.csv_rows("ada", TABLE), tmp_path / "class.csv")
     rows = (tmp_path / "class.csv").read_text().splitlines()
     assert rows[0].startswith("student,exercise,earned,possible") and rows[1].startswith("ada,1.1,2,3")
