@@ -54,10 +54,12 @@ def results_json(table: dict) -> dict:
 def not_attempted(table: dict) -> list[str]:
     """The exercises whose every graded test reached the stub (or that were graded as the stub:
     missing, or refused), in order."""
+    refused = table.get("submission", {}).get("refused", {})
     return [ex for ex, e in table["exercises"].items()
-            if e["tests"] and e["passed"] == 0 and all(
-                t["outcome"] in ("not attempted", "needs CUDA", "not graded") or
-                t["message"].startswith("refused") for t in e["tests"])]
+            if e["tests"] and e["passed"] == 0 and ex not in refused and
+            any(t["outcome"] == "not attempted" for t in e["tests"]) and all(
+                t["outcome"] in ("not attempted", "needs CUDA", "not graded")
+                for t in e["tests"])]
 
 
 def csv_rows(student: str, table: dict) -> list[dict]:

@@ -148,10 +148,12 @@ WRITES = {"os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.trun
           "os.symlink", "os.link", "os.utime", "shutil.rmtree", "shutil.move", "os.mkdir",
           "os.chflags", "os.lchown", "os.lchmod"}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-SECRET_FILES = {"mem", "kmem", "environ", "pagemap", "maps", "smaps", "cmdline", "auxv",
-                "syscall", "stack"}
-"""Files of /proc and /dev that hold (or locate) this process's memory, environment or command
-line: reading them would find the grader's key. Refused whoever opens them."""
+SECRET_FILES = {"mem", "kmem", "pagemap"}
+"""Files of /proc and /dev that hold this process's memory: reading them would find the
+grader's key. Refused whoever opens them (libraries read /proc/self/maps, never these)."""
+STUDENT_SECRET_FILES = {"environ", "cmdline", "maps", "smaps"}
+"""Refused when a student's code is on the stack: the environment and command line tell the
+grader apart, the maps locate the key."""
 DEVICES = ("/dev/null", "/dev/shm/", "/dev/tty", "/proc/self/fd/")
 
 
@@ -218,8 +220,9 @@ def _make_hook(state: _State):
                 return
             if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
                 where = os.fsdecode(args[0])
-                if where.startswith(("/proc/", "/dev/")) and \
-                        os.path.basename(where.rstrip("/")) in SECRET_FILES:
+                leaf = os.path.basename(where.rstrip("/"))
+                if where.startswith(("/proc/", "/dev/")) and (leaf in SECRET_FILES or (
+                        leaf in STUDENT_SECRET_FILES and state.student_frame(frame) is not None)):
                     state.refuse(f"open {where}: this process's memory and environment are "
                                  "the grader's (they hold its key), never an exercise's")
             if is_write:

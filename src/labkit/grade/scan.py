@@ -555,11 +555,14 @@ class _Scanner(ast.NodeVisitor):
     def visit_ClassDef(self, node):
         bases = [self.resolve(b) or ast.unparse(b) for b in node.bases]
         for b, text in zip(node.bases, bases):
-            if text.split(".")[-1] in ("Tensor", "Parameter", "UninitializedParameter") or \
+            if text.split(".")[-1] in ("Tensor", "Parameter", "UninitializedParameter", "ndarray",
+                                       "generic", "matrix", "MaskedArray", "number", "floating",
+                                       "integer", "Mock", "MagicMock") or \
                     text in ("torch.Tensor", "torch.nn.Parameter", "torch._C.TensorBase"):
                 self.refuse(b, f"class `{node.name}({ast.unparse(b)})`",
-                            "a tensor subclass can answer the graders' comparisons (its "
-                            "methods and torch functions) with anything: return plain tensors")
+                            "a tensor (or array) subclass can answer the graders' comparisons "
+                            "(its methods, (got == want).all(), torch functions) with anything: "
+                            "return plain tensors and arrays")
         for kw in node.keywords:
             if kw.arg == "metaclass":
                 self.refuse(kw, f"`metaclass=` in class `{node.name}`",
