@@ -15,7 +15,21 @@ definitions and imports) and refuses, with the reason:
 * ``global`` statements (an exercise body rebinding the module's names) and assignments to,
   ``setattr`` or ``del`` on attributes of imported modules or of the module's given functions and
   classes (monkey-patching torch, numpy or labkit);
-* the library functions the exercise rebuilds (:mod:`labkit.grade.shortcuts`), named.
+* the library functions the exercise rebuilds (:mod:`labkit.grade.shortcuts`), named;
+* reaching what decides the grade through objects rather than names: attribute names that lead
+  to the interpreter or the grader on any object (``torch.sys.modules``, ``[labkit][0].grade``,
+  :data:`ATTR_DENY`), every ``__dunder__`` attribute, name or string but a few
+  (:data:`DUNDER_OK`), a module used as a value (in a list, an argument, a return value),
+  ``getattr``/``setattr`` with a computed name (``getattr(self, name)`` and loops over literal
+  names excepted), ``type(name, bases, ns)``, ``operator.attrgetter``, unpickling
+  (``weights_only=False``), the references and harnesses, ``unittest.mock``, ``torch.library``,
+  ``torch.hub``, ``torch.package``, ``torch.overrides``;
+* objects that lie to a test: a class defining a comparison, truth, conversion, arithmetic,
+  hashing, ``__format__``, ``__getattr__``, descriptor, pickling or ``__torch_function__``
+  method (:data:`DUNDER_DEFINE_OK` lists what may be defined), a tensor/array subclass, a
+  metaclass, a generator paused inside ``with`` (a mode left on);
+* code that runs at import (decorators, default values, annotations, class bodies, module-level
+  constants): it may only build values (:data:`SAFE_IMPORT_TIME_CALLS`).
 
 It is one wall of two: the child process that runs the tests also guards at run time
 (:mod:`labkit.grade.guard`). A refused exercise is graded as its stub, with the reason.
