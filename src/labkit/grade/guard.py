@@ -512,7 +512,19 @@ def _torch_state() -> dict:
             "torch-function modes": torch._C._len_torch_function_stack(),
             "dispatch modes": torch._C._len_torch_dispatch_stack(),
             "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-            "inference mode": torch.is_inference_mode_enabled()}
+            "inference mode": torch.is_inference_mode_enabled(),
+            "global module and optimizer hooks": _global_hooks()}
+
+
+def _global_hooks() -> int:
+    """How many global hooks (on every module's forward/backward, every optimizer's step) exist:
+    one left by a student's code runs inside the graders' references too."""
+    import torch.nn.modules.module as module
+    import torch.optim.optimizer as optimizer
+
+    names = [n for n in vars(module) if n.startswith("_global_") and n.endswith("hooks")]
+    return sum(len(getattr(module, n)) for n in names) + \
+        len(optimizer._global_optimizer_pre_hooks) + len(optimizer._global_optimizer_post_hooks)
 
 
 def _global_state_changes(baseline: dict) -> list[str]:
@@ -531,6 +543,15 @@ def _global_state_changes(baseline: dict) -> list[str]:
         torch._C._pop_torch_function_stack()
     while torch._C._len_torch_dispatch_stack() > baseline["dispatch modes"]:
         torch._C._pop_torch_dispatch_stack()
+    if now["global module and optimizer hooks"] > baseline["global module and optimizer hooks"]:
+        import torch.nn.modules.module as module
+        import torch.optim.optimizer as optimizer
+
+        if baseline["global module and optimizer hooks"] == 0:
+            for n in [n for n in vars(module) if n.startswith("_global_") and n.endswith("hooks")]:
+                getattr(module, n).clear()
+            optimizer._global_optimizer_pre_hooks.clear()
+            optimizer._global_optimizer_post_hooks.clear()
     if now["deterministic algorithms"] != baseline["deterministic algorithms"]:
         torch._C._set_deterministic_algorithms(baseline["deterministic algorithms"])
     return changed

@@ -157,6 +157,14 @@ ATTR_DENY = {
     "_SOLUTIONS_ROOT": "the solutions' path", "environ": "the environment",
     "getenv": "the environment", "argv": "the grader's command line", "orig_argv":
     "the grader's command line", "_exit": "ending the process", "serialization": "unpickling",
+    **dict.fromkeys((
+        "register_module_forward_hook", "register_module_forward_pre_hook",
+        "register_module_full_backward_hook", "register_module_full_backward_pre_hook",
+        "register_module_backward_hook", "register_module_buffer_registration_hook",
+        "register_module_module_registration_hook", "register_module_parameter_registration_hook",
+        "register_optimizer_step_pre_hook", "register_optimizer_step_post_hook",
+        "_push_saved_tensors_default_hooks"),
+        "a global hook runs on every module or optimizer, the graders' references too"),
 }
 """Attribute names refused on any object (however it was reached: ``torch.sys.modules``,
 ``[labkit][0].grading``, ``getattr(x, "grade")``), with what they reach."""
@@ -342,7 +350,8 @@ class _Scanner(ast.NodeVisitor):
             mod = node.module
             for a in node.names:
                 full = f"{mod}.{a.name}"
-                why = _forbidden_module(mod) or _forbidden_module(full) or self._attr_why(full)
+                why = _forbidden_module(mod) or _forbidden_module(full) or self._attr_why(full) \
+                    or (f"{ATTR_DENY[a.name]}: {WHY_DENY}" if a.name in ATTR_DENY else None)
                 if why:
                     self.refuse(node, f"from {mod} import {a.name}", why)
                 self._check_blocked(node, full)
