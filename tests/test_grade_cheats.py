@@ -267,7 +267,7 @@ def test_each_cheat_of_the_corpus_is_refused_or_dropped(tmp_path, path):
 def test_tampering_at_import_the_scan_misses_is_caught_in_the_child(tmp_path, collected, no_scan):
     """With the scan off, 1.1's honest solution plus an added class whose body runs at import,
     before any test: it reaches sys.modules through torch.sys, replaces the child's grading table
-    by one that reads "passed" (before this check: 30/30 on lab 1's stubs) and sets torch's
+    by one that reads "passed" (before: 33/33 on lab 1 with the stubs untouched) and sets torch's
     default dtype to float64. The child's own binding of its table and the check of torch's
     global state fail every test, with the reason."""
     sub = student_edition(tmp_path / "sub")
