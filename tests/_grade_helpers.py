@@ -52,3 +52,36 @@ def _find(tree, qualname):
                                                       ast.AsyncFunctionDef)) and n.name == part)
         body = node.body
     return node
+
+
+CHEATS = ROOT / "tests" / "cheats"
+
+
+def cheat_files() -> list[Path]:
+    """The cheats of tests/cheats/ (one per file: a header, ``---``, the code)."""
+    return sorted(p for p in CHEATS.glob("*.txt") if p.read_text().startswith(("# cheat:", "# fair:")))
+
+
+def load_cheat(path: Path) -> dict:
+    """{"cheat": what it tries, "module": "lab1/accounting.py", "edit": "append" or "body NAME",
+    "expect": "refused 1.1 1.2" or "dropped", "needle": text the report must hold, "code": ...}."""
+    head, _, code = path.read_text().partition("\n---\n")
+    out, key = {"code": code}, None
+    for line in head.splitlines():
+        text = line[2:] if line.startswith("# ") else line.lstrip("# ")
+        if ":" in text and not line.startswith("#  "):
+            key, _, value = text.partition(":")
+            out[key.strip()] = value.strip()
+        elif key:
+            out[key] += " " + text.strip()
+    return out
+
+
+def apply_cheat(labkit: Path, cheat: dict) -> Path:
+    """Apply one cheat to the module it names under ``labkit`` (a submission's src/labkit)."""
+    path = labkit / cheat["module"]
+    if cheat["edit"] == "append":
+        append(path, cheat["code"])
+    else:
+        replace_body(path, cheat["edit"].split()[1], cheat["code"])
+    return path

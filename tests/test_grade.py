@@ -1,6 +1,7 @@
 """``labkit-grade``: extraction, scan, formats, and the Gradescope autograder in its layout."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -42,7 +43,8 @@ import itertools
 
 import torch
 
-LIMIT = 3  # a module-level statement
+LIMIT = 3  # a module-level constant: taken
+torch.manual_seed(LIMIT)  # a module-level statement: dropped
 
 
 def given(x):
@@ -51,16 +53,18 @@ def given(x):
 
 def exercise(x):
     """Doc."""
-    return helper(x) * 2
+    return helper(x) * 2 + Thing.OFFSET
 
 
 def helper(x):
-    return x
+    return x - LIMIT + 3
 
 
 class Thing:
     def given_method(self):
         return 1
+
+    OFFSET = 0  # a class constant the student added: taken
 
     def method(self, y):
         return self.extra(y)
@@ -75,23 +79,27 @@ class Added:
 
 
 def test_extraction_takes_exercise_bodies_and_added_definitions_only():
-    """Exercise units and added definitions come from the student; the given function, the
-    module-level statement and the edit are dropped and listed; line ranges mark the student's."""
+    """Exercise units, added definitions and added constants (module-level and in an exercise's
+    class) come from the student; the given function, the module-level statement and the edit
+    are dropped and listed; line ranges mark the student's."""
     merged = extract.merge(PRISTINE, STUDENT, "labkit/lab9/m.py")
     assert extract.exercise_ids(PRISTINE) == ("9.1", "9.2")
     assert set(merged.units) == {"exercise", "Thing.method"}
-    assert set(merged.added) == {"helper", "Thing.extra", "Added"}
+    assert set(merged.added) == {"helper", "Thing.extra", "Added", "LIMIT", "Thing.OFFSET"}
     ns: dict = {}
     exec(compile(merged.source, "m.py", "exec"), ns)
     assert ns["given"](1) == 2 and ns["exercise"](3) == 6 and ns["Thing"]().method(1) == 2
-    assert "LIMIT" not in ns and "itertools" in ns
+    assert ns["LIMIT"] == 3 and ns["Thing"].OFFSET == 0 and "itertools" in ns
     dropped = "\n".join(map(str, merged.dropped))
-    assert "LIMIT = 3" in dropped and "module-level statement" in dropped
+    assert "torch.manual_seed(LIMIT)" in dropped and "module-level statement" in dropped
+    assert "LIMIT = 3" not in dropped and "OFFSET" not in dropped
     assert "given `given`" in dropped
     lines = merged.source.splitlines()
     for lo, hi in merged.student_lines:
         assert "raise NotImplementedError" not in "\n".join(lines[lo - 1:hi])
     assert any("def exercise" in lines[lo - 1] for lo, hi in merged.student_lines)
+    assert any(lines[lo - 1].startswith("LIMIT = 3") for lo, hi in merged.student_lines)
+    assert scan.scan(merged, PRISTINE) == []
 
 
 def test_a_missing_or_broken_file_is_graded_as_the_stub():
@@ -171,8 +179,13 @@ TABLE = {
                           "not graded": 0, "tests": [
                               {"test": "a", "points": 2, "outcome": "passed", "message": ""},
                               {"test": "b", "points": 1, "outcome": "failed", "message": "off by one"},
-                              {"test": "c", "points": 1, "outcome": "needs CUDA", "message": ""}]}},
-    "labs": {"1": {"earned": 2, "possible": 3, "cuda_points": 1, "ungraded_points": 0}},
+                              {"test": "c", "points": 1, "outcome": "needs CUDA", "message": ""}]},
+                  "1.2": {"earned": 0, "possible": 1, "cuda_points": 0, "ungraded_points": 0,
+                          "passed": 0, "failed": 0, "not attempted": 1, "needs CUDA": 0,
+                          "not graded": 0, "tests": [
+                              {"test": "d", "points": 1, "outcome": "not attempted",
+                               "message": "NotImplementedError: exercise 1.2"}]}},
+    "labs": {"1": {"earned": 2, "possible": 4, "cuda_points": 1, "ungraded_points": 0}},
     "earned": 2, "possible": 3, "cuda_points": 1, "ungraded_points": 0,
     "submission": {"path": "s", "labkit": ".", "dropped": ["m.py:3: `x = 1`: dropped"],
                    "refused": {"1.1": ["m.py:9: `eval` — no"]}},
@@ -187,6 +200,9 @@ def test_gradescope_results_and_the_class_csv(tmp_path):
     assert by_name["1.1 b"]["score"] == 0 and "off by one" in by_name["1.1 b"]["output"]
     assert by_name["1.1 c"]["max_score"] == 0 and "needs CUDA" in by_name["1.1 c"]["output"]
     assert "refused" in res["output"] and "dropped" in res["output"]
+    assert "not attempted (graded as the stub): 1.2" in res["output"]
+    assert "not attempted (graded as the stub): 1.2" in formats.report(TABLE)
+    assert formats.not_attempted(TABLE) == ["1.2"]
     formats.write_csv(formats.csv_rows("ada", TABLE), tmp_path / "class.csv")
     rows = (tmp_path / "class.csv").read_text().splitlines()
     assert rows[0].startswith("student,exercise,earned,possible") and rows[1].startswith("ada,1.1,2,3")
@@ -277,3 +293,55 @@ def test_the_command_grades_a_class_into_one_csv(tmp_path):
     for name in ("ada", "bob"):
         res = json.loads((tmp_path / "out" / name / "results.json").read_text())
         assert res["score"] == 0 and "refused" in res["output"]
+
+
+def test_links_huge_and_non_utf8_files_of_a_submission_are_not_read(tmp_path):
+    """A folder submission whose module is a link to the instructor's solution (or whose
+    src/labkit is one) grades nothing from it; a huge file or one that is not UTF-8 is graded as
+    the stub, and the report says why; a zip keeps only its Python files, within a size cap."""
+    solution = ROOT / "solutions" / "labkit" / "lab1" / "accounting.py"
+    sub = tmp_path / "sub" / "src" / "labkit"
+    (sub / "lab1").mkdir(parents=True)
+    (sub / "lab1" / "accounting.py").symlink_to(solution)
+    (sub / "lab2").mkdir()
+    (sub / "lab2" / "adafactor.py").write_bytes(b"x = '\xff\xfe'\n")
+    (sub / "lab2" / "offload.py").write_text("#" * (runner.MAX_FILE_BYTES + 10))
+    (sub / "lab3").mkdir()
+    (sub / "lab3" / "loss_scaler.py").write_text("# nothing\n")
+    assert runner.find_labkit(tmp_path / "sub") == sub
+    text, why = runner.read_submitted(sub / "lab1" / "accounting.py", sub)
+    assert text is None and "link" in why
+    assert "not UTF-8" in runner.read_submitted(sub / "lab2" / "adafactor.py", sub)[1]
+    assert "larger than" in runner.read_submitted(sub / "lab2" / "offload.py", sub)[1]
+    assert runner.read_submitted(sub / "lab3" / "loss_scaler.py", sub) == ("# nothing\n", "")
+    linked = tmp_path / "linked"
+    (linked / "src").mkdir(parents=True)
+    (linked / "src" / "labkit").symlink_to(ROOT / "solutions" / "labkit")
+    with pytest.raises(FileNotFoundError):
+        runner.find_labkit(linked)
+    zpath = tmp_path / "sub.zip"
+    with zipfile.ZipFile(zpath, "w") as z:
+        z.writestr("src/labkit/lab1/accounting.py", "x = 1\n")
+        z.writestr("src/labkit/lab1/big.py", "#" * (runner.MAX_FILE_BYTES + 1))
+        z.writestr("src/labkit/lab1/data.bin", b"\0" * 100)
+    out = runner.unpack(zpath, tmp_path / "unz")
+    assert (out / "src/labkit/lab1/accounting.py").exists()
+    assert not (out / "src/labkit/lab1/big.py").exists() and not (out / "src/labkit/lab1/data.bin").exists()
+
+
+def test_an_outcome_that_takes_points_out_of_the_total_is_believed_only_where_it_can_happen():
+    """A child (or a student's code raising a skip) that reports "needs CUDA" for a test that
+    runs here, or "not graded" for a test whose optional reference this machine has, would take
+    the test's points out of ``possible``: the parent fails it. A collected file that asks for
+    an optional reference this machine lacks keeps "not graded"."""
+    test = {"exercise": "1.1", "points": 2, "test": "t", "cuda_only_here": False,
+            "may_be_ungraded": False}
+    for outcome in ("needs CUDA", "not graded"):
+        out = runner._decide(test, {"outcome": outcome, "message": "Skipped"}, "", None)
+        assert out["outcome"] == "failed" and "this machine" in out["message"], out
+    out = runner._decide({**test, "may_be_ungraded": True}, {"outcome": "not graded"}, "", None)
+    assert out["outcome"] == "not graded"
+    from labkit.grade.collect import _optional_missing
+
+    fake = ROOT / "tests" / "test_lab1_accounting.py"
+    assert _optional_missing(fake) is (importlib.util.find_spec("bitsandbytes") is None)

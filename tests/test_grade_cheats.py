@@ -9,12 +9,14 @@ trusted, process), the run-time guard of the child and the parent's verdict stil
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
 
-from _grade_helpers import ROOT, append, module, replace_body, student_edition
-from labkit.grade import runner
+from _grade_helpers import (ROOT, append, apply_cheat, cheat_files, load_cheat, module,
+                            replace_body, student_edition)
+from labkit.grade import extract, runner, scan
 
 # Each test grades a lab in child processes (start-up, collection, the tests): seconds on an idle
 # machine, minutes on a loaded one; pytest's per-test timeout (180 s) is too short for that.
@@ -223,3 +225,115 @@ def test_a_shortcut_the_scan_misses_is_blocked_at_run_time(tmp_path, collected, 
                           "refused while grading" in t["message"] for t in failed), \
         [t["message"][:200] for t in failed]
     assert any(f"exercise {ex}" in t["message"] for t in failed)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", cheat_files(), ids=lambda p: p.stem)
+def test_each_cheat_of_the_corpus_is_refused_or_dropped(tmp_path, path):
+    """Every cheat in tests/cheats/ (reaching the grader through objects, lying return values,
+    code at import time, references, mocks, torch.library, torch.hub, unpickling, grader
+    detection, ...), applied to the stubs' module it names: the scan refuses it for the
+    exercises the header names (they are graded as stubs, with the reason), or the extraction
+    drops it (listed, never run); a fair file (``expect: fair``) is taken whole and refused
+    nothing. Static: no child process, milliseconds each."""
+    cheat = load_cheat(path)
+    rel = f"labkit/{cheat['module']}"
+    pristine = (ROOT / "src" / rel).read_text()
+    labkit = tmp_path / "labkit"
+    (labkit / cheat["module"]).parent.mkdir(parents=True)
+    (labkit / cheat["module"]).write_text(pristine)
+    student = apply_cheat(labkit, cheat).read_text()
+    merged = extract.merge(pristine, student, rel)
+    found = scan.scan(merged, pristine)
+    text = " ".join(map(str, found))
+    if cheat["expect"] == "runtime":
+        return  # the run-time guard's: test_run_time_cheats_are_refused_by_the_guard
+    if cheat["expect"] == "fair":
+        assert found == [], text
+        assert not merged.dropped, [str(d) for d in merged.dropped]
+        return
+    if cheat["expect"] == "dropped":
+        assert found == [], text
+        dropped = " ".join(map(str, merged.dropped))
+        assert cheat["needle"] in dropped, dropped
+        assert cheat["code"].strip().splitlines()[-1] not in merged.source
+        return
+    expected = set(cheat["expect"].split()[1:])
+    refused = {e for r in found for e in r.exercises}
+    assert expected <= refused, (cheat["cheat"], text or "nothing refused")
+    assert cheat["needle"] in text, (cheat["needle"], text)
+
+
+def test_tampering_at_import_the_scan_misses_is_caught_in_the_child(tmp_path, collected, no_scan):
+    """With the scan off, 1.1's honest solution plus an added class whose body runs at import,
+    before any test: it reaches sys.modules through torch.sys, replaces the child's grading table
+    by one that reads "passed" (before: 33/33 on lab 1 with the stubs untouched) and sets torch's
+    default dtype to float64. The child's own binding of its table and the check of torch's
+    global state fail every test, with the reason."""
+    sub = student_edition(tmp_path / "sub")
+    acc = module(sub, ACCOUNTING)
+    replace_body(acc, "count_params", COUNT_PARAMS_SOLUTION)
+    apply_cheat(sub / "src" / "labkit", load_cheat(ROOT / "tests" / "cheats" /
+                                                   "sys_modules_via_torch.txt"))
+    append(acc, '''
+        class _Float64:
+            torch.set_default_dtype(torch.float64)
+        ''')
+    table = grade(sub, collected, ["1.1"])
+    assert table["earned"] == 0, table["exercises"]["1.1"]
+    text = messages(table, "1.1")
+    assert "grading table was replaced" in text and "default dtype" in text, text
+
+
+GUARD_PROBE = r"""
+import json, sys, tempfile, textwrap
+from labkit.grade import guard
+import torch
+cheats = json.loads(sys.stdin.read())
+tmp = tempfile.gettempdir()
+state = guard._State({"student": {"/student/probe.py": [[1, 10000]]}, "write_roots": [tmp]})
+sys.addaudithook(guard._make_hook(state))  # the audit hook alone: no shortcut wrappers
+
+
+class api:
+    def begin(ex):
+        state.exercise = ex
+
+    def end():
+        found, state.refusals[:] = list(state.refusals), []
+        return found
+
+
+api.begin("1.1")
+out = {}
+for name, code in cheats.items():
+    src = "def probe():\n" + textwrap.indent(code, "    ")
+    ns = {"torch": torch}
+    exec(compile(src, "/student/probe.py", "exec"), ns)
+    try:
+        ns["probe"]()
+        out[name] = "ran: " + " | ".join(api.end())
+    except BaseException as exc:  # noqa: BLE001
+        out[name] = f"{type(exc).__name__}: {exc} | " + " | ".join(api.end())
+    api.begin("1.1")
+print(json.dumps(out))
+"""
+
+
+def test_run_time_cheats_are_refused_by_the_guard(tmp_path):
+    """The cheats of tests/cheats/ that only the run-time guard can see (``expect: runtime``:
+    a path read, code run from a file the test wrote), each run as a student's function in a
+    fresh process with the guard installed: each is refused with its reason."""
+    import subprocess
+    import sys
+
+    cheats = {p.stem: load_cheat(p) for p in cheat_files()}
+    runtime = {k: c["code"] for k, c in cheats.items() if c["expect"] == "runtime"}
+    assert runtime
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", GUARD_PROBE], input=json.dumps(runtime),
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, text in result.items():
+        assert cheats[name]["needle"] in text and "refused" in text, (name, text)

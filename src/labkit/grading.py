@@ -258,6 +258,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         path = Path(config.getoption("grade_json"))
         path.write_text(json.dumps(table, indent=1))
         tr.write_line(f"score table written to {path}")
+        tr.write_line("(a self-check: this run imports the code of this tree, which can change "
+                      "anything in it; a grade an instructor can trust comes from `labkit-grade "
+                      "SUBMISSION --out DIR`, which runs only the exercises' code, apart)")
     if config.getoption("stubs_must_fail"):
         passed = [n for n, r in results.items() if r["outcome"] == "passed"]
         tr = terminalreporter

@@ -50,6 +50,10 @@ def _make_sender():
 _send = _make_sender()
 del _make_sender
 _guard = guard.api()
+_config: list = []
+_seen: dict = {}
+"""nodeid -> what this plugin saw of the test's phases itself ("failed", "skipped"): a record in
+labkit.grading's table that says "passed" for a test whose report failed is not believed."""
 
 
 def _exercise(item):
@@ -70,13 +74,29 @@ def pytest_runtest_setup(item):
         _guard.begin(_exercise(item))
 
 
-def pytest_runtest_logreport(report):
+def pytest_runtest_logreport(report, _guard=_guard, _send=_send, _config=_config, _seen=_seen,
+                             _dict=dict, _type=type):
+    # the grader's own objects are bound here, at import (before any student module exists):
+    # rebinding this module's globals changes nothing
+    if report.failed:
+        _seen[report.nodeid] = "failed"
+    elif report.skipped and _seen.get(report.nodeid) != "failed":
+        _seen[report.nodeid] = "skipped"
     if report.when != "teardown":
         return
     config = _config[0]
-    record = dict(config._labkit_results.get(report.nodeid) or {})
+    table = config.__dict__.get("_labkit_results")
+    if _type(table) is not _dict:
+        record = {"outcome": "failed", "message": "refused while grading: the grading table was "
+                  "replaced while the tests ran"}
+    else:
+        record = _dict(_dict.get(table, report.nodeid) or {})
     if not record:
         return
+    seen = _seen.pop(report.nodeid, None)
+    if record.get("outcome") == "passed" and seen is not None:
+        record = {**record, "outcome": "failed", "message": "refused while grading: the test's "
+                  f"report {seen}, its record said passed"}
     if _guard is not None:
         refused = _guard.end()
         changed = _guard.check_integrity()
@@ -85,17 +105,24 @@ def pytest_runtest_logreport(report):
                            "test ran (put back): " + ", ".join(sorted(set(changed))[:8]))
         if refused:
             record["outcome"] = "failed"
-            record["message"] = "refused while grading: " + " | ".join(refused)[:1500]
+            before = record.get("message", "") if record.get("message", "").startswith(
+                "refused while grading") else ""
+            record["message"] = (before + " | " if before else "refused while grading: ") + \
+                " | ".join(refused)[:1500]
     _send({"kind": "test", "nodeid": report.nodeid, "outcome": record.get("outcome"),
            "message": (record.get("message") or "")[:3000],
            "details": (record.get("details") or "")[-3000:]})
 
 
-_config = []
-
-
 def pytest_configure(config):
     _config.append(config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    # every plugin is configured, no test module (so no student module) is imported yet
+    if _guard is not None:
+        _guard.take_grader_snapshot()
 
 
 def pytest_sessionfinish(session, exitstatus):

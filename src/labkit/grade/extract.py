@@ -55,6 +55,7 @@ class Merged:
     added: list[str] = field(default_factory=list)                       # added names
     dropped: list[Dropped] = field(default_factory=list)
     taken: list[tuple[str, ast.AST, tuple[str, ...]]] = field(default_factory=list)
+    constants: list[str] = field(default_factory=list)                   # added constants
     """(qualname, the student's node, its exercises) for every unit and added definition taken:
     what the static scan reads (added definitions carry the module's exercises)."""
 
@@ -74,6 +75,7 @@ def stub_ids(node: ast.AST) -> tuple[str, ...]:
 
 
 FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+BUILTIN_NAMES = set(__import__("builtins").__dict__)
 
 
 def units(tree: ast.Module) -> dict[str, Unit]:
@@ -111,6 +113,44 @@ def _top_names(tree: ast.Module) -> set[str]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
                 names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def _assigned_names(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Assign):
+        return [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        return [n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)]
+    return []
+
+
+def _free_names(expr: ast.AST) -> set[str]:
+    """The names an expression reads that it does not bind itself (comprehensions, lambdas)."""
+    loads = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    stores = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    args = {a.arg for n in ast.walk(expr) if isinstance(n, ast.Lambda)
+            for a in (*n.args.posonlyargs, *n.args.args, *n.args.kwonlyargs, n.args.vararg,
+                      n.args.kwarg) if a is not None}
+    return loads - stores - args
+
+
+def _constant_names(node: ast.AST) -> list[str]:
+    """The names a student's constant binds (``EPS = 1e-8``, ``A, B = 1, 2``, ``N: int = 4``);
+    [] for anything else (an augmented assignment, an attribute or item target, a dunder)."""
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, ast.AnnAssign) and node.value is not None and node.simple:
+        targets = [node.target]
+    else:
+        return []
+    names = []
+    for t in targets:
+        elts = t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]
+        if not all(isinstance(e, ast.Name) for e in elts):
+            return []
+        names += [e.id for e in elts]
+    if any(n.startswith("__") for n in names):
+        return []
     return names
 
 
@@ -194,7 +234,20 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
                           True))
             merged.added.append(f"{cname}.{node.name}")
             merged.taken.append((f"{cname}.{node.name}", node, module_ids))
+        p_assigned = {n for stmt in p_cls.body for n in _assigned_names(stmt)}
         for node in s_cls.body:
+            names = _constant_names(node)
+            if names and has_ex and not (set(names) & (p_members | p_assigned)) \
+                    and ast.dump(node) not in {ast.dump(n) for n in p_cls.body}:
+                indent = re.match(r"[ \t]*", p_lines[p_cls.body[0].lineno - 1]).group(0)
+                text = _segment(s_lines, node, with_decorators=False)
+                spans.append((p_cls.end_lineno + 1, p_cls.end_lineno, ["\n", *_indent(text, indent)],
+                              True))
+                merged.added.append(f"{cname}.{'.'.join(names)}")
+                merged.constants += [f"{cname}.{n}" for n in names]
+                merged.taken.append((f"{cname}.{', '.join(names)} (a class constant)", node,
+                                     module_ids))
+                continue
             if not isinstance(node, (*FUNCS, ast.ClassDef, ast.Expr)) and \
                     ast.dump(node) not in {ast.dump(n) for n in p_cls.body}:
                 merged.dropped.append(Dropped(path, node.lineno, f"{_describe(node)} in class "
@@ -204,7 +257,20 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
     p_names = _top_names(p_tree)
     p_dumps = {ast.dump(n) for n in p_tree.body}
     tail: list[str] = []
+    import builtins
+
+    available = set(p_names) | set(dir(builtins)) | {"__name__", "__file__", "__doc__"}
+    available |= {n.name for n in s_tree.body if isinstance(n, (*FUNCS, ast.ClassDef))}
     for node in s_tree.body:
+        bound_here = {node.name} if isinstance(node, (*FUNCS, ast.ClassDef)) else \
+            {(a.asname or a.name).split(".")[0] for a in node.names} \
+            if isinstance(node, (ast.Import, ast.ImportFrom)) else set(_constant_names(node))
+        shadowed = sorted((bound_here & BUILTIN_NAMES) - p_names)
+        if shadowed:
+            merged.dropped.append(Dropped(path, node.lineno, _describe(node),
+                                          f"shadows the builtin {', '.join(shadowed)}, which the "
+                                          "course's code in this module uses: dropped"))
+            continue
         if isinstance(node, (*FUNCS, ast.ClassDef)):
             if node.name in p_names:
                 continue  # a course definition: handled above
@@ -229,10 +295,29 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
                                               f"refused and dropped: {why}"))
                 continue
             tail.append(ast.get_source_segment(student, node) + "\n")
+            available |= bound
             merged.taken.append((f"import at line {node.lineno}", node, module_ids))
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
                 and isinstance(node.value.value, str):
             continue  # a docstring
+        elif _constant_names(node) and not (set(_constant_names(node)) & p_names) \
+                and ast.dump(node) not in p_dumps:
+            # a module-level constant the student added (EPS = 1e-8): taken, scanned like the
+            # code that runs at import (it may only build a value), if every name it reads is
+            # defined (a constant that reads a dropped import would break the whole module)
+            names = _constant_names(node)
+            unknown = sorted(_free_names(node.value) - available)
+            if unknown:
+                merged.dropped.append(Dropped(path, node.lineno, _describe(node),
+                                              f"reads {', '.join(unknown)}, which is not taken "
+                                              "from the submission: dropped"))
+                continue
+            available.update(names)
+            tail.append("\n")
+            tail += _indent(_segment(s_lines, node, with_decorators=False), "")
+            merged.added += names
+            merged.constants += names
+            merged.taken.append((f"the constant {', '.join(names)}", node, module_ids))
         elif ast.dump(node) not in p_dumps:
             merged.dropped.append(Dropped(path, node.lineno, _describe(node),
                                           "module-level statement: only exercise bodies and "
@@ -258,4 +343,12 @@ def _student_ranges(source: str, merged: Merged) -> list[tuple[int, int]]:
     ranges = [(u.node.lineno, u.node.end_lineno) for q, u in units(tree).items() if q in wanted]
     ranges += [(n.lineno, n.end_lineno) for n in tree.body
                if isinstance(n, ast.ClassDef) and n.name in wanted]
+    consts = set(merged.constants)
+    ranges += [(n.lineno, n.end_lineno) for n in tree.body if set(_constant_names(n)) & consts]
+    ranges += [(s.lineno, s.end_lineno) for n in tree.body if isinstance(n, ast.ClassDef)
+               for s in n.body if {f"{n.name}.{x}" for x in _constant_names(s)} & consts]
+    # decorators run at import: their lines are the student's too
+    for q, u in units(tree).items():
+        if q in wanted and u.node.decorator_list:
+            ranges.append((min(d.lineno for d in u.node.decorator_list), u.node.lineno))
     return sorted(ranges)

@@ -41,12 +41,25 @@ def results_json(table: dict) -> dict:
                      "(left out of the total)")
     for ex, reasons in sub.get("refused", {}).items():
         lines.append(f"exercise {ex} refused: {reasons[0]}")
+    if not_attempted(table):
+        lines.append(f"not attempted (graded as the stub): {', '.join(not_attempted(table))}")
     if sub.get("dropped"):
         lines.append("not graded from the submission (the course's version was used):")
         lines += [f"  {d}" for d in sub["dropped"][:40]]
     return {"score": table["earned"], "max_score": table["possible"],
             "output": "\n".join(lines), "visibility": "visible",
             "stdout_visibility": "hidden", "tests": tests}
+
+
+def not_attempted(table: dict) -> list[str]:
+    """The exercises whose every graded test reached the stub (or that were graded as the stub:
+    missing, or refused), in order."""
+    refused = table.get("submission", {}).get("refused", {})
+    return [ex for ex, e in table["exercises"].items()
+            if e["tests"] and e["passed"] == 0 and ex not in refused and
+            any(t["outcome"] == "not attempted" for t in e["tests"]) and all(
+                t["outcome"] in ("not attempted", "needs CUDA", "not graded")
+                for t in e["tests"])]
 
 
 def csv_rows(student: str, table: dict) -> list[dict]:
@@ -91,6 +104,8 @@ def report(table: dict) -> str:
     lines.append(f"{'total':<10}{table['earned']:>4} / {table['possible']:<4}")
     if table.get("cuda_points"):
         lines.append(f"(+ {table['cuda_points']} points that need CUDA: not run here)")
+    if not_attempted(table):
+        lines.append(f"not attempted (graded as the stub): {', '.join(not_attempted(table))}")
     for ex, reasons in sub.get("refused", {}).items():
         lines.append(f"refused {ex}: " + "\n    ".join(reasons))
     failed = [(ex, t) for ex, e in table["exercises"].items() for t in e["tests"]

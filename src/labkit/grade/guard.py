@@ -59,6 +59,7 @@ class _State:
         self.write_roots = tuple(os.path.realpath(r) + os.sep for r in spec.get("write_roots", ()))
         self.exercise = None
         self.refusals: list[str] = []
+        self.outside: list[str] = []     # refusals outside any test (a student module's import)
         self.cache: dict = {}
 
     def is_student(self, code) -> bool:
@@ -72,6 +73,18 @@ class _State:
             self.cache[code] = hit
         return hit
 
+    def is_student_frame(self, frame) -> bool:
+        """A frame of the student's code: one of its functions, or a module or class body
+        running one of its lines (a decorator, a default value, a constant, at import)."""
+        code = frame.f_code
+        if code.co_flags & 0x2:  # CO_NEWLOCALS: a function's own code object
+            return self.is_student(code)
+        ranges = self.student.get(code.co_filename)
+        if ranges is None and code.co_filename[:1] == "/":
+            ranges = self.student.get(os.path.realpath(code.co_filename))
+        line = frame.f_lineno or 0
+        return bool(ranges) and any(lo <= line <= hi for lo, hi in ranges)
+
     def where(self, frame) -> str:
         return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} " \
                f"({frame.f_code.co_name})"
@@ -79,12 +92,14 @@ class _State:
     def student_frame(self, frame):
         """The innermost student frame on the stack from ``frame`` outwards, or None."""
         while frame is not None:
-            if self.is_student(frame.f_code):
+            if self.is_student_frame(frame):
                 return frame
             frame = frame.f_back
         return None
 
     def refuse(self, text: str):
+        if self.exercise is None:  # at import or between tests: every later test fails with it
+            self.outside.append(text)
         self.refusals.append(text)
         raise PermissionError(f"refused while grading: {text}")
 
@@ -111,12 +126,34 @@ DIRECT = {
     "function.__new__": "building functions at run time", "code.__new__": "building code objects",
     "builtins.breakpoint": "a debugger",
 }
+PICKLE_FORBIDDEN = ("sys", "os", "posix", "builtins", "subprocess", "gc", "ctypes", "importlib",
+                    "inspect", "labkit.grade", "labkit.grading", "pytest", "_pytest", "runpy",
+                    "code", "types", "marshal", "pickle", "operator", "functools", "shutil",
+                    "signal", "atexit", "torch.hub", "torch.library", "nt", "io", "codecs")
+PICKLE_NEVER = ("sys", "os", "posix", "nt", "subprocess", "importlib", "labkit.grade",
+                "labkit.grading", "pytest", "_pytest", "runpy", "code", "ctypes", "gc", "inspect",
+                "marshal", "signal", "atexit", "shutil", "pty", "pickle", "torch.hub",
+                "torch.library", "unittest")
+PICKLE_NEVER_BUILTINS = {"exec", "eval", "compile", "getattr", "setattr", "delattr",
+                         "__import__", "open", "globals", "vars", "breakpoint", "input", "locals"}
+"""What no unpickled object may come from, whoever unpickles it (a rank's return value is
+unpickled by the launcher in the test's process, with no student frame on the stack)."""
+"""Modules an unpickled object may not come from while a student's code is on the stack
+(``torch.load(..., weights_only=False)`` of hand-made bytes reaches ``sys.modules``)."""
 FORBIDDEN_IMPORTS = ("labkit.grade", "labkit.grading", "pytest", "_pytest", "gc", "ctypes",
-                     "atexit", "inspect", "importlib", "builtins", "signal", "subprocess")
+                     "atexit", "inspect", "importlib", "builtins", "signal", "subprocess",
+                     "labkit.reference", "labkit.harness", "labkit.cross_check", "unittest",
+                     "torch.hub", "torch.library", "torch.package")
 WRITES = {"os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
           "os.symlink", "os.link", "os.utime", "shutil.rmtree", "shutil.move", "os.mkdir",
           "os.chflags", "os.lchown", "os.lchmod"}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+SECRET_FILES = {"mem", "kmem", "pagemap"}
+"""Files of /proc and /dev that hold this process's memory: reading them would find the
+grader's key. Refused whoever opens them (libraries read /proc/self/maps, never these)."""
+STUDENT_SECRET_FILES = {"environ", "cmdline", "maps", "smaps"}
+"""Refused when a student's code is on the stack: the environment and command line tell the
+grader apart, the maps locate the key."""
 DEVICES = ("/dev/null", "/dev/shm/", "/dev/tty", "/proc/self/fd/")
 
 
@@ -154,7 +191,7 @@ def _make_hook(state: _State):
             return
         is_write = event == "open" or event in WRITES
         if event not in direct and not is_write and event != "import" \
-                and not event.startswith("ctypes."):
+                and not event.startswith("ctypes.") and event != "pickle.find_class":
             return
         me = get_ident()
         if me in busy:
@@ -162,6 +199,32 @@ def _make_hook(state: _State):
         busy.add(me)
         try:
             frame = getframe(1)  # the frame whose call raised the event
+            if event == "exec" and args and hasattr(args[0], "co_filename") \
+                    and args[0].co_filename[:1] == "/" and \
+                    (realpath(args[0].co_filename) + os.sep).startswith(write_roots):
+                state.refuse(f"running code from {args[0].co_filename}: a file the test may "
+                             "write is never run (torch.hub, runpy, an import from a temporary "
+                             "folder)")
+            if event == "pickle.find_class":
+                module = str(args[0]) if args else ""
+                name = str(args[1]) if len(args) > 1 else ""
+                if any(module == m or module.startswith(m + ".") for m in PICKLE_NEVER) or \
+                        (module == "builtins" and name in PICKLE_NEVER_BUILTINS):
+                    state.refuse(f"unpickling {module}.{name}: no result of the course's code "
+                                 "is made of it (an object a rank returns included)")
+                if any(module == m or module.startswith(m + ".") for m in PICKLE_FORBIDDEN) \
+                        and state.student_frame(frame) is not None:
+                    state.refuse(f"unpickling {module}.{args[1] if len(args) > 1 else '?'} "
+                                 f"from {state.where(state.student_frame(frame))}: an unpickled "
+                                 "object reaches the interpreter's modules (load weights only)")
+                return
+            if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+                where = os.fsdecode(args[0])
+                leaf = os.path.basename(where.rstrip("/"))
+                if where.startswith(("/proc/", "/dev/")) and (leaf in SECRET_FILES or (
+                        leaf in STUDENT_SECRET_FILES and state.student_frame(frame) is not None)):
+                    state.refuse(f"open {where}: this process's memory and environment are "
+                                 "the grader's (they hold its key), never an exercise's")
             if is_write:
                 if event == "open":
                     path, mode, flags = (tuple(args) + (None, None))[:3]
@@ -186,11 +249,11 @@ def _make_hook(state: _State):
                 if not any(name == m or name.startswith(m + ".") for m in FORBIDDEN_IMPORTS):
                     return
                 frame = caller(frame)
-                if frame is not None and state.is_student(frame.f_code):
+                if frame is not None and state.is_student_frame(frame):
                     state.refuse(f"import {name} from {state.where(frame)}: the grader's and "
                                  "the interpreter's internals are not an exercise's to use")
                 return
-            if frame is not None and state.is_student(frame.f_code):
+            if frame is not None and state.is_student_frame(frame):
                 what = direct.get(event, "raw memory access (ctypes)")
                 detail = f" {args[1]}" if event.startswith("object.") and len(args) > 1 else ""
                 state.refuse(f"{event}{detail} from {state.where(frame)}: {what} — no exercise "
@@ -373,11 +436,131 @@ def _snapshot():
     for cls in (torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.optim.Optimizer,
                 torch.autograd.Function):
         classes[cls] = dict(vars(cls))
+    # the methods of every class of the course's toolkit and of the torch packages the graders
+    # build references from (a model's forward patched through type(model) changes a reference)
+    methods = (types.FunctionType, property, staticmethod, classmethod, types.BuiltinFunctionType)
+    for name, (mod, attrs) in snap.items():
+        if not name.startswith(CLASS_MODULES):
+            continue
+        for v in attrs.values():
+            if isinstance(v, type) and v not in classes and getattr(v, "__module__", None) == name:
+                classes[v] = {k: x for k, x in vars(v).items() if isinstance(x, methods)}
     return snap, classes
 
 
+CLASS_MODULES = ("labkit", "torch.nn", "torch.testing", "torch.autograd",
+                 "torch.distributed", "torch.utils.checkpoint", "torch.amp", "torch._tensor",
+                 "torch.functional")
+"""Not torch.optim: an optimizer's first instance wraps its class's ``step`` (profiling hooks)."""
+
+
+GRADER_MODULES = ("labkit.grade", "labkit.grading", "_pytest", "pytest", "pluggy")
+OWN_MODULES = ("labkit.grade", "labkit.grading")
+VOLATILE = {"_pytest.assertion.util"}
+"""pytest sets these modules' hooks around every test (``util._reprcompare``)."""
+
+
+def _grader_snapshot(extra_classes=()) -> tuple[dict, dict]:
+    """What decides the grade in this process — the grader's modules (every value), pytest's and
+    pluggy's functions and classes, and those classes' attributes — taken once the child's
+    plugin is loaded, before any test module (so any student module) is imported."""
+    import types
+
+    mods, classes = {}, {}
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith(GRADER_MODULES) or name in VOLATILE:
+            continue
+        try:
+            items = dict(vars(mod))
+        except TypeError:
+            continue
+        own = name.startswith(OWN_MODULES)
+        mods[name] = (mod, {k: v for k, v in items.items() if own or isinstance(
+            v, (types.FunctionType, types.BuiltinFunctionType, type))})
+        for v in items.values():
+            if isinstance(v, type) and getattr(v, "__module__", None) == name:
+                classes[v] = (dict(vars(v)), own)
+    for cls in extra_classes:
+        classes[cls] = (dict(vars(cls)), True)
+    return mods, classes
+
+
+def _compare(snap, changed: list) -> None:
+    modules, classes = snap
+    for name, (mod, attrs) in modules.items():
+        now = vars(mod)
+        for k, v in attrs.items():
+            if now.get(k, v) is not v:
+                changed.append(f"{name}.{k}")
+                setattr(mod, k, v)
+    for cls, value in classes.items():
+        attrs, own = value if isinstance(value, tuple) else (value, False)
+        now = vars(cls)
+        for k, v in attrs.items():
+            if now.get(k, v) is not v:
+                changed.append(f"{cls.__qualname__}.{k}")
+                type.__setattr__(cls, k, v)
+        for k in set(now) - set(attrs) if own else ():
+            if k not in ("__abstractmethods__", "_abc_impl", "__annotations__"):
+                changed.append(f"{cls.__qualname__}.{k} (added)")
+                type.__delattr__(cls, k)
+
+
+def _torch_state() -> dict:
+    import torch
+
+    return {"default dtype": torch.get_default_dtype(), "grad mode": torch.is_grad_enabled(),
+            "torch-function modes": torch._C._len_torch_function_stack(),
+            "dispatch modes": torch._C._len_torch_dispatch_stack(),
+            "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+            "inference mode": torch.is_inference_mode_enabled(),
+            "global module and optimizer hooks": _global_hooks()}
+
+
+def _global_hooks() -> int:
+    """How many global hooks (on every module's forward/backward, every optimizer's step) exist:
+    one left by a student's code runs inside the graders' references too."""
+    import torch.nn.modules.module as module
+    import torch.optim.optimizer as optimizer
+
+    names = [n for n in vars(module) if n.startswith("_global_") and n.endswith("hooks")]
+    return sum(len(getattr(module, n)) for n in names) + \
+        len(optimizer._global_optimizer_pre_hooks) + len(optimizer._global_optimizer_post_hooks)
+
+
+def _global_state_changes(baseline: dict) -> list[str]:
+    """torch's global state that differs from ``baseline`` (the state before any student module
+    was imported): a default dtype, grad mode or a mode left on changes what the graders' own
+    comparisons compute. Each is put back; the names are returned."""
+    import torch
+
+    now = _torch_state()
+    changed = [f"torch's {k} ({baseline[k]} -> {now[k]})" for k in baseline if now[k] != baseline[k]]
+    if now["default dtype"] != baseline["default dtype"]:
+        torch.set_default_dtype(baseline["default dtype"])
+    if now["grad mode"] != baseline["grad mode"]:
+        torch.set_grad_enabled(baseline["grad mode"])
+    while torch._C._len_torch_function_stack() > baseline["torch-function modes"]:
+        torch._C._pop_torch_function_stack()
+    while torch._C._len_torch_dispatch_stack() > baseline["dispatch modes"]:
+        torch._C._pop_torch_dispatch_stack()
+    if now["global module and optimizer hooks"] > baseline["global module and optimizer hooks"]:
+        import torch.nn.modules.module as module
+        import torch.optim.optimizer as optimizer
+
+        if baseline["global module and optimizer hooks"] == 0:
+            for n in [n for n in vars(module) if n.startswith("_global_") and n.endswith("hooks")]:
+                getattr(module, n).clear()
+            optimizer._global_optimizer_pre_hooks.clear()
+            optimizer._global_optimizer_post_hooks.clear()
+    if now["deterministic algorithms"] != baseline["deterministic algorithms"]:
+        torch._C._set_deterministic_algorithms(baseline["deterministic algorithms"])
+    return changed
+
+
 def _api(state: _State):
-    snapshot = []
+    snapshot, early = [], []
+    baseline = _torch_state()
 
     class Api:
         @staticmethod
@@ -388,7 +571,7 @@ def _api(state: _State):
         @staticmethod
         def end():
             state.exercise = None
-            found = list(state.refusals)
+            found = list(dict.fromkeys(state.outside + state.refusals))
             state.refusals.clear()
             return found
 
@@ -397,23 +580,18 @@ def _api(state: _State):
             snapshot[:] = [_snapshot()]
 
         @staticmethod
+        def take_grader_snapshot():
+            if not early:
+                early.append(_grader_snapshot(extra_classes=(Api,)))
+
+        @staticmethod
         def check_integrity():
-            """Names of trusted functions rebound since the snapshot (each is put back)."""
-            if not snapshot:
-                return []
-            changed = []
-            modules, classes = snapshot[0]
-            for name, (mod, attrs) in modules.items():
-                now = vars(mod)
-                for k, v in attrs.items():
-                    if now.get(k, v) is not v:
-                        changed.append(f"{name}.{k}")
-                        setattr(mod, k, v)
-            for cls, attrs in classes.items():
-                now = vars(cls)
-                for k, v in attrs.items():
-                    if now.get(k, v) is not v:
-                        changed.append(f"{cls.__qualname__}.{k}")
-                        type.__setattr__(cls, k, v)
+            """Names of trusted functions rebound since the snapshots (each is put back), and
+            torch's global state left changed since the guard was installed (put back too)."""
+            changed = _global_state_changes(baseline)
+            if early:
+                _compare(early[0], changed)
+            if snapshot:
+                _compare(snapshot[0], changed)
             return changed
     return Api

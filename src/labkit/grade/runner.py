@@ -39,6 +39,11 @@ from labkit.grade import extract, scan
 from labkit.grade.guard import ENV as GUARD_ENV
 
 LEFT_OUT = ("solutions/", ".git/")
+MAX_FILE_BYTES = 2 * 2**20      # a student's module larger than this is not read (graded as stub)
+MAX_ZIP_BYTES = 64 * 2**20      # the Python files of a zip, unpacked
+MAX_ZIP_ENTRIES = 20000
+MAX_PIPE_BYTES = 32 * 2**20     # what the parent keeps of a child's result pipe
+OUTPUT_TAIL = 64 * 2**10        # what the parent keeps of a child's output
 
 
 def course_root() -> Path:
@@ -90,12 +95,19 @@ def unpack(submission: Path, into: Path) -> Path:
         return submission
     if zipfile.is_zipfile(submission):
         with zipfile.ZipFile(submission) as z:
-            for info in z.infolist():
+            total = 0
+            for info in z.infolist()[:MAX_ZIP_ENTRIES]:
                 name = info.filename
                 if name.startswith("/") or ".." in Path(name).parts or info.is_dir():
                     continue
                 if stat.S_ISLNK(info.external_attr >> 16):
                     continue
+                if not name.endswith(".py") or info.file_size > MAX_FILE_BYTES:
+                    continue  # only Python files are ever graded; a huge one is not read
+                total += info.file_size
+                if total > MAX_ZIP_BYTES:
+                    raise ValueError(f"SUBMISSION={submission} unpacks to more than "
+                                     f"{MAX_ZIP_BYTES // 2**20} MiB of Python files")
                 target = into / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with z.open(info) as src, open(target, "wb") as dst:
@@ -108,8 +120,8 @@ def find_labkit(root: Path) -> Path:
     """The submission's labkit folder (the one holding lab1/ … lab7/): ``root/src/labkit``,
     ``root/labkit``, ``root`` itself, or the same one or two folders down (a zip's wrapper)."""
     def is_labkit(p: Path) -> bool:
-        return p.is_dir() and any(c.is_dir() and re.fullmatch(r"lab\d+", c.name)
-                                  and any(c.glob("*.py")) for c in p.iterdir())
+        return _real_dir(p) and any(_real_dir(c) and re.fullmatch(r"lab\d+", c.name)
+                                    and any(c.glob("*.py")) for c in p.iterdir())
 
     frontier = [root]
     for _ in range(3):
@@ -118,10 +130,36 @@ def find_labkit(root: Path) -> Path:
             for cand in (base / "src" / "labkit", base / "labkit", base):
                 if is_labkit(cand):
                     return cand
-            nxt += [d for d in sorted(base.iterdir()) if d.is_dir() and not d.name.startswith(".")
+            nxt += [d for d in sorted(base.iterdir()) if _real_dir(d) and not d.name.startswith(".")
                     and d.name not in ("__MACOSX", "node_modules", ".venv")]
         frontier = nxt
     raise FileNotFoundError(f"no labkit folder (with lab1/ … lab7/) in the submission {root}")
+
+
+def _real_dir(p: Path) -> bool:
+    """A folder that is no link (a submission's links may point at the instructor's solutions)."""
+    return p.is_dir() and not p.is_symlink()
+
+
+def read_submitted(path: Path, root: Path) -> tuple[str | None, str]:
+    """The text of a submitted module and, when it is not taken, why: a link (or a file under a
+    linked folder) is never followed — it could point at the instructor's solutions —, a huge
+    file is not read, a file that is not UTF-8 is not guessed at."""
+    if not path.exists() and not path.is_symlink():
+        return None, "missing from the submission"
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    if path.is_symlink() or not real.startswith(top + os.sep) or \
+            any(p.is_symlink() for p in path.relative_to(root).parents if str(p) != "." and
+                (root / p).is_symlink()):
+        return None, "a link, not a file: links are not followed (a link may point anywhere)"
+    if not path.is_file():
+        return None, "not a regular file"
+    if path.stat().st_size > MAX_FILE_BYTES:
+        return None, f"larger than {MAX_FILE_BYTES // 2**20} MiB: not read"
+    try:
+        return path.read_bytes().decode("utf-8"), ""
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 text (byte {exc.start}): Python source is read as UTF-8"
 
 
 # ------------------------------------------------------------------ one graded copy
@@ -178,11 +216,11 @@ def prepare(submission_labkit: Path, workspace: Path, tests: dict) -> Prepared:
     for rel in modules:
         pristine = (src / rel).read_text()
         student_path = submission_labkit / Path(rel).relative_to("labkit")
-        try:
-            student = student_path.read_text() if student_path.is_file() else None
-        except UnicodeDecodeError:
-            student = None
+        student, why = read_submitted(student_path, submission_labkit)
         merged = extract.merge(pristine, student, rel)
+        if student is None and why:
+            merged.dropped = [extract.Dropped(rel, 0, "the file", f"{why}: every exercise in "
+                                              "it is graded as the stub")]
         refusals = scan.scan(merged, pristine) if merged.taken else []
         if refusals:
             bad = {e for r in refusals for e in r.exercises}
@@ -262,14 +300,24 @@ def run_child(prep: Prepared, files: list[str], exercises: list[str], tmp: Path,
                             pass_fds=(write_fd,), start_new_session=True)
     os.close(write_fd)
 
+    kept = [0]
+
     def reader():
         with os.fdopen(read_fd, "rb") as f:
             for chunk in iter(lambda: f.read(65536), b""):
-                chunks.append(chunk)
+                if kept[0] < MAX_PIPE_BYTES:  # a flood is read (the child never blocks) but not kept
+                    chunks.append(chunk)
+                    kept[0] += len(chunk)
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     out_chunks: list[bytes] = []
-    out_thread = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
+
+    def output():
+        tail = b""
+        for chunk in iter(lambda: proc.stdout.read(65536), b""):
+            tail = (tail + chunk)[-OUTPUT_TAIL:]  # a student printing gigabytes costs no memory
+        out_chunks.append(tail)
+    out_thread = threading.Thread(target=output, daemon=True)
     out_thread.start()
     try:
         proc.stdin.write(key.hex().encode() + b"\n")
@@ -399,6 +447,9 @@ def _decide(test: dict, record: dict | None, note: str, refused: list | None) ->
     if outcome == "needs CUDA" and not test.get("cuda_only_here"):
         outcome, record = "failed", {**record, "message": "reported as needing CUDA, which this "
                                      "test does not on this machine"}
+    if outcome == "not graded" and not test.get("may_be_ungraded", True):
+        outcome, record = "failed", {**record, "message": "reported as not graded (an optional "
+                                     "reference missing), which this machine has"}
     if outcome not in ("passed", "failed", "not attempted", "needs CUDA", "not graded"):
         outcome = "failed"
     out["outcome"] = outcome
