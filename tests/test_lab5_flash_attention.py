@@ -195,6 +195,44 @@ def test_flash_peak_memory_grows_linearly_naive_quadratically():
     assert flash[2] < naive[2] / 4
 
 
+def _tile_flops(s, d, bh, bq, bk, causal, matmuls):
+    """Upper bound on the matmul FLOPs of a tiled pass that skips the tiles wholly above the
+    diagonal: every tile [q0, q0+bq) × [k0, k0+bk) with k0 < q0+bq (all of them when not
+    causal), each costing ``matmuls`` products of 2·bq·bk·d FLOPs (the last tiles clipped at S)."""
+    total = 0
+    for q0 in range(0, s, bq):
+        q1 = min(s, q0 + bq)
+        for k0 in range(0, q1 if causal else s, bk):
+            total += matmuls * 2 * (q1 - q0) * (min(s, k0 + bk) - k0) * d * bh
+    return total
+
+
+@pytest.mark.exercise("5.6", points=1)
+def test_causal_flash_skips_the_tiles_above_the_diagonal():
+    """Count the matmul FLOPs (FlopCounterMode) of the causal forward and backward: at most those
+    of the tiles that touch the diagonal or lie below it (forward: QKᵀ and PV; backward: the
+    recomputed QKᵀ, dV, dP, dQ, dK), far below the non-causal count (S = 6 tiles of keys)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from labkit.lab5.flash_attention import flash_attention_backward, flash_attention_forward
+
+    b, h, s, d, bq, bk = 1, 2, 96, 8, 16, 16
+    q, k, v, grad_out = (torch.randn(b, h, s, d) for _ in range(4))
+    with FlopCounterMode(display=False) as counter:
+        out, lse = flash_attention_forward(q, k, v, causal=True, block_q=bq, block_k=bk)
+    forward = counter.get_total_flops()
+    with FlopCounterMode(display=False) as counter:
+        flash_attention_backward(q, k, v, out, lse, grad_out, causal=True, block_q=bq, block_k=bk)
+    backward = counter.get_total_flops()
+    for name, got, matmuls in (("forward", forward, 2), ("backward", backward, 5)):
+        bound = _tile_flops(s, d, b * h, bq, bk, True, matmuls)
+        full = _tile_flops(s, d, b * h, bq, bk, False, matmuls)
+        assert got <= bound, (
+            f"causal {name} FLOPs: expected at most {bound:,} (the tiles on or below the "
+            f"diagonal; all tiles would be {full:,}), got {got:,}: "
+            + ("are the tiles wholly above the diagonal computed (masked) instead of skipped?"
+               if got >= full else "is more computed per tile than its products?"))
+
 
 # ---- bad input (not graded)
 
@@ -213,6 +251,14 @@ def _flash_cases():
         ("block_k float", lambda: f.flash_attention(x, x, x, block_k=2.0), ValueError, "block_k"),
         ("causal text", lambda: f.flash_attention(x, x, x, causal="yes"), TypeError, "causal"),
         ("forward mixed", lambda: f.flash_attention_forward(x.half(), x, x), TypeError, "dtype"),
+        ("head_dim 0", lambda: f.flash_attention(x[..., :0], x[..., :0], x[..., :0]), ValueError,
+         "head_dim"),
+        ("backward lse shape", lambda: f.flash_attention_backward(x, x, x, x, x, x), ValueError,
+         "lse"),
+        ("backward grad_out shape", lambda: f.flash_attention_backward(
+            x, x, x, x, x[..., 0], x[:, :, :4]), ValueError, "grad_out"),
+        ("backward out dtype", lambda: f.flash_attention_backward(
+            x, x, x, x.long(), x[..., 0], x), TypeError, "out"),
     ]
 
 
