@@ -22,14 +22,23 @@ ATTN_SHAPES = [(2, 3, 100, 16, 32, 16), (1, 2, 64, 8, 64, 64), (1, 1, 7, 4, 3, 5
                (2, 2, 130, 32, 64, 64)]  # (B, H, S, D, block_q, block_k); S need not divide
 
 
+def _inputs(b, h, s, d, strided=False):
+    """A (B, H, S, D) input; ``strided``: as a model makes it, (B, S, H, D) memory seen through a
+    transpose (not contiguous), so ``view`` where ``reshape`` is needed fails."""
+    if strided:
+        return torch.randn(b, s, h, d).transpose(1, 2)
+    return torch.randn(b, h, s, d)
+
+
 @pytest.mark.exercise("5.6", points=2)
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_forward_matches_sdpa(causal):
-    """Check O against F.scaled_dot_product_attention and L against logsumexp of the scores."""
+    """Check O against F.scaled_dot_product_attention and L against logsumexp of the scores
+    (every other shape with strided inputs)."""
     from labkit.lab5.flash_attention import flash_attention_forward
 
-    for b, h, s, d, bq, bk in ATTN_SHAPES:
-        q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    for i, (b, h, s, d, bq, bk) in enumerate(ATTN_SHAPES):
+        q, k, v = (_inputs(b, h, s, d, strided=i % 2) for _ in range(3))
         out, lse = flash_attention_forward(q, k, v, causal=causal, block_q=bq, block_k=bk)
         torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                                    **ATTN_TOL)
@@ -45,8 +54,8 @@ def test_flash_backward_matches_sdpa_gradients(causal):
     """Check dq, dk, dv through flash_attention against autograd through SDPA."""
     from labkit.lab5.flash_attention import flash_attention
 
-    for b, h, s, d, bq, bk in ATTN_SHAPES:
-        q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    for i, (b, h, s, d, bq, bk) in enumerate(ATTN_SHAPES):
+        q, k, v = (_inputs(b, h, s, d, strided=i % 2).requires_grad_() for _ in range(3))
         grad_out = torch.randn(b, h, s, d)
         ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=bq,
                                                    block_k=bk), (q, k, v), grad_out)

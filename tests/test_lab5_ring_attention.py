@@ -305,6 +305,15 @@ def _ring_cases():
                                                            causal=True), ValueError, "causal"),
         ("merge shapes", lambda: r.merge_attention(x, x[..., 0], x[:, :, :20], x[..., 0]),
          ValueError, "out_a"),
+        ("merge not a tensor", lambda: r.merge_attention(x.tolist(), x[..., 0], x, x[..., 0]),
+         TypeError, "out_a"),
+        ("merge mixed dtypes", lambda: r.merge_attention(x, x[..., 0], x.double(), x[..., 0]),
+         TypeError, "dtype"),
+        # an empty chunk: PyTorch's fused CPU kernel dies of SIGFPE on it (no traceback)
+        ("lse empty chunk", lambda: r.attention_with_lse(x[:, :, :0], x[:, :, :0], x[:, :, :0]),
+         ValueError, "position"),
+        ("ring empty chunk", lambda: r.ring_attention(x[:, :, :0], x[:, :, :0], x[:, :, :0]),
+         ValueError, "position"),
     ]
 
 

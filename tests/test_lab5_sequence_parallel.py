@@ -369,6 +369,15 @@ def test_slice_dropout_masks_do_not_depend_on_the_split():
         args = dict(p=P, seed=SEED, start=0) | kw
         with pytest.raises(ValueError, match=rf"^{name} must"):
             slice_dropout(h, **args)
+    h16 = h.bfloat16()  # a 16-bit h keeps its dtype: the mask must not promote it
+    got = slice_dropout(h16, P, SEED, 0)
+    assert got.dtype == torch.bfloat16, f"slice_dropout of a bfloat16 h returned {got.dtype}"
+    torch.testing.assert_close(got, h16 * keep_mask(SEED, h.shape) / (1 - P), rtol=0, atol=0,
+                               msg=lambda m: f"slice_dropout of a bfloat16 h: {m}")
+    for bad, error in ((h[0], ValueError), (h.long(), TypeError)):
+        with pytest.raises(error, match="^h must"):
+            slice_dropout(bad, P, SEED, 0)
+    assert slice_dropout(h[:, :0], P, SEED, 0).shape == (B, 0, C), "an empty slice stays empty"
 
 
 @pytest.mark.exercise("5.8", points=1)
