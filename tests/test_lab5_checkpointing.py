@@ -348,11 +348,13 @@ def test_recompute_flops_equal_the_recomputed_blocks_forward():
 
 @pytest.mark.exercise("5.2", points=1)
 def test_a_second_schedule_replaces_the_first():
-    """Check √L then every block: the model runs every block, same parameters, exact bytes."""
-    from labkit.lab5.checkpointing import apply_schedule
+    """Check √L then every block then none ([] and Schedule.none): the model runs every block,
+    same parameters, exact bytes."""
+    from labkit.lab5.checkpointing import Schedule, apply_schedule
 
     a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
     model = scheduled_gpt(SCHEDULES_6["√L (3 segments of 2)"])
+    blocks = list(small_gpt(1).h)
     params = [id(p) for p in model.parameters()]
     apply_schedule(model, [[i, i + 1] for i in range(N6)])
     assert sorted(id(p) for p in model.parameters()) == sorted(params), (
@@ -363,6 +365,16 @@ def test_a_second_schedule_replaces_the_first():
         f"after √L then every block: {got:,} B saved when forward ends, expected {N6 * x:,} "
         f"(six kept inputs): does the new schedule wrap the old segments instead of the "
         f"blocks themselves?")
+    for empty in ([], Schedule.none(N6)):  # no segment at all: back to the plain model
+        apply_schedule(model, empty)
+        got = saved_activation_bytes(lambda: forward_through_blocks(model))
+        assert got == N6 * a, (
+            f"after every block then {empty!r}: {got:,} B saved when forward ends, expected "
+            f"{N6 * a:,} (every block keeps what it saves): does a schedule without segments "
+            f"leave the previous schedule in place?")
+        assert len(model.h) == N6 and all(type(m) is type(blocks[0]) for m in model.h), (
+            f"after {empty!r} model.h holds {[type(m).__name__ for m in model.h]}, expected "
+            f"the {N6} plain blocks")
 
 
 @pytest.mark.exercise("5.2", points=1)
@@ -539,6 +551,12 @@ def _checkpointing_cases():
         ("Schedule n_layers float", lambda: c.Schedule(2.0), ValueError, "n_layers"),
         ("Schedule negative peak", lambda: c.Schedule(2, (), peak=-1), ValueError, "peak"),
         ("sqrt_schedule bool", lambda: c.sqrt_schedule(True), ValueError, "n_layers"),
+        ("schedule_cost list schedule", lambda: c.schedule_cost([(0, 1)], ones, ones, ones),
+         TypeError, "schedule"),
+        ("schedule_cost text cost", lambda: c.schedule_cost(c.Schedule(3), ones, ones, ["a", 1, 1]),
+         TypeError, "flops"),
+        ("schedule_cost None cost", lambda: c.schedule_cost(c.Schedule(3), None, ones, ones),
+         TypeError, "act_bytes"),
         ("schedule_cost nan", lambda: c.schedule_cost(c.Schedule(3), ones, ones, [1, float("nan"), 1]),
          ValueError, "flops"),
         ("schedule_cost input > act", lambda: c.schedule_cost(c.Schedule(3), ones, [1, 2, 1], ones),

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._python_dispatch
 
 from labkit.measure import saved_activation_bytes
 from _lab5_helpers import one_thread  # noqa: F401  (autouse fixture)
@@ -22,14 +23,23 @@ ATTN_SHAPES = [(2, 3, 100, 16, 32, 16), (1, 2, 64, 8, 64, 64), (1, 1, 7, 4, 3, 5
                (2, 2, 130, 32, 64, 64)]  # (B, H, S, D, block_q, block_k); S need not divide
 
 
+def _inputs(b, h, s, d, strided=False):
+    """A (B, H, S, D) input; ``strided``: as a model makes it, (B, S, H, D) memory seen through a
+    transpose (not contiguous), so ``view`` where ``reshape`` is needed fails."""
+    if strided:
+        return torch.randn(b, s, h, d).transpose(1, 2)
+    return torch.randn(b, h, s, d)
+
+
 @pytest.mark.exercise("5.6", points=2)
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_forward_matches_sdpa(causal):
-    """Check O against F.scaled_dot_product_attention and L against logsumexp of the scores."""
+    """Check O against F.scaled_dot_product_attention and L against logsumexp of the scores
+    (every other shape with strided inputs)."""
     from labkit.lab5.flash_attention import flash_attention_forward
 
-    for b, h, s, d, bq, bk in ATTN_SHAPES:
-        q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    for i, (b, h, s, d, bq, bk) in enumerate(ATTN_SHAPES):
+        q, k, v = (_inputs(b, h, s, d, strided=i % 2) for _ in range(3))
         out, lse = flash_attention_forward(q, k, v, causal=causal, block_q=bq, block_k=bk)
         torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                                    **ATTN_TOL)
@@ -45,8 +55,8 @@ def test_flash_backward_matches_sdpa_gradients(causal):
     """Check dq, dk, dv through flash_attention against autograd through SDPA."""
     from labkit.lab5.flash_attention import flash_attention
 
-    for b, h, s, d, bq, bk in ATTN_SHAPES:
-        q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    for i, (b, h, s, d, bq, bk) in enumerate(ATTN_SHAPES):
+        q, k, v = (_inputs(b, h, s, d, strided=i % 2).requires_grad_() for _ in range(3))
         grad_out = torch.randn(b, h, s, d)
         ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=bq,
                                                    block_k=bk), (q, k, v), grad_out)
@@ -195,6 +205,62 @@ def test_flash_peak_memory_grows_linearly_naive_quadratically():
     assert flash[2] < naive[2] / 4
 
 
+def _tile_flops(s, d, bh, bq, bk, causal, matmuls):
+    """Upper bound on the matmul FLOPs of a tiled pass that skips the tiles wholly above the
+    diagonal: every tile [q0, q0+bq) × [k0, k0+bk) with k0 < q0+bq (all of them when not
+    causal), each costing ``matmuls`` products of 2·bq·bk·d FLOPs (the last tiles clipped at S)."""
+    total = 0
+    for q0 in range(0, s, bq):
+        q1 = min(s, q0 + bq)
+        for k0 in range(0, q1 if causal else s, bk):
+            total += matmuls * 2 * (q1 - q0) * (min(s, k0 + bk) - k0) * d * bh
+    return total
+
+
+class _MatmulFlops(torch.utils._python_dispatch.TorchDispatchMode):
+    """FLOPs of every matrix product run inside, in-place ones included (2·m·n·k a product).
+
+    ``FlopCounterMode`` does not count in-place ``baddbmm_``/``addmm_``, which a tiled kernel
+    accumulates with, so this counts from the operands' shapes itself."""
+
+    OPS = {"mm": 0, "bmm": 0, "addmm": 1, "addmm_": 1, "baddbmm": 1, "baddbmm_": 1}
+
+    def __init__(self):
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = self.OPS.get(func.overloadpacket.__name__)
+        if first is not None:
+            a, b = args[first], args[first + 1]
+            self.flops += 2 * math.prod(a.shape) * b.shape[-1]
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.exercise("5.6", points=1)
+def test_causal_flash_skips_the_tiles_above_the_diagonal():
+    """Count the matmul FLOPs (in-place products too) of the causal forward and backward: at most those
+    of the tiles that touch the diagonal or lie below it (forward: QKᵀ and PV; backward: the
+    recomputed QKᵀ, dV, dP, dQ, dK), far below the non-causal count (S = 6 tiles of keys)."""
+    from labkit.lab5.flash_attention import flash_attention_backward, flash_attention_forward
+
+    b, h, s, d, bq, bk = 1, 2, 96, 8, 16, 16
+    q, k, v, grad_out = (torch.randn(b, h, s, d) for _ in range(4))
+    with _MatmulFlops() as counter:
+        out, lse = flash_attention_forward(q, k, v, causal=True, block_q=bq, block_k=bk)
+    forward = counter.flops
+    with _MatmulFlops() as counter:
+        flash_attention_backward(q, k, v, out, lse, grad_out, causal=True, block_q=bq, block_k=bk)
+    backward = counter.flops
+    for name, got, matmuls in (("forward", forward, 2), ("backward", backward, 5)):
+        bound = _tile_flops(s, d, b * h, bq, bk, True, matmuls)
+        full = _tile_flops(s, d, b * h, bq, bk, False, matmuls)
+        assert got <= bound, (
+            f"causal {name} FLOPs: expected at most {bound:,} (the tiles on or below the "
+            f"diagonal; all tiles would be {full:,}), got {got:,}: "
+            + ("are the tiles wholly above the diagonal computed (masked) instead of skipped?"
+               if got >= full else "is more computed per tile than its products?"))
+
 
 # ---- bad input (not graded)
 
@@ -213,6 +279,14 @@ def _flash_cases():
         ("block_k float", lambda: f.flash_attention(x, x, x, block_k=2.0), ValueError, "block_k"),
         ("causal text", lambda: f.flash_attention(x, x, x, causal="yes"), TypeError, "causal"),
         ("forward mixed", lambda: f.flash_attention_forward(x.half(), x, x), TypeError, "dtype"),
+        ("head_dim 0", lambda: f.flash_attention(x[..., :0], x[..., :0], x[..., :0]), ValueError,
+         "head_dim"),
+        ("backward lse shape", lambda: f.flash_attention_backward(x, x, x, x, x, x), ValueError,
+         "lse"),
+        ("backward grad_out shape", lambda: f.flash_attention_backward(
+            x, x, x, x, x[..., 0], x[:, :, :4]), ValueError, "grad_out"),
+        ("backward out dtype", lambda: f.flash_attention_backward(
+            x, x, x, x.long(), x[..., 0], x), TypeError, "out"),
     ]
 
 

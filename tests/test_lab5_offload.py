@@ -5,6 +5,7 @@ plain model for gradients, and on CUDA the allocator's own counters.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -162,6 +163,65 @@ def test_offloader_copies_data_saved_twice_once():
         torch.testing.assert_close(q.grad, p.grad, atol=0, rtol=0,
                                    msg=lambda m: f"{name}.grad: {m} — does unpack of a shared "
                                                  f"copy return the shape of this save?")
+
+
+@pytest.mark.exercise("5.5", points=1)
+def test_offloader_copies_a_strided_view_saved_twice_once():
+    """Check a transposed (non-contiguous) view saved by two matmuls is one copy: its data key
+    (address, count, shape, strides) is the same at both saves; gradients stay exact."""
+    from labkit.lab5.offload import ActivationOffloader
+
+    def run(offloader=None):
+        x = torch.randn(4, 32, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        a, b = (torch.randn(4, 32, 8, generator=torch.Generator().manual_seed(i), requires_grad=True)
+                for i in (1, 2))  # a, b need gradients too, so that each bmm saves xt
+        with offloader or contextlib.nullcontext():
+            xt = x.transpose(1, 2)  # (4, 16, 32), strided
+            y = torch.bmm(xt, a).sum() + torch.bmm(xt, b).sum()  # both bmm save xt (and a, b)
+        y.backward()
+        return x.grad
+
+    ledger = _saved_tensor_ledger(lambda: run())
+    host, host_count, shared, _, _ = _expected_split(ledger, 1024)
+    assert shared >= 1, "harness: the strided view should be saved twice"
+    offloader = ActivationOffloader(min_bytes=1024)
+    grad = run(offloader)
+    got = (offloader.host_count, offloader.shared_count, offloader.host_bytes)
+    assert got == (host_count, shared, host), (
+        f"(host_count, shared_count, host_bytes) = {got}, expected {(host_count, shared, host)}: "
+        f"the same strided view xt is saved by two bmm calls; copy it once, whatever its layout")
+    torch.testing.assert_close(grad, run(), atol=0, rtol=0,
+                               msg=lambda m: f"x.grad through the shared strided view: {m}")
+
+
+@pytest.mark.exercise("5.5", points=1)
+def test_offloader_entered_again_counts_each_forward_alone():
+    """Check two micro-batches of the same batch, each forward in its own ``with offloader:``,
+    both graphs alive until one backward of the summed loss (gradient accumulation): the counts
+    are twice one forward's (each forward copies its own saves; none shares the first's
+    records) and the gradients those of the plain model's two micro-batches."""
+    from labkit.lab5.offload import ActivationOffloader
+
+    idx, targets = data()
+    ledger = _saved_tensor_ledger(lambda: small_gpt(1)(idx, targets))
+    host, host_count, shared, _, _ = _expected_split(ledger, 0)
+    model, offloader = small_gpt(1), ActivationOffloader(min_bytes=0)
+    losses = []
+    for _ in range(2):
+        with offloader:
+            losses.append(model(idx, targets))
+    sum(losses).backward()
+    got = (offloader.host_count, offloader.shared_count, offloader.host_bytes)
+    want = (2 * host_count, 2 * shared, 2 * host)
+    assert got == want, (
+        f"after two forwards (host_count, shared_count, host_bytes) = {got}, expected {want} "
+        f"(twice one forward's): is a record of the previous forward reused after the "
+        f"offloader is entered again?")
+    reference = small_gpt(1)
+    sum(reference(idx, targets) for _ in range(2)).backward()
+    for (name, p), (_, q) in zip(reference.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=0, rtol=0,  # the same sums in one order
+                                   msg=lambda m: f"{name}.grad after two micro-batches: {m}")
 
 
 @pytest.mark.exercise("5.5", points=2)

@@ -66,14 +66,17 @@ def test_merge_attention_stays_finite_for_large_log_sum_exps():
 def test_ring_attention_runs_inside_a_subgroup():
     """Check a 4-rank world split into two rings ({0, 1} and {2, 3}, ``group=`` given): each ring
     computes causal zigzag attention over the whole sequence. ``dist.isend``/``irecv`` take
-    global ranks: a ring's neighbours must be translated from group ranks."""
+    global ranks: a ring's neighbours must be translated from group ranks. The chunks are
+    strided, as a model's (B, S, H, D) projections seen as (B, H, S, D) are: a collective
+    needs contiguous tensors."""
     from labkit.dist import launch
     from labkit.harness.lab5 import ring_worker
 
     torch.manual_seed(21)
     q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    results = launch(ring_worker, 4, q, k, v, True, layout="zigzag", group_size=2, timeout=60)
+    results = launch(ring_worker, 4, q, k, v, True, layout="zigzag", group_size=2, strided=True,
+                     timeout=60)
     for rank, r in enumerate(results):
         rows = zigzag_rows(64, 2, rank % 2)
         torch.testing.assert_close(r["out"], want[:, :, rows], **ATTN_TOL,
@@ -302,6 +305,15 @@ def _ring_cases():
                                                            causal=True), ValueError, "causal"),
         ("merge shapes", lambda: r.merge_attention(x, x[..., 0], x[:, :, :20], x[..., 0]),
          ValueError, "out_a"),
+        ("merge not a tensor", lambda: r.merge_attention(x.tolist(), x[..., 0], x, x[..., 0]),
+         TypeError, "out_a"),
+        ("merge mixed dtypes", lambda: r.merge_attention(x, x[..., 0], x.double(), x[..., 0]),
+         TypeError, "dtype"),
+        # an empty chunk: PyTorch's fused CPU kernel dies of SIGFPE on it (no traceback)
+        ("lse empty chunk", lambda: r.attention_with_lse(x[:, :, :0], x[:, :, :0], x[:, :, :0]),
+         ValueError, "position"),
+        ("ring empty chunk", lambda: r.ring_attention(x[:, :, :0], x[:, :, :0], x[:, :, :0]),
+         ValueError, "position"),
     ]
 
 

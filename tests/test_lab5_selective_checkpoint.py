@@ -202,20 +202,29 @@ def test_a_threshold_above_attention_recomputes_exactly_its_matmuls():
 
 
 @pytest.mark.exercise("5.4", points=2)
-def test_selective_checkpointing_gradients_equal_the_plain_model():
-    """Check gradients equal the plain model's with every block selectively checkpointed."""
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_selective_checkpointing_gradients_equal_the_plain_model(dropout):
+    """Check gradients equal the plain model's with every block selectively checkpointed; with
+    dropout 0.2 in training mode (same seed) the recompute must draw forward's masks."""
     from labkit.lab5.selective_checkpoint import apply_selective_checkpointing
 
     idx, targets = data()
-    reference = model_grads(small_gpt(3), idx, targets)
-    model = small_gpt(3)
+    reference = small_gpt(3, dropout=dropout)
+    torch.manual_seed(11)
+    model_grads(reference, idx, targets)
+    model = small_gpt(3, dropout=dropout)
     names = {id(p): n for n, p in model.named_parameters()}
-    model_grads(apply_selective_checkpointing(model), idx, targets)
+    apply_selective_checkpointing(model)
+    torch.manual_seed(11)
+    model_grads(model, idx, targets)
     expected = {n: p.grad for n, p in reference.named_parameters()}
+    hint = (" — does the recompute draw new dropout masks (the RNG state forward used must be "
+            "restored)?" if dropout else "")
     for p in model.parameters():
         name = names[id(p)]
         torch.testing.assert_close(p.grad, expected[name], **GRAD_TOL,
-                                   msg=lambda m: f"{name}.grad under selective checkpointing: {m}")
+                                   msg=lambda m: f"{name}.grad under selective checkpointing, "
+                                                 f"dropout {dropout}: {m}{hint}")
 
 
 @pytest.mark.exercise("5.4", points=2)

@@ -193,17 +193,17 @@ def keep_mask(seed, shape):
                         for s in range(S_)], dim=1)
 
 
-def setup_block():
+def setup_block(seq_len=S):
     from labkit.models import Block
 
     torch.manual_seed(1)
-    cfg = GPTConfig(vocab_size=64, block_size=S, n_layer=1, n_head=4, n_embd=C, dropout=P)
+    cfg = GPTConfig(vocab_size=64, block_size=seq_len, n_layer=1, n_head=4, n_embd=C, dropout=P)
     block = Block(cfg)
     with torch.no_grad():
         for ln in (block.ln_1, block.ln_2):
             ln.weight.normal_()
             ln.bias.normal_()
-    x, grad_out = torch.randn(B, S, C), torch.randn(B, S, C)
+    x, grad_out = torch.randn(B, seq_len, C), torch.randn(B, seq_len, C)
     block.eval()  # the reference: PyTorch's modules without their own dropout; ours written out
     xa = x.clone().requires_grad_()
     attn_out = xa + block.attn(block.ln_1(xa)) * keep_mask(SEED, x.shape) / (1 - P)
@@ -338,11 +338,12 @@ def test_whole_block_with_dropout_equals_the_single_device_block(T):
 def test_whole_block_runs_inside_a_subgroup():
     """Check a 4-rank world split into two groups of T = 2 ({0, 1} and {2, 3}, ``group=`` given):
     each rank's whole-block output (dropout p > 0) and ∂L/∂x are its group's slice of the single
-    device's. Every rank and position follow the group's ranks, not the global ones."""
+    device's. Every rank and position follow the group's ranks, not the global ones; S = 6
+    splits over the group's 2 ranks, not over the world's 4."""
     from labkit.dist import launch
     from labkit.harness.lab5 import run_sp_attn
 
-    block, x, grad_out, _, (ref, ref_xgrad), _ = setup_block()
+    block, x, grad_out, _, (ref, ref_xgrad), _ = setup_block(seq_len=6)
     results = launch(run_sp_attn, 4, block, x, grad_out, SEED, True, 2, timeout=90)
     for r, res in enumerate(results):
         g = r % 2
@@ -369,6 +370,15 @@ def test_slice_dropout_masks_do_not_depend_on_the_split():
         args = dict(p=P, seed=SEED, start=0) | kw
         with pytest.raises(ValueError, match=rf"^{name} must"):
             slice_dropout(h, **args)
+    h16 = h.bfloat16()  # a 16-bit h keeps its dtype: the mask must not promote it
+    got = slice_dropout(h16, P, SEED, 0)
+    assert got.dtype == torch.bfloat16, f"slice_dropout of a bfloat16 h returned {got.dtype}"
+    torch.testing.assert_close(got, h16 * keep_mask(SEED, h.shape) / (1 - P), rtol=0, atol=0,
+                               msg=lambda m: f"slice_dropout of a bfloat16 h: {m}")
+    for bad, error in ((h[0], ValueError), (h.long(), TypeError)):
+        with pytest.raises(error, match="^h must"):
+            slice_dropout(bad, P, SEED, 0)
+    assert slice_dropout(h[:, :0], P, SEED, 0).shape == (B, 0, C), "an empty slice stays empty"
 
 
 @pytest.mark.exercise("5.8", points=1)

@@ -119,7 +119,11 @@ def _costs(n_layers: int | None, **arrays: Sequence[float]) -> list[list[float]]
     """Check per-layer cost arrays: equal lengths (= n_layers when given), finite, >= 0."""
     out = []
     for name, values in arrays.items():
-        values = [float(v) for v in values]
+        try:
+            values = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be a sequence of numbers (one cost per layer), got "
+                            f"{values!r:.80}") from None
         if not values:
             raise ValueError(f"{name} must list one cost per layer (at least one layer), got []")
         if n_layers is not None and len(values) != n_layers:
@@ -161,9 +165,12 @@ def schedule_cost(schedule: Schedule, act_bytes: Sequence[float], input_bytes: S
         ValueError: the arrays have the wrong length, negative entries, or an input larger
             than what its layer saves.
     """
-    # BEGIN SOLUTION 5.1: predict the schedule's peak and recompute under the module's cost model
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a labkit.lab5.checkpointing.Schedule (e.g. "
+                        f"Schedule(L, segments), sqrt_schedule(L)), got {schedule!r}")
     act, inp, fl = _costs(schedule.n_layers, act_bytes=act_bytes, input_bytes=input_bytes,
-                          flops=flops)
+                          flops=flops)  # checked lists of floats
+    # BEGIN SOLUTION 5.1: predict the schedule's peak and recompute under the module's cost model
     segment_at = dict(schedule.segments)  # start -> stop
     held, peak, recompute, i = 0.0, 0.0, 0.0, 0
     while i < schedule.n_layers:

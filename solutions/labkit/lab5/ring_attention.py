@@ -36,7 +36,7 @@ import torch.distributed as dist
 from contextlib import contextmanager
 from typing import Iterator
 
-from labkit.validate import boolean, non_negative_int, one_of, positive_int
+from labkit.validate import boolean, non_negative_int, one_of, positive_int, tensor
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
@@ -99,6 +99,9 @@ def _check_chunk(q, k, v, causal) -> None:
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if 0 in (q.shape[2], k.shape[2], q.shape[3]):  # the fused CPU kernel dies on empty input
+        raise ValueError(f"q and k, v need at least one position and head_dim >= 1, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}")
     boolean("causal", causal)
     if causal and q.shape[2] != k.shape[2]:
         raise ValueError(f"causal needs as many keys as queries in a block, got "
@@ -118,10 +121,15 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
         (O, L): the attention over the union of the keys and its log-sum-exp,
         L = logaddexp(L_a, L_b), O = exp(L_a - L)·O_a + exp(L_b - L)·O_b.
     """
+    for name, t in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        tensor(name, t, floating=True)
     if out_a.shape != out_b.shape or lse_a.shape != lse_b.shape or lse_a.shape != out_a.shape[:-1]:
         raise ValueError(f"out_a, out_b must be (B, H, S, D) and lse_a, lse_b (B, H, S), alike; "
                          f"got {tuple(out_a.shape)}, {tuple(lse_a.shape)}, {tuple(out_b.shape)}, "
                          f"{tuple(lse_b.shape)}")
+    if out_a.dtype != out_b.dtype or lse_a.dtype != lse_b.dtype:
+        raise TypeError(f"out_a, out_b (and lse_a, lse_b) must share one dtype, got {out_a.dtype}, "
+                        f"{out_b.dtype} ({lse_a.dtype}, {lse_b.dtype})")
     # BEGIN SOLUTION 5.7: combine the two partial results exactly
     lse = torch.logaddexp(lse_a, lse_b)
     out = torch.exp(lse_a - lse)[..., None] * out_a + torch.exp(lse_b - lse)[..., None] * out_b

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labkit.validate import non_negative_int, number, tensor
+from labkit.validate import boolean, non_negative_int, number, tensor
 
 __all__ = ["gather_from_sp", "reduce_scatter_to_sp", "slice_dropout", "SPMLPBlock", "SPAttnBlock", "SPBlock"]
 
@@ -191,12 +191,15 @@ def slice_dropout(h: torch.Tensor, p: float, seed: int, start: int, training: bo
     (B, C) from it, an element kept where its draw is ≥ p. So a position's mask does not depend
     on which rank holds it nor on T. Kept values are scaled by 1/(1 − p); the result has ``h``'s
     dtype and device.
-    ``training`` False or p = 0 → ``h`` unchanged. p outside [0, 1) → ValueError naming p;
+    ``training`` False, p = 0 or no rows (L = 0) → ``h`` unchanged. ``h`` not a floating
+    (B, L, C) tensor → TypeError/ValueError naming h; p outside [0, 1) → ValueError naming p;
     seed outside [0, 2**31) → ValueError naming seed; start < 0 → ValueError naming start."""
+    tensor("h", h, floating=True, ndim=3)
     number("p", p, low=0, high=1, high_open=True)
     _check_seed(seed)
     non_negative_int("start", start)
-    if not training or p == 0:
+    boolean("training", training)
+    if not training or p == 0 or h.shape[1] == 0:
         return h
     # BEGIN SOLUTION 5.8: one mask row per sequence position of h, drawn as the docstring says, then keep and rescale
     B, L, C = h.shape

@@ -41,10 +41,12 @@ def subgroup(rank: int, world_size: int, group_size: int | None):
 
 def ring_worker(rank: int, world_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 causal: bool = False, layout: str = "contiguous",
-                group_size: int | None = None) -> dict:
+                group_size: int | None = None, strided: bool = False) -> dict:
     """Run the student's ``ring_attention`` on this rank's chunk of full q, k, v (B, H, S, D).
 
     The chunk holds ``rank_positions(S, N, r, layout)`` with r, N this rank's place in its group.
+    ``strided``: pass the chunks as a model makes them, (B, S, H, D) memory seen as (B, H, S, D)
+    by a transpose (not contiguous), instead of contiguous copies.
     Returns ``{"out": (B, H, S/N, D), "positions": the global positions of its rows,
     "peak_bytes": the MemTracker peak during the call, "bytes_sent": {op: bytes},
     "calls": {op: calls}, "work": score entries computed (``count_attention_work``)}``.
@@ -58,6 +60,9 @@ def ring_worker(rank: int, world_size: int, q: torch.Tensor, k: torch.Tensor, v:
                          f"(every rank holds S/N positions); pad the sequence to a multiple of {n}")
     positions = rank_positions(q.shape[2], n, r, layout)
     q_loc, k_loc, v_loc = (t[:, :, positions].contiguous() for t in (q, k, v))
+    if strided:
+        q_loc, k_loc, v_loc = (t.transpose(1, 2).contiguous().transpose(1, 2)
+                               for t in (q_loc, k_loc, v_loc))
     with count_comm() as counts, count_attention_work() as work:
         peak, out = peak_bytes(ring_attention, q_loc, k_loc, v_loc, causal=causal, layout=layout,
                                group=group)

@@ -46,9 +46,25 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, bloc
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"q, k, v need head_dim >= 1 (the scores are scaled by 1/√head_dim), "
+                         f"got shape {tuple(q.shape)}")
     boolean("causal", causal)
     positive_int("block_q", block_q)
     positive_int("block_k", block_k)
+
+
+def _check_saved(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 grad_out: torch.Tensor) -> None:
+    """Refuse a backward whose saved results or incoming gradient do not match q."""
+    for name, t, shape in (("out", out, q.shape), ("grad_out", grad_out, q.shape),
+                           ("lse", lse, q.shape[:-1])):
+        tensor(name, t, floating=True)
+        if t.shape != shape:
+            raise ValueError(f"{name} must have shape {tuple(shape)} (q is {tuple(q.shape)}), "
+                             f"got {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
 
 
 def stats_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -105,6 +121,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     Raises:
         TypeError / ValueError: mixed dtypes or devices, shapes that differ, bad tile sizes.
     """
+    _check(q, k, v, block_q, block_k, causal)
     raise NotImplementedError("exercise 5.6: the tiled forward with the online softmax; return O and L (labs/05_activations.ipynb)")
 
 
@@ -124,7 +141,12 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         grad_out: dL/dO, (B, H, S, D).
     Returns:
         (dq, dk, dv), each shaped like q, in q's dtype.
+    Raises:
+        TypeError / ValueError: as ``flash_attention_forward``, or ``out``, ``grad_out`` not
+            shaped like q, ``lse`` not (B, H, S) (``_check_saved``), before any work.
     """
+    _check(q, k, v, block_q, block_k, causal)
+    _check_saved(q, out, lse, grad_out)
     raise NotImplementedError("exercise 5.6: the tiled backward that recomputes each tile's probabilities from L (labs/05_activations.ipynb)")
 
 
