@@ -345,3 +345,16 @@ def test_an_outcome_that_takes_points_out_of_the_total_is_believed_only_where_it
 
     fake = ROOT / "tests" / "test_lab1_accounting.py"
     assert _optional_missing(fake) is (importlib.util.find_spec("bitsandbytes") is None)
+
+
+def test_the_childs_torch_caches_stay_in_its_writable_folder(tmp_path, monkeypatch):
+    """Importing torch._dynamo puts TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_$USER in
+    os.environ; a child inheriting it created that folder outside its one writable folder, and
+    the guard failed every test of 1.1 on a machine where it did not exist yet (CI)."""
+    from labkit.grade.runner import _base_env
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/triton_someone")
+    env = _base_env(tmp_path / "ws", tmp_path / "tmp")
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR", "HOME"):
+        assert env[name].startswith(str(tmp_path / "tmp")), (name, env[name])

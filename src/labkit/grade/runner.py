@@ -196,8 +196,13 @@ def _base_env(workspace: Path, tmp: Path) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("LABKIT_", "PYTEST_", "COV_")) and k not in ("PYTHONPATH",)}
+    # torch's compile caches go inside the child's one writable folder: importing torch._dynamo
+    # sets TORCHINDUCTOR_CACHE_DIR in os.environ (to /tmp/torchinductor_$USER), and a child that
+    # inherited it would create that folder outside tmp, which the guard refuses
     env.update(PYTHONPATH=str(workspace / "src"), PYTHONDONTWRITEBYTECODE="1",
                TMPDIR=str(tmp), HOME=str(tmp), MPLCONFIGDIR=str(tmp / "mpl"),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp / "torchinductor"),
+               TRITON_CACHE_DIR=str(tmp / "triton"),
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONHASHSEED="0")
     return env
 
