@@ -42,23 +42,15 @@ SCHEDULES = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B}
 
 
 def actions(kind, P, M):
-    """Per-stage action lists: the hand-written ones for P = 2; for more stages GPipe is every F
-    then every B, and 1F1B (Narayanan et al. 2021) is min(P−s, M) forwards, then one backward and
-    one forward while forwards remain, then the remaining backwards."""
+    """Per-stage action lists: the hand-written ones for P = 2; for more stages the harness's
+    ``schedule_lists`` (GPipe: every F then every B; 1F1B, Narayanan et al. 2021: min(P−s, M)
+    forwards, then one backward and one forward while forwards remain, then the remaining
+    backwards)."""
+    from labkit.harness.lab3 import schedule_lists
+
     if P == 2 and M in SCHEDULES[kind]:
         return SCHEDULES[kind][M]
-    out = []
-    for s in range(P):
-        fs, bs = [("F", m) for m in range(M)], [("B", m) for m in range(M)]
-        if kind == "gpipe":
-            out.append(fs + bs)
-            continue
-        w = min(P - s, M)
-        order = fs[:w]
-        for i in range(M - w):
-            order += [bs[i], fs[w + i]]
-        out.append(order + bs[M - w:])
-    return out
+    return schedule_lists(kind, P, M)
 
 
 def setup(M, P=P):
