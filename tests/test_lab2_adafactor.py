@@ -9,16 +9,12 @@ used; byte counts are exact.
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
 
-from _lab2_helpers import (BF16_TOL, STEPS, UPDATE_TOL, StrictDevices, assert_models_close,
-                           brute_force_quantize, data, heavy_tailed, late_gradient_run, one_param,
-                           reference_adam, tiny_gpt, train)
-from labkit.measure import measure_step
-from labkit.models import GPT, GPTConfig, SyntheticData
+from _lab2_helpers import (UPDATE_TOL, late_gradient_run, one_param, tiny_gpt, train)
+from labkit.models import SyntheticData
 from labkit.optimizer_states import state_bytes
 
 

@@ -6,18 +6,13 @@ Tolerances: UPDATE_TOL (fp32 rounding of θ − lr·g); byte counts are exact.
 
 from __future__ import annotations
 
-import copy
-import math
 
 import pytest
 import torch
 
-from _lab2_helpers import (BF16_TOL, STEPS, UPDATE_TOL, StrictDevices, assert_models_close,
-                           brute_force_quantize, data, heavy_tailed, late_gradient_run, one_param,
-                           reference_adam, tiny_gpt, train)
+from _lab2_helpers import (UPDATE_TOL, one_param, tiny_gpt, train)
 from labkit.measure import measure_step
-from labkit.models import GPT, GPTConfig, SyntheticData
-from labkit.optimizer_states import state_bytes
+from labkit.models import SyntheticData
 
 
 @pytest.mark.exercise("2.4", points=1)

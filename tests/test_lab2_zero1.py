@@ -15,10 +15,7 @@ import math
 import pytest
 import torch
 
-from _lab2_helpers import (BF16_TOL, STEPS, UPDATE_TOL, StrictDevices, assert_models_close,
-                           brute_force_quantize, data, heavy_tailed, late_gradient_run, one_param,
-                           reference_adam, tiny_gpt, train)
-from labkit.measure import measure_step
+from _lab2_helpers import (UPDATE_TOL, tiny_gpt, train)
 from labkit.models import GPT, GPTConfig, SyntheticData
 from labkit.optimizer_states import state_bytes
 

@@ -18,7 +18,7 @@ import copy
 import pytest
 import torch
 
-from _lab2_helpers import BF16_TOL, STEPS, UPDATE_TOL, data, late_gradient_run, reference_adam, tiny_gpt
+from _lab2_helpers import BF16_TOL, STEPS, UPDATE_TOL, data, reference_adam, tiny_gpt
 
 
 def assert_params_close(got_model, want_model, tol, cause):

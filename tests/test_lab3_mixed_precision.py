@@ -14,7 +14,6 @@ counts are exact.
 """
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch

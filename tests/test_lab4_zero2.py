@@ -23,7 +23,7 @@ import math
 import pytest
 import torch
 
-from _lab4_helpers import UPDATE_TOL, expected_buckets, expected_events, first_difference, ready_order, tiny_gpt, zero2_gpt
+from _lab4_helpers import UPDATE_TOL, expected_events, first_difference, ready_order, tiny_gpt, zero2_gpt
 from labkit.dist import launch
 from labkit.models import SyntheticData
 

@@ -14,7 +14,7 @@ import torch.utils._python_dispatch
 
 from labkit.measure import saved_activation_bytes
 from _lab5_helpers import one_thread  # noqa: F401  (autouse fixture)
-from _lab5_helpers import ATTN_TOL, B, refuses
+from _lab5_helpers import ATTN_TOL, refuses
 
 
 # ------------------------------------------------------------------ 5.6 FlashAttention

@@ -13,7 +13,7 @@ import torch
 
 from labkit.models import GPT, GPTConfig
 from _lab5_helpers import one_thread  # noqa: F401  (autouse fixture)
-from _lab5_helpers import GRAD_TOL, B, small_gpt, model_grads, data, refuses
+from _lab5_helpers import GRAD_TOL, small_gpt, model_grads, data, refuses
 
 
 # ------------------------------------------------------------------ 5.5 offload

@@ -33,7 +33,6 @@ state (a static page runs no Python); run the page as a notebook, or the lab on 
 from __future__ import annotations
 
 import html
-import math
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt

@@ -361,8 +361,6 @@ def _check(state: _State, exercises: dict, shown: str):
 
 
 def _wrap(state: _State, parent, attr: str, obj, exercises: dict) -> None:
-    import functools
-
     if isinstance(obj, type):
         original_init = obj.__dict__.get("__init__")
         base_init = obj.__init__
