@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from labkit import cluster
-from labkit.dist import launch
+from labkit.ranks import launch
 from labkit.models import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,14 +80,14 @@ def torchrun_all():
 
 @pytest.fixture(scope="module")
 def launched_all():
-    """{demo: per-rank results} of the same demos under labkit.dist.launch in this process."""
+    """{demo: per-rank results} of the same demos under labkit.ranks.launch in this process."""
     results = launch(cluster.run_demos, 2, calls=[(d, SMALL[d]) for d in cluster.DEMOS], timeout=120)
     return {d: [rank[i] for rank in results] for i, d in enumerate(cluster.DEMOS)}
 
 
 @pytest.mark.parametrize("demo", cluster.DEMOS)
 def test_torchrun_demo_prints_the_figures_of_the_in_process_run(demo, torchrun_all, launched_all):
-    """Run the demo under torchrun (gloo, 2 ranks) and with labkit.dist.launch in this process:
+    """Run the demo under torchrun (gloo, 2 ranks) and with labkit.ranks.launch in this process:
     bytes, peaks and message counts must be the same numbers."""
     result, by_demo = torchrun_all
     assert demo in by_demo, f"no json line for {demo}: " + result.stdout[-3000:]

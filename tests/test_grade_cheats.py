@@ -48,7 +48,7 @@ def refusals(table, ex):
 
 def test_cheats_refused_by_the_scan_and_dropped_code_on_lab_1(tmp_path, collected):
     """One submission, one cheat per exercise of lab 1, graded with the scan on:
-    1.1 is the honest solution with a module-level patch of labkit.grading._table appended
+    1.1 is the honest solution with a module-level patch of labkit.grade.plugin._table appended
     (the patch that gave 33/33 on the stubs), an edit of given code and an added file: the
     patch and the edit are dropped and listed, the honest points stay; 1.2 patches the grading
     module from inside its body, 1.3 registers an atexit handler rewriting the score file, 1.4
@@ -58,17 +58,17 @@ def test_cheats_refused_by_the_scan_and_dropped_code_on_lab_1(tmp_path, collecte
     acc = module(sub, ACCOUNTING)
     replace_body(acc, "count_params", COUNT_PARAMS_SOLUTION)
     append(acc, '''
-        import labkit.grading as _g
+        import labkit.grade.plugin as _g
         _real = _g._table
         def _all_passed(results):
             return _real({k: {**r, "outcome": "passed"} for k, r in results.items()})
         _g._table = _all_passed
         ''')
     replace_body(acc, "check_model_config", "return None  # given code, edited")
-    (module(sub, "lab1") / "extra.py").write_text("import labkit.grading\n")
+    (module(sub, "lab1") / "extra.py").write_text("import labkit.grade.plugin\n")
     replace_body(acc, "static_bytes", '''
-        import labkit.grading
-        labkit.grading._table = lambda results: {"earned": 999}
+        import labkit.grade.plugin
+        labkit.grade.plugin._table = lambda results: {"earned": 999}
         raise NotImplementedError("exercise 1.2: still to do")''')
     replace_body(acc, "activation_bytes", '''
         import atexit, json
@@ -92,7 +92,7 @@ def test_cheats_refused_by_the_scan_and_dropped_code_on_lab_1(tmp_path, collecte
     assert "module-level statement" in dropped and "_g._table = _all_passed" in dropped
     assert "given `check_model_config`" in dropped and "the course's is graded" in dropped
     assert "labkit/lab1/extra.py" in dropped
-    assert "import labkit.grading" in refusals(table, "1.2") and "grading plugin" in refusals(table, "1.2")
+    assert "import labkit.grade.plugin" in refusals(table, "1.2") and "grading plugin" in refusals(table, "1.2")
     assert "import atexit" in refusals(table, "1.3")
     assert "import gc" in refusals(table, "1.4") and "garbage collector" in refusals(table, "1.4")
     assert "os._exit" in refusals(table, "1.5")

@@ -1,4 +1,4 @@
-"""Graders of Lab 2, exercise 2.5 (labkit.lab2.zero1): ZeRO-1 on real gloo ranks (``labkit.dist``) against
+"""Graders of Lab 2, exercise 2.5 (labkit.lab2.zero1): ZeRO-1 on real gloo ranks (``labkit.ranks``) against
 the optimizer unsharded on the averaged gradients, computed here in the test process, and
 PyTorch's ``DistributedDataParallel`` and ``ZeroRedundancyOptimizer`` (``labkit.reference.lab2``);
 collectives counted by ``labkit.comm_count``; state bytes by ``labkit.optimizer_states``.
@@ -93,7 +93,7 @@ def run_dp(world_size, dtype=None, optimizer="zero1", variant="adam"):
     "sgd": SGD with momentum and weight decay, one group."""
     key = (world_size, dtype, optimizer, variant)
     if key not in _zero_runs:
-        from labkit.dist import launch
+        from labkit.ranks import launch
         from labkit.harness.lab2 import train_data_parallel
 
         model, batches = zero_model(), zero_batches(world_size)

@@ -1,7 +1,7 @@
 """Graders of Lab 3, exercise 3.6 (labs/03_parameters.ipynb): a pipeline over send/recv.
 
 The course GPT (``lab_config("cpu")``, 4 blocks; 3 blocks for P = 3) is cut into P = 2, 3 and 4
-stages on P real gloo ranks (``labkit.dist.launch``); a batch of M micro-batches of b = 2
+stages on P real gloo ranks (``labkit.ranks.launch``); a batch of M micro-batches of b = 2
 sequences runs under a GPipe or a 1F1B action list WRITTEN OUT HERE (P = 2 by hand, P = 3 and 4
 by the rules below; not taken from exercise 3.5: each exercise is graded alone).
 
@@ -71,7 +71,7 @@ PREFILL = 2.0 ** -10
 
 @functools.lru_cache(maxsize=None)
 def _run(kind, M, P, groups=1):
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab3 import pipeline_worker
 
     cfg, model, x, y = setup(M, P)
@@ -87,7 +87,7 @@ STALLED: list[str] = []  # set by the first test whose pipeline stalled: the oth
 def run(kind, M, P=P, groups=1):
     """The student's pipeline on P ranks (``groups`` pipelines side by side in subgroups of the
     world); a rank's error becomes a failure naming the likely cause."""
-    from labkit.dist import RankError
+    from labkit.ranks import RankError
     from labkit.harness.lab3 import STALL_MESSAGE
 
     if STALLED:
@@ -114,7 +114,7 @@ def run(kind, M, P=P, groups=1):
 @functools.lru_cache(maxsize=None)
 def run_torch(kind, M, P=P):
     """PyTorch's ScheduleGPipe / Schedule1F1B on the same split (labkit.reference.lab3, cut independently of split_gpt)."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.reference.lab3 import torch_pipeline_worker
 
     cfg, model, x, y = setup(M, P)
@@ -293,7 +293,7 @@ def test_the_watchdog_reports_a_deadlock_as_one():
     within seconds, long before the launch timeout."""
     import time
 
-    from labkit.dist import RankError, launch
+    from labkit.ranks import RankError, launch
     from labkit.harness.lab3 import STALL_MESSAGE, stall_demo
 
     start = time.monotonic()

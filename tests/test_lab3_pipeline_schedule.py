@@ -158,7 +158,7 @@ def test_checker_reports_a_dependency_that_never_runs_and_accepts_back_to_back_s
 def test_order_equals_what_torch_pipelining_executes(kind, P, M):
     """Check each stage's order equals the actions torch.distributed.pipelining's ScheduleGPipe /
     Schedule1F1B execute on P real gloo ranks (one stage each)."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.lab3.pipeline_schedule import make_schedule
     from labkit.reference.lab3 import record_torch_schedule
 
@@ -275,7 +275,7 @@ def test_interleaved_timelines_respect_every_virtual_stage_dependency():
 def test_interleaved_order_equals_what_torch_pipelining_executes(P, M, v):
     """Check each rank's interleaved order equals the actions ScheduleInterleaved1F1B executes on
     P real gloo ranks, v stages (chunks) each."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.lab3.pipeline_schedule import make_schedule
     from labkit.reference.lab3 import record_torch_schedule
 

@@ -1,5 +1,5 @@
 """Graders of Lab 3, exercise 3.4 (labs/03_parameters.ipynb): tensor-parallel MLP and attention
-over T = 2 and 4 real gloo ranks (``labkit.dist.launch``).
+over T = 2 and 4 real gloo ranks (``labkit.ranks.launch``).
 
 References nobody in this course wrote: the single-device ``labkit.models.MLP`` and
 ``CausalSelfAttention`` run here in the test process (outputs, input gradient, parameter
@@ -38,7 +38,7 @@ def setup(kind, attention="naive"):
 @functools.lru_cache(maxsize=None)
 def run(kind, T, attention="naive", groups=1):
     """The student's TP block on T·groups ranks (``groups`` tensor-parallel subgroups of T)."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab3 import run_tp
 
     module, x, grad_out, ref, ref_xgrad = setup(kind, attention)
@@ -204,7 +204,7 @@ def test_per_rank_parameter_bytes_are_one_over_t_of_the_split_weights(kind, T):
 def test_tp_mlp_equals_parallelize_module(T):
     """Check the TP MLP's output equals PyTorch's parallelize_module (ColwiseParallel c_fc,
     RowwiseParallel c_proj) on the same weights, and that both do one forward all-reduce."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.reference.lab3 import run_parallelize_module
 
     module, results, _, _ = run("mlp", T)
@@ -232,7 +232,7 @@ def _build(rank, world_size, kind, cfg):
 @pytest.mark.parametrize("kind,name", [("attn", "n_head"), ("mlp", "features")])
 def test_t_that_does_not_divide_raises_value_error(kind, name):
     """T = 3 does not divide 4 heads nor the 4C = 128 hidden width: ValueError naming it."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
 
     cfg = GPTConfig(vocab_size=64, block_size=S, n_layer=1, n_head=H, n_embd=C)
     messages = launch(_build, 3, kind, cfg)

@@ -1,5 +1,5 @@
 """Graders of Lab 3, exercise 3.7 (labs/03_parameters.ipynb): ZeRO-3 over N = 2 and 3 real gloo
-ranks (``labkit.dist.launch``).
+ranks (``labkit.ranks.launch``).
 
 References nobody in this course wrote: unsharded ``torch.optim.Adam`` on the same model, with
 the gradient of the mean of the N ranks' losses (data parallelism), run here in the test
@@ -41,7 +41,7 @@ def setup(N):
 
 @functools.lru_cache(maxsize=None)
 def zero3(N):
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab3 import train_zero3
 
     model, batches = setup(N)
@@ -50,7 +50,7 @@ def zero3(N):
 
 @functools.lru_cache(maxsize=None)
 def _zero3_prefetch(N):
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab3 import train_zero3
 
     model, batches = setup(N)
@@ -59,7 +59,7 @@ def _zero3_prefetch(N):
 
 def zero3_prefetch(N):
     """ZeRO3(prefetch=True)'s run; a rank's error becomes a failure that names the likely cause."""
-    from labkit.dist import RankError, RankTimeout
+    from labkit.ranks import RankError, RankTimeout
 
     try:
         return _zero3_prefetch(N)
@@ -76,7 +76,7 @@ def zero3_prefetch(N):
 
 @functools.lru_cache(maxsize=None)
 def fsdp2(N):
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.reference.lab3 import train_fsdp2
 
     model, batches = setup(N)
@@ -284,14 +284,14 @@ def test_without_prefetch_the_next_all_gather_waits_for_the_current_block():
 
 
 def test_model_without_blocks_raises_value_error():
-    from labkit.dist import launch
+    from labkit.ranks import launch
 
     with pytest.raises(Exception, match="'h'"):
         launch(_build_bad, 1)
 
 
 def test_prefetch_that_is_not_a_bool_raises_type_error():
-    from labkit.dist import launch
+    from labkit.ranks import launch
 
     with pytest.raises(Exception, match="prefetch must be True or False"):
         launch(_build_bad_prefetch, 1)
@@ -313,7 +313,7 @@ def _build_bad(rank, world_size):
 def _train(N, *, groups=1, backwards=1, freeze=()):
     """The student's ZeRO-3 and data-parallel Adam computed on one device
     (labkit.reference.lab3.train_adam) on the same model and batches."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab3 import train_zero3
     from labkit.reference.lab3 import train_adam
 

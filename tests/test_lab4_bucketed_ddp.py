@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from _lab4_helpers import expected_buckets, expected_events, first_difference, ready_order, zero2_gpt
-from labkit.dist import launch
+from labkit.ranks import launch
 from labkit.models import SyntheticData
 
 CAP = 16_384

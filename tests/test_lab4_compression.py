@@ -4,7 +4,7 @@ References nobody in this course wrote:
 * int8: the plain computation, written below per chunk in float64 (scale = max |x| / 127, codes =
   x / scale rounded half to even);
 * top-K: a brute-force sort of the magnitudes;
-* the hook: on real gloo ranks (``labkit.dist.launch``, N = 2 and 3) the student's hook runs
+* the hook: on real gloo ranks (``labkit.ranks.launch``, N = 2 and 3) the student's hook runs
   inside ``DistributedDataParallel``; every call's input buffer, output and kept error are
   logged (``labkit.harness.lab4.hook_worker``), and the test recomputes, from all ranks' inputs,
   what each rank sends and the mean every rank must get back;
@@ -23,7 +23,7 @@ import math
 import pytest
 import torch
 
-from labkit.dist import launch
+from labkit.ranks import launch
 
 TOL = dict(atol=1e-6, rtol=1e-5)
 STEPS = 3

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from _lab4_helpers import F64_TOL, tiny_gpt
-from labkit.dist import launch
+from labkit.ranks import launch
 from labkit.measure import peak_saved_bytes
 from labkit.models import SyntheticData
 

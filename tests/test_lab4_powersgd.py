@@ -2,7 +2,7 @@
 
 The reference nobody in this course wrote: PyTorch's own
 ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.powerSGD_hook``, run next to the
-student's hook on the same real gloo ranks (``labkit.dist.launch``), both registered on a
+student's hook on the same real gloo ranks (``labkit.ranks.launch``), both registered on a
 ``DistributedDataParallel`` of the same model with one bucket, the same seed of the starting Q,
 error feedback and warm start on, ``min_compression_rate=1`` (compress a matrix when its factors
 are smaller than it, so vectors go uncompressed) and its step counter set past
@@ -22,7 +22,7 @@ import functools
 import pytest
 import torch
 
-from labkit.dist import launch
+from labkit.ranks import launch
 
 TOL = dict(atol=1e-6, rtol=1e-4)
 STEPS = 3

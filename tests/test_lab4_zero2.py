@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from _lab4_helpers import UPDATE_TOL, expected_events, first_difference, ready_order, tiny_gpt, zero2_gpt
-from labkit.dist import launch
+from labkit.ranks import launch
 from labkit.models import SyntheticData
 
 CAP = 16_384

@@ -3,7 +3,7 @@
 References nobody in this course wrote: PyTorch's SDPA over the whole sequence (rows picked by
 this file's own index arithmetic), the exact count of causal score entries S(S+1)/2 per head,
 the ring's byte formula (``labkit.reference.lab5``) and ``MemTracker`` for the per-rank peak.
-Every ring run is on real gloo ranks (``labkit.dist.launch``), through the course's harness
+Every ring run is on real gloo ranks (``labkit.ranks.launch``), through the course's harness
 ``labkit.harness.lab5.ring_worker``.
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_ring_attention_runs_inside_a_subgroup():
     global ranks: a ring's neighbours must be translated from group ranks. The chunks are
     strided, as a model's (B, S, H, D) projections seen as (B, H, S, D) are: a collective
     needs contiguous tensors."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab5 import ring_worker
 
     torch.manual_seed(21)
@@ -91,7 +91,7 @@ RING_RUNS = [(128, 2, False), (128, 4, False), (128, 2, True), (128, 4, True), (
 @pytest.fixture(scope="module")
 def ring_runs():
     """One launch per (S, N, causal): the inputs and every rank's result."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab5 import ring_worker
 
     runs = {}
@@ -178,7 +178,7 @@ def zigzag_rows(seq_len: int, world_size: int, rank: int) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def runs():
     """One launch per case: the inputs and every rank's result."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab5 import ring_worker
 
     out = {}

@@ -1,5 +1,5 @@
 """Graders of Lab 5, exercise 5.8 (labs/05_activations.ipynb): Megatron sequence parallelism
-(Korthikanti et al. 2022, §4.2.2) over T = 2 and 4 real gloo ranks (``labkit.dist.launch``).
+(Korthikanti et al. 2022, §4.2.2) over T = 2 and 4 real gloo ranks (``labkit.ranks.launch``).
 
 References nobody in this course wrote: the single-device ``x + MLP(LayerNorm(x))`` (a
 ``labkit.models.Block``'s second half) run here in the test process — outputs, input gradient,
@@ -42,7 +42,7 @@ def setup():
 
 @functools.lru_cache(maxsize=None)
 def run(T):
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab5 import run_sp
 
     ln, mlp, x, grad_out, ref, ref_xgrad, grads = setup()
@@ -142,7 +142,7 @@ def test_norm_region_activations_are_one_T_th(T):
 @pytest.mark.exercise("5.8", points=1)
 def test_sequence_not_divisible_by_T_refused():
     """ḡ on a sequence that does not split over T ranks → ValueError naming x and T."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
 
     results = launch(_reduce_scatter_bad, 2, timeout=60)
     for r, msg in enumerate(results):
@@ -165,7 +165,7 @@ def _reduce_scatter_bad(rank, world_size):
 def test_parallelize_module_sequence_parallel_agrees(T):
     """Not graded (infrastructure): PyTorch's SequenceParallel on the same weights gives the
     same slices with the same collectives in forward."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.reference.lab5 import run_sequence_parallel_module
 
     ln, mlp, x, _, ref, _, _ = setup()
@@ -222,7 +222,7 @@ def setup_block(seq_len=S):
 
 @functools.lru_cache(maxsize=None)
 def run_attn(T):
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab5 import run_sp_attn
 
     block, x, grad_out, *refs = setup_block()
@@ -340,7 +340,7 @@ def test_whole_block_runs_inside_a_subgroup():
     each rank's whole-block output (dropout p > 0) and ∂L/∂x are its group's slice of the single
     device's. Every rank and position follow the group's ranks, not the global ones; S = 6
     splits over the group's 2 ranks, not over the world's 4."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab5 import run_sp_attn
 
     block, x, grad_out, _, (ref, ref_xgrad), _ = setup_block(seq_len=6)
@@ -384,7 +384,7 @@ def test_slice_dropout_masks_do_not_depend_on_the_split():
 @pytest.mark.exercise("5.8", points=1)
 def test_heads_not_divisible_by_T_refused():
     """SPAttnBlock with 4 heads on T = 3 ranks → ValueError naming attn.n_head and T."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
 
     results = launch(_attn_bad, 3, timeout=60)
     for r, msg in enumerate(results):

@@ -54,7 +54,7 @@ def test_zero2_keeps_what_the_model_predicts(gpt):
     elements otherwise."""
     needs_solutions("lab4.zero2", "lab6.parallel_memory")
     from labkit.cross_check import zero2_bytes
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.lab6.parallel_memory import static_bytes
 
     _, model, psi = gpt
@@ -72,7 +72,7 @@ def test_zero3_keeps_what_the_model_predicts(gpt):
     elements per unit (none here)."""
     needs_solutions("lab3.zero3", "lab6.parallel_memory")
     from labkit.cross_check import zero3_bytes
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.lab6.parallel_memory import static_bytes
 
     _, model, psi = gpt
@@ -90,7 +90,7 @@ def test_tensor_parallelism_keeps_what_the_model_predicts(gpt):
     their whole bias on every rank: + 0.26% here."""
     needs_solutions("lab3.tensor_parallel", "lab6.parallel_memory")
     from labkit.cross_check import tensor_parallel_bytes
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.lab6.parallel_memory import static_bytes
 
     _, model, _ = gpt
@@ -106,7 +106,7 @@ def test_pipeline_stages_keep_what_the_model_predicts(gpt):
     first stage is 9% over: this test stays at P = 2)."""
     needs_solutions("lab3.pipeline", "lab6.parallel_memory")
     from labkit.cross_check import pipeline_bytes
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.lab6.parallel_memory import static_bytes
 
     cfg, model, psi = gpt

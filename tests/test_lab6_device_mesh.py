@@ -79,8 +79,8 @@ def test_bad_meshes_raise():
 
 @pytest.fixture(scope="module")
 def mesh_ranks():
-    from labkit.harness.lab6_parallel import mesh_worker
-    from labkit.dist import launch
+    from labkit.harness.lab6 import mesh_worker
+    from labkit.ranks import launch
 
     try:
         return launch(mesh_worker, 8, (2, 2, 2), ("dp", "pp", "tp"), timeout=120.0)

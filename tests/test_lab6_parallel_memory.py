@@ -288,7 +288,7 @@ def test_zero1_matches_zero_redundancy_optimizer_on_gloo_ranks(small_gpt):
     the step counters)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: F401 (slow import, once)
 
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.models import SyntheticData
     from labkit.lab6.parallel_memory import static_bytes
     from labkit.harness.lab2 import train_data_parallel
@@ -308,10 +308,10 @@ def test_zero1_matches_zero_redundancy_optimizer_on_gloo_ranks(small_gpt):
 def test_zero3_matches_fsdp2_fully_shard_on_gloo_ranks(small_gpt):
     """fp32 Adam, ZeRO-3 on 4 ranks: FSDP2's local shards of parameters, gradients and Adam's
     moments, per rank, within 5% of 4Ψ/N, 4Ψ/N, 8Ψ/N (FSDP2 pads dim 0 to a multiple of N)."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.models import SyntheticData
     from labkit.lab6.parallel_memory import static_bytes
-    from labkit.reference.lab6_parallel import fsdp2_step
+    from labkit.reference.lab6 import fsdp2_step
 
     model, psi = small_gpt
     want = static_bytes(psi, world_size=N, dp=N, zero_stage=3, recipe="fp32")
@@ -328,9 +328,9 @@ def test_tensor_parallelism_matches_parallelize_module_on_gloo_ranks(small_gpt):
     """fp32 Adam, T = 2 on 2 ranks: PyTorch's ``parallelize_module`` (c_fc column-wise, c_proj
     row-wise) keeps, per rank, the MLPs' parameters, gradients and Adam moments within 5% of
     your model for those parameters (the row-wise biases stay whole on every rank: +0.4%)."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.lab6.parallel_memory import static_bytes
-    from labkit.reference.lab6_parallel import tensor_parallel_mlp_step
+    from labkit.reference.lab6 import tensor_parallel_mlp_step
 
     model, _ = small_gpt
     got = launch(tensor_parallel_mlp_step, 2, model, torch.randn(2, 32, 32), timeout=120.0)

@@ -3,7 +3,7 @@
 The lab's GPT (``lab_config("cpu")``) trains 3 steps on a batch of 16 sequences under each of the
 three plans of ``labkit.lab7.run_plan.PLANS`` — ZeRO-3 over 4 replicas; TP 2 × DP 2 (plain Adam, the
 replicas' gradients all-reduced); PP 2 × DP 2 (1F1B, 2 micro-batches, ZeRO-1) — all in ONE
-``labkit.dist.launch`` of 4 ranks (each plan makes its own process groups).
+``labkit.ranks.launch`` of 4 ranks (each plan makes its own process groups).
 
 References nobody in this course wrote: ``torch.optim.Adam`` on one device over the whole batch,
 run here in the test process (the losses); MemTracker's peak on each rank, compared with the
@@ -51,7 +51,7 @@ def _setup():
 @functools.lru_cache(maxsize=1)
 def runs() -> dict:
     """{plan name: per-rank results of run_plans_worker}: one launch for the three plans."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab7 import run_plans_worker
     from labkit.lab7.run_plan import PLANS
 
@@ -237,7 +237,7 @@ def built():
     """{plan label: per-rank build_worker results} for two plans where a wrong mesh or embedding
     group gives a different answer: D 2 × P 2 × T 2 on 8 ranks (T and P both > 1: the orders
     differ) and P 4 on 4 ranks (P ≥ 3: the pipeline group is not the embedding group)."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab7 import build_worker
     from labkit.lab7.run_plan import Plan
 
@@ -283,7 +283,7 @@ def test_a_four_stage_pipeline_trains_like_one_device():
     stage): the losses equal one device's Adam on the whole batch within 1e-4. With P ≥ 3 the
     pipeline group is not the embedding group: the tied weight's two gradients are summed
     between the first and last stage only, the middle stages take no part."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab7 import run_plans_worker
     from labkit.lab7.run_plan import Plan
 
@@ -329,7 +329,7 @@ def test_the_prerequisites_are_listed_until_written():
 def test_plans_with_zero2_or_checkpointing_train_like_one_device():
     """Not graded (no graded plan uses them): ZeRO-2 (4.3) and checkpointing (5.2) still compose
     with the runner — 2 ranks, a 2-layer GPT, 3 steps, the same loss tolerance as above."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab7 import run_plans_worker
     from labkit.lab7.run_plan import Plan
 
@@ -353,7 +353,7 @@ def test_a_three_axis_plan_on_8_ranks_trains_like_one_device():
     peak is within 15% of ``predict_peak``. 15%, not the graded 10%: the last stage measures
     10.9% above the prediction on the solutions (the model leaves out the received activation
     and gradient buffers of send/recv, which a PP × TP stage holds whole per TP rank)."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.harness.lab7 import run_plans_worker
     from labkit.lab7.run_plan import Plan, predict_peak
 

@@ -33,7 +33,7 @@ timeout 300 $PT tests/test_lab2_zero_offload.py::test_zero_offload_lowers_the_de
 # 5. the lab cells only a GPU runs (a file, not stdin: spawned ranks re-import the main module)
 cat > "$OUT/cells.py" <<'PY'
 import copy, math, os, resource, time, torch
-from labkit.dist import launch, start_method_for
+from labkit.ranks import launch, start_method_for
 from labkit.models import GPT, SyntheticData, lab_batch_size, lab_config
 DEV = os.environ.get("DEV", "cuda")
 def attempt(name, f):

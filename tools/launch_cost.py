@@ -1,7 +1,7 @@
 """What starting ranks costs, per start method: ``python tools/launch_cost.py [--sizes 2 4] [--launches 3]``.
 
 A lab launches ranks from every distributed cell (lab 3 about 54 ranks, lab 5 about 43). Once
-CUDA is initialised in the kernel (any lab on a GPU runtime), ``labkit.dist.launch`` cannot
+CUDA is initialised in the kernel (any lab on a GPU runtime), ``labkit.ranks.launch`` cannot
 fork; it used to spawn, a fresh interpreter per rank importing torch again. It now forks each
 rank from a zygote (multiprocessing's forkserver) that imported torch once. This script runs
 ``k`` launches of ``N`` ranks under each start method and prints, per rank, the CPU seconds it
@@ -32,16 +32,16 @@ def _proc_cpu_seconds(pid: int) -> float:
 
 
 def measure(method: str, world_size: int, launches: int) -> dict:
-    from labkit import _dist_examples as ex
-    from labkit import dist
+    from labkit import _rank_examples as ex
+    from labkit import ranks
 
     walls, cpus = [], []
     for _ in range(launches):
         started = time.perf_counter()
-        results = dist.launch(ex.cpu_seconds_so_far, world_size, start_method=method, timeout=300)
+        results = ranks.launch(ex.cpu_seconds_so_far, world_size, start_method=method, timeout=300)
         walls.append(time.perf_counter() - started)
         cpus += [r["cpu_s"] for r in results]
-    zygote = dist._zygote_pid() if method == "forkserver" else None
+    zygote = ranks._zygote_pid() if method == "forkserver" else None
     return {"method": method, "world_size": world_size, "launches": launches,
             "wall_s": walls, "rank_cpu_s": cpus,
             "zygote_cpu_s": _proc_cpu_seconds(zygote) if zygote else 0.0}

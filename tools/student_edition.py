@@ -99,7 +99,7 @@ Each file there holds exercises whose body is
 header `# ==== exercise N.E: your code ====` marks what is yours, `# ==== given: … ====` what
 you read and call but do not change. You may add your own helper functions and classes beside
 an exercise. Everything outside `src/labkit/labN/` (`labkit.models`, `labkit.measure`,
-`labkit.dist`, the tests) is the course's toolkit: use it, don't edit it.
+`labkit.ranks`, the tests) is the course's toolkit: use it, don't edit it.
 
 ## Check your work
 

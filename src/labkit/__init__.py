@@ -7,8 +7,8 @@ Two rooms:
   ``labkit.lab5.flash_attention``); the lab package's docstring is the lab's map.
 * everything at the top of ``labkit``: **the course's toolkit**, complete and tested: ``models``
   (the course's GPT and its synthetic data), ``measure`` (bytes by consumer with PyTorch's
-  MemTracker, FLOPs), ``dist`` (launch N real ranks), ``plot`` (one figure style), ``widgets``,
-  ``grading`` (the pytest plugin behind ``check``), the references the graders compare with.
+  MemTracker, FLOPs), ``ranks`` (launch N real ranks), ``plot`` (one figure style), ``widgets``,
+  ``grade`` (the grader, and the pytest plugin behind ``check``), the references the graders compare with.
   Use it; don't edit it.
 
 Setting ``LABKIT_SOLUTIONS=<path to solutions/>`` before the first ``import labkit`` makes
@@ -121,7 +121,7 @@ def check(exercise: str, *, verbose: bool = False) -> bool:
     If the lab's code cannot even be imported (a syntax error, a misspelt import), no test can
     run: the report names the file, the line and the error instead, and returns False.
     """
-    from labkit.grading import check as _check
+    from labkit.grade.plugin import check as _check
 
     import subprocess
 

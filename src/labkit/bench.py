@@ -56,7 +56,7 @@ class Case:
 
 def cpu_seconds() -> float:
     """CPU seconds (user + system) of this process and of the child processes it has waited for
-    (the ranks of ``labkit.dist.launch``): the work done, whatever else the machine runs."""
+    (the ranks of ``labkit.ranks.launch``): the work done, whatever else the machine runs."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.process_time() + children.ru_utime + children.ru_stime
 

@@ -7,13 +7,13 @@
 
 Each rank reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (set by torchrun), joins one process
 group (NCCL on CUDA, gloo on CPU; ``--device``), is placed on its local GPU, and runs the demo
-through :func:`labkit.dist.launch`, which inside torchrun runs the function on this existing
+through :func:`labkit.ranks.launch`, which inside torchrun runs the function on this existing
 group instead of starting processes: the very calls the labs make in a notebook. The exercise
 modules are whatever ``labkit`` is installed: in the student edition, the student's own code.
 
 Rank 0 prints one row per rank: the measured bytes next to the chapter's prediction, the bytes
 this rank communicated, and the step time, then a line ``json: {...}`` with the same figures
-(what the tests compare against an in-process :func:`labkit.dist.launch` run).
+(what the tests compare against an in-process :func:`labkit.ranks.launch` run).
 
 The demos are a registry, ``REGISTRY``: each :class:`Demo` is written once, in one place: its
 options (a dataclass whose fields are the command-line options it takes), its per-rank
@@ -716,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
                             **({"device_id": torch.device(device)} if backend == "nccl" else {}))
     try:
-        from labkit.dist import launch
+        from labkit.ranks import launch
 
         mine = launch(run_demos, world_size, calls=calls)[0]  # inside torchrun: runs here, on this group
         gathered = [None] * world_size

@@ -39,7 +39,7 @@ variants count once under the plain name, with the bytes of all their tensors;
 ``all_gather_into_tensor``/``reduce_scatter_tensor``.
 
 Used in: the data-parallel, ZeRO and tensor-parallel chapters (``book/``), inside functions run
-by :func:`labkit.dist.launch`.
+by :func:`labkit.ranks.launch`.
 """
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ class _CommCountMode(TorchDispatchMode):
 def count_comm() -> Iterator[CommCounts]:
     """Count this rank's collective and point-to-point calls and bytes inside the block.
 
-    Use it inside a function run by ``labkit.dist.launch`` (each rank counts its own traffic)::
+    Use it inside a function run by ``labkit.ranks.launch`` (each rank counts its own traffic)::
 
         with count_comm() as c:
             dist.all_reduce(torch.ones(1000))      # 1000 float32 = 4000 bytes

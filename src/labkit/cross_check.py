@@ -5,7 +5,7 @@ Chapter 6 checks its model of a configuration (exercise 6.4) against what the im
 of Labs 3 and 4 actually keep on each rank: ``labkit.lab4.zero2.ZeRO2Adam`` (exercise 4.3),
 ``labkit.lab3.zero3.ZeRO3`` (3.7), ``labkit.lab3.tensor_parallel.TPAttention`` / ``TPMLP`` (3.4) and the
 stages of ``labkit.lab3.pipeline`` (3.6). Each function below runs in one rank under
-``labkit.dist.launch``, takes one fp32 Adam step and returns this rank's bytes of
+``labkit.ranks.launch``, takes one fp32 Adam step and returns this rank's bytes of
 parameters, gradients and optimizer states (every storage counted once, Adam's step counters
 excluded as the model excludes them), counted from the tensors themselves.
 

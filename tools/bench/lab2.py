@@ -87,7 +87,7 @@ def cases() -> list[Case]:
 
     importlib.import_module("torch.distributed.optim")  # once here, inherited by the forked ranks
 
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.models import GPT, SyntheticData, lab_config
     from labkit.harness.lab2 import train_data_parallel
 

@@ -53,7 +53,7 @@ _guard = guard.api()
 _config: list = []
 _seen: dict = {}
 """nodeid -> what this plugin saw of the test's phases itself ("failed", "skipped"): a record in
-labkit.grading's table that says "passed" for a test whose report failed is not believed."""
+labkit.grade.plugin's table that says "passed" for a test whose report failed is not believed."""
 
 
 def _exercise(item):

@@ -1,6 +1,6 @@
 """What ``labkit-grade`` writes: the course's table, Gradescope's results.json, a class CSV.
 
-* ``grades.json``: :func:`labkit.grading._table`'s schema (exercises, labs, earned, possible,
+* ``grades.json``: :func:`labkit.grade.plugin._table`'s schema (exercises, labs, earned, possible,
   each test's outcome and message), plus ``submission``: what was dropped or refused and why.
 * ``results.json``: Gradescope's format — ``score``, ``output``, and per test ``name``,
   ``score``, ``max_score``, ``output``, ``visibility``, ``status``. A test this machine cannot

@@ -127,11 +127,11 @@ DIRECT = {
     "builtins.breakpoint": "a debugger",
 }
 PICKLE_FORBIDDEN = ("sys", "os", "posix", "builtins", "subprocess", "gc", "ctypes", "importlib",
-                    "inspect", "labkit.grade", "labkit.grading", "pytest", "_pytest", "runpy",
+                    "inspect", "labkit.grade", "labkit.grade.plugin", "pytest", "_pytest", "runpy",
                     "code", "types", "marshal", "pickle", "operator", "functools", "shutil",
                     "signal", "atexit", "torch.hub", "torch.library", "nt", "io", "codecs")
 PICKLE_NEVER = ("sys", "os", "posix", "nt", "subprocess", "importlib", "labkit.grade",
-                "labkit.grading", "pytest", "_pytest", "runpy", "code", "ctypes", "gc", "inspect",
+                "labkit.grade.plugin", "pytest", "_pytest", "runpy", "code", "ctypes", "gc", "inspect",
                 "marshal", "signal", "atexit", "shutil", "pty", "pickle", "torch.hub",
                 "torch.library", "unittest")
 PICKLE_NEVER_BUILTINS = {"exec", "eval", "compile", "getattr", "setattr", "delattr",
@@ -140,7 +140,7 @@ PICKLE_NEVER_BUILTINS = {"exec", "eval", "compile", "getattr", "setattr", "delat
 unpickled by the launcher in the test's process, with no student frame on the stack)."""
 """Modules an unpickled object may not come from while a student's code is on the stack
 (``torch.load(..., weights_only=False)`` of hand-made bytes reaches ``sys.modules``)."""
-FORBIDDEN_IMPORTS = ("labkit.grade", "labkit.grading", "pytest", "_pytest", "gc", "ctypes",
+FORBIDDEN_IMPORTS = ("labkit.grade", "labkit.grade.plugin", "pytest", "_pytest", "gc", "ctypes",
                      "atexit", "inspect", "importlib", "builtins", "signal", "subprocess",
                      "labkit.reference", "labkit.harness", "labkit.cross_check", "unittest",
                      "torch.hub", "torch.library", "torch.package")
@@ -452,8 +452,8 @@ CLASS_MODULES = ("labkit", "torch.nn", "torch.testing", "torch.autograd",
 """Not torch.optim: an optimizer's first instance wraps its class's ``step`` (profiling hooks)."""
 
 
-GRADER_MODULES = ("labkit.grade", "labkit.grading", "_pytest", "pytest", "pluggy")
-OWN_MODULES = ("labkit.grade", "labkit.grading")
+GRADER_MODULES = ("labkit.grade", "labkit.grade.plugin", "_pytest", "pytest", "pluggy")
+OWN_MODULES = ("labkit.grade", "labkit.grade.plugin")
 VOLATILE = {"_pytest.assertion.util"}
 """pytest sets these modules' hooks around every test (``util._reprcompare``)."""
 

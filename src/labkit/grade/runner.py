@@ -12,7 +12,7 @@ No student code runs in this process. For one submission it
    an inherited pipe; a record that does not verify, or a test without one, is failed;
 5. checks after each child that no file of the copy changed (a child that changed one has its
    results voided, and the copy is restored);
-6. scores with :func:`labkit.grading._table` and returns the table; :mod:`labkit.grade.formats`
+6. scores with :func:`labkit.grade.plugin._table` and returns the table; :mod:`labkit.grade.formats`
    writes it.
 """
 from __future__ import annotations
@@ -467,8 +467,8 @@ def _decide(test: dict, record: dict | None, note: str, refused: list | None) ->
 def grade_submission(submission: Path, *, course: Path | None = None,
                      exercises: list[str] | None = None, jobs: int = 2, timeout: float = 1200,
                      keep: Path | None = None, collected: dict | None = None) -> dict:
-    """Grade one submission; return the table (grading._table's schema, plus the report)."""
-    from labkit.grading import _table
+    """Grade one submission; return the table (plugin._table's schema, plus the report)."""
+    from labkit.grade.plugin import _table
 
     course = Path(course or course_root())
     started = time.time()

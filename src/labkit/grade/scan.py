@@ -3,7 +3,7 @@
 It reads only what :mod:`labkit.grade.extract` takes from a submission (exercise units, added
 definitions and imports) and refuses, with the reason:
 
-* imports of the grader and of what tampering is made of: ``labkit.grading``, ``labkit.grade``,
+* imports of the grader and of what tampering is made of: ``labkit.grade.plugin``, ``labkit.grade``,
   ``pytest``/``_pytest``, ``gc``, ``ctypes``, ``atexit``, ``inspect``, ``importlib``, ``builtins``,
   ``signal``, ``subprocess``, ``multiprocessing``, ``sys``'s internals (``sys.modules``,
   ``sys._getframe``, ``settrace``, ``setprofile``, ``meta_path``…), ``os._exit``/``os.kill``/
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from labkit.grade import shortcuts
 
 FORBIDDEN_MODULES = {
-    "labkit.grading": "the grading plugin is the course's: an exercise never imports it",
+    "labkit.grade.plugin": "the grading plugin is the course's: an exercise never imports it",
     "labkit.grade": "the grader is the course's: an exercise never imports it",
     "pytest": "pytest runs the graders: an exercise never needs it",
     "_pytest": "pytest's internals run the graders: an exercise never needs them",
@@ -54,7 +54,7 @@ FORBIDDEN_MODULES = {
     "builtins": "rebinding builtins changes the graders' code: no exercise needs it",
     "signal": "signal handlers can interrupt the graders: no exercise needs them",
     "subprocess": "an exercise runs in its own process: it never starts programs",
-    "multiprocessing": "ranks are started by labkit.dist, not by an exercise",
+    "multiprocessing": "ranks are started by labkit.ranks, not by an exercise",
     "faulthandler": "no exercise needs it", "sysconfig": "no exercise needs it",
     "marshal": "building code objects: no exercise needs it",
     "types": "building functions and code objects: no exercise needs it",

@@ -1,6 +1,6 @@
 """The harnesses that run a student's code for the graders, the labs and ``labkit.cluster``.
 
-``labkit.harness.labN`` holds lab N's per-rank functions (``labkit.dist.launch`` starts them) and
+``labkit.harness.labN`` holds lab N's per-rank functions (``labkit.ranks.launch`` starts them) and
 measurement runs: they build the student's object from ``labkit.labN``, train or run it, and
 return plain data (tensors, numbers, byte counts) for a grader to compare with
 ``labkit.reference.labN``. They are the course's code: a student uses them and does not edit

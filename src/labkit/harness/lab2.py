@@ -43,7 +43,7 @@ def train_data_parallel(rank: int, world_size: int, model: torch.nn.Module, batc
                         optimizer: str = "zero1", optimizer_class=torch.optim.Adam,
                         lr: float = 1e-3, dtype=None, groups=None, frozen=(), dp_groups: int = 1,
                         drop_grads=(), **options) -> dict:
-    """Train ``model`` on this rank's batches, data-parallel; run by ``labkit.dist.launch``.
+    """Train ``model`` on this rank's batches, data-parallel; run by ``labkit.ranks.launch``.
 
     Args:
         model: the same initial model on every rank (a GPT: ``model(x, y)`` is the loss).

@@ -1,6 +1,6 @@
 """Lab 3's harnesses: the per-rank functions and measurement runs that drive the student's code.
 
-``labkit.dist.launch`` starts them on gloo ranks for the graders, the lab notebook, the chapter
+``labkit.ranks.launch`` starts them on gloo ranks for the graders, the lab notebook, the chapter
 and ``labkit.cluster``; each returns plain data to compare with ``labkit.reference.lab3``.
 
 - :func:`run_tp`: the student's ``TPMLP`` / ``TPAttention`` forward and backward (3.4), on the
@@ -146,7 +146,7 @@ def run_tp(rank: int, world_size: int, kind: str, module: nn.Module, x: torch.Te
            grad_out: torch.Tensor, groups: int = 1) -> dict:
     """Build the student's ``TPMLP`` (kind "mlp") or ``TPAttention`` ("attn") from ``module``
     over this rank's tensor-parallel group (``groups`` subgroups of the world; 1: all ranks), run
-    forward on ``x`` and backward with ``grad_out``; run by ``labkit.dist.launch``.
+    forward on ``x`` and backward with ``grad_out``; run by ``labkit.ranks.launch``.
 
     Returns ``{"out", "x_grad", "grads": {name: grad of this rank's parameter}, "param_bytes",
     "tp_rank", "tp_size", "forward": comm counts, "backward": comm counts}``."""
@@ -178,7 +178,7 @@ def stall_demo(rank: int, world_size: int, stall_s: float = 2.0) -> None:
 def pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, actions_by_stage,
                     x: torch.Tensor, y: torch.Tensor, num_microbatches: int, groups: int = 1,
                     stall_s: float = 15.0, prefill: float = 0.0) -> dict:
-    """Run by ``labkit.dist.launch``: build the GPT from ``state``, take stage ``r`` of the
+    """Run by ``labkit.ranks.launch``: build the GPT from ``state``, take stage ``r`` of the
     student's ``split_gpt`` (r: this rank's index in its pipeline, one of ``groups`` subgroups),
     and run the student's ``run_stage`` on the batch (x, y) cut into ``num_microbatches`` with
     that stage's actions, under the stall watchdog. ``prefill`` ≠ 0: every parameter's ``.grad``
@@ -292,7 +292,7 @@ def peaks_by_microbatches(kind: str, num_stages: int, microbatches, cfg: GPTConf
     each M in ``microbatches``, on ``num_stages`` gloo ranks: ``{M: [bytes per stage]}``;
     ``measure`` "peak_saved" (autograd-saved bytes) or "peak_live" (MemTracker). The model
     ``cfg`` (default: ``lab_config("cpu")``) with ``micro_batch_size`` sequences of ``seq_len``."""
-    from labkit.dist import launch
+    from labkit.ranks import launch
     from labkit.models import SyntheticData, lab_config
 
     one_of("measure", measure, ("peak_saved", "peak_live"))
@@ -315,7 +315,7 @@ def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float
     """Train with the student's ``ZeRO3`` on ``batches[step][r]`` (r: this rank's index in its
     ZeRO group, one of ``groups`` subgroups); ``backwards`` > 1: ``batches[step][r]`` is a list
     of (x, y) micro-batches, each backpropagated before the one ``step()``. Run by
-    ``labkit.dist.launch``.
+    ``labkit.ranks.launch``.
 
     Returns ``{"params", "losses", "shard_bytes", "shard_storage_bytes" (the bytes of the storages
     the shards keep alive: a shard that is a view keeps its whole base), "peak_live_bytes", "unit_numels",

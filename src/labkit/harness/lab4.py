@@ -1,6 +1,6 @@
 """Lab 4's harnesses: per-rank functions that run the student's code next to the references.
 
-Each function runs inside one rank of ``labkit.dist.launch``, builds the student's object from
+Each function runs inside one rank of ``labkit.ranks.launch``, builds the student's object from
 ``labkit.lab4``, runs it beside the matching run of ``labkit.reference.lab4`` on the same process
 group and batches, and returns plain data for a grader, the lab or ``labkit.cluster``:
 

@@ -1,7 +1,7 @@
 """Lab 5's harnesses: per-rank functions that run the student's ring attention (5.7) and
 sequence parallelism (5.8) and return what the graders, the lab and ``labkit.cluster`` measure.
 
-Each runs inside ``labkit.dist.launch`` (``fn(rank, world_size, *args)``). ``group_size`` (when
+Each runs inside ``labkit.ranks.launch`` (``fn(rank, world_size, *args)``). ``group_size`` (when
 given) splits the world into consecutive groups of that many ranks (a 4-rank world split in two:
 ranks {0, 1} and {2, 3}) and runs the exercise inside this rank's group, so the student's code
 meets a process group other than the default one, as lab 7 runs it.

@@ -57,7 +57,7 @@ def _record_grad_norms(setup) -> dict:
 
 def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: dict,
                      batches) -> list[dict]:
-    """Run by ``labkit.dist.launch``: for each plan, build the GPT from ``state``, check the plan,
+    """Run by ``labkit.ranks.launch``: for each plan, build the GPT from ``state``, check the plan,
     :func:`build_rank`, then :func:`train_step` on each ``batches[step] = (x, y)`` under MemTracker.
 
     Returns, per plan, ``{"label", "coords", "losses": per step (None where this rank computes
@@ -89,7 +89,7 @@ def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: d
 
 
 def build_worker(rank: int, world_size: int, plan, cfg: GPTConfig, state: dict) -> dict:
-    """Run by ``labkit.dist.launch``: ``build_rank`` only. Returns this rank's ``coords`` and the
+    """Run by ``labkit.ranks.launch``: ``build_rank`` only. Returns this rank's ``coords`` and the
     ranks of each of its groups (``"embedding"``: None when the rank has none)."""
     try:
         check_plan(plan, cfg, 2 * plan.dp * plan.n_micro, world_size)

@@ -8,7 +8,7 @@ lab 1's code: each file holds the exercises below, their stubs raising
     accounting.py          1.1–1.5   count parameters, bytes per consumer, saved activations, the peak, a memory calculator
 
 Everything outside ``labkit/lab1/`` is the course's toolkit (``labkit.measure``,
-``labkit.dist``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
+``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("1.1")``.
 """
 from labkit import solutions_overlay

@@ -15,7 +15,7 @@ lab 2's code: each file holds the exercises below, their stubs raising
     came.py                2.8       CAME: confidence-guided factored moments
 
 Everything outside ``labkit/lab2/`` is the course's toolkit (``labkit.measure``,
-``labkit.dist``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
+``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("2.1")``.
 """
 from labkit import solutions_overlay

@@ -92,7 +92,7 @@ class ZeRO1:
                             f"torch.optim.Adam), got {optimizer_class!r}")
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("ZeRO1 needs an initialised process group (run it inside "
-                             "labkit.dist.launch)")
+                             "labkit.ranks.launch)")
         for key in ("lr", "eps", "weight_decay", "momentum"):  # named here, before any collective
             if key in defaults and not isinstance(defaults[key], torch.Tensor):
                 validate.non_negative_number(key, defaults[key])

@@ -14,7 +14,7 @@ lab 3's code: each file holds the exercises below, their stubs raising
     zero3.py               3.7       ZeRO-3: parameters gathered on use, with prefetch
 
 Everything outside ``labkit/lab3/`` is the course's toolkit (``labkit.measure``,
-``labkit.dist``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it.
+``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it.
 ``labkit.harness.lab3`` runs your code on ranks for the graders and the notebook;
 ``labkit.reference.lab3`` holds what it is compared with (PyTorch's own implementations). Check an
 exercise with ``labkit.check("3.1")``.

@@ -12,7 +12,7 @@ lab 4's code: each file holds the exercises below, their stubs raising
     powersgd.py            4.5       PowerSGD
 
 Everything outside ``labkit/lab4/`` is the course's toolkit (``labkit.measure``,
-``labkit.dist``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
+``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("4.1")``.
 """
 from labkit import solutions_overlay

@@ -119,7 +119,7 @@ class ZeRO2Adam:
         self.bucket_cap_bytes = positive_int("bucket_cap_bytes", bucket_cap_bytes)
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("ZeRO2Adam needs an initialised process group (run it inside "
-                             "labkit.dist.launch)")
+                             "labkit.ranks.launch)")
         self.lr, self.betas, self.eps, self.group = float(lr), tuple(betas), float(eps), group
         self.dtype = self.params[0].dtype
         self.world_size = dist.get_world_size(group)

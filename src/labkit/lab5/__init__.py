@@ -13,7 +13,7 @@ lab 5's code: each file holds the exercises below, their stubs raising
     sequence_parallel.py   5.8       Megatron sequence parallelism
 
 Everything outside ``labkit/lab5/`` is the course's toolkit (``labkit.measure``,
-``labkit.dist``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
+``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("5.1")``.
 """
 from labkit import solutions_overlay

@@ -12,7 +12,7 @@ lab 6's code: each file holds the exercises below, their stubs raising
     fusion.py              6.5       a fused operator that saves one tensor
 
 Everything outside ``labkit/lab6/`` is the course's toolkit (``labkit.measure``,
-``labkit.dist``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
+``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("6.1")``.
 """
 from labkit import solutions_overlay

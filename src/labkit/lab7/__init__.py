@@ -9,7 +9,7 @@ lab 7's code: each file holds the exercises below, their stubs raising
     run_plan.py            7.2       the plan run on real ranks (uses your earlier labs' code)
 
 Everything outside ``labkit/lab7/`` is the course's toolkit (``labkit.measure``,
-``labkit.dist``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
+``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("7.1")``.
 
 The capstone: ``run_plan`` builds on your code of labs 1, 2, 3 and 6 (it says which

@@ -116,7 +116,7 @@ def result_of(model, losses, comm, opt, *, numel_owned: int, inner, extra_state=
 def train_reference(rank: int, world_size: int, model: torch.nn.Module, batches, *,
                     optimizer: str = "ddp", optimizer_class=torch.optim.Adam, lr: float = 1e-3,
                     dtype=None, groups=None, frozen=(), **options) -> dict:
-    """Train ``model`` data-parallel with PyTorch's own machinery; run by ``labkit.dist.launch``.
+    """Train ``model`` data-parallel with PyTorch's own machinery; run by ``labkit.ranks.launch``.
 
     ``optimizer="ddp"``: ``DistributedDataParallel`` + ``optimizer_class`` unsharded;
     ``"zero_redundancy"``: ``ZeroRedundancyOptimizer`` around ``optimizer_class`` (whole tensors

@@ -41,7 +41,7 @@ def _counts(c) -> dict:
 def run_parallelize_module(rank: int, world_size: int, mlp: nn.Module, x: torch.Tensor) -> dict:
     """Shard a copy of ``mlp`` with PyTorch's ``parallelize_module`` (c_fc ColwiseParallel,
     c_proj RowwiseParallel) on a CPU DeviceMesh of all ranks; return its output on ``x`` and the
-    forward's comm counts. Run by ``labkit.dist.launch``."""
+    forward's comm counts. Run by ``labkit.ranks.launch``."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -99,7 +99,7 @@ def record_torch_schedule(rank: int, world_size: int, kind: str, num_microbatche
                           width: int = 4, num_chunks: int = 1) -> list[tuple]:
     """Run ``torch.distributed.pipelining``'s ScheduleGPipe ("gpipe"), Schedule1F1B ("1f1b",
     M ≥ P) or ScheduleInterleaved1F1B ("interleaved", ``num_chunks`` stages per rank: virtual
-    stages c·P + rank) for a step on ``world_size`` gloo ranks (run by ``labkit.dist.launch``);
+    stages c·P + rank) for a step on ``world_size`` gloo ranks (run by ``labkit.ranks.launch``);
     return the actions this rank executed, in order, as ``(kind, m)`` (``(kind, m, chunk)``)."""
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                               ScheduleInterleaved1F1B)
@@ -182,7 +182,7 @@ class _ReferenceStage(nn.Module):
 
 def torch_pipeline_worker(rank: int, world_size: int, cfg: GPTConfig, state: dict, kind: str,
                           x: torch.Tensor, y: torch.Tensor, num_microbatches: int) -> dict:
-    """PyTorch's pipeline, run by ``labkit.dist.launch``: stage ``rank`` of the GPT (n_layer / P
+    """PyTorch's pipeline, run by ``labkit.ranks.launch``: stage ``rank`` of the GPT (n_layer / P
     blocks each) in a ``torch.distributed.pipelining.PipelineStage``, one step of
     ``ScheduleGPipe`` ("gpipe") or ``Schedule1F1B`` ("1f1b") with the micro-batch loss
     cross-entropy (its gradients scaled by 1/M, ``scale_grads``). Returns ``{"loss": the batch's

@@ -1,6 +1,6 @@
 """Lab 4's references: PyTorch's own data parallelism, Adam and PowerSGD hook, run on the ranks.
 
-Each function runs inside one rank of ``labkit.dist.launch`` (the harness calls it next to the
+Each function runs inside one rank of ``labkit.ranks.launch`` (the harness calls it next to the
 student's code, on the same process group and batches) and returns plain data:
 
 - :func:`ddp_backward`: one backward of ``DistributedDataParallel`` — the parameters it leaves

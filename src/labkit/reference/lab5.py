@@ -80,7 +80,7 @@ def run_sequence_parallel_module(rank: int, world_size: int, ln: nn.LayerNorm, m
     """PyTorch's version on the same weights: ``parallelize_module`` with ``SequenceParallel``
     on the LayerNorm, ``ColwiseParallel(input_layouts=Shard(1))`` on c_fc and
     ``RowwiseParallel(output_layouts=Shard(1))`` on c_proj, on a CPU DeviceMesh; returns this
-    rank's slice of ``x + mlp(ln(x))`` and the forward's comm counts. Run by ``labkit.dist.launch``."""
+    rank's slice of ``x + mlp(ln(x))`` and the forward's comm counts. Run by ``labkit.ranks.launch``."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,

@@ -9,7 +9,7 @@ A graded test carries ``@pytest.mark.exercise("5.1", points=2)``.  The plugin
 * with ``--stubs-must-fail`` turns the run around for CI: it succeeds only when every graded
   test failed, because a grader that passes on a stub grades nothing.
 
-It is loaded for every run of the test suite through ``addopts = "-p labkit.grading"``.
+It is loaded for every run of the test suite through ``addopts = "-p labkit.grade.plugin"``.
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def assertion_message(exc: BaseException) -> str:
     ``assert [4368] == [3276]``, "Use -v to get more diff", after a newline starting with
     ``assert``: dropped). For ``torch.testing.assert_close(..., msg=...)``, the whole message.
     An assertion without a message gives its first line. Another exception gives
-    ``Type: text``; a failing rank (:class:`labkit.dist.RankError`) gives its first line and the
+    ``Type: text``; a failing rank (:class:`labkit.ranks.RankError`) gives its first line and the
     rank's own exception line.
     """
     text = str(exc)

@@ -7,7 +7,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from labkit.dist.methods import BACKENDS, START_METHODS
+from labkit.ranks.methods import BACKENDS, START_METHODS
 from labkit.validate import is_int
 
 MAX_TIMEOUT = 10**7

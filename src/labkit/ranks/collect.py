@@ -9,7 +9,7 @@ import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from labkit.dist.errors import RankError, RankTimeout, _is_collective_timeout, _is_peer_failure, _ranks_text
+from labkit.ranks.errors import RankError, RankTimeout, _is_collective_timeout, _is_peer_failure, _ranks_text
 
 
 def _read_stacks(procs, ranks, stack_dir) -> dict:

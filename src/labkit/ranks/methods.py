@@ -1,6 +1,6 @@
 """How ranks start (fork, forkserver, spawn) and how a function and its arguments reach them.
 
-See the package docstring (:mod:`labkit.dist`) for why: fork when the ranks cannot use CUDA,
+See the package docstring (:mod:`labkit.ranks`) for why: fork when the ranks cannot use CUDA,
 else forkserver (a zygote that imported torch once); everything sent by value, functions by
 their current definition."""
 from __future__ import annotations

@@ -34,7 +34,7 @@ def test_a_wrong_exercise_id_says_what_to_pass_without_running_anything(given, e
 
 def test_an_id_with_spaces_or_leading_zeros_is_the_same_id(monkeypatch):
     seen = []
-    monkeypatch.setattr("labkit.grading.check", lambda ex, verbose=False: seen.append(ex) or True)
+    monkeypatch.setattr("labkit.grade.plugin.check", lambda ex, verbose=False: seen.append(ex) or True)
     assert labkit.check(" 1.02 ") and seen == ["1.2"]
 
 
@@ -44,7 +44,7 @@ def test_a_lab_that_does_not_import_is_reported_with_its_file_line_and_what_to_d
     def nothing_collected(ex, verbose=False):
         raise ValueError(f"exercise={ex!r} has no graded tests; known exercises: ")
 
-    monkeypatch.setattr("labkit.grading.check", nothing_collected)
+    monkeypatch.setattr("labkit.grade.plugin.check", nothing_collected)
     monkeypatch.setattr(labkit, "_modules_that_fail_to_import",
                         lambda lab: {"labkit.lab1.accounting": 'File "accounting.py", line 128\nSyntaxError: invalid syntax'})
     assert labkit.check("1.1") is False
@@ -81,6 +81,6 @@ def test_tests_that_never_finish_are_a_message_not_a_timeout_traceback(monkeypat
     def too_long(ex, verbose=False):
         raise subprocess.TimeoutExpired(["pytest"], 900)
 
-    monkeypatch.setattr("labkit.grading.check", too_long)
+    monkeypatch.setattr("labkit.grade.plugin.check", too_long)
     assert labkit.check("2.1") is False
     assert "exercise 2.1: not graded: its tests had not finished after 900 s" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""``launch``: start N ranks, hand each its work, and return their results (see :mod:`labkit.dist`)."""
+"""``launch``: start N ranks, hand each its work, and return their results (see :mod:`labkit.ranks`)."""
 from __future__ import annotations
 
 import os
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import multiprocessing as mp
 
-from labkit.dist.checks import _check_call, _check_gpus_for_nccl, _check_launch_arguments, _torchrun_group
-from labkit.dist.collect import _collect, _kill_all
-from labkit.dist.methods import (_check_spawnable, _dumps_by_value, _zygote_context, _zygote_pid,
+from labkit.ranks.checks import _check_call, _check_gpus_for_nccl, _check_launch_arguments, _torchrun_group
+from labkit.ranks.collect import _collect, _kill_all
+from labkit.ranks.methods import (_check_spawnable, _dumps_by_value, _zygote_context, _zygote_pid,
                                  start_method_for)
-from labkit.dist.rank import _run_rank
+from labkit.ranks.rank import _run_rank
 
 
 def _free_port() -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 def mesh_worker(rank: int, world_size: int, shape, names) -> dict:
-    """Rank body for ``labkit.dist.launch``: PyTorch's ``init_device_mesh`` and this module's
+    """Rank body for ``labkit.ranks.launch``: PyTorch's ``init_device_mesh`` and this module's
     groups (exercise 6.3's ``build_process_groups``) side by side, and an all-reduce of ``rank + 1`` along every axis in both."""
     import torch
     import torch.distributed as dist

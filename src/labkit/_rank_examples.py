@@ -1,4 +1,4 @@
-"""Tiny per-rank functions for :func:`labkit.dist.launch`: its tests, its notebook, its chapter.
+"""Tiny per-rank functions for :func:`labkit.ranks.launch`: its tests, its notebook, its chapter.
 
 They live in an importable module because a *spawned* rank finds its function by importing it
 by name (a notebook cell or a test body cannot be imported). Each takes ``(rank, world_size)``

@@ -1,4 +1,4 @@
-"""labkit.dist under inputs and situations its main tests do not try (issue 27's class, toolkit side).
+"""labkit.ranks under inputs and situations its main tests do not try (issue 27's class, toolkit side).
 
 Each case either works (checked against the plain value: the rank's number, the tensor's shape) or
 is refused at once with a TypeError/ValueError naming the argument, before any process starts.
@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit.dist import MAX_WORLD_SIZE, RankError, launch
+from labkit.ranks import MAX_WORLD_SIZE, RankError, launch
 
 
 def _rank_and_size(rank, world_size):

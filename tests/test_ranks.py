@@ -1,4 +1,4 @@
-"""Tests of labkit.dist (the rank launcher) and labkit.comm_count (the communication counter).
+"""Tests of labkit.ranks (the rank launcher) and labkit.comm_count (the communication counter).
 
 The ranks run real gloo process groups in child processes; the checks are against closed forms
 (the sum of 1..N, the byte count of a float32 tensor, the ring formulas) and against the
@@ -16,9 +16,9 @@ import time
 import pytest
 import torch
 
-from labkit import _dist_examples as ex
-from labkit import dist as labkit_dist
-from labkit.dist import RankError, RankTimeout, launch
+from labkit import _rank_examples as ex
+from labkit import ranks as labkit_ranks
+from labkit.ranks import RankError, RankTimeout, launch
 
 
 def _alive(pid: int) -> bool:
@@ -160,9 +160,9 @@ def test_spawn_runs_an_importable_worker():
 
 def test_start_method_is_forkserver_once_cuda_is_initialised(monkeypatch):
     """Check the rule: fork while CUDA is untouched in the parent, forkserver once it is initialised."""
-    assert labkit_dist._default_start_method() == "fork"  # POSIX test machines, CPU torch
+    assert labkit_ranks._default_start_method() == "fork"  # POSIX test machines, CPU torch
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    assert labkit_dist._default_start_method() == "forkserver"
+    assert labkit_ranks._default_start_method() == "forkserver"
 
 
 def test_spawn_refuses_a_function_it_cannot_import():
@@ -218,7 +218,7 @@ def test_a_rank_changes_only_its_own_copy_of_the_arguments(start_method):
 def test_start_method_never_forks_when_ranks_may_use_cuda(monkeypatch):
     """Check the rule: fork for CPU ranks; forkserver for nccl, a CUDA `device` hint, a CUDA
     tensor among the arguments, or CUDA initialised in the parent."""
-    from labkit.dist import start_method_for
+    from labkit.ranks import start_method_for
 
     assert start_method_for() == "fork"
     assert start_method_for("gloo", (torch.zeros(2),), {"device": "cpu"}) == "fork"
@@ -305,13 +305,13 @@ def test_forkserver_ranks_come_from_one_zygote_that_follows_the_environment(monk
     started still reaches the ranks (the zygote is started again)."""
     first = launch(ex.where_started, 2, start_method="forkserver", timeout=120)
     second = launch(ex.where_started, 2, start_method="forkserver", timeout=120)
-    zygote = labkit_dist._zygote_pid()
+    zygote = labkit_ranks._zygote_pid()
     assert {r["ppid"] for r in first + second} == {zygote}, f"parents {first + second}, zygote {zygote}"
     assert len({r["pid"] for r in first + second}) == 4  # new ranks every launch
     monkeypatch.setenv("LABKIT_EXAMPLE", "set after the zygote started")
     third = launch(ex.where_started, 2, start_method="forkserver", timeout=120)
     assert [r["env"] for r in third] == ["set after the zygote started"] * 2
-    assert {r["ppid"] for r in third} == {labkit_dist._zygote_pid()} != {zygote}
+    assert {r["ppid"] for r in third} == {labkit_ranks._zygote_pid()} != {zygote}
 
 
 def test_a_function_imported_before_its_module_was_reloaded_runs_its_new_code(tmp_path, monkeypatch):
