@@ -288,8 +288,8 @@ def pytest_sessionfinish(session, exitstatus):
 # ---------------------------------------------------------------- labkit.check("1.2")
 
 def repository_root() -> Path:
-    """The course repository that holds this labkit (src/labkit → the root)."""
-    return Path(__file__).resolve().parents[2]
+    """The course repository that holds this labkit (src/labkit/grade/plugin.py → the root)."""
+    return Path(__file__).resolve().parents[3]
 
 
 def check(exercise: str, *, verbose: bool = False, timeout: float = 900) -> bool:
