@@ -8,6 +8,7 @@ compare the numbers it draws with labkit.widgets.calculator_bytes (labkit.lab6.p
 import re
 import shutil
 import struct
+import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -148,6 +149,27 @@ def test_an_alt_text_that_is_a_file_name_is_a_warning(results):
     start = next(i for i, line in enumerate(lines) if "filealt.html" in line)
     assert "  0 problem(s)    1 warning(s)" in lines[start], lines[start]
     assert "warning: image whose alt text is its file name: pic.png" in lines[start + 1], lines[start + 1]
+
+
+BARE_START = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+free = [fd for fd in (3, 4) if not os.path.exists(f"/proc/self/fd/{fd}")]
+from site_check_cdp import Browser
+with Browser(sys.argv[2]) as browser:
+    print(free, browser.send("Browser.getVersion", timeout=60)["product"])
+"""
+
+
+@needs_chromium
+def test_the_browser_starts_from_a_process_with_no_other_fd_open():
+    """`make site-check` from a bare shell: the DevTools pipe's own ends are then fds 3 and 4,
+    the very numbers Chromium reads them on (a close-on-exec fd 3 made Chromium exit and the
+    first command fail with a broken pipe). Only fds 0-2 are passed to the child here."""
+    done = subprocess.run([sys.executable, "-c", BARE_START, str(ROOT / "tools"), CHROMIUM],
+                          close_fds=True, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("[3, 4] ") and "Chrome/" in done.stdout, done.stdout
 
 
 def test_links_are_checked_against_the_files_and_their_ids(tmp_path):
