@@ -44,11 +44,21 @@ HEAD = """<!doctype html><html><head><meta charset="utf-8">
 <section id="top">{body}</section></article></main></body></html>"""
 
 PAGES = {
-    "clean.html": ("", """<p>Fine <a href="#top">here</a>, <a href="other.html#there">there</a>.</p>
-        <div style="overflow-x: auto"><div style="width: 900px">a wide row inside a scrolling box</div></div>
+    "clean.html": ("@media print { .wide { width: auto !important } }",
+                   """<p>Fine <a href="#top">here</a>, <a href="other.html#there">there</a>.</p>
+        <div style="overflow-x: auto; mask-image: linear-gradient(to right, #000 90%, transparent)">
+        <div class="wide" style="width: 900px">a wide row inside a scrolling box that fades at its edge</div></div>
         <img src="pic.png" alt="a picture" style="background: #fff; width: 40px">"""),
     "wide.html": ("", '<table><tr><td style="min-width: 900px">a table wider than the column</td></tr></table>'),
     "cut.html": ("", '<div style="overflow: hidden"><div style="width: 900px">cut at the edge</div></div>'),
+    # scrolls on the screen, with its cue; on paper it cannot scroll
+    "printcut.html": ("", '<div style="overflow-x: auto; mask-image: linear-gradient(#000, #000)">'
+                          '<div style="width: 900px">a row wider than the page</div></div>'),
+    "nocue.html": ("@media print { .wide { width: auto !important } }",
+                   '<div style="overflow-x: auto"><div class="wide" style="width: 900px">'
+                   'scrolls, but nothing says so</div></div>'),
+    "twosearch.html": ("", '<button class="search-button-field">Search</button>'
+                           '<button class="search-button-field">Search</button>'),
     # a column 60 px wide (under 6 em) whose sentence wraps at every character: squeezed, not clipped
     "squeezed.html": ("", '<table style="width: 400px; table-layout: fixed"><tr><td style="width: 340px">'
                           'a wide first column</td><td style="overflow-wrap: anywhere">why: an explanation '
@@ -78,6 +88,9 @@ EXPECTED = {
     "clean.html": None,
     "wide.html": r"table .* past its column .* does not scroll",
     "cut.html": r"past its column .* is cut off",
+    "printcut.html": r"^\[718-print\] .* past its column .* cut off at the paper's edge",
+    "nocue.html": r"^\[700, 700-dark\] .*scrolls sideways \(\d+ px in \d+ px\) with no cue",
+    "twosearch.html": r"2 search boxes are shown",
     "squeezed.html": r"table cell squeezed to \d+ px .*why: an explanation",
     "clipped.html": r"table cell clipped: its text needs \d+ px in \d+ px",
     "noalt.html": r"image without alt text: pic\.png",
@@ -140,7 +153,7 @@ def test_checker_sees_cross_page_and_same_page_anchors(results):
 @needs_chromium
 def test_checker_saves_a_screenshot_per_view(results):
     shots = results["_shots"]
-    assert shots == ["clean@700-dark.png", "clean@700.png"], shots
+    assert shots == ["clean@700-dark.png", "clean@700.png", "clean@718-print.png"], shots
 
 
 @needs_chromium

@@ -19,8 +19,9 @@ Parts, in rounds (a round starts when the previous one has passed):
    cache and executes nothing (it says so if it had to execute a page); the lab pages show the
    labs as students get them (``execute.exclude_patterns`` in _config.yml).
 4. ``site``: every page of the built site in headless Chromium at a laptop and a phone width and
-   in dark mode, offline (tools/site_check.py without screenshots, which are for people:
-   ``make site-check`` takes them; Debian's chromium installed if missing).
+   in dark mode, and printed, offline (tools/site_check.py --strict: a warning fails too;
+   without screenshots, which are for people: ``make site-check`` takes them; Debian's
+   chromium installed if missing).
 
 Each part's output goes to _build/test-logs/<part>.log; the end of it is printed, the whole of
 it when the part fails. At the end: a table of wall and CPU seconds per part (CPU: the part's
@@ -65,7 +66,7 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
         "notebooks": (nbval_command(notebooks(), workers=2, cache_path=CACHE, python=python),
                       {**with_solutions, "OMP_NUM_THREADS": "1"}),
         "book": ([jb, "build", ".", "-W", "-n", "--keep-going"], with_solutions),
-        "site": (["bash", "-c", f"tools/ensure_chromium.sh && {python} tools/site_check.py --no-screenshots"], {}),
+        "site": (["bash", "-c", f"tools/ensure_chromium.sh && {python} tools/site_check.py --no-screenshots --strict"], {}),
     }
     if not ISOLATION.is_file():
         del table["isolation"]

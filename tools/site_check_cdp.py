@@ -160,11 +160,12 @@ class Tab:
     def send(self, method, params=None, timeout=30.0):
         return self.browser.send(method, params, self.session, timeout)
 
-    def set_view(self, width: int, dark: bool = False):
+    def set_view(self, width: int, dark: bool = False, printed: bool = False):
+        """The window's width, its colour scheme and, printed, the print media type."""
         self.send("Emulation.setDeviceMetricsOverride",
                   {"width": width, "height": HEIGHT, "deviceScaleFactor": 1,
                    "mobile": width < 600})
-        self.send("Emulation.setEmulatedMedia", {"features": [
+        self.send("Emulation.setEmulatedMedia", {"media": "print" if printed else "", "features": [
             {"name": "prefers-color-scheme", "value": "dark" if dark else "light"}]})
 
     def _problem(self, ev: dict) -> list[str]:
