@@ -99,6 +99,24 @@ def test_the_book_gets_the_outputs_a_notebook_front_end_keeps(tmp_path):
     assert sliders == [3] and ours.metadata["language_info"]["name"] == "python"
 
 
+def test_a_table_printed_line_by_line_is_one_output_not_a_box_per_line(tmp_path):
+    """Three lines printed a moment apart reach the front end as three stream messages: nbclient
+    keeps three outputs (three boxes on the page), the book gets one, with the same text."""
+    from nbclient import NotebookClient
+
+    source = ("import sys, time\nfor row in ('a  1', 'b  2', 'c  3'):\n"
+              "    print(row); sys.stdout.flush(); time.sleep(0.3)")
+    path = _notebook(tmp_path / "rows.ipynb", source)
+    assert ex.execute_all([path], workers=1, cache_path=tmp_path / "cache")[0]["ok"]
+    ours = _cached(tmp_path / "cache", path).cells[0].outputs
+    reference = nbformat.read(path, as_version=4)
+    NotebookClient(reference, timeout=60, kernel_name="python3").execute()
+    pieces = reference.cells[0].outputs
+    assert len(pieces) == 3, pieces  # the reference shows the problem: one box per line
+    assert [o["output_type"] for o in ours] == ["stream"]
+    assert ours[0]["text"] == "".join(p["text"] for p in pieces) == "a  1\nb  2\nc  3\n"
+
+
 MYST_PAGE = """---
 jupytext:
   text_representation:

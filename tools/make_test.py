@@ -58,9 +58,11 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
     ruff = Path(python).with_name("ruff")
     table = {
         "isolation": (["bash", str(ISOLATION)], {}),
-        "stubs": (pytest + ["-q", "-m", "exercise", "--stubs-must-fail", "--tb=no", "tests"],
+        # --durations: the slowest tests, at the end of each log (what to look at when it is slow)
+        "stubs": (pytest + ["-q", "-m", "exercise", "--stubs-must-fail", "--tb=no", "--durations=15", "tests"],
                   {"LABKIT_SOLUTIONS": None}),
-        "solutions": (pytest + ["-q", "tests", "--ignore=tests/test_two_nodes.py"], with_solutions),
+        "solutions": (pytest + ["-q", "--durations=25", "tests", "--ignore=tests/test_two_nodes.py"],
+                      with_solutions),
         "two-nodes": (pytest + ["-q", "-rs", "tests/test_two_nodes.py"], with_solutions),
         "lint": ([str(ruff), "check", "."] if ruff.exists() else ["echo", NO_RUFF], {}),
         "notebooks": (nbval_command(notebooks(), workers=2, cache_path=CACHE, python=python),

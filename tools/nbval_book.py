@@ -15,9 +15,12 @@ to it and changes nothing of how nbval runs or judges a cell:
   and kernelspec). ``jupyter-book build`` in ``execute_notebooks: cache`` mode then finds each
   page there and executes nothing: one execution is both the check and the book's outputs.
   The outputs are rebuilt from the kernel messages nbval read, with nbformat's
-  ``output_from_msg`` (what nbclient uses), stream pieces merged as nbclient merges them; the
-  state of any ipywidgets is asked of the kernel at the end (``Widget.get_manager_state``, as
-  ``ipywidgets.embed`` does) so that the page draws them.
+  ``output_from_msg`` (what nbclient uses), in their order; consecutive pieces of one stream
+  are one output, as JupyterLab shows them (nbclient keeps each piece, and a table printed
+  line by line became one grey box per line on the page); the state of any ipywidgets is
+  asked of the kernel at the end (``Widget.get_manager_state``, as ``ipywidgets.embed``
+  does) so that the page draws them. Left out: display updates (``update_display_data``),
+  which no page of the course uses; a page keeps the first display.
   What it leaves out: nbval is a test runner, not a notebook front end, and does not route
   output into an ipywidgets ``Output`` widget. A notebook that opens one is checked but not
   stored (a line says so); the book then executes that page itself. The labs use such widgets
