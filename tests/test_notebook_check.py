@@ -118,13 +118,8 @@ def test_a_table_printed_line_by_line_is_one_output_not_a_box_per_line(tmp_path)
 
 
 MYST_PAGE = """---
-jupytext:
-  text_representation:
-    format_name: myst
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
+jupytext: {text_representation: {format_name: myst}}
+kernelspec: {name: python3, display_name: Python 3, language: python}
 ---
 # A chapter
 
