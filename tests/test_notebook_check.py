@@ -173,3 +173,19 @@ def test_the_book_s_notebooks_are_its_notebook_pages_and_the_test_notebooks():
     assert "book/intro.md" in names  # a notebook page: its numbers are computed in the page
     assert all(n.startswith(("book/", "labs/", "tests/notebooks/")) for n in names)
     assert any(n.startswith("labs/") for n in names) and any(n.endswith(".md") for n in names)
+
+
+def test_the_slowest_notebooks_go_first_so_that_two_kernels_finish_together(tmp_path):
+    """By the last run's times where known; else labs (they run graders), then the most code."""
+    (tmp_path / "labs").mkdir()
+    small = _notebook(tmp_path / "small.ipynb", "x = 1")
+    big = _notebook(tmp_path / "big.ipynb", "y = 2\n" * 50)
+    lab = _notebook(tmp_path / "labs" / "lab.ipynb", "z = 3")
+    timed = _notebook(tmp_path / "timed.ipynb", "w = 4")
+    assert ex.slowest_first([small, big, lab]) == [lab, big, small]
+    seconds = {str(small.resolve()): 90.0, str(timed.resolve()): 30.0}
+    assert ex.slowest_first([big, timed, lab, small], seconds) == [small, timed, lab, big]
+    report = tmp_path / "report.json"
+    report.write_text('[{"path": "/a.md", "ok": true, "wall": 3.5}, {"path": "/b.md", "ok": false, "wall": 1}]')
+    assert ex.earlier_seconds(report) == {"/a.md": 3.5}
+    assert ex.earlier_seconds(tmp_path / "none.json") == {}

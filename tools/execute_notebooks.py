@@ -88,20 +88,47 @@ def store(cache_path: Path, nb, path: str, seconds: float) -> None:
         CacheBundleIn(nb, path, data={"execution_seconds": seconds}), check_validity=False, overwrite=True)
 
 
+def slowest_first(paths: list[Path], seconds: dict[str, float] | None = None) -> list[Path]:
+    """The order in which two kernels finish together: longest first.
+
+    ``seconds``: each notebook's wall time in an earlier run (``--book-report``'s JSON), where
+    known; otherwise the labs first (they run graders), then the rest by the size of its code.
+    """
+    seconds = seconds or {}
+
+    def code_size(p: Path) -> int:
+        nb = read_notebook(p)
+        return sum(len(c.source) for c in nb[0].cells if c.cell_type == "code") if nb else 0
+
+    def key(p: Path):
+        known = seconds.get(str(Path(p).resolve()))
+        return (known is None, -(known or 0.0), "/labs/" not in str(p), -code_size(p), str(p))
+
+    return sorted(paths, key=key)
+
+
 def nbval_command(paths: list[Path], workers: int = 2, cache_path: Path = CACHE,
-                  report: Path | None = None, python: str = sys.executable) -> list[str]:
+                  report: Path | None = None, python: str = sys.executable,
+                  seconds: dict[str, float] | None = None) -> list[str]:
     """The pytest command that executes ``paths`` with nbval and stores them in the cache.
 
-    Slowest first: xdist hands out whole notebooks in this order (--no-loadscope-reorder), and
-    the labs, which run graders, take longest."""
-    order = sorted(paths, key=lambda p: (p.suffix != ".ipynb", str(p)))
+    xdist hands out whole notebooks in the order given (--no-loadscope-reorder): the slowest
+    first (``slowest_first``), so that the two kernels finish together."""
     command = [python, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tools.nbval_book", "--nbval-lax",
                "-q", f"--timeout={TIMEOUT}", "--book-cache", str(cache_path)]
     if report is not None:
         command += ["--book-report", str(report)]
     if workers > 1:
         command += ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"]
-    return command + [str(p) for p in order]
+    return command + [str(p) for p in slowest_first(paths, seconds)]
+
+
+def earlier_seconds(report: Path) -> dict[str, float]:
+    """{notebook: wall seconds} from an earlier run's report, or {} when there is none."""
+    try:
+        return {r["path"]: r["wall"] for r in json.loads(report.read_text()) if r.get("ok")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def execute_all(paths: list[Path], workers: int = 2, cache_path: Path = CACHE,

@@ -41,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "_build" / "test-logs"
 CACHE = ROOT / "_build" / ".jupyter_cache"
+NOTEBOOK_TIMES = LOGS / "notebooks.json"   # each notebook's result and seconds (tools/nbval_book.py)
 
 
 ISOLATION = ROOT / "tools" / "autograder" / "ensure_isolation.sh"
@@ -49,7 +50,7 @@ NO_RUFF = "lint: skipped, ruff is not installed in .venv (requirements.txt)"
 
 def parts(python: str) -> dict[str, tuple[list[str], dict]]:
     """name -> (command, environment changes); LABKIT_SOLUTIONS where solutions/ exists."""
-    from execute_notebooks import nbval_command, notebooks
+    from execute_notebooks import earlier_seconds, nbval_command, notebooks
 
     solutions = ROOT / "solutions"
     with_solutions = {"LABKIT_SOLUTIONS": str(solutions)} if (solutions / "labkit").is_dir() else {}
@@ -65,7 +66,9 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
                       with_solutions),
         "two-nodes": (pytest + ["-q", "-rs", "tests/test_two_nodes.py"], with_solutions),
         "lint": ([str(ruff), "check", "."] if ruff.exists() else ["echo", NO_RUFF], {}),
-        "notebooks": (nbval_command(notebooks(), workers=2, cache_path=CACHE, python=python),
+        # the slowest notebooks first, by the last run's times where there was one
+        "notebooks": (nbval_command(notebooks(), workers=2, cache_path=CACHE, python=python,
+                                    report=NOTEBOOK_TIMES, seconds=earlier_seconds(NOTEBOOK_TIMES)),
                       {**with_solutions, "OMP_NUM_THREADS": "1"}),
         "book": ([jb, "build", ".", "-W", "-n", "--keep-going"], with_solutions),
         "site": (["bash", "-c", f"tools/ensure_chromium.sh && {python} tools/site_check.py --no-screenshots --strict"], {}),
