@@ -2,7 +2,8 @@
 
     python tools/make_test.py [--only isolation,stubs,solutions,two-nodes,lint,notebooks,book,site]
 
-Parts, in rounds (a round starts when the previous one has passed):
+Parts (each starts once the parts it depends on have passed, ``AFTER``; on a failure nothing
+new starts, and what runs is waited for and reported):
 
 0. ``isolation`` (only where tools/autograder/ensure_isolation.sh exists): installs what the
    grader's OS isolation needs (bubblewrap, via apt, as tools/ensure_chromium.sh does Chromium),
@@ -11,7 +12,7 @@ Parts, in rounds (a round starts when the previous one has passed):
    tests/ passes with the reference solutions), ``two-nodes`` (tests/test_two_nodes.py: the
    README's two-node torchrun command, two agents on 127.0.0.1) and ``lint`` (``ruff check .``;
    skipped with a message while ruff is not installed), side by side.
-2. ``notebooks``: nbval (``pytest --nbval-lax``, tools/nbval_book.py) executes every chapter,
+2. ``notebooks`` (once stubs, two-nodes and lint have passed, beside the solutions' run): nbval (``pytest --nbval-lax``, tools/nbval_book.py) executes every chapter,
    lab and test notebook once, two kernels at a time (pytest-xdist), fails with a cell's
    error, and stores each chapter's outputs in the book's jupyter-cache (_build/.jupyter_cache,
    emptied first so nothing stale is reused).
@@ -78,7 +79,26 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
     return table
 
 
-ROUNDS = (("isolation",), ("stubs", "solutions", "two-nodes", "lint"), ("notebooks",), ("book",), ("site",))
+# Each part starts once the parts it names here have passed (parts not selected with --only
+# count as passed). The notebooks need no result of the solutions' run: they start when the
+# shorter parts of the first round have ended, on the core the stubs' run leaves free, while
+# the solutions' run goes on (three processes on two cores for a while, none left idle).
+AFTER = {"isolation": (),
+         "stubs": ("isolation",), "solutions": ("isolation",), "two-nodes": ("isolation",),
+         "lint": ("isolation",),
+         "notebooks": ("stubs", "two-nodes", "lint"),
+         "book": ("notebooks",),
+         "site": ("book",)}
+
+
+def prepare(name: str) -> None:
+    """What a part needs before it starts: a fresh cache for the notebooks (the book must show
+    what ran just now), a fresh site for the book (keeping that cache)."""
+    if name == "notebooks":
+        shutil.rmtree(CACHE, ignore_errors=True)
+    if name == "book":
+        for sub in ("html", ".doctrees", "jupyter_execute"):
+            shutil.rmtree(ROOT / "_build" / sub, ignore_errors=True)
 
 
 class Part:
@@ -127,36 +147,37 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--only takes {', '.join(table)}; got {', '.join(unknown)}")
     LOGS.mkdir(parents=True, exist_ok=True)
-    done: list[Part] = []
+    selected = [n for n in table if not only or n in only]
+    pending, running, passed, done = list(selected), [], set(), []
     failed = None
     started = time.monotonic()
-    for names in ROUNDS:
-        names = [n for n in names if n in table and (not only or n in only)]
-        if not names:
-            continue
-        if "notebooks" in names:  # a fresh cache: the book must show what ran just now
-            shutil.rmtree(CACHE, ignore_errors=True)
-        if "book" in names:  # a fresh site, but keep the cache the notebook check filled
-            for sub in ("html", ".doctrees", "jupyter_execute"):
-                shutil.rmtree(ROOT / "_build" / sub, ignore_errors=True)
-        round_parts = [Part(n, *table[n]) for n in names]
-        print(f"== {' + '.join(names)} ...", flush=True)
-        threads = [threading.Thread(target=p.run) for p in round_parts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for p in round_parts:
-            ok = p.returncode == 0
-            print(f"-- {p.name}: {'passed' if ok else 'FAILED'} in {p.wall:.0f} s "
-                  f"(log: {p.log.relative_to(ROOT)})\n{p.tail(40 if ok else 400)}\n", flush=True)
-            done.append(p)
-            failed = failed or (None if ok else p)
-        if failed:
-            break
+    while pending or running:
+        for name in [] if failed else list(pending):  # start what may start
+            if all(d in passed for d in AFTER[name] if d in selected):
+                pending.remove(name)
+                prepare(name)
+                part = Part(name, *table[name])
+                thread = threading.Thread(target=part.run)
+                thread.start()
+                running.append((part, thread))
+                print(f"== {name} started at {time.monotonic() - started:.0f} s", flush=True)
+        for part, thread in list(running):  # report what has ended
+            thread.join(timeout=0.5 / len(running))
+            if thread.is_alive():
+                continue
+            running.remove((part, thread))
+            done.append(part)
+            ok = part.returncode == 0
+            print(f"-- {part.name}: {'passed' if ok else 'FAILED'} in {part.wall:.0f} s "
+                  f"(log: {part.log.relative_to(ROOT)})\n{part.tail(40 if ok else 400)}\n", flush=True)
+            if ok:
+                passed.add(part.name)
+            else:
+                failed = failed or part  # nothing new starts; what runs ends and is reported
+                pending.clear()
     total = time.monotonic() - started
     print(f"{'part':<12}{'result':>8}{'wall s':>9}{'CPU s':>9}")
-    for p in done:
+    for p in sorted(done, key=lambda p: selected.index(p.name)):
         note = f"   {_notes(p)}" if _notes(p) else ""
         print(f"{p.name:<12}{'passed' if p.returncode == 0 else 'FAILED':>8}{p.wall:>9.0f}{p.cpu:>9.0f}{note}")
     print(f"{'make test':<12}{'FAILED' if failed else 'passed':>8}{total:>9.0f}"
