@@ -12,10 +12,11 @@ new starts, and what runs is waited for and reported):
    tests/ passes with the reference solutions), ``two-nodes`` (tests/test_two_nodes.py: the
    README's two-node torchrun command, two agents on 127.0.0.1) and ``lint`` (``ruff check .``;
    skipped with a message while ruff is not installed), side by side.
-2. ``notebooks`` (once stubs, two-nodes and lint have passed, beside the solutions' run): nbval (``pytest --nbval-lax``, tools/nbval_book.py) executes every chapter,
-   lab and test notebook once, two kernels at a time (pytest-xdist), fails with a cell's
-   error, and stores each chapter's outputs in the book's jupyter-cache (_build/.jupyter_cache,
-   emptied first so nothing stale is reused).
+2. ``notebooks`` (once stubs, two-nodes and lint have passed, beside the solutions' run):
+   nbval (``pytest --nbval-lax``, tools/nbval_book.py) executes every chapter, lab and test
+   notebook once, two kernels at a time (pytest-xdist), the slowest first, fails with a
+   cell's error, and stores each chapter's outputs in the book's jupyter-cache
+   (_build/.jupyter_cache, emptied first so nothing stale is reused).
 3. ``book``: the strict site build (-W -n --keep-going), which takes every chapter from that
    cache and executes nothing (it says so if it had to execute a page); the lab pages show the
    labs as students get them (``execute.exclude_patterns`` in _config.yml).
