@@ -64,7 +64,7 @@ def test_expert_parallelism_divides_only_the_experts():
 
 
 def test_layer_activations_and_all_to_all_bytes_follow_the_capacity():
-    """The dispatch buffers are 2·E·C·h·b with C = ⌈cf·T·k/E⌉ (labkit.moe.capacity); one
+    """The received buffer is E·C·h·b with C = ⌈cf·T·k/E⌉ (labkit.moe.capacity); one
     all-to-all passes E·C·h·b; the experts' share grows with C, the combine's does not."""
     from labkit.moe import capacity
 
@@ -72,7 +72,7 @@ def test_layer_activations_and_all_to_all_bytes_follow_the_capacity():
     for cf in (1.0, 1.25, 2.0):
         C = capacity(4096, 8, 2, cf)
         got = mm.layer_activation_bytes(model, 4096, cf)
-        assert got["dispatch"] == 2 * 8 * C * 4096 * 2
+        assert got["dispatch"] == 8 * C * 4096 * 2
         assert got["combine"] == 4096 * 2 * 4096 * 2
         assert mm.all_to_all_bytes(4096, 8, 2, cf, 4096) == 8 * C * 4096 * 2
 

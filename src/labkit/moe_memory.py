@@ -13,11 +13,14 @@ divides each by the ranks that still hold a copy (D for the dense part, D/E_p fo
 What this model counts per MoE layer and micro-batch of ``tokens`` tokens (16-bit activations,
 b = 2 bytes an element unless said):
 
-- router: its fp32 scores, tokens·E·4 bytes;
-- dispatch: the send buffer and the received buffer of E·C slots of h, C = ⌈cf·tokens·k/E⌉
-  (``labkit.moe.capacity``): 2·E·C·h·b, padding included;
-- experts: per slot what autograd keeps — the input and, for a SwiGLU expert, four f-wide
-  tensors (gate, up, SiLU(gate), their product; GELU: two), (h + 4f)·b;
+- router: the layer's (normalised) input the router and the dispatch read, tokens·h·b, and the
+  router's fp32 scores, tokens·E·4;
+- dispatch: the received buffer of E·C slots of h, the experts' input, C = ⌈cf·tokens·k/E⌉
+  (``labkit.moe.capacity``): E·C·h·b, padding included (the send buffer of the same size lives
+  only during the all-to-all);
+- experts: per slot the f-wide tensors autograd keeps — four for a SwiGLU expert (gate, up,
+  SiLU(gate), their product), two for GELU (its input and output): 4·f·b or 2·f·b; a shared
+  expert does the same for every token, with its input;
 - combine: each token's k gathered outputs, tokens·k·h·b.
 
 What it leaves out: index vectors (tokens·k integers), imbalance beyond the capacity (a
@@ -148,9 +151,9 @@ def layer_activation_bytes(model: MoEModel, tokens: int, capacity_factor: float,
     b = positive_int("act_bytes", act_bytes)
     h, f, E, k = model.hidden, model.expert_ffn, model.n_expert, model.top_k
     C = math.ceil(cf * T * k / E - 1e-9)
-    per_slot = (h + GATED[model.mlp] * f) * b
-    return {"router": T * E * 4, "dispatch": 2 * E * C * h * b,
-            "experts": E * C * per_slot + model.n_shared * T * per_slot,
+    inner = GATED[model.mlp] * f * b  # what an expert keeps per slot besides its input
+    return {"router": T * h * b + T * E * 4, "dispatch": E * C * h * b,
+            "experts": E * C * inner + model.n_shared * T * (h * b + inner),
             "combine": T * k * h * b}
 
 

@@ -270,9 +270,9 @@ function wtmgMoePerGpu(v, m, T) {
   });
   const h = m.hidden, f = m.expert_ffn, E = m.n_expert, k = m.top_k, b = 2;
   const C = Math.ceil(v.capacity_factor * v.tokens * k / E - 1e-9);
-  const perSlot = (h + (m.mlp === "swiglu" ? 4 : 2) * f) * b;
-  const layer = v.tokens * E * 4 + 2 * E * C * h * b + E * C * perSlot + m.n_shared * v.tokens * perSlot
-              + v.tokens * k * h * b;
+  const inner = (m.mlp === "swiglu" ? 4 : 2) * f * b;
+  const layer = v.tokens * h * b + v.tokens * E * 4 + E * C * h * b + E * C * inner
+              + m.n_shared * v.tokens * (h * b + inner) + v.tokens * k * h * b;
   out["activations"] = layer * (m.n_layer - m.dense_layers) / v.pp * Math.min(v.pp, v.n_micro);
   return out;
 }

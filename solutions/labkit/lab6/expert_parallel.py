@@ -87,8 +87,10 @@ def dispatch(x: torch.Tensor, expert_ids: torch.Tensor, slots: torch.Tensor, n_e
     kept = slots >= 0  # (T, k)
     token = torch.arange(T, device=x.device)[:, None].expand(T, k)[kept]
     where = expert_ids[kept] * capacity + slots[kept]  # row of the flattened (E·C, d) buffer
-    buffer = x.new_zeros(n_expert * capacity, x.shape[1]).index_copy(0, where, x[token])
-    return buffer.view(n_expert, capacity, x.shape[1])
+    source = torch.full((n_expert * capacity,), T, device=x.device)  # row T: a row of zeros
+    source[where] = token
+    padded = torch.cat([x, x.new_zeros(1, x.shape[1])])  # (T + 1, d); autograd keeps no copy
+    return padded[source].view(n_expert, capacity, x.shape[1])
     # END SOLUTION
 
 
