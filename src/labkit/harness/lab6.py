@@ -65,3 +65,19 @@ def run_expert_parallel(rank: int, world_size: int, layer, x, capacity_factor: f
             "expert_bytes": sum(p.numel() * p.element_size() for p in moe.experts.parameters()),
             "forward": {"calls": dict(fwd.calls), "bytes": dict(fwd.bytes_sent)},
             "backward": {"calls": dict(bwd.calls), "bytes": dict(bwd.bytes_sent)}}
+
+
+def expert_parallel_saved_bytes(rank: int, world_size: int, layer, tokens: int,
+                                capacity_factor: float, seed: int = 1) -> int:
+    """Rank body for ``labkit.ranks.launch``: the bytes autograd keeps for backward
+    (``labkit.measure.saved_activation_bytes``) when the student's ``ExpertParallelMoE``
+    (exercise 6.6) runs forward on ``tokens`` random tokens of this rank."""
+    import torch
+
+    from labkit.lab6.expert_parallel import ExpertParallelMoE
+    from labkit.measure import saved_activation_bytes
+
+    torch.manual_seed(seed + rank)
+    moe = ExpertParallelMoE(layer, capacity_factor)
+    x = torch.randn(tokens, layer.router.in_features, requires_grad=True)
+    return saved_activation_bytes(lambda: moe(x))
