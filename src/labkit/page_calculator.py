@@ -81,12 +81,56 @@ function wtmgPerGpu(v, T) {
 }
 """
 
-_WIDGET_JS = r"""
+_JS_OPEN = r"""
 (function () {
   const root = document.getElementById("%(id)s");
   const T = JSON.parse(root.querySelector("script[type='application/json']").textContent);
   const GB = 1e9, W = 570, H = 250, PAD = 40;
   const get = (name) => root.querySelector("[name='" + name + "']");
+  function refuse(problem) {
+    // Show the settings' problem in place of the chart; true when there is one.
+    root.classList.toggle("wtmg-invalid", problem !== "");
+    root.querySelector(".wtmg-msg").textContent = problem;
+    if (problem) {
+      root.querySelector("svg").innerHTML = "";
+      root.querySelector(".wtmg-summary").textContent = "Nothing drawn: " + problem + ".";
+    }
+    return problem !== "";
+  }
+  function drawBars(bars, labels, chosen) {
+    // Stacked bars by consumer (one per entry of bars, labelled, the chosen one in bold) under
+    // a dashed line at one GPU's memory; returns each bar's total.
+    const totals = bars.map((c) => T.consumers.reduce((t, k) => t + c[k], 0));
+    const top = Math.max(T.gpuBytes * 1.15, ...totals);
+    const y = (x) => H - PAD - (H - 2 * PAD) * x / top;
+    const step = Math.min(100, (W - PAD - 20) / bars.length), width = 0.6 * step;
+    let svg = "";
+    bars.forEach((c, i) => {
+      let base = 0; const x = PAD + 20 + i * step;
+      for (const k of T.consumers) {
+        svg += `<rect x="${x}" y="${y(base + c[k])}" width="${width}" height="${y(base) - y(base + c[k])}"` +
+               ` fill="${T.colors[k]}"><title>${k}: ${(c[k] / GB).toFixed(2)} GB</title></rect>`;
+        base += c[k];
+      }
+      const bold = i === chosen ? "font-weight:bold" : "";
+      svg += `<text x="${x + width / 2}" y="${H - PAD + 15}" text-anchor="middle" style="${bold}">${labels[i]}</text>`;
+      svg += `<text x="${x + width / 2}" y="${y(totals[i]) - 4}" text-anchor="middle" font-size="11">${(totals[i] / GB).toFixed(0)} GB</text>`;
+    });
+    svg += `<line x1="${PAD}" x2="${W}" y1="${y(T.gpuBytes)}" y2="${y(T.gpuBytes)}" stroke="black" stroke-dasharray="5,4"/>` +
+           `<text x="${W}" y="${y(T.gpuBytes) - 4}" text-anchor="end" font-size="11">one GPU: ${T.gpuBytes / GB} GB</text>`;
+    root.querySelector("svg").innerHTML = svg;
+    return totals;
+  }
+"""
+
+_JS_CLOSE = r"""
+  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("input", draw));
+  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("change", draw));
+  draw();
+})();
+"""
+
+_WIDGET_JS = _JS_OPEN + r"""
   function settings() {
     const v = {};
     for (const k of T.integers) v[k] = Number(get(k).value);
@@ -98,35 +142,10 @@ _WIDGET_JS = r"""
     return v;
   }
   function draw() {
-    const v = settings(), msg = root.querySelector(".wtmg-msg");
-    const problem = wtmgCheck(v);
-    root.classList.toggle("wtmg-invalid", problem !== "");
-    if (problem) {
-      msg.textContent = problem;
-      root.querySelector("svg").innerHTML = "";
-      root.querySelector(".wtmg-summary").textContent = "Nothing drawn: " + problem + ".";
-      return;
-    }
-    msg.textContent = "";
+    const v = settings();
+    if (refuse(wtmgCheck(v))) return;
     const bars = [0, 1, 2, 3].map((st) => wtmgPerGpu(Object.assign({}, v, {zero_stage: st}), T));
-    const totals = bars.map((c) => T.consumers.reduce((t, k) => t + c[k], 0));
-    const top = Math.max(T.gpuBytes * 1.15, ...totals);
-    const y = (x) => H - PAD - (H - 2 * PAD) * x / top;
-    let svg = "";
-    bars.forEach((c, i) => {
-      let base = 0; const x = PAD + 20 + i * 100;
-      for (const k of T.consumers) {
-        svg += `<rect x="${x}" y="${y(base + c[k])}" width="60" height="${y(base) - y(base + c[k])}"` +
-               ` fill="${T.colors[k]}"><title>${k}: ${(c[k] / GB).toFixed(2)} GB</title></rect>`;
-        base += c[k];
-      }
-      const bold = i === v.zero_stage ? "font-weight:bold" : "";
-      svg += `<text x="${x + 30}" y="${H - PAD + 15}" text-anchor="middle" style="${bold}">${T.stages[i]}</text>`;
-      svg += `<text x="${x + 30}" y="${y(totals[i]) - 4}" text-anchor="middle" font-size="11">${(totals[i] / GB).toFixed(0)} GB</text>`;
-    });
-    svg += `<line x1="${PAD}" x2="${W}" y1="${y(T.gpuBytes)}" y2="${y(T.gpuBytes)}" stroke="black" stroke-dasharray="5,4"/>` +
-           `<text x="${W}" y="${y(T.gpuBytes) - 4}" text-anchor="end" font-size="11">one GPU: ${T.gpuBytes / GB} GB</text>`;
-    root.querySelector("svg").innerHTML = svg;
+    const totals = drawBars(bars, T.stages, v.zero_stage);
     const c = bars[v.zero_stage], total = totals[v.zero_stage];
     const per = T.perParam[v.recipe + "|" + v.optimizer + "|" + v.grad_buffer];
     const perSum = T.consumers.slice(0, 3).reduce((t, k) => t + per[k], 0);
@@ -141,11 +160,7 @@ _WIDGET_JS = r"""
       (total <= T.gpuBytes ? "fits" : "does <b>not</b> fit") + ` in ${T.gpuBytes / GB} GB.` +
       (v.fp32_logits && v.pp > 1 ? " The fp32 logits are on the last stage, not counted here." : "");
   }
-  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("input", draw));
-  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("change", draw));
-  draw();
-})();
-"""
+""" + _JS_CLOSE
 
 INTEGERS = ("world_size", "dp", "tp", "pp", "cp", "n_micro", "n_layer", "hidden", "n_head",
             "batch_size", "seq_len", "vocab_size")
@@ -278,12 +293,7 @@ function wtmgMoePerGpu(v, m, T) {
 }
 """
 
-_MOE_WIDGET_JS = r"""
-(function () {
-  const root = document.getElementById("%(id)s");
-  const T = JSON.parse(root.querySelector("script[type='application/json']").textContent);
-  const GB = 1e9, W = 570, H = 250, PAD = 40;
-  const get = (name) => root.querySelector("[name='" + name + "']");
+_MOE_WIDGET_JS = _JS_OPEN + r"""
   function settings() {
     const v = {};
     for (const k of ["dp", "ep", "pp", "tokens", "n_micro"]) v[k] = Number(get(k).value);
@@ -292,37 +302,11 @@ _MOE_WIDGET_JS = r"""
     return [v, T.models[get("model").value]];
   }
   function draw() {
-    const [v, m] = settings(), msg = root.querySelector(".wtmg-msg");
-    const problem = wtmgMoeCheck(v, m);
-    root.classList.toggle("wtmg-invalid", problem !== "");
-    if (problem) {
-      msg.textContent = problem;
-      root.querySelector("svg").innerHTML = "";
-      root.querySelector(".wtmg-summary").textContent = "Nothing drawn: " + problem + ".";
-      return;
-    }
-    msg.textContent = "";
+    const [v, m] = settings();
+    if (refuse(wtmgMoeCheck(v, m))) return;
     const eps = T.epChoices.filter((e) => v.dp %% e === 0 && m.n_expert %% e === 0);
     const bars = eps.map((e) => wtmgMoePerGpu(Object.assign({}, v, {ep: e}), m, T));
-    const totals = bars.map((c) => T.consumers.reduce((t, k) => t + c[k], 0));
-    const top = Math.max(T.gpuBytes * 1.15, ...totals);
-    const y = (x) => H - PAD - (H - 2 * PAD) * x / top;
-    const step = (W - PAD) / Math.max(eps.length, 1);
-    let svg = "";
-    bars.forEach((c, i) => {
-      let base = 0; const x = PAD + 10 + i * step;
-      for (const k of T.consumers) {
-        svg += `<rect x="${x}" y="${y(base + c[k])}" width="${step * 0.6}" height="${y(base) - y(base + c[k])}"` +
-               ` fill="${T.colors[k]}"><title>${k}: ${(c[k] / GB).toFixed(2)} GB</title></rect>`;
-        base += c[k];
-      }
-      const bold = eps[i] === v.ep ? "font-weight:bold" : "";
-      svg += `<text x="${x + step * 0.3}" y="${H - PAD + 15}" text-anchor="middle" style="${bold}">E = ${eps[i]}</text>`;
-      svg += `<text x="${x + step * 0.3}" y="${y(totals[i]) - 4}" text-anchor="middle" font-size="11">${(totals[i] / GB).toFixed(0)} GB</text>`;
-    });
-    svg += `<line x1="${PAD}" x2="${W}" y1="${y(T.gpuBytes)}" y2="${y(T.gpuBytes)}" stroke="black" stroke-dasharray="5,4"/>` +
-           `<text x="${W}" y="${y(T.gpuBytes) - 4}" text-anchor="end" font-size="11">one GPU: ${T.gpuBytes / GB} GB</text>`;
-    root.querySelector("svg").innerHTML = svg;
+    drawBars(bars, eps.map((e) => `E = ${e}`), eps.indexOf(v.ep));
     const c = wtmgMoePerGpu(v, m, T), p = wtmgMoeParams(m);
     const total = T.consumers.reduce((t, k) => t + c[k], 0);
     root.querySelector(".wtmg-summary").innerHTML =
@@ -332,11 +316,7 @@ _MOE_WIDGET_JS = r"""
       ` (activations: the MoE layers only); total <b>${(total / GB).toFixed(2)} GB</b>, which ` +
       (total <= T.gpuBytes ? "fits" : "does <b>not</b> fit") + ` in ${T.gpuBytes / GB} GB.`;
   }
-  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("input", draw));
-  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("change", draw));
-  draw();
-})();
-"""
+""" + _JS_CLOSE
 
 MOE_DEFAULTS = dict(model="DeepSeek-V3", dp=128, ep=64, pp=16, zero_stage=1, tokens=4096,
                     capacity_factor=1.25, n_micro=16)

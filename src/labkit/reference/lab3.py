@@ -124,8 +124,14 @@ def record_torch_schedule(rank: int, world_size: int, kind: str, num_microbatche
     first, last = rank == 0, rank == world_size - 1  # virtual stage 0 / vP−1 live here
     x = torch.randn(num_microbatches, width + 1)
     x[:, 0] = torch.arange(num_microbatches, dtype=x.dtype)  # row m is micro-batch m
-    y = torch.zeros(num_microbatches, width)
-    for _ in range(2):  # the first step also infers shapes (extra forwards): record the second
+    return _second_step_log(schedule, log, x, torch.zeros(num_microbatches, width), first, last)
+
+
+def _second_step_log(schedule, log: list, x, y, first: bool, last: bool) -> list:
+    """Run two steps of ``schedule`` on this rank (the first stage feeds ``x``, the last takes
+    target ``y``) and return what ``log`` recorded in the second: the first step also infers
+    shapes, with extra forwards."""
+    for _ in range(2):
         log.clear()
         if first and last:
             schedule.step(x, target=y, losses=[])
@@ -330,20 +336,8 @@ def record_torch_zero_bubble(rank: int, world_size: int, kind: str, num_microbat
     cls = ScheduleInterleavedZeroBubble if kind == "zb1p" else ScheduleZBVZeroBubble
     schedule = cls(stages, num_microbatches, loss_fn=loss_fn)
     here = _zero_bubble_stages(rank, world_size, kind)
-    first, last = 0 in here, num_stages - 1 in here
-    x, y = torch.randn(num_microbatches, width), torch.zeros(num_microbatches, width)
-    for _ in range(2):
-        log.clear()
-        if first and last:
-            schedule.step(x, target=y, losses=[])
-        elif first:
-            schedule.step(x)
-        elif last:
-            schedule.step(target=y, losses=[])
-        else:
-            schedule.step()
-    dist.barrier()  # no rank leaves (and destroys the group) while another sends
-    return list(log)
+    return _second_step_log(schedule, log, torch.randn(num_microbatches, width),
+                            torch.zeros(num_microbatches, width), 0 in here, num_stages - 1 in here)
 
 
 def torch_zero_bubble_order(kind: str, num_stages: int, num_microbatches: int) -> list[list[tuple]]:
