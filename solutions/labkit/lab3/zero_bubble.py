@@ -124,7 +124,7 @@ def zb_h1_schedule(num_stages: int, num_microbatches: int) -> list[list[SplitAct
     """
     P = positive_int("num_stages", num_stages)
     M = positive_int("num_microbatches", num_microbatches)
-    # BEGIN SOLUTION 3.8: 1F1B's F/B order with each stage's W lagging behind its B by the stage's index; the pending W at the end
+    # BEGIN SOLUTION 3.8: each rank's ZB-H1 order: 1F1B's forwards and input-backwards, the W passes placed as the contract says
     stages = []
     for s in range(P):
         warmup = min(P - s, M)
@@ -208,7 +208,7 @@ def peak_activation_memory(schedule: list[list[SplitAction]], m_b, m_w) -> list:
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
     if m_w > m_b:
         raise ValueError(f"m_w must be at most m_b (W needs part of what B needs), got m_w={m_w}, m_b={m_b}")
-    # BEGIN SOLUTION 3.8: a running sum over each rank's order with F, B and W's changes; its maximum
+    # BEGIN SOLUTION 3.8: each rank's most memory held at once over its order, under F, B and W's changes
     delta = {"F": m_b, "B": m_w - m_b, "W": -m_w}
     peaks = []
     for row in schedule:

@@ -64,7 +64,7 @@ def assign_slots(expert_ids: torch.Tensor, n_expert: int, capacity: int) -> torc
     Returns:
         (T, k) int64: the slot in [0, C), or −1.
     """
-    # BEGIN SOLUTION 6.6: number each expert's claims in choice-major order (a running count per expert), drop those past the capacity
+    # BEGIN SOLUTION 6.6: each (token, choice)'s slot in its expert's buffer, claimed in GShard's order; -1 past the capacity
     T, k = expert_ids.shape
     flat = expert_ids.T.reshape(-1)  # (k·T,) choice-major: all first choices, then all second
     onehot = torch.nn.functional.one_hot(flat, n_expert)  # (k·T, E)

@@ -124,7 +124,7 @@ def zb_h1_schedule(num_stages: int, num_microbatches: int) -> list[list[SplitAct
     """
     P = positive_int("num_stages", num_stages)
     M = positive_int("num_microbatches", num_microbatches)
-    raise NotImplementedError("exercise 3.8: 1F1B's F/B order with each stage's W lagging behind its B by the stage's index; the pending W at the end (labs/03_parameters.ipynb)")
+    raise NotImplementedError("exercise 3.8: each rank's ZB-H1 order: 1F1B's forwards and input-backwards, the W passes placed as the contract says (labs/03_parameters.ipynb)")
 
 
 def simulate_split(schedule: list[list[SplitAction]], forward_cost: int = 1,
@@ -161,4 +161,4 @@ def peak_activation_memory(schedule: list[list[SplitAction]], m_b, m_w) -> list:
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
     if m_w > m_b:
         raise ValueError(f"m_w must be at most m_b (W needs part of what B needs), got m_w={m_w}, m_b={m_b}")
-    raise NotImplementedError("exercise 3.8: a running sum over each rank's order with F, B and W's changes; its maximum (labs/03_parameters.ipynb)")
+    raise NotImplementedError("exercise 3.8: each rank's most memory held at once over its order, under F, B and W's changes (labs/03_parameters.ipynb)")

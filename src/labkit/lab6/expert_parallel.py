@@ -64,7 +64,7 @@ def assign_slots(expert_ids: torch.Tensor, n_expert: int, capacity: int) -> torc
     Returns:
         (T, k) int64: the slot in [0, C), or −1.
     """
-    raise NotImplementedError("exercise 6.6: number each expert's claims in choice-major order (a running count per expert), drop those past the capacity (labs/06_system.ipynb)")
+    raise NotImplementedError("exercise 6.6: each (token, choice)'s slot in its expert's buffer, claimed in GShard's order; -1 past the capacity (labs/06_system.ipynb)")
 
 
 def dispatch(x: torch.Tensor, expert_ids: torch.Tensor, slots: torch.Tensor, n_expert: int,
