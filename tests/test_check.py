@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import labkit
+from _process_helpers import assert_all_gone
 from labkit import self_check
 from labkit.self_check import warm
 
@@ -241,17 +242,6 @@ time.sleep(600)
 '''
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (killed, not yet reaped by its parent) is not running
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 @pytest.mark.skipif(not warm.can_fork(), reason="the warm server forks: POSIX only, not macOS")
 def test_a_run_past_its_timeout_is_killed_with_what_it_started(tmp_path):
     """A program that starts a child and sleeps: TimeoutExpired at the deadline, then neither
@@ -261,10 +251,6 @@ def test_a_run_past_its_timeout_is_killed_with_what_it_started(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         warm.run_module("sleeper", [], cwd=tmp_path, env=dict(os.environ), timeout=3)
     assert time.monotonic() - started < 60
-    pids = [int(p) for p in (tmp_path / "pids.txt").read_text().split()]
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(p) for p in pids), f"still running: {[p for p in pids if _alive(p)]}"
+    assert_all_gone([int(p) for p in (tmp_path / "pids.txt").read_text().split()], within=10)
     _program(tmp_path, 1)
     assert warm.run_module("probe_program", ["0"], cwd=tmp_path, env=dict(os.environ), timeout=120).returncode == 0
