@@ -254,3 +254,29 @@ def test_a_run_past_its_timeout_is_killed_with_what_it_started(tmp_path):
     assert_all_gone([int(p) for p in (tmp_path / "pids.txt").read_text().split()], within=10)
     _program(tmp_path, 1)
     assert warm.run_module("probe_program", ["0"], cwd=tmp_path, env=dict(os.environ), timeout=120).returncode == 0
+
+
+BURN = '''
+import time
+end = time.process_time() + 0.5
+while time.process_time() < end:
+    pass
+'''
+
+
+@pytest.mark.skipif(not warm.can_fork(), reason="the warm server forks: POSIX only, not macOS")
+def test_a_warm_run_s_cpu_counts_in_the_caller_s_children_once_the_server_stops(tmp_path):
+    """make test and the notebook runner time a lab by its process's children: a check's CPU,
+    spent in a grandchild reaped by the server, must reach them when the server is waited for
+    (at stop(), and at exit)."""
+    import resource
+
+    (tmp_path / "burn.py").write_text(BURN)
+    warm.stop()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run = warm.run_module("burn", [], cwd=tmp_path, env=dict(os.environ), timeout=120)
+    warm.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    counted = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert run.returncode == 0 and run.cpu_seconds >= 0.5
+    assert counted >= run.cpu_seconds, f"children counted {counted:.2f} s, the run alone took {run.cpu_seconds:.2f} s"
