@@ -84,6 +84,13 @@ def training_figures(o, psi: int, seconds: float, sent: int, calls: dict, losses
             "calls": calls, "final_loss": losses[-1], "step_seconds": seconds / o.steps}
 
 
+def layer_figures(out: dict, seconds: float) -> dict:
+    """What the one-layer demos (tensor and sequence parallelism) report besides their bytes: the
+    collective calls of forward and of backward, and the seconds of the two."""
+    return {"forward_calls": out["forward"]["calls"], "backward_calls": out["backward"]["calls"],
+            "step_seconds": seconds}
+
+
 def rows(results, columns) -> list[str]:
     """A header and one row per rank; ``columns``: (title, width, format, value(result)), the
     format after the width (``","``, ``".2f"``; a leading ``"+"`` is the sign)."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.cluster.common import RANK, STEP_S, Demo, UsageError, key, rows as table_rows, timed
+from labkit.cluster.common import RANK, STEP_S, Demo, UsageError, key, layer_figures, rows as table_rows, timed
 from labkit.cluster.options import BlockHalfRun
 from labkit.harness.lab5 import run_sp
 from labkit.measure import saved_activation_bytes
@@ -27,8 +27,7 @@ def run(rank: int, world_size: int, o: BlockHalfRun) -> dict:
             "full_ln_saved_bytes": int(full_ln), "predicted_ln_saved_bytes": int(full_ln) // world_size,
             "forward_ring_bytes": ring["forward"], "backward_ring_bytes": ring["backward"],
             "all_reduce_ring_bytes": int(out["all_reduce_ring_bytes"]),
-            "forward_calls": out["forward"]["calls"], "backward_calls": out["backward"]["calls"],
-            "step_seconds": seconds}
+            **layer_figures(out, seconds)}
 
 
 def rows(results) -> list[str]:

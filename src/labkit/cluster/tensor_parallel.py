@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.cluster.common import RANK, STEP_S, Demo, UsageError, key, rows as table_rows, timed
+from labkit.cluster.common import RANK, STEP_S, Demo, UsageError, key, layer_figures, rows as table_rows, timed
 from labkit.cluster.options import LayerRun
 from labkit.harness.lab3 import run_tp
 from labkit.models import MLP, CausalSelfAttention, GPTConfig
@@ -28,8 +28,7 @@ def run(rank: int, world_size: int, o: LayerRun) -> dict:
             "param_bytes": int(out["param_bytes"]),
             "predicted_param_bytes": size * ((full - whole) // world_size + whole),
             "bytes_sent": int(sent), "predicted_bytes_sent": 2 * size * o.batch * o.seq * o.n_embd,
-            "forward_calls": out["forward"]["calls"], "backward_calls": out["backward"]["calls"],
-            "step_seconds": seconds}
+            **layer_figures(out, seconds)}
 
 
 def rows(results) -> list[str]:
