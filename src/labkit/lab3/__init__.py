@@ -20,6 +20,6 @@ Everything outside ``labkit/lab3/`` is the course's toolkit (``labkit.measure``,
 ``labkit.reference.lab3`` holds what it is compared with (PyTorch's own implementations). Check an
 exercise with ``labkit.check("3.1")``.
 """
-from labkit import solutions_overlay
+from labkit.overlay import solutions_overlay
 
 solutions_overlay(__path__, "lab3")

@@ -17,7 +17,7 @@ Everything outside ``labkit/lab5/`` is the course's toolkit (``labkit.measure``,
 ``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("5.1")``.
 """
-from labkit import solutions_overlay
+from labkit.overlay import solutions_overlay
 from labkit.torch_compat import selective_checkpoint_op_output
 
 selective_checkpoint_op_output()  # ctx.op_output for 5.4's policy on an older torch (Colab's)
