@@ -170,3 +170,13 @@ def test_bad_input_is_a_message_and_exit_status_2(args, env, words):
                             env={**base, **torchrun_env, **env})
     assert result.returncode == 2, result.stderr
     assert words in result.stderr
+
+
+def test_every_demo_is_one_module_of_the_package_and_names_itself():
+    """A demo module not in DEMOS would never run; a name in DEMOS without its module would fail
+    only when asked for."""
+    package = Path(cluster.__file__).parent
+    shared = {"__init__", "__main__", "cli", "common", "options", "registry"}
+    assert {p.stem for p in package.glob("*.py")} - shared == set(cluster.DEMOS)
+    for name in cluster.DEMOS:
+        assert cluster.demo(name).name == name

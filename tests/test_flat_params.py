@@ -1,4 +1,6 @@
-"""labkit.flat_params: the padded flat partition under ZeRO-1/2/3 (checked against plain arithmetic)."""
+"""labkit.flat_params: the padded flat partition under ZeRO-1/2/3 (checked against plain arithmetic,
+exact for any integer size), and what it refuses."""
+import numpy as np
 import pytest
 import torch
 
@@ -36,3 +38,42 @@ def test_flatten_then_copy_back_round_trips_and_ranges_tile_the_vector():
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+@pytest.mark.parametrize("numel, world_size", [(10**20, 3), (2**53 + 1, 2), (7, 3)])
+def test_partition_is_exact_for_any_integer_size(numel, world_size):
+    """Check S = ceil(Ψ/N) in integers: a float division gave padding -4,096 at Ψ = 10**20, N = 3."""
+    shard, padding = partition(numel, world_size)
+    assert shard == -(-numel // world_size) and 0 <= padding < world_size
+    assert shard * world_size == numel + padding
+
+
+def test_numpy_integers_are_sizes_too():
+    """Check np.int64 sizes (from numpy arithmetic) work like ints."""
+    assert partition(np.int64(5), np.int64(2)) == (3, 1)
+    assert shard_range(np.int64(1), np.int64(3)) == slice(3, 6)
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: flatten_padded([1, 2], 0, torch.float32), TypeError, "tensors must hold only tensors, got int"),
+    (lambda: flatten_padded(torch.ones(3), 0, torch.float32), TypeError, "single Tensor"),
+    (lambda: flatten_padded([torch.ones(3)], 0, "float32"), TypeError, "dtype must be a torch.dtype"),
+    (lambda: flatten_padded([torch.ones(3), torch.ones(2, device="meta")], 0, torch.float32),
+     ValueError, r"one device .*\['cpu', 'meta'\]"),
+    (lambda: copy_from_flat([1.0, 2.0], [torch.ones(2)]), TypeError, "flat must be a 1-D tensor, got list"),
+    (lambda: copy_from_flat(torch.ones(2, 2), [torch.ones(2), torch.ones(2)]), TypeError, r"shape \(2, 2\)"),
+    (lambda: copy_from_flat(torch.ones(4), torch.ones(4)), TypeError, "single Tensor"),
+])
+def test_flat_vectors_refuse_what_is_not_a_list_of_tensors(call, error, words):
+    with pytest.raises(error, match=words):
+        call()
+
+
+def test_flatten_and_copy_back_handle_non_contiguous_bf16_and_empty_tensors():
+    """Check a transposed bf16 tensor and an empty one round-trip, element for element."""
+    src = [torch.arange(12.0).reshape(3, 4).t().to(torch.bfloat16), torch.empty(0), torch.arange(2.0)]
+    flat = flatten_padded(src, 3, torch.float32)
+    assert flat.tolist() == src[0].reshape(-1).float().tolist() + [0.0, 1.0] + [0.0] * 3
+    dst = [torch.zeros(4, 3, dtype=torch.bfloat16), torch.empty(0), torch.zeros(2)]
+    copy_from_flat(flat, dst)
+    assert all(torch.equal(a, b) for a, b in zip(src, dst))

@@ -88,13 +88,6 @@ def test_stubs_must_fail_accepts_when_every_graded_test_fails(pytester):
     assert result.ret == 0
 
 
-def test_check_reports_an_unknown_exercise(monkeypatch):
-    import labkit
-
-    with pytest.raises(ValueError, match="known exercises"):
-        labkit.check("99.99")
-
-
 def test_a_missing_or_too_old_optional_reference_is_not_graded(pytester):
     """A grader whose reference library is missing (or older than required) neither earns nor
     costs points: 'not graded', its points out of the total, its own column in the table."""
@@ -142,49 +135,6 @@ def test_assertion_message_of_assert_close_and_of_other_errors():
     assert assertion_message(ValueError("bad\nmore")) == "ValueError: bad"
     multi = AssertionError("first line\n  second line\nassert None is None")
     assert assertion_message(multi) == "first line\nsecond line"
-
-
-def _course(pytester):
-    """A tiny course repository: tests/test_lab9_demo.py, graded with the labkit plugin."""
-    pytester.makeini("[pytest]\naddopts = -p labkit.grade.plugin\n")
-    (pytester.path / "tests").mkdir()
-    (pytester.path / "tests" / "test_lab9_demo.py").write_text(GRADED)
-    return pytester.path
-
-
-@pytest.mark.parametrize("exercise, ok, shown", [
-    ("9.2", False, ["FAIL  test_wrong", "one plus one is two"]),
-    ("9.3", True, ["SKIP  test_gpu"]),          # only needs CUDA: correct code on a CPU runtime
-    ("9.4", True, ["N/A   test_missing_reference", "no_such_module_for_labkit_tests"]),
-    ("9.5", False, ["rank 0 keeps 4,368 B of state, expected K*S = 3,276: a view?"]),
-])
-def test_check_prints_the_tests_messages_and_ignores_skips_it_cannot_help(
-        pytester, monkeypatch, capsys, exercise, ok, shown):
-    from labkit.grade import plugin
-
-    monkeypatch.setattr(plugin, "repository_root", lambda: _course(pytester))
-    assert plugin.check(exercise) is ok
-    out = capsys.readouterr().out
-    for words in shown:
-        assert words in out, out
-    assert "Use -v" not in out and "assert [4368] ==" not in out
-
-
-def test_check_verbose_shows_the_details(pytester, monkeypatch, capsys):
-    from labkit.grade import plugin
-
-    monkeypatch.setattr(plugin, "repository_root", lambda: _course(pytester))
-    assert plugin.check("9.5", verbose=True) is False
-    out = capsys.readouterr().out
-    assert "--- details ---" in out and "assert [4368] == [3276]" in out
-
-
-@pytest.mark.parametrize("bad", [1.2, "1", "lab1", "1.2.3", "", None])
-def test_check_refuses_a_malformed_exercise_id(bad):
-    import labkit
-
-    with pytest.raises(ValueError, match="exercise must be an exercise id such as '1.2'"):
-        labkit.check(bad)
 
 
 UNTOUCHED = GRADED + '''

@@ -1,8 +1,11 @@
-"""The course's GPT and its synthetic data."""
+"""The course's GPT and its synthetic data: it learns, its batches are deterministic, its two
+attentions agree; bad configurations, token ids, targets, devices and seeds are named (an empty
+batch gives what torch's cross_entropy gives for no elements)."""
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from labkit.models import GPT, GPTConfig, SyntheticData, lab_batch_size, lab_config
 
@@ -120,3 +123,46 @@ def test_an_int_device_is_refused_on_a_cuda_build_too(monkeypatch, call):
     assert torch.device(42) == _REAL_DEVICE("cuda", 42)  # the fake does what a CUDA build does
     with pytest.raises(ValueError, match="device must be None, 'cpu', 'cuda' or a torch.device, got"):
         call()
+
+
+TINY = GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
+
+
+@pytest.mark.parametrize("idx, targets, words", [
+    (torch.full((2, 4), 32), None, r"idx holds token ids outside \[0, vocab_size=32\): min 32"),
+    (torch.full((2, 4), -1), None, r"min -1"),
+    (torch.zeros(2, 4, dtype=torch.long), torch.full((2, 4), 40), r"targets hold ids outside"),
+    (torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4), r"int64 tensor shaped like idx .* torch.float32"),
+    (torch.zeros(2, 4, dtype=torch.long, device="meta"), None, r"idx is on meta and the model on cpu"),
+])
+def test_gpt_names_bad_token_ids_and_devices(idx, targets, words):
+    """Check out-of-vocabulary ids (IndexError "index out of range in self" before), float targets
+    (a RuntimeError inside cross_entropy) and a meta idx (silently NaN logits) are named."""
+    with pytest.raises(ValueError, match=words):
+        GPT(TINY)(idx.long() if idx.dtype != torch.long and idx.device.type != "meta" else idx, targets)
+
+
+def test_an_empty_batch_gives_torch_cross_entropy_of_nothing():
+    """Check B·T = 0 gives what F.cross_entropy gives for no elements (NaN), not a reshape error."""
+    idx = torch.zeros(0, 4, dtype=torch.long)
+    want = F.cross_entropy(torch.zeros(0, 32), torch.zeros(0, dtype=torch.long))
+    got = GPT(TINY)(idx, idx)
+    assert got.isnan() and want.isnan()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_synthetic_data_on_cuda_without_a_gpu_is_refused_when_made():
+    """Check device='cuda' on a CPU machine is a ValueError at construction (it was an
+    AssertionError from torch at the first batch)."""
+    with pytest.raises(ValueError, match="device='cuda', and CUDA is not available here"):
+        SyntheticData(8, 4, 2, device="cuda")
+
+
+def test_synthetic_data_seeds_are_bounded_and_large_batch_indices_work():
+    """Check a seed past 2**63 is named (it was "Overflow when unpacking long long") and batch i
+    of a large seed still returns a batch."""
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*63\)"):
+        SyntheticData(8, 4, 2, seed=2**70)
+    x, y = SyntheticData(8, 4, 2, seed=2**62).batch(10**12)
+    assert x.shape == y.shape == (2, 4)
+    assert torch.equal(SyntheticData(8, 4, 2, seed=3).batch(5)[0], SyntheticData(8, 4, 2, seed=3).batch(5)[0])

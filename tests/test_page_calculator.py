@@ -184,3 +184,9 @@ def test_page_loads_nothing_from_outside():
 def test_bad_input_is_refused_naming_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         calculator_html(**kwargs)
+
+
+@pytest.mark.parametrize("gpu_bytes", [0, float("nan"), "80e9"])
+def test_tables_refuse_a_gpu_size_that_is_not_a_positive_number(gpu_bytes):
+    with pytest.raises(ValueError, match="gpu_bytes must be a positive, finite number"):
+        tables(gpu_bytes)

@@ -1,8 +1,12 @@
-"""Tests of labkit.ranks (the rank launcher) and labkit.comm_count (the communication counter).
+"""Tests of labkit.ranks, the rank launcher.
 
 The ranks run real gloo process groups in child processes; the checks are against closed forms
-(the sum of 1..N, the byte count of a float32 tensor, the ring formulas) and against the
-operating system (is a process id still alive?), not against anything labkit computes itself.
+(the sum of 1..N, the byte count of a float32 tensor, a rank's own number, a tensor's shape) and
+against the operating system (is a process id still alive?), not against anything labkit
+computes itself. Bad input (a world size, a timeout, arguments fn cannot take) is refused with a
+TypeError/ValueError naming the argument before any process starts; a rank that fails, exits,
+is killed or hangs is named, with its traceback, never a hang. Fork-only workers are defined
+here: a forked rank already has this module.
 """
 from __future__ import annotations
 
@@ -13,38 +17,19 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
+from _process_helpers import assert_all_gone
 from labkit import _rank_examples as ex
 from labkit import ranks as labkit_ranks
-from labkit.ranks import RankError, RankTimeout, launch
-
-
-def _alive(pid: int) -> bool:
-    """True if `pid` runs (a zombie, dead but not yet reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc (macOS): ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+from labkit.ranks import MAX_WORLD_SIZE, RankError, RankTimeout, launch
 
 
 def _pids_written(pid_dir) -> list[int]:
     return [int(p) for f in sorted(pid_dir.iterdir()) for p in f.read_text().split()]
-
-
-def _assert_all_gone(pids, within: float = 2.0) -> None:
-    deadline = time.monotonic() + within  # an orphaned grandchild is reaped by init, not by us
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in pids if _alive(p)], f"left behind: {pids}"
 
 
 # Fork-only workers: a forked child already has this module, so they need not be importable.
@@ -75,7 +60,7 @@ def test_two_launches_in_a_row_use_fresh_processes():
     second = launch(ex.all_reduce_ranks, 2)
     assert [r["sum"][0].item() for r in first + second] == [3.0] * 4
     assert not {r["pid"] for r in first} & {r["pid"] for r in second}
-    _assert_all_gone([r["pid"] for r in first + second])
+    assert_all_gone([r["pid"] for r in first + second])
 
 
 def test_tensors_come_back_detached_on_cpu():
@@ -99,7 +84,7 @@ def test_failing_rank_raises_rank_error_with_its_traceback():
     assert str(error).startswith("rank 1 of 2 raised NotImplementedError")
     assert "fail_on_rank" in error.child_traceback and "fail_on_rank" in str(error)
     assert "Traceback (most recent call last)" in str(error)
-    _assert_all_gone(error.pids)
+    assert_all_gone(error.pids)
 
 
 def test_exercise_stub_message_is_kept_as_the_last_line():
@@ -118,7 +103,7 @@ def test_rank_that_dies_silently_is_reported():
         launch(_exit_without_report, 2, timeout=30)
     assert info.value.rank == 1 and info.value.exc_type is None
     assert "exit code 7" in str(info.value)
-    _assert_all_gone(info.value.pids)
+    assert_all_gone(info.value.pids)
 
 
 def test_hanging_rank_raises_rank_timeout_at_the_deadline(tmp_path):
@@ -137,7 +122,7 @@ def test_hanging_rank_raises_rank_timeout_at_the_deadline(tmp_path):
     assert "barrier" in str(error)  # rank 0 gave up in the barrier
     pids = _pids_written(tmp_path)
     assert len(pids) == 3  # two ranks and rank 1's `sleep` helper
-    _assert_all_gone(pids + error.pids)
+    assert_all_gone(pids + error.pids)
 
 
 def test_keyboard_interrupt_in_the_parent_kills_every_rank(tmp_path):
@@ -149,7 +134,7 @@ def test_keyboard_interrupt_in_the_parent_kills_every_rank(tmp_path):
             launch(ex.hang_on_rank, 2, stuck_rank=1, pid_dir=str(tmp_path), timeout=30)
     finally:
         timer.cancel()
-    _assert_all_gone(_pids_written(tmp_path))
+    assert_all_gone(_pids_written(tmp_path))
 
 
 def test_spawn_runs_an_importable_worker():
@@ -173,26 +158,6 @@ def test_spawn_refuses_a_function_it_cannot_import():
     with pytest.raises(ValueError, match="module level"):
         launch(local_worker, 2, start_method="spawn")
     assert launch(local_worker, 2, start_method="fork") == [0, 1]  # fork needs no import
-
-
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_count_comm_counts_calls_and_bytes_exactly(world_size):
-    """Check calls and bytes of one all-reduce of 1000 float32 (B = 4000 bytes), one all-gather
-    and one reduce-scatter of N·1000 (N·B), one send/recv of B, against the ring formulas
-    2(N-1)/N·B (all-reduce) and (N-1)/N·(N·B) (all-gather, reduce-scatter)."""
-    n, B = 1000, 4000
-    results = launch(ex.count_basic_comm, world_size, n=n)
-    for rank, counts in enumerate(results):
-        p2p = {0: {"send": B}, 1: {"recv": B}}.get(rank, {})
-        collectives = {"all_reduce": B, "all_gather_into_tensor": world_size * B,
-                       "reduce_scatter_tensor": world_size * B}
-        assert counts["calls"] == {op: 1 for op in collectives | p2p}
-        assert counts["bytes_sent"] == collectives | p2p
-        ring = counts["ring_bytes"]
-        assert ring["all_reduce"] == pytest.approx(2 * (world_size - 1) / world_size * B)
-        assert ring["all_gather_into_tensor"] == pytest.approx((world_size - 1) * B)
-        assert ring["reduce_scatter_tensor"] == pytest.approx((world_size - 1) * B)
-        assert ring.get("send", 0) == (B if rank == 0 else 0) and ring.get("recv", 0) == 0
 
 
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])
@@ -264,14 +229,6 @@ def test_launch_refuses_nccl_without_cuda():
         launch(ex.all_reduce_ranks, 2, backend="nccl")
 
 
-def test_both_spellings_of_gather_and_scatter_are_counted_the_same():
-    """Check that torch 2.13's new names (all_gather_single, reduce_scatter_single) and the old
-    ones (all_gather_into_tensor, reduce_scatter_tensor) count as the same op with the same bytes."""
-    old, new = launch(ex.count_both_spellings, 2)
-    assert old == new, f"old names counted {old}, new names {new}"
-    assert old["calls"] == {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1}
-
-
 def test_the_rank_blamed_at_the_deadline_is_the_one_still_inside_the_function():
     """Issue 27.9: 8 ranks, rank 7 asleep, ranks 0-6 returned at once and wait in launch's
     closing barrier, where they give up first (the process-group timeout) and see their peers
@@ -284,7 +241,7 @@ def test_the_rank_blamed_at_the_deadline_is_the_one_still_inside_the_function():
     assert (error.rank, error.ranks) == (7, [7]), f"blamed rank {error.rank} of {error.ranks}"
     assert "return_unless_rank" in error.child_traceback  # rank 7's stack at the deadline
     assert "ranks 0, 1, 2, 3, 4, 5, 6 had returned" in str(error)
-    _assert_all_gone(error.pids)
+    assert_all_gone(error.pids)
 
 
 def test_nccl_with_more_ranks_than_gpus_is_refused_before_any_rank_starts(monkeypatch):
@@ -336,3 +293,114 @@ def test_a_function_imported_before_its_module_was_reloaded_runs_its_new_code(tm
     finally:
         sys.modules.pop("edited_worker", None)
     assert results == [("v2", 0), ("v2", 10)], f"ranks returned {results}"
+
+
+# ---------------------------------------------------------------- odd sizes, odd results, nested and killed ranks
+
+def _rank_and_size(rank, world_size):
+    return rank, world_size, dist.get_world_size()
+
+
+def _leave(rank, world_size, how):
+    if rank == world_size - 1:
+        if how == "sys.exit":
+            sys.exit(3)
+        if how == "SIGKILL":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+    dist.barrier()
+
+
+def _meta_result(rank, world_size):
+    return {"weight": torch.empty(3, 5, dtype=torch.bfloat16, device="meta")}
+
+
+def _launch_inside(rank, world_size, inner_size):
+    return launch(_rank_and_size, inner_size)
+
+
+def _takes_nothing_more(rank, world_size):
+    return rank
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_one_rank_and_an_odd_number_of_ranks_each_see_their_own_rank(world_size):
+    """Check N = 1 and N = 3 (no power of two): rank r returns r, and the group has N ranks."""
+    assert launch(_rank_and_size, world_size) == [(r, world_size, world_size) for r in range(world_size)]
+
+
+def test_a_numpy_integer_world_size_is_accepted():
+    """Check np.int64(2) (what arithmetic on a numpy array gives) works like 2."""
+    assert launch(_rank_and_size, np.int64(2)) == [(0, 2, 2), (1, 2, 2)]
+
+
+@pytest.mark.parametrize("how, words", [
+    ("sys.exit", "raised SystemExit"),
+    ("SIGKILL", "died"),
+    ("KeyboardInterrupt", "raised KeyboardInterrupt"),
+])
+def test_a_rank_that_exits_or_is_killed_is_named_not_its_waiting_peers(how, words):
+    """Check the last of 3 ranks leaving (sys.exit, SIGKILL, Ctrl-C inside the rank) is the rank
+    blamed, within the grace period: its peers only echo it ("Connection closed by peer")."""
+    started = time.monotonic()
+    with pytest.raises(RankError, match=f"rank 2 of 3 {words}") as info:
+        launch(_leave, 3, how, timeout=20)
+    assert info.value.rank == 2
+    assert time.monotonic() - started < 10, "waited for the deadline instead of reporting the death"
+
+
+def test_a_meta_tensor_comes_back_as_a_meta_tensor_of_the_same_shape_and_dtype():
+    """Check a rank may return a meta tensor (no data): it was 'cannot be pickled back'."""
+    (a, b) = launch(_meta_result, 2)
+    for got in (a["weight"], b["weight"]):
+        assert (got.device.type, tuple(got.shape), got.dtype) == ("meta", (3, 5), torch.bfloat16)
+
+
+@pytest.mark.parametrize("args, kwargs", [((), {"rank": 3}), ((7,), {}), ((), {"n": 1})])
+def test_arguments_fn_cannot_take_are_refused_before_any_rank_starts(args, kwargs):
+    """Check fn(rank, world_size, *args, **kwargs) is bound first: one TypeError naming fn (a
+    keyword named rank clashes), not the same error raised by N ranks."""
+    started = time.monotonic()
+    with pytest.raises(TypeError, match="_takes_nothing_more.*cannot be called as"):
+        launch(_takes_nothing_more, 2, *args, **kwargs)
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize("timeout", [1e15, float("inf"), float("nan")])
+def test_a_timeout_no_process_group_can_hold_is_refused(timeout):
+    """Check 1e15 s is refused up front (each rank's timedelta overflowed: N OverflowErrors)."""
+    with pytest.raises(ValueError, match=r"timeout must be a number of seconds in \(0, 1e\+07\]"):
+        launch(_rank_and_size, 2, timeout=timeout)
+
+
+def test_an_absurd_world_size_is_refused_instead_of_forking_a_million_processes():
+    """Check launch(fn, 10**6) is refused at once (it forked processes for minutes, then ran out
+    of file descriptors), naming the allowed range."""
+    with pytest.raises(ValueError, match=rf"world_size must be an int in \[1, {MAX_WORLD_SIZE}\]"):
+        launch(_rank_and_size, 10**6)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork-only")
+def test_ranks_forked_from_a_process_with_its_own_group_join_theirs(tmp_path):
+    """Check a process that made a one-rank gloo group of its own (tools/bench does) can still
+    launch: forked ranks inherited a copy and failed ("initialize the default process group
+    twice"). This process's group is untouched by the launch."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert launch(_rank_and_size, 2, start_method="fork") == [(0, 2, 2), (1, 2, 2)]
+        assert dist.get_world_size() == 1  # still ours
+        t = torch.ones(2)
+        dist.all_reduce(t)  # and it still works
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_launch_inside_a_rank_runs_on_the_rank_s_own_group_or_is_named():
+    """Check a nested launch of the same N runs fn in place on the rank's group (as under
+    torchrun), and one of another N is a ValueError naming world_size, shown with its traceback."""
+    assert launch(_launch_inside, 2, 2) == [[(0, 2, 2)], [(1, 2, 2)]]
+    with pytest.raises(RankError, match=r"ValueError: world_size=3 inside a group of 2 ranks"):
+        launch(_launch_inside, 2, 3, timeout=20)
+

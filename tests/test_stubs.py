@@ -95,8 +95,9 @@ def test_without_solutions_the_stub_is_loaded():
 
 
 def test_solutions_overlay_with_a_wrong_path_says_so(tmp_path):
+    """The first lab package imported (labkit.overlay reads the variable) names the variable."""
     env = {"LABKIT_SOLUTIONS": str(tmp_path / "nowhere"), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", "import labkit"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", "import labkit.lab1"], capture_output=True, text=True,
                          env=env)
     assert out.returncode != 0 and "LABKIT_SOLUTIONS" in out.stderr
 

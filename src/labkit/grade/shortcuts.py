@@ -122,6 +122,10 @@ REBUILDS: dict[str, dict] = {
     "6.5": _entry("fuses GELU's forward and backward itself: PyTorch's gelu kernels are the "
                   "reference here", *_op("gelu"), *_op("gelu_backward"), *_op("gelu_"),
                   "torch.nn.GELU"),
+    "3.8": _entry("builds the zero-bubble schedule itself: torch.distributed.pipelining is the "
+                  "reference here", "torch.distributed.pipelining"),
+    "6.6": _entry("dispatches the tokens to the experts itself: the single-device layer of the "
+                  "reference is what it is compared with", "labkit.reference.lab6.moe_reference"),
 }
 """exercise id -> {"why": what the exercise must do itself, "names": the functions refused}."""
 

@@ -1,7 +1,9 @@
-"""Harnesses for lab 6's exercises 6.3 and 6.4: the student's device mesh on real gloo ranks.
+"""Harnesses for lab 6's exercises 6.3, 6.4 and 6.6: the student's code on real gloo ranks.
 
 ``mesh_worker`` builds the student's process groups (``labkit.lab6.device_mesh``, exercise 6.3)
 next to PyTorch's ``init_device_mesh`` (the reference) and all-reduces along every axis in both.
+``run_expert_parallel`` runs the student's ``ExpertParallelMoE`` (exercise 6.6) forward and
+backward on each rank's tokens, counting its all-to-alls.
 """
 from __future__ import annotations
 
@@ -30,3 +32,52 @@ def mesh_worker(rank: int, world_size: int, shape, names) -> dict:
         dist.all_reduce(y, group=tg)
         out["torch_sums"][axis] = float(y)
     return out
+
+
+def run_expert_parallel(rank: int, world_size: int, layer, x, capacity_factor: float,
+                        grad_out, groups: int = 1) -> dict:
+    """Rank body for ``labkit.ranks.launch``: the student's ``ExpertParallelMoE`` (exercise 6.6)
+    over this rank's expert-parallel group, on this rank's tokens.
+
+    The world splits into ``groups`` consecutive groups of W = world_size / groups ranks; the
+    layer runs inside each. ``x`` and ``grad_out`` (world_size·T, n_embd) hold every rank's T
+    tokens in rank order: this rank takes rows [rank·T, (rank+1)·T). Returns this rank's output
+    and input gradient rows, its router's gradient, its experts' gradients by global expert
+    index, its expert parameter bytes, and the comm counts of forward and of backward."""
+    import torch
+
+    from labkit.comm_count import count_comm
+    from labkit.harness.lab3 import subgroup
+    from labkit.lab6.expert_parallel import ExpertParallelMoE
+
+    group, _, _ = subgroup(rank, world_size, groups)
+    T = x.shape[0] // world_size
+    mine = x[rank * T:(rank + 1) * T].clone().requires_grad_()
+    moe = ExpertParallelMoE(layer, capacity_factor, group)
+    with count_comm() as fwd:
+        out = moe(mine)
+    with count_comm() as bwd:
+        out.backward(grad_out[rank * T:(rank + 1) * T])
+    experts = {moe.first_expert + i: {n: p.grad.clone() for n, p in e.named_parameters()}
+               for i, e in enumerate(moe.experts)}
+    return {"out": out.detach(), "x_grad": mine.grad, "router_grad": moe.router.weight.grad.clone(),
+            "expert_grads": experts,
+            "expert_bytes": sum(p.numel() * p.element_size() for p in moe.experts.parameters()),
+            "forward": {"calls": dict(fwd.calls), "bytes": dict(fwd.bytes_sent)},
+            "backward": {"calls": dict(bwd.calls), "bytes": dict(bwd.bytes_sent)}}
+
+
+def expert_parallel_saved_bytes(rank: int, world_size: int, layer, tokens: int,
+                                capacity_factor: float, seed: int = 1) -> int:
+    """Rank body for ``labkit.ranks.launch``: the bytes autograd keeps for backward
+    (``labkit.measure.saved_activation_bytes``) when the student's ``ExpertParallelMoE``
+    (exercise 6.6) runs forward on ``tokens`` random tokens of this rank."""
+    import torch
+
+    from labkit.lab6.expert_parallel import ExpertParallelMoE
+    from labkit.measure import saved_activation_bytes
+
+    torch.manual_seed(seed + rank)
+    moe = ExpertParallelMoE(layer, capacity_factor)
+    x = torch.randn(tokens, layer.router.in_features, requires_grad=True)
+    return saved_activation_bytes(lambda: moe(x))

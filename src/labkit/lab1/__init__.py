@@ -11,6 +11,6 @@ Everything outside ``labkit/lab1/`` is the course's toolkit (``labkit.measure``,
 ``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("1.1")``.
 """
-from labkit import solutions_overlay
+from labkit.overlay import solutions_overlay
 
 solutions_overlay(__path__, "lab1")

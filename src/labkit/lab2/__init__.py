@@ -18,6 +18,6 @@ Everything outside ``labkit/lab2/`` is the course's toolkit (``labkit.measure``,
 ``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("2.1")``.
 """
-from labkit import solutions_overlay
+from labkit.overlay import solutions_overlay
 
 solutions_overlay(__path__, "lab2")

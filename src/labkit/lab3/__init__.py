@@ -12,6 +12,7 @@ lab 3's code: each file holds the exercises below, their stubs raising
     pipeline_schedule.py   3.5       GPipe, 1F1B and interleaved schedules
     pipeline.py            3.6       a real pipeline over ranks
     zero3.py               3.7       ZeRO-3: parameters gathered on use, with prefetch
+    zero_bubble.py         3.8       zero-bubble pipelines: B/W split, ZB-H1, any placement
 
 Everything outside ``labkit/lab3/`` is the course's toolkit (``labkit.measure``,
 ``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it.
@@ -19,6 +20,6 @@ Everything outside ``labkit/lab3/`` is the course's toolkit (``labkit.measure``,
 ``labkit.reference.lab3`` holds what it is compared with (PyTorch's own implementations). Check an
 exercise with ``labkit.check("3.1")``.
 """
-from labkit import solutions_overlay
+from labkit.overlay import solutions_overlay
 
 solutions_overlay(__path__, "lab3")

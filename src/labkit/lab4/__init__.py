@@ -15,7 +15,7 @@ Everything outside ``labkit/lab4/`` is the course's toolkit (``labkit.measure``,
 ``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("4.1")``.
 """
-from labkit import solutions_overlay
+from labkit.overlay import solutions_overlay
 from labkit.torch_compat import distributed_new_names
 
 distributed_new_names()  # dist.all_gather_single on a torch older than 2.13 (Colab's)

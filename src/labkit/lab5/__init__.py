@@ -11,12 +11,13 @@ lab 5's code: each file holds the exercises below, their stubs raising
     flash_attention.py     5.6       FlashAttention's tiled forward and backward
     ring_attention.py      5.7       ring attention (and its zigzag layout)
     sequence_parallel.py   5.8       Megatron sequence parallelism
+    chunked_cross_entropy.py 5.9     the loss over a large vocabulary, chunk by chunk
 
 Everything outside ``labkit/lab5/`` is the course's toolkit (``labkit.measure``,
 ``labkit.ranks``, ``labkit.models``, ``labkit.plot``, …): use it, don't edit it. Check an
 exercise with ``labkit.check("5.1")``.
 """
-from labkit import solutions_overlay
+from labkit.overlay import solutions_overlay
 from labkit.torch_compat import selective_checkpoint_op_output
 
 selective_checkpoint_op_output()  # ctx.op_output for 5.4's policy on an older torch (Colab's)

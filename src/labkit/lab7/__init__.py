@@ -15,6 +15,6 @@ exercise with ``labkit.check("7.1")``.
 The capstone: ``run_plan`` builds on your code of labs 1, 2, 3 and 6 (it says which
 exercise is still a stub). It is the only lab package that imports another lab's.
 """
-from labkit import solutions_overlay
+from labkit.overlay import solutions_overlay
 
 solutions_overlay(__path__, "lab7")

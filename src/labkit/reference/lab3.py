@@ -8,7 +8,10 @@
 - :func:`torch_pipeline_worker`: a step of ``torch.distributed.pipelining`` on the GPT cut into
   P stages (cut here, not by the student's ``split_gpt``), for exercise 3.6;
 - :func:`train_fsdp2`: FSDP2's ``fully_shard`` + ``torch.optim.Adam``, and :func:`train_adam`:
-  plain data-parallel Adam (the mean gradient over the ranks, one device), for exercise 3.7.
+  plain data-parallel Adam (the mean gradient over the ranks, one device), for exercise 3.7;
+- :func:`record_torch_zero_bubble`, :func:`torch_zero_bubble_order`: the F / B (input
+  gradient) / W (weight gradient) actions ``ScheduleInterleavedZeroBubble`` and
+  ``ScheduleZBVZeroBubble`` execute, and their plans, for exercise 3.8.
 
 Actions come back as plain tuples, ``("F", m)`` or ``("F", m, chunk)``, which compare equal to the
 lab's ``Action`` / ``ChunkAction`` named tuples. Nothing here imports a lab package
@@ -29,7 +32,8 @@ from labkit.models import GPT, GPTConfig
 from labkit.validate import one_of
 
 __all__ = ["run_parallelize_module", "record_torch_schedule", "torch_interleaved_order",
-           "torch_pipeline_worker", "train_fsdp2", "train_adam"]
+           "torch_pipeline_worker", "train_fsdp2", "train_adam", "ZERO_BUBBLE_KINDS",
+           "record_torch_zero_bubble", "torch_zero_bubble_order"]
 
 
 def _counts(c) -> dict:
@@ -120,8 +124,14 @@ def record_torch_schedule(rank: int, world_size: int, kind: str, num_microbatche
     first, last = rank == 0, rank == world_size - 1  # virtual stage 0 / vP−1 live here
     x = torch.randn(num_microbatches, width + 1)
     x[:, 0] = torch.arange(num_microbatches, dtype=x.dtype)  # row m is micro-batch m
-    y = torch.zeros(num_microbatches, width)
-    for _ in range(2):  # the first step also infers shapes (extra forwards): record the second
+    return _second_step_log(schedule, log, x, torch.zeros(num_microbatches, width), first, last)
+
+
+def _second_step_log(schedule, log: list, x, y, first: bool, last: bool) -> list:
+    """Run two steps of ``schedule`` on this rank (the first stage feeds ``x``, the last takes
+    target ``y``) and return what ``log`` recorded in the second: the first step also infers
+    shapes, with extra forwards."""
+    for _ in range(2):
         log.clear()
         if first and last:
             schedule.step(x, target=y, losses=[])
@@ -261,3 +271,97 @@ def train_adam(model: nn.Module, batches, lr: float = 1e-3, backwards: int = 1) 
         opt.step()
         opt.zero_grad(set_to_none=True)
     return [p.detach().clone() for p in model.parameters()]
+
+
+# ---------------------------------------------------------------- 3.8 zero-bubble schedules
+
+ZERO_BUBBLE_KINDS = ("zb1p", "zbv")
+"""``"zb1p"``: ScheduleInterleavedZeroBubble with one stage per rank (ZB-H1); ``"zbv"``:
+ScheduleZBVZeroBubble, two stages per rank in a V (rank r holds stages r and 2P−1−r)."""
+
+_SPLIT_KIND = {"F": "F", "I": "B", "W": "W"}  # torch's names -> the lab's (B = input gradient)
+
+
+def _zero_bubble_stages(rank: int, world_size: int, kind: str) -> list[int]:
+    return [rank] if kind == "zb1p" else [rank, 2 * world_size - 1 - rank]
+
+
+def _recording_stage_class():
+    """A ``PipelineStage`` that logs each compute call the schedule's runtime makes on it:
+    ("F", m, stage) for ``forward_one_chunk``, ("B", m, stage) for an input-gradient
+    ``backward_one_chunk`` (full: ("BW", m, stage)) and ("W", m, stage) for
+    ``backward_weight_one_chunk``, then runs torch's own method."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class _RecordingStage(PipelineStage):
+        def __init__(self, *args, log: list, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.log = log
+
+        def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+            self.log.append(("F", fwd_chunk_id, self.stage_index))
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+        def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
+            self.log.append(("BW" if full_backward else "B", bwd_chunk_id, self.stage_index))
+            return super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
+                                              last_backward=last_backward)
+
+        def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
+            self.log.append(("W", bwd_chunk_id, self.stage_index))
+            return super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+
+    return _RecordingStage
+
+
+def record_torch_zero_bubble(rank: int, world_size: int, kind: str, num_microbatches: int,
+                             width: int = 4) -> list[tuple]:
+    """Run torch's ``ScheduleInterleavedZeroBubble`` (``kind`` "zb1p": stage ``rank`` on each
+    rank) or ``ScheduleZBVZeroBubble`` ("zbv": stages ``rank`` and ``2P−1−rank``) for two steps
+    of a small linear pipeline on ``world_size`` gloo ranks (run by ``labkit.ranks.launch``).
+    Returns the compute actions this rank's runtime ran in the second step, in order, as
+    ``(kind, micro-batch, global stage)`` with kind "F", "B" (torch's input gradient "I") or
+    "W" (the first step also infers shapes)."""
+    from torch.distributed.pipelining import ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble
+
+    one_of("kind", kind, ZERO_BUBBLE_KINDS)
+    torch.manual_seed(rank)
+    log: list = []
+    num_stages = world_size * (1 if kind == "zb1p" else 2)
+    stage_cls = _recording_stage_class()
+    stages = [stage_cls(nn.Sequential(nn.Linear(width, width), nn.Tanh()), j, num_stages,
+                        torch.device("cpu"), log=log)
+              for j in _zero_bubble_stages(rank, world_size, kind)]
+    loss_fn = lambda out, y: ((out - y) ** 2).mean()  # noqa: E731
+    cls = ScheduleInterleavedZeroBubble if kind == "zb1p" else ScheduleZBVZeroBubble
+    schedule = cls(stages, num_microbatches, loss_fn=loss_fn)
+    here = _zero_bubble_stages(rank, world_size, kind)
+    return _second_step_log(schedule, log, torch.randn(num_microbatches, width),
+                            torch.zeros(num_microbatches, width), 0 in here, num_stages - 1 in here)
+
+
+def torch_zero_bubble_order(kind: str, num_stages: int, num_microbatches: int) -> list[list[tuple]]:
+    """The plan of ``ScheduleInterleavedZeroBubble`` (one stage per rank, "zb1p") or
+    ``ScheduleZBVZeroBubble`` ("zbv") for ``num_stages`` ranks, idle slots dropped, as
+    ``(kind, micro-batch, global stage)`` lists with kind "F", "B" (input gradient), "W";
+    computed without a process group (for pictures and checks)."""
+    from torch.distributed.pipelining.schedules import (ScheduleInterleavedZeroBubble,
+                                                         ScheduleZBVZeroBubble)
+
+    one_of("kind", kind, ZERO_BUBBLE_KINDS)
+    P, M = num_stages, num_microbatches
+
+    class _ZB1P(ScheduleInterleavedZeroBubble):
+        def __init__(self):  # only what _calculate_single_rank_operations reads
+            self.pp_group_size, self.n_local_stages, self._n_microbatches = P, 1, M
+            self.number_of_rounds = max(1, M // P)
+            self.microbatches_per_round = M // self.number_of_rounds
+
+    class _ZBV(ScheduleZBVZeroBubble):
+        def __init__(self):
+            self.pp_group_size, self._n_microbatches, self.num_stages = P, M, 2 * P
+
+    plan = _ZB1P() if kind == "zb1p" else _ZBV()
+    return [[(_SPLIT_KIND[a.computation_type.value], a.microbatch_index, a.stage_index)
+             for a in plan._calculate_single_rank_operations(rank) if a is not None]
+            for rank in range(P)]

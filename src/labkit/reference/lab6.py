@@ -1,4 +1,5 @@
-"""References for lab 6's exercises 6.3 and 6.4: PyTorch's own sharding, measured per rank.
+"""References for lab 6's exercises 6.3, 6.4 and 6.6: PyTorch's own sharding, measured per rank,
+and the plain single-device mixture-of-experts layer (``moe_reference``).
 
 The bytes a grader of exercise 6.4 compares the student's memory model with: FSDP2's
 ``fully_shard`` (ZeRO-3) and ``parallelize_module`` (tensor parallelism) on gloo ranks, each rank
@@ -75,3 +76,35 @@ def tensor_parallel_mlp_step(rank: int, world_size: int, model: torch.nn.Module,
             "parameters": sum(_local_bytes(p) for p in params),
             "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
             "optimizer states": sum(_local_bytes(v) for v in _state_tensors(opt))}
+
+
+# ---------------------------------------------------------------- 6.6 expert parallelism
+
+def moe_reference(layer, x: torch.Tensor, capacity_factor: float | None = None,
+                  groups: int = 1) -> torch.Tensor:
+    """A ``labkit.moe.MoELayer`` on one device, token by token: the plain computation exercise
+    6.6's expert parallelism must equal (outputs, and gradients through autograd).
+
+    ``x`` (groups·T, n_embd) holds ``groups`` consecutive groups of T tokens (one per rank).
+    Without ``capacity_factor`` every token gets all k of its experts. With it each expert takes
+    at most C = ``labkit.moe.capacity(T, E, k, capacity_factor)`` tokens *of each group*, the
+    slots claimed in GShard's order (every token's first choice in token order, then every
+    token's second choice, ...); a token beyond C gets nothing from that expert."""
+    from labkit.moe import capacity, route
+
+    n = x.shape[0]
+    if groups < 1 or n % groups:
+        raise ValueError(f"groups must divide the {n} tokens, got {groups}")
+    T, E, k = n // groups, layer.n_expert, layer.top_k
+    weights, expert_ids = route(layer.router, x, k)
+    rows = [torch.zeros_like(x[0]) for _ in range(n)]
+    for g in range(groups):
+        C = capacity(T, E, k, capacity_factor) if capacity_factor is not None else T * k
+        taken = [0] * E
+        for j in range(k):
+            for t in range(g * T, (g + 1) * T):
+                e = int(expert_ids[t, j])
+                if taken[e] < C:
+                    taken[e] += 1
+                    rows[t] = rows[t] + weights[t, j].to(x.dtype) * layer.experts[e](x[t])
+    return torch.stack(rows)
