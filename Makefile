@@ -1,6 +1,7 @@
 # Where the Memory Goes — every target sets itself up from requirements.txt in .venv.
 #   make book               build the site strictly; prints the path of index.html
 #   make test               the whole test suite (what CI runs), with the time of each part
+#   make site-check         the built site in headless Chromium, with screenshots
 #   make lab                open the labs in JupyterLab (installs jupyterlab on first use)
 #   make grade              the score table of the graded tests on your own labkit
 #   make autograder         a Gradescope autograder zip (_build/autograder.zip) running labkit-grade
@@ -16,7 +17,7 @@ SOLUTIONS := $(if $(wildcard solutions/labkit),LABKIT_SOLUTIONS=$(CURDIR)/soluti
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 # (the student edition's `make grade` is the instructor's score table)
-.PHONY: autograder site-check test-compat compat-venv grade setup book test test-solutions test-stubs test-notebooks test-book notebooks lab stubs student-edition clean bench mutants test-gpu
+.PHONY: lint test-two-nodes autograder site-check test-compat compat-venv grade setup book test test-solutions test-stubs test-notebooks test-book notebooks lab stubs student-edition clean bench mutants test-gpu
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,9 +40,10 @@ book: setup
 	@echo "$(CURDIR)/_build/html/index.html"
 
 # make test (tools/make_test.py): (1) the graded tests must FAIL on the stubs, side by side with
-# every test on the solutions; (2) every notebook (chapters, labs, tests/notebooks) executed once,
-# two kernels at a time, outputs stored in _build/.jupyter_cache; (3) the strict book build from
-# that cache (it executes nothing). Prints the wall and CPU time of each part at the end.
+# every test on the solutions, the two-node torchrun job and ruff; (2) nbval executes every
+# notebook (chapters, labs, tests/notebooks) once, two kernels at a time, the chapters' outputs
+# stored in _build/.jupyter_cache; (3) the strict book build from that cache (it executes
+# nothing); (4) the site in headless Chromium. Prints the wall and CPU time of each part.
 test: setup
 	$(PY) tools/make_test.py
 
@@ -57,13 +59,21 @@ test-notebooks: setup
 test-book: setup
 	$(PY) tools/make_test.py --only book
 
+test-two-nodes: setup
+	$(PY) tools/make_test.py --only two-nodes
+
+lint: setup
+	$(PY) tools/make_test.py --only lint
+
 # Every page of the built site in headless Chromium (1300 px, 390 px, dark mode), offline;
 # screenshots in _build/site-check/. Installs Debian's chromium (apt) when none is on PATH.
 site-check:
 	tools/ensure_chromium.sh
 	$(PY) tools/site_check.py
 
-# Execute every notebook once (2 kernels) into the book's cache; `make book` then runs nothing.
+# nbval executes every notebook once (2 kernels), the chapters into the book's cache; `make book`
+# then runs nothing. An instructor's check of the labs alone, with plain nbval:
+#   LABKIT_SOLUTIONS=$PWD/solutions .venv/bin/python -m pytest --nbval-lax -n 2 --dist loadfile labs/
 notebooks: setup
 	$(SOLUTIONS) $(PY) tools/execute_notebooks.py
 

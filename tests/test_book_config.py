@@ -2,6 +2,7 @@
 
 The built site is checked only when `_build/html` exists (after `make book`).
 """
+import fnmatch
 import importlib.util
 import os
 import re
@@ -97,6 +98,20 @@ def test_build_executes_from_cache_and_fails_on_a_cell_error():
     assert CONFIG["execute"]["timeout"] >= 600
     for folder in (".venv", "_build", "solutions", "src", "tests", "tools"):
         assert folder in CONFIG["exclude_patterns"], folder
+
+
+def test_labs_are_run_by_nbval_and_shown_as_students_get_them():
+    """make test's nbval part runs every lab; the book executes none (a lab page shows the lab
+    to run, not the reference solutions' results) and every chapter (from nbval's cache)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import execute_notebooks
+
+    excluded = CONFIG["execute"].get("exclude_patterns", [])
+    assert "labs/*" in excluded, excluded
+    checked = {p.relative_to(ROOT).as_posix() for p in execute_notebooks.notebooks()}
+    assert {lab.relative_to(ROOT).as_posix() for lab in LABS} <= checked
+    chapters = [f + ".md" for f in _toc_files() if f.startswith("book/")]
+    assert not [c for c in chapters if any(fnmatch.fnmatch(c, pat) for pat in excluded)]
 
 
 def test_widget_and_math_javascript_is_vendored_not_from_a_cdn():

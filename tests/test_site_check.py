@@ -8,6 +8,7 @@ compare the numbers it draws with labkit.widgets.calculator_bytes (labkit.lab6.p
 import re
 import shutil
 import struct
+import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -43,11 +44,21 @@ HEAD = """<!doctype html><html><head><meta charset="utf-8">
 <section id="top">{body}</section></article></main></body></html>"""
 
 PAGES = {
-    "clean.html": ("", """<p>Fine <a href="#top">here</a>, <a href="other.html#there">there</a>.</p>
-        <div style="overflow-x: auto"><div style="width: 900px">a wide row inside a scrolling box</div></div>
+    "clean.html": ("@media print { .wide { width: auto !important } }",
+                   """<p>Fine <a href="#top">here</a>, <a href="other.html#there">there</a>.</p>
+        <div style="overflow-x: auto; mask-image: linear-gradient(to right, #000 90%, transparent)">
+        <div class="wide" style="width: 900px">a wide row inside a scrolling box that fades at its edge</div></div>
         <img src="pic.png" alt="a picture" style="background: #fff; width: 40px">"""),
     "wide.html": ("", '<table><tr><td style="min-width: 900px">a table wider than the column</td></tr></table>'),
     "cut.html": ("", '<div style="overflow: hidden"><div style="width: 900px">cut at the edge</div></div>'),
+    # scrolls on the screen, with its cue; on paper it cannot scroll
+    "printcut.html": ("", '<div style="overflow-x: auto; mask-image: linear-gradient(#000, #000)">'
+                          '<div style="width: 900px">a row wider than the page</div></div>'),
+    "nocue.html": ("@media print { .wide { width: auto !important } }",
+                   '<div style="overflow-x: auto"><div class="wide" style="width: 900px">'
+                   'scrolls, but nothing says so</div></div>'),
+    "twosearch.html": ("", '<button class="search-button-field">Search</button>'
+                           '<button class="search-button-field">Search</button>'),
     # a column 60 px wide (under 6 em) whose sentence wraps at every character: squeezed, not clipped
     "squeezed.html": ("", '<table style="width: 400px; table-layout: fixed"><tr><td style="width: 340px">'
                           'a wide first column</td><td style="overflow-wrap: anywhere">why: an explanation '
@@ -77,6 +88,9 @@ EXPECTED = {
     "clean.html": None,
     "wide.html": r"table .* past its column .* does not scroll",
     "cut.html": r"past its column .* is cut off",
+    "printcut.html": r"^\[718-print\] .* past its column .* cut off at the paper's edge",
+    "nocue.html": r"^\[700, 700-dark\] .*scrolls sideways \(\d+ px in \d+ px\) with no cue",
+    "twosearch.html": r"2 search boxes are shown",
     "squeezed.html": r"table cell squeezed to \d+ px .*why: an explanation",
     "clipped.html": r"table cell clipped: its text needs \d+ px in \d+ px",
     "noalt.html": r"image without alt text: pic\.png",
@@ -139,7 +153,7 @@ def test_checker_sees_cross_page_and_same_page_anchors(results):
 @needs_chromium
 def test_checker_saves_a_screenshot_per_view(results):
     shots = results["_shots"]
-    assert shots == ["clean@700-dark.png", "clean@700.png"], shots
+    assert shots == ["clean@700-dark.png", "clean@700.png", "clean@718-print.png"], shots
 
 
 @needs_chromium
@@ -148,6 +162,27 @@ def test_an_alt_text_that_is_a_file_name_is_a_warning(results):
     start = next(i for i, line in enumerate(lines) if "filealt.html" in line)
     assert "  0 problem(s)    1 warning(s)" in lines[start], lines[start]
     assert "warning: image whose alt text is its file name: pic.png" in lines[start + 1], lines[start + 1]
+
+
+BARE_START = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+free = [fd for fd in (3, 4) if not os.path.exists(f"/proc/self/fd/{fd}")]
+from site_check_cdp import Browser
+with Browser(sys.argv[2]) as browser:
+    print(free, browser.send("Browser.getVersion", timeout=60)["product"])
+"""
+
+
+@needs_chromium
+def test_the_browser_starts_from_a_process_with_no_other_fd_open():
+    """`make site-check` from a bare shell: the DevTools pipe's own ends are then fds 3 and 4,
+    the very numbers Chromium reads them on (a close-on-exec fd 3 made Chromium exit and the
+    first command fail with a broken pipe). Only fds 0-2 are passed to the child here."""
+    done = subprocess.run([sys.executable, "-c", BARE_START, str(ROOT / "tools"), CHROMIUM],
+                          close_fds=True, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("[3, 4] ") and "Chrome/" in done.stdout, done.stdout
 
 
 def test_links_are_checked_against_the_files_and_their_ids(tmp_path):

@@ -1,30 +1,30 @@
-"""Execute every notebook of the course once, in parallel, and keep the outputs for the book.
+"""Execute notebooks of the course with nbval, once each, and keep the outputs for the book.
 
-    python tools/execute_notebooks.py                 # every page of _toc.yml that is a notebook,
-                                                      # and tests/notebooks/*.ipynb; 2 workers
+    python tools/execute_notebooks.py                 # every notebook page of _toc.yml and
+                                                      # tests/notebooks/*.ipynb; 2 kernels
     python tools/execute_notebooks.py labs/02_optimizer_states.ipynb --workers 1
 
-Each notebook (a lab ``.ipynb`` or a chapter's MyST ``.md``) is read exactly as the book build
-reads it (myst-nb's own reader), executed by the same function myst-nb's ``cache`` mode calls
-(jupyter-cache's ``single_nb_execution``: a fresh kernel, cwd = the notebook's folder, a cell
-error stops it), and on success stored in the book's jupyter-cache (``_build/.jupyter_cache``).
-``jupyter-book build`` in ``execute_notebooks: cache`` mode (``_config.yml``) then finds every
-page there and executes nothing: one execution serves both the notebook check and the site.
+The execution is nbval's (``pytest --nbval-lax`` with the course's plugin tools/nbval_book.py,
+two kernels at a time with pytest-xdist): each notebook (a lab ``.ipynb`` or a chapter's MyST
+``.md``, read exactly as the book build reads it, with myst-nb's own reader) runs in a fresh
+kernel, cwd = its folder, and fails on a cell error with the cell and its traceback; a
+notebook whose cells all passed is stored in the book's jupyter-cache
+(``_build/.jupyter_cache``), so ``jupyter-book build`` in ``execute_notebooks: cache`` mode
+finds the page there and executes nothing. ``make test``'s notebook part runs the same
+command (tools/make_test.py); so do ``make notebooks``, the student edition's precomputed
+outputs (tools/student_edition.py) and ``make test-gpu``.
 
-Used by ``tests/notebooks/check_notebooks.py`` (the pytest check of ``make test``, one test per
-notebook that fails with the failing cell's error) and by ``make notebooks``. Prints a table of
-wall and CPU seconds per notebook (CPU: the kernel and everything it started, graders included).
+Prints a table of wall and CPU seconds per notebook (CPU: the kernel and everything it
+started, graders included).
 """
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
-import multiprocessing as mp
 import os
-import resource
+import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,87 +78,95 @@ def notebooks(root: Path = ROOT) -> list[Path]:
     return pages + sorted((root / "tests" / "notebooks").glob("*.ipynb"))
 
 
-def _execute(path_text: str) -> dict:
-    """Worker: execute one notebook; return its result (the executed notebook as JSON)."""
-    import nbformat
-    from jupyter_cache.executors.utils import single_nb_execution
-
-    path = Path(path_text)
-    nb, read_fmt = read_notebook(path)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
-    result = single_nb_execution(nb, cwd=str(path.parent), allow_errors=False,
-                                 timeout=TIMEOUT, meta_override=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    ok = result.err is None
-    return {"path": path_text, "ok": ok, "wall": time.monotonic() - started, "cpu": cpu,
-            "error": None if ok else (result.exc_string or repr(result.err)),
-            "notebook": nbformat.writes(nb) if ok else None,
-            "read_fmt": read_fmt}
-
-
-def _store(cache, record: dict) -> None:
-    """Put an executed notebook in the book's jupyter-cache, keyed as myst-nb will look it up."""
-    import nbformat
+def store(cache_path: Path, nb, path: str, seconds: float) -> None:
+    """Put an executed notebook in a jupyter-cache, keyed as myst-nb will look the page up."""
+    from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
 
-    nb = nbformat.reads(record["notebook"], as_version=4)
-    cache.cache_notebook_bundle(CacheBundleIn(nb, record["path"],
-                                              data={"execution_seconds": record["wall"]}),
-                                check_validity=False, overwrite=True)
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    get_cache(str(cache_path)).cache_notebook_bundle(
+        CacheBundleIn(nb, path, data={"execution_seconds": seconds}), check_validity=False, overwrite=True)
+
+
+def slowest_first(paths: list[Path], seconds: dict[str, float] | None = None) -> list[Path]:
+    """The order in which two kernels finish together: longest first.
+
+    ``seconds``: each notebook's wall time in an earlier run (``--book-report``'s JSON), where
+    known; otherwise the labs first (they run graders), then the rest by the size of its code.
+    """
+    seconds = seconds or {}
+
+    def code_size(p: Path) -> int:
+        nb = read_notebook(p)
+        return sum(len(c.source) for c in nb[0].cells if c.cell_type == "code") if nb else 0
+
+    def key(p: Path):
+        known = seconds.get(str(Path(p).resolve()))
+        return (known is None, -(known or 0.0), "/labs/" not in str(p), -code_size(p), str(p))
+
+    return sorted(paths, key=key)
+
+
+def nbval_command(paths: list[Path], workers: int = 2, cache_path: Path = CACHE,
+                  report: Path | None = None, python: str = sys.executable,
+                  seconds: dict[str, float] | None = None) -> list[str]:
+    """The pytest command that executes ``paths`` with nbval and stores them in the cache.
+
+    xdist hands out whole notebooks in the order given (--no-loadscope-reorder): the slowest
+    first (``slowest_first``), so that the two kernels finish together."""
+    command = [python, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tools.nbval_book", "--nbval-lax",
+               "-q", f"--timeout={TIMEOUT}", "--book-cache", str(cache_path)]
+    if report is not None:
+        command += ["--book-report", str(report)]
+    if workers > 1:
+        command += ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"]
+    return command + [str(p) for p in slowest_first(paths, seconds)]
+
+
+def earlier_seconds(report: Path) -> dict[str, float]:
+    """{notebook: wall seconds} from an earlier run's report, or {} when there is none."""
+    try:
+        return {r["path"]: r["wall"] for r in json.loads(report.read_text()) if r.get("ok")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def execute_all(paths: list[Path], workers: int = 2, cache_path: Path = CACHE,
-                env: dict | None = None) -> list[dict]:
-    """Execute ``paths`` with ``workers`` processes; cache the successes; results in order."""
-    from jupyter_cache import get_cache
+                env: dict | None = None, echo=None) -> list[dict]:
+    """Execute ``paths`` with nbval, ``workers`` kernels at a time; cache the successes.
 
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    cache = get_cache(str(cache_path))
-    results: dict[str, dict] = {}
-    # The slowest first, so two workers finish together: labs run graders, so they go first.
-    order = sorted(paths, key=lambda p: (p.suffix != ".ipynb", str(p)))
-    old_env = dict(os.environ)
-    # One thread per kernel (the course's convention): two kernels on two cores, and no OpenMP
-    # threads spinning against each other on a loaded machine.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.update(env or {})
-    try:
-        with cf.ProcessPoolExecutor(max_workers=max(1, workers),
-                                    mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(_execute, str(p)): p for p in order}
-            for future in cf.as_completed(futures):
-                path = futures[future]
-                try:
-                    record = future.result()
-                except Exception as exc:  # noqa: BLE001 - a worker that died still reports
-                    record = {"path": str(path), "ok": False, "wall": 0.0, "cpu": 0.0,
-                              "error": f"{type(exc).__name__}: {exc}", "notebook": None}
-                if record["ok"]:
-                    _store(cache, record)
-                results[str(path)] = record
-    finally:
-        os.environ.clear()
-        os.environ.update(old_env)
-    return [results[str(p)] for p in paths]
+    Returns one record per notebook, in the order of ``paths``: path, ok, wall and cpu
+    seconds, stored (in the cache), error (nbval's report of the first failing cell)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        command = nbval_command(paths, workers, cache_path, report)
+        # one thread per kernel (the course's convention): two kernels on two cores
+        run_env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
+        done = subprocess.run(command, cwd=ROOT, env=run_env, capture_output=echo is None, text=True)
+        records = {r["path"]: r for r in json.loads(report.read_text())} if report.is_file() else {}
+    results = []
+    for p in paths:
+        r = records.get(str(Path(p).resolve()))
+        if r is None:  # not even collected: pytest's own output says why
+            output = "" if echo is not None else (done.stdout + done.stderr)[-3000:]
+            r = {"path": str(p), "ok": False, "wall": 0.0, "cpu": 0.0, "stored": False,
+                 "error": f"nbval did not run it (pytest exit status {done.returncode})\n{output}"}
+        results.append(r)
+    return results
 
 
 def report(results: list[dict], root: Path = ROOT) -> str:
-    rows = [f"{'notebook':<48}{'result':>8}{'wall s':>9}{'CPU s':>8}"]
-    for r in results:
-        name = Path(r["path"]).resolve().relative_to(root).as_posix()
-        rows.append(f"{name:<48}{'ok' if r['ok'] else 'FAILED':>8}{r['wall']:>9.1f}{r['cpu']:>8.1f}")
-    rows.append(f"{'total':<48}{'':>8}{sum(r['wall'] for r in results):>9.1f}"
-                f"{sum(r['cpu'] for r in results):>8.1f}")
-    return "\n".join(rows)
+    """The table of wall and CPU seconds per notebook."""
+    from tools.nbval_book import table
+
+    return table([{**r, "path": str(Path(r["path"]).resolve())} for r in results])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", help="notebooks (default: every notebook of the book)")
     parser.add_argument("--workers", type=int, default=2, help="parallel kernels (default 2)")
-    parser.add_argument("--json", help="also write the results (without notebooks) here")
+    parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--cache", default=str(CACHE),
                         help="the jupyter-cache to store the executed notebooks in "
                              "(default: the book's, _build/.jupyter_cache)")
@@ -169,16 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         parser.error(f"no such notebook: {', '.join(missing)}")
-    results = execute_all(paths, workers=args.workers, cache_path=Path(args.cache))
-    print(report(results))
-    for r in results:
-        if not r["ok"]:
-            print(f"\n{r['path']} failed:\n{r['error']}", file=sys.stderr)
+    results = execute_all(paths, workers=args.workers, cache_path=Path(args.cache), echo=print)
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            [{k: v for k, v in r.items() if k != "notebook"} for r in results], indent=1))
+        Path(args.json).write_text(json.dumps(results, indent=1))
     return 0 if all(r["ok"] for r in results) else 1
 
 
 if __name__ == "__main__":
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     sys.exit(main())

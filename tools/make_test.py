@@ -1,18 +1,29 @@
-"""`make test`: the four checks of the course, two cores kept busy, and the time of each part.
+"""`make test`: the checks of the course, two cores kept busy, and the time of each part.
 
-    python tools/make_test.py [--only stubs,solutions,notebooks,book,site]
+    python tools/make_test.py [--only isolation,stubs,solutions,two-nodes,lint,notebooks,book,site]
 
-Parts, in three rounds (a round starts when the previous one has passed):
+Parts (each starts once the parts it depends on have passed, ``AFTER``; on a failure nothing
+new starts, and what runs is waited for and reported):
 
-1. ``stubs`` (every graded test must FAIL on the student stubs) and ``solutions`` (every test
-   passes with the reference solutions), side by side: two processes, two cores.
-2. ``notebooks``: tests/notebooks/check_notebooks.py executes every chapter and lab once, two
-   kernels at a time, fails with a cell's error, and stores the outputs in the book's
-   jupyter-cache (_build/.jupyter_cache, emptied first so nothing stale is reused).
-3. ``book``: the strict site build (-W -n --keep-going), which takes every page from that
-   cache and executes nothing (it says so if it had to execute a page).
+0. ``isolation`` (only where tools/autograder/ensure_isolation.sh exists): installs what the
+   grader's OS isolation needs (bubblewrap, via apt, as tools/ensure_chromium.sh does Chromium),
+   before any test runs.
+1. ``stubs`` (every graded test must FAIL on the student stubs), ``solutions`` (every test of
+   tests/ passes with the reference solutions), ``two-nodes`` (tests/test_two_nodes.py: the
+   README's two-node torchrun command, two agents on 127.0.0.1) and ``lint`` (``ruff check .``;
+   skipped with a message while ruff is not installed), side by side.
+2. ``notebooks`` (once stubs, two-nodes and lint have passed, beside the solutions' run):
+   nbval (``pytest --nbval-lax``, tools/nbval_book.py) executes every chapter, lab and test
+   notebook once, two kernels at a time (pytest-xdist), the slowest first, fails with a
+   cell's error, and stores each chapter's outputs in the book's jupyter-cache
+   (_build/.jupyter_cache, emptied first so nothing stale is reused).
+3. ``book``: the strict site build (-W -n --keep-going), which takes every chapter from that
+   cache and executes nothing (it says so if it had to execute a page); the lab pages show the
+   labs as students get them (``execute.exclude_patterns`` in _config.yml).
 4. ``site``: every page of the built site in headless Chromium at a laptop and a phone width and
-   in dark mode, offline (tools/site_check.py; Debian's chromium installed if missing).
+   in dark mode, and printed, offline (tools/site_check.py --strict: a warning fails too;
+   without screenshots, which are for people: ``make site-check`` takes them; Debian's
+   chromium installed if missing).
 
 Each part's output goes to _build/test-logs/<part>.log; the end of it is printed, the whole of
 it when the part fails. At the end: a table of wall and CPU seconds per part (CPU: the part's
@@ -22,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -32,25 +42,64 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "_build" / "test-logs"
+CACHE = ROOT / "_build" / ".jupyter_cache"
+NOTEBOOK_TIMES = LOGS / "notebooks.json"   # each notebook's result and seconds (tools/nbval_book.py)
+
+
+ISOLATION = ROOT / "tools" / "autograder" / "ensure_isolation.sh"
+NO_RUFF = "lint: skipped, ruff is not installed in .venv (requirements.txt)"
 
 
 def parts(python: str) -> dict[str, tuple[list[str], dict]]:
     """name -> (command, environment changes); LABKIT_SOLUTIONS where solutions/ exists."""
+    from execute_notebooks import earlier_seconds, nbval_command, notebooks
+
     solutions = ROOT / "solutions"
     with_solutions = {"LABKIT_SOLUTIONS": str(solutions)} if (solutions / "labkit").is_dir() else {}
     pytest = [python, "-m", "pytest", "-p", "no:cacheprovider"]
     jb = str(Path(python).with_name("jupyter-book"))
-    return {
-        "stubs": (pytest + ["-q", "-m", "exercise", "--stubs-must-fail", "--tb=no", "tests"],
+    ruff = Path(python).with_name("ruff")
+    table = {
+        "isolation": (["bash", str(ISOLATION)], {}),
+        # --durations: the slowest tests, at the end of each log (what to look at when it is slow)
+        "stubs": (pytest + ["-q", "-m", "exercise", "--stubs-must-fail", "--tb=no", "--durations=15", "tests"],
                   {"LABKIT_SOLUTIONS": None}),
-        "solutions": (pytest + ["-q", "tests"], with_solutions),
-        "notebooks": (pytest + ["-q", "-rA", "tests/notebooks/check_notebooks.py"], with_solutions),
+        "solutions": (pytest + ["-q", "--durations=25", "tests", "--ignore=tests/test_two_nodes.py"],
+                      with_solutions),
+        "two-nodes": (pytest + ["-q", "-rs", "tests/test_two_nodes.py"], with_solutions),
+        "lint": ([str(ruff), "check", "."] if ruff.exists() else ["echo", NO_RUFF], {}),
+        # the slowest notebooks first, by the last run's times where there was one
+        "notebooks": (nbval_command(notebooks(), workers=2, cache_path=CACHE, python=python,
+                                    report=NOTEBOOK_TIMES, seconds=earlier_seconds(NOTEBOOK_TIMES)),
+                      {**with_solutions, "OMP_NUM_THREADS": "1"}),
         "book": ([jb, "build", ".", "-W", "-n", "--keep-going"], with_solutions),
-        "site": (["bash", "-c", f"tools/ensure_chromium.sh && {python} tools/site_check.py"], {}),
+        "site": (["bash", "-c", f"tools/ensure_chromium.sh && {python} tools/site_check.py --no-screenshots --strict"], {}),
     }
+    if not ISOLATION.is_file():
+        del table["isolation"]
+    return table
 
 
-ROUNDS = (("stubs", "solutions"), ("notebooks",), ("book",), ("site",))
+# Each part starts once the parts it names here have passed (parts not selected with --only
+# count as passed). The notebooks need no result of the solutions' run: they start when the
+# shorter parts of the first round have ended, on the core the stubs' run leaves free, while
+# the solutions' run goes on (three processes on two cores for a while, none left idle).
+AFTER = {"isolation": (),
+         "stubs": ("isolation",), "solutions": ("isolation",), "two-nodes": ("isolation",),
+         "lint": ("isolation",),
+         "notebooks": ("stubs", "two-nodes", "lint"),
+         "book": ("notebooks",),
+         "site": ("book",)}
+
+
+def prepare(name: str) -> None:
+    """What a part needs before it starts: a fresh cache for the notebooks (the book must show
+    what ran just now), a fresh site for the book (keeping that cache)."""
+    if name == "notebooks":
+        shutil.rmtree(CACHE, ignore_errors=True)
+    if name == "book":
+        for sub in ("html", ".doctrees", "jupyter_execute"):
+            shutil.rmtree(ROOT / "_build" / sub, ignore_errors=True)
 
 
 class Part:
@@ -78,10 +127,14 @@ class Part:
         return "\n".join(text[-lines:])
 
 
-def _book_notes(part: Part) -> str:
-    text = part.log.read_text(errors="replace")
-    executed = text.count("Executing notebook")
-    return f"executed {executed} notebook(s) itself (cache misses)" if executed else "all pages from the cache"
+def _notes(part: Part) -> str:
+    """What the table says beside a part: the book's cache misses, a skipped lint."""
+    if part.name == "book":
+        executed = part.log.read_text(errors="replace").count("Executing notebook")
+        return f"executed {executed} notebook(s) itself (cache misses)" if executed else "all pages from the cache"
+    if part.name == "lint" and part.command[0] == "echo":
+        return "skipped: ruff is not installed"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,37 +148,38 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--only takes {', '.join(table)}; got {', '.join(unknown)}")
     LOGS.mkdir(parents=True, exist_ok=True)
-    done: list[Part] = []
+    selected = [n for n in table if not only or n in only]
+    pending, running, passed, done = list(selected), [], set(), []
     failed = None
     started = time.monotonic()
-    for names in ROUNDS:
-        names = [n for n in names if not only or n in only]
-        if not names:
-            continue
-        if "notebooks" in names:  # a fresh cache: the book must show what ran just now
-            shutil.rmtree(ROOT / "_build" / ".jupyter_cache", ignore_errors=True)
-        if "book" in names:  # a fresh site, but keep the cache the notebook check filled
-            for sub in ("html", ".doctrees", "jupyter_execute"):
-                shutil.rmtree(ROOT / "_build" / sub, ignore_errors=True)
-        round_parts = [Part(n, *table[n]) for n in names]
-        print(f"== {' + '.join(names)} ...", flush=True)
-        threads = [threading.Thread(target=p.run) for p in round_parts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for p in round_parts:
-            ok = p.returncode == 0
-            print(f"-- {p.name}: {'passed' if ok else 'FAILED'} in {p.wall:.0f} s "
-                  f"(log: {p.log.relative_to(ROOT)})\n{p.tail(40 if ok else 400)}\n", flush=True)
-            done.append(p)
-            failed = failed or (None if ok else p)
-        if failed:
-            break
+    while pending or running:
+        for name in [] if failed else list(pending):  # start what may start
+            if all(d in passed for d in AFTER[name] if d in selected):
+                pending.remove(name)
+                prepare(name)
+                part = Part(name, *table[name])
+                thread = threading.Thread(target=part.run)
+                thread.start()
+                running.append((part, thread))
+                print(f"== {name} started at {time.monotonic() - started:.0f} s", flush=True)
+        for part, thread in list(running):  # report what has ended
+            thread.join(timeout=0.5 / len(running))
+            if thread.is_alive():
+                continue
+            running.remove((part, thread))
+            done.append(part)
+            ok = part.returncode == 0
+            print(f"-- {part.name}: {'passed' if ok else 'FAILED'} in {part.wall:.0f} s "
+                  f"(log: {part.log.relative_to(ROOT)})\n{part.tail(40 if ok else 400)}\n", flush=True)
+            if ok:
+                passed.add(part.name)
+            else:
+                failed = failed or part  # nothing new starts; what runs ends and is reported
+                pending.clear()
     total = time.monotonic() - started
     print(f"{'part':<12}{'result':>8}{'wall s':>9}{'CPU s':>9}")
-    for p in done:
-        note = f"   {_book_notes(p)}" if p.name == "book" else ""
+    for p in sorted(done, key=lambda p: selected.index(p.name)):
+        note = f"   {_notes(p)}" if _notes(p) else ""
         print(f"{p.name:<12}{'passed' if p.returncode == 0 else 'FAILED':>8}{p.wall:>9.0f}{p.cpu:>9.0f}{note}")
     print(f"{'make test':<12}{'FAILED' if failed else 'passed':>8}{total:>9.0f}"
           f"{sum(p.cpu for p in done):>9.0f}   (budget: 900 s wall on 2 cores)")

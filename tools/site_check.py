@@ -5,13 +5,15 @@
 Serves ``_build/html`` on 127.0.0.1 and opens every page of ``_toc.yml`` in headless Chromium
 (Debian's ``chromium``; ``tools/ensure_chromium.sh`` installs it when missing) at a laptop
 width and a phone width, with every other host unresolvable, then once more at the laptop
-width in the theme's dark mode. A page fails on:
+width in the theme's dark mode, and as printed on A4 paper. A page fails on:
 
 - a request that fails (HTTP status >= 400, or a host that is not the local server);
 - a console error or an uncaught exception;
 - horizontal overflow: an element of the article (equation, table, output, figure...) that
   reaches past the article's column and is not inside a scrolling (or clipping) box, or a page
-  wider than the window;
+  wider than the window; in print, where nothing scrolls, one inside a scrolling box too;
+- a box that scrolls sideways with no cue that it does (course.js fades the edge that has more);
+- more than one search box on the screen;
 - an image without alt text (an alt text that is the image's file name, as myst-nb writes for
   a cell's output, is a warning; ``--strict`` fails it too);
 - a table cell squeezed below a readable width (under 6 em for more than 24 characters of
@@ -22,7 +24,7 @@ width in the theme's dark mode. A page fails on:
 - (dark mode) an image whose backdrop is dark (figures are drawn for white paper), or text
   whose contrast with its backdrop is below 3.
 
-Screenshots go to ``_build/site-check/<page>@<width>[-dark].png``; one summary line per page.
+Screenshots go to ``_build/site-check/<page>@<width>[-dark|-print].png``; one summary line per page.
 Exit status 1 when a page fails.
 
 The browser is driven over the Chrome DevTools protocol on a pipe (tools/site_check_cdp.py), so
@@ -45,6 +47,7 @@ from site_check_cdp import CDPError, Browser, Tab, find_chromium  # noqa: F401 (
 
 ROOT = Path(__file__).resolve().parents[1]
 DESKTOP, PHONE = 1300, 390
+PAPER = 718                   # CSS px of an A4 page's text at Chromium's default margins (0.4 in)
 SETTLE_S = 10.0               # at most this long for MathJax and the widgets to draw
 PAGE_CHECK_JS = (Path(__file__).with_name("site_check_page.js")).read_text(encoding="utf-8")
 
@@ -119,13 +122,16 @@ def serve(site: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def check_page(tab: Tab, base: str, site: Path, page: str, width: int, dark: bool = False,
+def check_page(tab: Tab, base: str, site: Path, page: str, width: int, mode: str = "",
                shot: Path | None = None) -> list[str]:
-    """The problems of one page at one width (and colour scheme); saves its screenshot."""
-    tab.set_view(width, dark)
+    """The problems of one page at one width and mode ("", "dark" or "print"); saves its
+    screenshot."""
+    dark = mode == "dark"
+    tab.set_view(width, dark, printed=mode == "print")
     problems = tab.visit(f"{base}/{page}")
     script = PAGE_CHECK_JS.replace("__SETTLE_MS__", str(int(SETTLE_S * 1000)))
-    found = tab.evaluate(script.replace("__DARK__", "true" if dark else "false"),
+    script = script.replace("__DARK__", "true" if dark else "false")
+    found = tab.evaluate(script.replace("__PRINT__", "true" if mode == "print" else "false"),
                          timeout=SETTLE_S + 30)
     problems += found["problems"]
     if dark and not found["dark"]:
@@ -138,9 +144,14 @@ def check_page(tab: Tab, base: str, site: Path, page: str, width: int, dark: boo
     return list(dict.fromkeys(problems))  # once each, in order
 
 
-def views(widths: list[int]) -> list[tuple[int, bool]]:
-    """(width, dark) of each visit: every width in light mode, the first width in dark mode."""
-    return [(w, False) for w in widths] + [(widths[0], True)]
+def views(widths: list[int]) -> list[tuple[int, str]]:
+    """(width, mode) of each visit: every width in light mode, the first width in dark mode,
+    and the page printed (print media at the width of an A4 page's text)."""
+    return [(w, "") for w in widths] + [(widths[0], "dark"), (PAPER, "print")]
+
+
+def view_name(width: int, mode: str) -> str:
+    return f"{width}-{mode}" if mode else str(width)
 
 
 def _is_warning(problem: str) -> bool:
@@ -165,16 +176,16 @@ def run(site: Path, out: Path, pages: list[str], widths: list[int], binary: str 
                 if not (site / page).is_file():
                     problems.append(f"no {page} in {site}: is it in _toc.yml but not built?")
                 else:
-                    for width, dark in views(widths):
-                        tag = f"{width}{'-dark' if dark else ''}"
-                        shot = out / f"{page.removesuffix('.html').replace('/', '__')}@{tag}.png"
+                    for width, mode in views(widths):
+                        name = view_name(width, mode)
+                        shot = out / f"{page.removesuffix('.html').replace('/', '__')}@{name}.png"
                         try:
-                            found = check_page(tab, base, site, page, width, dark,
+                            found = check_page(tab, base, site, page, width, mode,
                                                shot if screenshots else None)
                         except CDPError as err:
                             found = [f"the browser failed: {err}"]
                         for p in found:  # the same problem at several views: one line
-                            views_of.setdefault(p, []).append(tag)
+                            views_of.setdefault(p, []).append(name)
                 problems += [f"[{', '.join(tags)}] {p}" for p, tags in views_of.items()]
                 warnings = [] if strict else [p for p in problems if _is_warning(p)]
                 problems = [p for p in problems if p not in warnings]
@@ -191,7 +202,7 @@ def run(site: Path, out: Path, pages: list[str], widths: list[int], binary: str 
 
 
 def _tags(widths):
-    return [f"{w}{'-dark' if d else ''}" for w, d in views(widths)]
+    return [view_name(w, m) for w, m in views(widths)]
 
 
 def main(argv=None) -> int:

@@ -8,6 +8,7 @@ JavaScript in it and takes screenshots. Used by tools/site_check.py and tests/te
 from __future__ import annotations
 
 import base64
+import fcntl
 import itertools
 import json
 import os
@@ -22,6 +23,20 @@ from pathlib import Path
 
 HEIGHT = 900                  # the window's height; screenshots cover the whole page
 MAX_SHOT_HEIGHT = 16000       # px; a longer page is cut in its screenshot (not in the checks)
+
+
+def _above_4(fd: int) -> int:
+    """``fd`` moved to a number above 4 (the original closed; the copy close-on-exec).
+
+    The child puts the pipe's ends on fds 3 and 4 with dup2. Where fds 3 and 4 were free, as in
+    a shell with nothing else open, os.pipe() returns 3 and 4 themselves: dup2(3, 3) does
+    nothing, the fd keeps its close-on-exec flag, Chromium starts without its pipe and exits
+    (the first command then fails with a broken pipe), and dup2(4, 3) would overwrite the other
+    end before it is copied. From above 4, both copies are made, and both are inheritable.
+    """
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 5)
+    os.close(fd)
+    return moved
 
 
 def find_chromium() -> str:
@@ -45,9 +60,10 @@ class Browser:
         self.profile = tempfile.mkdtemp(prefix="site-check-")
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
+        to_child_r, from_child_w = _above_4(to_child_r), _above_4(from_child_w)
 
         def wire():  # in the child: the pipe ends on fds 3 (commands) and 4 (answers)
-            os.dup2(to_child_r, 3)
+            os.dup2(to_child_r, 3)  # dup2 onto another number: the copy is inheritable
             os.dup2(from_child_w, 4)
 
         args = [binary, "--headless", "--remote-debugging-pipe", "--no-sandbox",
@@ -144,11 +160,12 @@ class Tab:
     def send(self, method, params=None, timeout=30.0):
         return self.browser.send(method, params, self.session, timeout)
 
-    def set_view(self, width: int, dark: bool = False):
+    def set_view(self, width: int, dark: bool = False, printed: bool = False):
+        """The window's width, its colour scheme and, printed, the print media type."""
         self.send("Emulation.setDeviceMetricsOverride",
                   {"width": width, "height": HEIGHT, "deviceScaleFactor": 1,
                    "mobile": width < 600})
-        self.send("Emulation.setEmulatedMedia", {"features": [
+        self.send("Emulation.setEmulatedMedia", {"media": "print" if printed else "", "features": [
             {"name": "prefers-color-scheme", "value": "dark" if dark else "light"}]})
 
     def _problem(self, ev: dict) -> list[str]:

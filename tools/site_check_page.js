@@ -1,8 +1,8 @@
 // In-page checks of tools/site_check.py: evaluated in each page after it has loaded.
 // Returns {problems: [...], links: [...], dark}; the links are checked in Python against the
-// files of the site. __SETTLE_MS__ and __DARK__ are filled in by site_check.py.
+// files of the site. __SETTLE_MS__, __DARK__ and __PRINT__ are filled in by site_check.py.
 (async () => {
-  const SETTLE_MS = __SETTLE_MS__, DARK = __DARK__, WARN = "warning: ";
+  const SETTLE_MS = __SETTLE_MS__, DARK = __DARK__, PRINT = __PRINT__, WARN = "warning: ";
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
   const start = performance.now();
   const problems = [];
@@ -45,7 +45,7 @@
          (widgetScripts().some((s) => !drawn(s)) || calculators().some((c) => !calcDrawn(c)))) {
     await sleep(100);
   }
-  await sleep(150);  // fonts, last reflows
+  await sleep(400);  // fonts, last reflows, course.js's layout (equations, scroll cues)
   if (document.fonts) await Promise.race([document.fonts.ready, sleep(2000)]);
 
   widgetScripts().forEach((s, i) => {
@@ -142,12 +142,13 @@
                   document.querySelector("article") || document.querySelector("main");
   if (article) {
     const col = article.getBoundingClientRect();
-    // Past the column, el is fine inside a box that scrolls x; a box that clips x (hidden)
-    // and that el reaches past cuts it off; with neither up to the article, it sticks out.
+    // Past the column, el is fine inside a box that scrolls x (on a screen: paper does not
+    // scroll, so in print that box cuts it); a box that clips x (hidden) and that el reaches
+    // past cuts it off; with neither up to the article, it sticks out.
     const fate = (el, r) => {
       for (let e = el.parentElement; e && e !== article; e = e.parentElement) {
         const ox = getComputedStyle(e).overflowX;
-        if (ox === "auto" || ox === "scroll") return "scrolls";
+        if ((ox === "auto" || ox === "scroll") && !PRINT) return "scrolls";
         if (ox !== "visible") {
           const b = e.getBoundingClientRect();
           if (r.right > b.right + 1 || r.left < b.left - 1) return "cut";
@@ -170,8 +171,36 @@
       if (parentReported) continue;
       const over = Math.round(Math.max(r.right - col.right, col.left - r.left));
       problems.push(`${describe(el)} reaches ${over} px past its column (${Math.round(col.width)} px) and ` +
-                    (how === "cut" ? `is cut off (a box with overflow-x: hidden, not a scrolling one)` : `does not scroll`));
+                    (how === "cut" ? (PRINT ? `is cut off at the paper's edge (print: a box that scrolls on the screen cuts it)`
+                                            : `is cut off (a box with overflow-x: hidden, not a scrolling one)`)
+                                   : `does not scroll`));
     }
+  }
+
+  // 4c. a box that scrolls sideways must look scrollable: a phone shows no scroll bar until
+  // touched, so without a cue (course.js's fade at the edge with more) a wide table looks cut.
+  if (article && !PRINT) {
+    let boxes = 0;
+    for (const el of article.querySelectorAll("*")) {
+      const style = getComputedStyle(el);
+      if (!/^(auto|scroll)$/.test(style.overflowX) || el.scrollWidth <= el.clientWidth + 1) continue;
+      if (!el.getClientRects().length) continue;
+      const mask = style.maskImage || style.webkitMaskImage || "none";
+      if (mask === "none" && boxes++ < 5)
+        problems.push(`${describe(el.firstElementChild || el)} scrolls sideways (${el.scrollWidth} px in ` +
+                      `${el.clientWidth} px) with no cue that it does (no fade at its edge)`);
+    }
+  }
+
+  // 4d. one search box on the screen (the theme's top bar and the sidebar each had one)
+  if (!PRINT) {
+    const searches = [...document.querySelectorAll(".search-button-field, input[type=search]")].filter((el) => {
+      const r = el.getBoundingClientRect();
+      return r.width > 0 && r.height > 0 && getComputedStyle(el).visibility !== "hidden";
+    });
+    if (searches.length > 1)
+      problems.push(`${searches.length} search boxes are shown: ` +
+                    searches.map((el) => el.closest("[id]")?.id || el.className).join(", "));
   }
 
   // 4b. table cells: text squeezed into a column a few characters wide, or running past the
