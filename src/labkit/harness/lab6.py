@@ -44,7 +44,6 @@ def run_expert_parallel(rank: int, world_size: int, layer, x, capacity_factor: f
     tokens in rank order: this rank takes rows [rank·T, (rank+1)·T). Returns this rank's output
     and input gradient rows, its router's gradient, its experts' gradients by global expert
     index, its expert parameter bytes, and the comm counts of forward and of backward."""
-    import torch
 
     from labkit.comm_count import count_comm
     from labkit.harness.lab3 import subgroup

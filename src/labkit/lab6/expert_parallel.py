@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from labkit.moe import MoELayer, capacity, route
+from labkit.moe import MoELayer, route
+from labkit.moe import capacity as expert_capacity  # (the functions below take a capacity argument)
 from labkit.validate import number, positive_int, tensor
 
 __all__ = ["all_to_all", "assign_slots", "dispatch", "combine", "ExpertParallelMoE"]
