@@ -32,7 +32,8 @@ def test_every_lab_table_equals_the_graders_registry():
     """Check, with a fresh collection of tests/ (pytest's own, marks read by the grade plugin), that
     every lab notebook's block is what the registry gives today: per exercise the sum of its tests'
     points, CUDA-only points apart, the lab's total, every graded test listed. A lab or an
-    exercise added later is covered without touching this test."""
+    exercise added later is covered without touching this test. A parameter id that pytest
+    escapes (``10\\xb7sbh``: labkit.check shows the test's name so) fails it too."""
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "point_tables.py"), "--check"],
                             capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, (

@@ -61,6 +61,7 @@ class _Registry:
 
     def __init__(self):
         self.tests: dict[tuple[str, str, str], GradedTest] = {}
+        self.escaped: list[str] = []  # names pytest escaped (non-ASCII parameter ids)
 
     def pytest_collection_finish(self, session):
         from labkit.grade.plugin import _exercise_of
@@ -70,6 +71,8 @@ class _Registry:
             if ex is None:
                 continue
             file = item.nodeid.split("::")[0]
+            if re.search(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})", item.name):
+                self.escaped.append(item.nodeid)
             name = getattr(item, "originalname", None) or item.name.split("[")[0]
             key = (ex[0], file, name)
             test = self.tests.get(key)
@@ -82,8 +85,10 @@ class _Registry:
             test.points.append(ex[1])
 
 
-def collect(root: Path = ROOT) -> list[GradedTest]:
-    """Every graded test of ``root/tests``, in collection order (pytest's own collection)."""
+def collect(root: Path = ROOT, escaped: list[str] | None = None) -> list[GradedTest]:
+    """Every graded test of ``root/tests``, in collection order (pytest's own collection).
+    ``escaped``, if given, receives the node ids whose parameter ids pytest escaped: a
+    non-ASCII id (``·``, ``Ψ``) reaches ``labkit.check``'s report as ``\\xb7``, ``\\u03a8``."""
     import pytest
 
     registry = _Registry()
@@ -95,6 +100,8 @@ def collect(root: Path = ROOT) -> list[GradedTest]:
     if code not in (0, 5) or not registry.tests:
         raise RuntimeError(f"collecting the graded tests failed (pytest exit {code}):\n"
                            f"{out.getvalue()[-3000:]}")
+    if escaped is not None:
+        escaped.extend(registry.escaped)
     return list(registry.tests.values())
 
 
@@ -239,11 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="change nothing; exit 1 if a lab's table differs from the graders'")
     args = parser.parse_args(argv)
-    tests = collect()
+    escaped: list[str] = []
+    tests = collect(escaped=escaped)
     graded_labs = sorted({t.exercise.split(".")[0] for t in tests}, key=int)
     paths = {notebook_lab(p): p for p in labs()}
     problems = [f"lab {lab} has graded tests but no labs/0{lab}_*.ipynb" for lab in graded_labs
                 if lab not in paths]
+    problems += [f"{nodeid}: a parameter id pytest escapes (labkit.check shows it so): give the "
+                 f"parametrize ASCII ids" for nodeid in escaped]
     stale = []
     for lab, path in paths.items():
         if lab not in graded_labs:
