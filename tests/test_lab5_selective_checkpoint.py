@@ -170,8 +170,10 @@ def test_a_threshold_between_the_attention_matmuls_keeps_softmax_v_only():
 def test_a_threshold_above_attention_recomputes_exactly_its_matmuls():
     """Check the measured trade at 20 FLOPs/B: extra FLOPs = the attention bmm's, bytes drop by their outputs.
 
-    On the test block the attention matmuls do 16 FLOPs per byte of output (2·d/4 with d = 32),
-    the weight GEMMs 32 and 128: at 20 only the attention core is recomputed.
+    On the test block (2 heads: head size d = 32, T = 32) q·kᵀ does 2·d/4 = 16 FLOPs per byte of
+    its (T × T) output and softmax·v 2·T/4 = 16 per byte of its (T × d) output — equal only
+    because d = T here — and the weight GEMMs 32 and 128: at 20 both attention matmuls are
+    recomputed and nothing else.
     """
     from labkit.lab5.selective_checkpoint import FlopsPerBytePolicy, apply_selective_checkpointing
 
