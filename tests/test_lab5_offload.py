@@ -232,6 +232,9 @@ def test_offloaded_gradients_on_cuda_equal_the_plain_model_under_a_slow_compute_
     The sleeps make any missing synchronisation a visible race: a pack that copies before the
     compute stream wrote the tensor (no wait_stream), device memory reused before the copy read
     it (no record_stream), or an unpack that reads before the copy back ended (no wait_event).
+    Freed device copies make the caching allocator hand their addresses to later activations: a
+    pack that shares a record by address without checking that its tensor is still alive gives
+    one tensor another's data. GPU-only by nature (a CPU keeps each saved tensor alive itself).
     """
     from labkit.lab5.offload import ActivationOffloader
 
