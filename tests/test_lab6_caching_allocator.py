@@ -269,7 +269,9 @@ def test_bad_requests_raise():
     alloc.free(a)
     with pytest.raises(ValueError, match="unknown block"):
         alloc.free(a)  # a double free
-    assert alloc.allocated_bytes == 0
+    assert alloc.allocated_bytes == 0, (
+        f"after malloc(100), a refused free of an unknown address, free and a refused double free: "
+        f"allocated {alloc.allocated_bytes:,} B, expected 0: does a refused free change the counts?")
 
 
 @pytest.mark.parametrize("trace,error,word", [
@@ -334,7 +336,10 @@ def test_replay_of_a_real_step_tracks_allocated_exactly(gpt_trace):
         assert alloc.reserved_bytes >= alloc.allocated_bytes, f"event {k}: reserved < allocated"
     small = [n for op, _, n in gpt_trace if op == "alloc"]
     if max(small) <= MiB:  # all in the small pool: every remainder ≥ 512 B is split → exact
-        assert alloc.allocated_bytes == sum(live_rounded.values())
+        assert alloc.allocated_bytes == sum(live_rounded.values()), (
+            f"end of the step: allocated {alloc.allocated_bytes:,} B, expected the live requests "
+            f"rounded to 512 B, {sum(live_rounded.values()):,}: in the small pool every remainder of "
+            f"512 B or more is split off, so a block is exactly its rounded request")
     for s in alloc.segment_log:
         assert s in allowed or (s >= 10 * MiB and s % (2 * MiB) == 0), f"segment of {s:,} B is not a size the rules allow"
     for h in list(handles.values()):
