@@ -11,6 +11,6 @@ def mib(x):
 def gpt_step_trace():
     """The allocation trace of one (first) training step (forward, backward, Adam) of the lab's GPT:
     the given ``gpt_training_step`` recorded by the given ``record_trace``."""
-    from labkit.lab6.caching_allocator import gpt_training_step, record_trace
+    from labkit.allocation_trace import gpt_training_step, record_trace
 
     return record_trace(gpt_training_step())[0]

@@ -46,10 +46,12 @@ class _Cast(torch.nn.Module):
         return self.model[2](h.to(self.model[2].weight.dtype)).float()
 
 
-def lockstep(settings, steps=14, inject=INJECT, optimizer=torch.optim.SGD, groups=False, half=False):
+def lockstep(settings, steps=14, inject=INJECT, optimizer=torch.optim.SGD, groups=False, half=False,
+             inject_layer=0):
     """Train two identical models, one with each scaler; return per-step records of both
     (the scale before the step, whether it stepped, step()'s return value, the gradients after
-    step() and the parameters after it)."""
+    step() and the parameters after it). ``inject_layer``: the layer (0 or 2) whose weight
+    gradient gets the injected inf/NaN."""
     from labkit.lab3.loss_scaler import DynamicLossScaler
 
     mine = _model(groups, half)
@@ -74,7 +76,7 @@ def lockstep(settings, steps=14, inject=INJECT, optimizer=torch.optim.SGD, group
             loss = torch.nn.functional.mse_loss(_Cast(model)(x), y)
             scaler.scale(loss).backward()
             if step in inject:
-                model[0].weight.grad[0, 0] = inject[step]
+                model[inject_layer].weight.grad[0, 0] = inject[step]
             if step % 2 == 0:  # half the steps unscale explicitly (as before gradient clipping)
                 scaler.unscale_(opt)
             returned = scaler.step(opt)
@@ -200,8 +202,10 @@ def test_scale_sequence_equals_gradscaler_for_inexact_factors(settings):
 def test_param_groups_and_bf16_gradients_equal_gradscaler(optimizer):
     """Check two param groups (different learning rates), one of them bf16, an odd scale: every
     gradient after step() (also on the skipped steps: unscaled, inf/NaN where GradScaler's) and
-    every parameter equal GradScaler's bit for bit."""
+    every parameter equal GradScaler's bit for bit — with the inf/NaN injected into the fp32
+    layer, then into the bf16 one (an overflow in any group of gradients skips the step)."""
     _compare_runs(lockstep(ODD, optimizer=optimizer, groups=True, half=True))
+    _compare_runs(lockstep(ODD, optimizer=optimizer, groups=True, half=True, inject_layer=2))
 
 
 @pytest.mark.exercise("3.1", points=1)

@@ -152,6 +152,44 @@ def test_checker_reports_a_dependency_that_never_runs_and_accepts_back_to_back_s
     assert named, f"the violations {found} do not name the missing stage 1 F2 / B2"
 
 
+@pytest.mark.exercise("3.5", points=1)
+def test_checker_does_not_depend_on_the_order_of_the_spans():
+    """Check check_dependencies on timelines whose spans are listed in any order within a stage
+    (a Timeline built by hand, or merged from several sources, need not be sorted by time): on 20
+    shuffles of each, a valid timeline (GPipe, 1F1B) is still [], and broken ones — two spans of a
+    stage that overlap, a forward that starts before the previous stage's ends — are still
+    reported. The verdict of a brute-force scan written here decides which is which."""
+    import random
+
+    from labkit.lab3.pipeline_schedule import Action, Span, Timeline, check_dependencies, make_schedule, simulate
+
+    A = Action
+    cases = {f"{kind} P=3 M=4": simulate(make_schedule(kind, 3, 4)) for kind in ("gpipe", "1f1b")}
+    # stage 0 runs F1 while F0 runs ([0, 2) and [1, 3)): they are not neighbours in every order
+    cases["overlapping forwards"] = Timeline(
+        [[Span(0, A("F", 0), 0, 2), Span(0, A("F", 1), 1, 3), Span(0, A("B", 0), 6, 7), Span(0, A("B", 1), 7, 8)],
+         [Span(1, A("F", 0), 3, 4), Span(1, A("F", 1), 4, 5), Span(1, A("B", 0), 5, 6), Span(1, A("B", 1), 6, 7)]],
+        8, 0, [2, 1])
+    # stage 1 starts F1 at 2, before stage 0's F1 ends at 3
+    cases["early forward"] = Timeline(
+        [[Span(0, A("F", 0), 0, 1), Span(0, A("F", 1), 1, 3), Span(0, A("B", 0), 5, 6), Span(0, A("B", 1), 6, 7)],
+         [Span(1, A("F", 0), 1, 2), Span(1, A("F", 1), 2, 3), Span(1, A("B", 0), 3, 4), Span(1, A("B", 1), 4, 5)]],
+        7, 0, [2, 1])
+    rng = random.Random(0)
+    for name, tl in cases.items():
+        broken = bool(brute_force_violations(tl.spans))
+        for trial in range(20):
+            rows = [rng.sample(row, len(row)) for row in tl.spans]
+            found = check_dependencies(Timeline(rows, tl.makespan, tl.bubble, tl.in_flight))
+            order = [[f"{sp.action.kind}{sp.action.microbatch}@{sp.start}" for sp in row] for row in rows]
+            if broken:
+                assert found, (f"{name}, spans listed as {order}: check_dependencies returned [] for a "
+                               f"broken timeline: compare spans by their times, not by their place in the list")
+            else:
+                assert found == [], (f"{name} (valid), spans listed as {order}: check_dependencies reports "
+                                     f"{found[:2]}: do you assume each stage's spans come sorted by start?")
+
+
 @pytest.mark.exercise("3.5", points=2)
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("P,M", [(2, 3), (4, 6)])

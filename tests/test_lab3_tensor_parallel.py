@@ -188,7 +188,9 @@ def test_one_all_reduce_forward_and_one_backward_of_the_activation_bytes(kind, T
 @pytest.mark.parametrize("kind,T", CASES)
 def test_per_rank_parameter_bytes_are_one_over_t_of_the_split_weights(kind, T):
     """Check each rank's parameter bytes = (all split weights and column biases)/T + the
-    row-parallel layer's whole bias."""
+    row-parallel layer's whole bias, counted twice: as the parameters' own sizes, and as the bytes
+    of the storages behind them (a view of the full weight or bias has the right size but keeps
+    the full module's storage: the memory is not split, and the shard aliases the original)."""
     module, results, _, _ = run(kind, T)
     p = dict(module.named_parameters())
     split = sum(t.numel() * 4 for n, t in p.items() if n != "c_proj.bias")
@@ -196,7 +198,14 @@ def test_per_rank_parameter_bytes_are_one_over_t_of_the_split_weights(kind, T):
     for r, res in enumerate(results):
         assert res["param_bytes"] == want, (
             f"{kind} T={T} rank {r}: {res['param_bytes']:,} B of parameters, expected split/T + the "
-            f"row bias = {want:,}: are the shards copies of 1/T of each weight, not views of the full one?")
+            f"row bias = {want:,}: does each rank keep 1/T of every split weight and the whole row bias?")
+        assert not res["shares_storage"], (
+            f"{kind} T={T} rank {r}: {res['shares_storage']} share(s) storage with the full module's "
+            f"parameters: views, not copies (a shard must be its own tensor: .clone() it)")
+        assert res["storage_bytes"] == want, (
+            f"{kind} T={T} rank {r}: the storages behind the parameters hold {res['storage_bytes']:,} B, "
+            f"expected {want:,}: is a shard a view (a slice or .detach()) of a larger tensor that keeps "
+            f"all of it alive? Copy the slice")
 
 
 @pytest.mark.exercise("3.4", points=1)

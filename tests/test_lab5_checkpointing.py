@@ -262,7 +262,11 @@ def test_saved_bytes_after_forward_equal_the_cost_model_exactly():
         kept = N6 - len(_recomputed(pairs))
         want = kept * a + len(pairs) * x
         # schedule_cost's peak is at the end of forward when no recompute exceeds it
-        assert want <= schedule_cost(Schedule(N6, pairs), [a] * N6, [x] * N6, [0] * N6).peak
+        predicted = schedule_cost(Schedule(N6, pairs), [a] * N6, [x] * N6, [0] * N6).peak
+        assert want <= predicted, (
+            f"{label} {segments}: your schedule_cost (5.1) predicts a peak of {predicted:,} B, below "
+            f"the {want:,} B held when forward ends ({kept} whole blocks + {len(pairs)} inputs): "
+            f"fix schedule_cost first (labkit.check('5.1'))")
         assert got == want, (
             f"{label} {segments}: {got:,} B saved when forward ends, expected {want:,} = "
             f"{kept} whole blocks × {a:,} B + {len(pairs)} kept inputs × {x:,} B: does each "
@@ -292,7 +296,10 @@ def test_peak_during_backward_equals_pytorch_checkpoint_over_the_same_segments()
             f"{peak:,} B; torch.utils.checkpoint over the same segments gives {held_ref:,} and "
             f"{peak_ref:,}: are a segment's blocks recomputed together, each once, from its "
             f"input (not block by block, nor the whole model)?")
-        assert predicted <= peak_ref <= predicted + 2 * x + 64, (label, peak_ref, predicted)
+        assert predicted <= peak_ref <= predicted + 2 * x + 64, (
+            f"{label}: PyTorch's checkpoint over the segments peaks at {peak_ref:,} B, your "
+            f"schedule_cost (5.1) predicts {predicted:,} (+ up to two inputs x and 64 B of the "
+            f"harness): fix schedule_cost first (labkit.check('5.1'))")
 
 
 @pytest.mark.exercise("5.2", points=2)

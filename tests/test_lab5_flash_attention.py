@@ -23,6 +23,46 @@ ATTN_SHAPES = [(2, 3, 100, 16, 32, 16), (1, 2, 64, 8, 64, 64), (1, 1, 7, 4, 3, 5
                (2, 2, 130, 32, 64, 64)]  # (B, H, S, D, block_q, block_k); S need not divide
 
 
+HINTS = {
+    "O": "O is Σ exp(s − m)·v / ℓ over every tile of the row: is the accumulator rescaled by "
+         "exp(m_old − m_new) whenever a tile raises the running max m, and divided by ℓ once, at the end?",
+    "L": "L is m + log ℓ of each row, with m its running max and ℓ its running sum of exp(s − m) "
+         "over every tile (ℓ rescaled too when m grows)",
+    "dq": "dq sums dS·k over the key tiles, scaled by 1/√d, with P recomputed as exp(q·kᵀ/√d − L) "
+          "and dS = P∘(dP − D), D = rowsum(dO∘O)",
+    "dk": "dk sums dSᵀ·q over the query tiles, scaled by 1/√d (dS = P∘(dP − D), D = rowsum(dO∘O))",
+    "dv": "dv sums Pᵀ·dO over the query tiles, with P recomputed from L",
+}
+
+
+def assert_attention_close(quantity, got, want, *, atol, rtol, case, block_q=None, causal=False):
+    """assert_close that says which quantity is wrong (O, L, dq, dk, dv), where (how many
+    entries, which rows of the sequence and which query tiles, the largest difference) and the
+    likely cause. NaN or inf counts as wrong. Shapes (B, H, S[, D]): the rows are dim 2."""
+    assert tuple(got.shape) == tuple(want.shape), (
+        f"{quantity}, {case}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+    diff = (got.double() - want.double()).abs()
+    bad = ~(diff <= atol + rtol * want.double().abs())  # NaN is bad too
+    if not bool(bad.any()):
+        return
+    score = torch.where(bad, diff.nan_to_num(nan=math.inf), torch.tensor(-1.0, dtype=diff.dtype))
+    worst = tuple(int(i) for i in torch.unravel_index(score.argmax(), score.shape))
+    rows = sorted({int(r) for r in torch.nonzero(bad)[:, 2]})
+    shown = ", ".join(map(str, rows[:8])) + (", …" if len(rows) > 8 else "")
+    tiles = f" (query tiles {sorted({r // block_q for r in rows})} of {block_q} rows)" if block_q else ""
+    cause = HINTS[quantity]
+    if got.dtype == torch.float64 and float(score.max()) <= 1e-5 * (1 + want.abs().max().item()):
+        cause = ("float64 inputs, but the error is float32's (~1e-7 relative): are the running "
+                 "statistics or the accumulators float32?")
+    elif causal:
+        cause += ("; causal: if only rows whose tiles cross the diagonal are wrong, look at the "
+                  "mask of those tiles (global positions q0 + i against k0 + j)")
+    raise AssertionError(
+        f"{quantity}, {case}: {int(bad.sum()):,} of {bad.numel():,} entries off, in rows {shown}"
+        f"{tiles}; the largest at index {worst}: got {got[worst].item():.6g}, expected "
+        f"{want[worst].item():.6g} (allowed atol {atol:g} + rtol {rtol:g}·|expected|) — {cause}")
+
+
 def _inputs(b, h, s, d, strided=False):
     """A (B, H, S, D) input; ``strided``: as a model makes it, (B, S, H, D) memory seen through a
     transpose (not contiguous), so ``view`` where ``reshape`` is needed fails."""
@@ -41,12 +81,15 @@ def test_flash_forward_matches_sdpa(causal):
     for i, (b, h, s, d, bq, bk) in enumerate(ATTN_SHAPES):
         q, k, v = (_inputs(b, h, s, d, strided=i % 2) for _ in range(3))
         out, lse = flash_attention_forward(q, k, v, causal=causal, block_q=bq, block_k=bk)
-        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                                   **ATTN_TOL)
+        case = (f"(B, H, S, D) = {(b, h, s, d)}, tiles {bq} × {bk}, causal={causal}"
+                + (", strided inputs" if i % 2 else ""))
+        assert_attention_close("O", out, F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                               **ATTN_TOL, case=case, block_q=bq, causal=causal)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)
         if causal:
             scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
-        torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), **ATTN_TOL)
+        assert_attention_close("L", lse, torch.logsumexp(scores, dim=-1), **ATTN_TOL, case=case,
+                               block_q=bq, causal=causal)
 
 
 @pytest.mark.exercise("5.6", points=3)
@@ -62,8 +105,11 @@ def test_flash_backward_matches_sdpa_gradients(causal):
                                                    block_k=bk), (q, k, v), grad_out)
         ref = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                                   (q, k, v), grad_out)
+        case = (f"(B, H, S, D) = {(b, h, s, d)}, tiles {bq} × {bk}, causal={causal}"
+                + (", strided inputs" if i % 2 else ""))
         for name, g, r in zip("qkv", ours, ref):
-            torch.testing.assert_close(g, r, **ATTN_TOL, msg=f"d{name}, shape {(b, h, s, d)}")
+            assert_attention_close(f"d{name}", g, r, **ATTN_TOL, case=case, block_q=bq,
+                                   causal=causal)
 
 
 def _reference_attention(q, k, v, causal):
@@ -94,19 +140,17 @@ def test_flash_keeps_float64_accuracy(causal):
     assert out.dtype == torch.float64 and lse.dtype == torch.float64, (
         f"float64 inputs gave O in {out.dtype} and L in {lse.dtype}; expected float64 for both: "
         f"are the statistics forced to float32?")
-    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-12,
-                               msg=lambda m: f"O in float64: {m} — float32 somewhere inside?")
-    torch.testing.assert_close(lse, ref_lse, atol=1e-12, rtol=1e-12,
-                               msg=lambda m: f"L in float64: {m} — float32 somewhere inside?")
+    case = f"float64 inputs (1, 2, 150, 16), tiles 32 × 64, causal={causal}"
+    assert_attention_close("O", out, ref_out, atol=1e-12, rtol=1e-12, case=case, block_q=32)
+    assert_attention_close("L", lse, ref_lse, atol=1e-12, rtol=1e-12, case=case, block_q=32)
     grad_out = torch.randn_like(ref_out)
     ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=32, block_k=64),
                                (q, k, v), grad_out)
     ref = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                               (q, k, v), grad_out)
     for name, g, r in zip("qkv", ours, ref):
-        torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12,
-                                   msg=lambda m: f"d{name} in float64: {m} — are the backward's "
-                                                 f"accumulators float32?")
+        assert_attention_close(f"d{name}", g, r, atol=1e-12, rtol=1e-12, block_q=32,
+                               case=f"float64 inputs (1, 2, 150, 16), tiles 32 × 64, causal={causal}")
 
 
 @pytest.mark.exercise("5.6", points=2)
@@ -134,8 +178,8 @@ def test_flash_keeps_statistics_in_float32_for_16_bit_inputs(dtype):
         f"running max/sum or the tile scores kept in {dtype}?")
     assert out.dtype == dtype, f"O must come back in the input's dtype {dtype}, got {out.dtype}"
     atol = 1.6e-2 if dtype == torch.bfloat16 else 2e-3
-    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=0,
-                               msg=lambda m: f"O of {dtype} inputs: {m} — accumulator in {dtype}?")
+    assert_attention_close("O", out, ref_out, atol=atol, rtol=0, block_q=32, causal=True,
+                           case=f"{dtype} inputs (2, 2, 300, 16), tiles 32 × 32 (accumulator in {dtype}?)")
 
 
 @pytest.mark.exercise("5.6", points=1)
@@ -159,8 +203,8 @@ def test_flash_backward_of_16_bit_inputs_matches_float64_gradients(dtype):
     atol = 1.6e-2 if dtype == torch.bfloat16 else 2e-3
     for name, got, want in zip(("dq", "dk", "dv"), grads, (qd.grad, kd.grad, vd.grad)):
         assert got.dtype == dtype, f"{name} of {dtype} inputs came back in {got.dtype}"
-        torch.testing.assert_close(got.double(), want, atol=atol, rtol=0,
-                                   msg=lambda m, name=name: f"{name} of {dtype} inputs: {m}")
+        assert_attention_close(name, got, want, atol=atol, rtol=0, block_q=32, causal=True,
+                               case=f"{dtype} inputs (2, 2, 300, 16), tiles 32 × 48, causal")
 
 
 @pytest.mark.exercise("5.6", points=1)
@@ -171,7 +215,13 @@ def test_flash_saves_only_inputs_output_and_log_sum_exp():
     b, h, s, d = 1, 2, 256, 32
     q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
     saved = saved_activation_bytes(lambda: flash_attention(q, k, v, causal=True))
-    assert saved == (4 * b * h * s * d + b * h * s) * 4
+    want = (4 * b * h * s * d + b * h * s) * 4
+    assert saved == want, (
+        f"bytes autograd keeps for backward at (B, H, S, D) = {(b, h, s, d)}, fp32: {saved:,}, "
+        f"expected {want:,} (q, k, v, O and L: 4·B·H·S·D + B·H·S floats): "
+        + ("more: is a tile, the (S × S) scores or a copy of q, k, v saved as well (autograd saves "
+           "what the operators inside an autograd.Function's forward need only if they run with "
+           "grad enabled)?" if saved > want else "fewer: are O and L both saved?"))
 
 
 def _attention_peak(fn, s, b=1, h=2, d=32):
@@ -200,9 +250,17 @@ def test_flash_peak_memory_grows_linearly_naive_quadratically():
     naive = [_attention_peak(lambda q, k, v: naive_attention(q, k, v, causal=True), s)
              for s in sizes]
     growth = lambda p: (p[2] - p[1]) / (p[1] - p[0])  # noqa: E731
-    assert growth(flash) <= 2.5, flash
-    assert growth(naive) >= 3.0, naive
-    assert flash[2] < naive[2] / 4
+    peaks = ", ".join(f"S = {s}: flash {f:,} B, naive {n:,} B" for s, f, n in zip(sizes, flash, naive))
+    assert growth(flash) <= 2.5, (
+        f"peak memory of flash attention grows {growth(flash):.2f}× from S = 256→512 compared with "
+        f"128→256 (linear memory gives 2, allowed ≤ 2.5): {peaks} — more than one (block_q × block_k) "
+        f"tile of scores alive at once, or an (S × S) matrix (a mask, the scores, dS) built whole?")
+    assert growth(naive) >= 3.0, f"the naive reference should grow quadratically (≥ 3): {peaks}"
+    assert flash[2] < naive[2] / 4, (
+        f"at S = {sizes[2]} flash attention peaks at {flash[2]:,} B, expected below a quarter of "
+        f"naive attention's {naive[2]:,} B = {naive[2] / 4:,.0f}: {peaks} — more than one score tile "
+        f"alive at once (tiles kept in a list, the backward's P or dS of every tile kept until the "
+        f"end), or tiles as large as S?")
 
 
 def _tile_flops(s, d, bh, bq, bk, causal, matmuls):

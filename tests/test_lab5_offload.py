@@ -232,6 +232,9 @@ def test_offloaded_gradients_on_cuda_equal_the_plain_model_under_a_slow_compute_
     The sleeps make any missing synchronisation a visible race: a pack that copies before the
     compute stream wrote the tensor (no wait_stream), device memory reused before the copy read
     it (no record_stream), or an unpack that reads before the copy back ended (no wait_event).
+    Freed device copies make the caching allocator hand their addresses to later activations: a
+    pack that shares a record by address without checking that its tensor is still alive gives
+    one tensor another's data. GPU-only by nature (a CPU keeps each saved tensor alive itself).
     """
     from labkit.lab5.offload import ActivationOffloader
 
@@ -294,8 +297,13 @@ def test_offload_frees_device_memory_of_saved_activations():
 
     plain, _ = held_after_forward(False)
     offloaded, offloader = held_after_forward(True)
-    assert offloader.host_bytes > 0.9 * plain
-    assert offloaded < 0.05 * plain, (offloaded, plain)
+    assert offloader.host_bytes > 0.9 * plain, (
+        f"host_bytes {offloader.host_bytes:,} B, expected more than 90% of the {plain:,} B a forward "
+        f"holds without offloading: are the large saved tensors copied (and counted) once each?")
+    assert offloaded < 0.05 * plain, (
+        f"device bytes held after an offloaded forward: {offloaded:,} B, expected under 5% of the "
+        f"{plain:,} B held without offloading: does pack keep a reference to the device tensor (in "
+        f"the record, a dict key, a closure), so that it is never freed?")
 
 
 

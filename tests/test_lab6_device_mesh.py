@@ -115,7 +115,9 @@ def test_all_reduce_along_each_axis_sums_the_groups_members(mesh_ranks):
             want = float(sum(r + 1 for r in out["torch_groups"][axis]))
             assert out["sums"][axis] == want, \
                 f"rank {rank}, axis {axis!r}: all-reduce gave {out['sums'][axis]}, expected {want} (members {out['torch_groups'][axis]})"
-            assert out["torch_sums"][axis] == want
+            assert out["torch_sums"][axis] == want, (  # the reference itself
+                f"rank {rank}, axis {axis!r}: PyTorch's own mesh group summed to {out['torch_sums'][axis]}, "
+                f"expected {want}: the reference run is broken, not your groups")
 
 
 
@@ -141,8 +143,12 @@ def test_groups_of_the_course_order_on_a_node_grid():
         ref = sorted(mesh.movedim(d, -1).reshape(-1, shape[d]).tolist())
         got = axis_groups(shape, AXES, axis)
         assert got == ref, f"groups along {axis!r} of {shape}: first {got[:2]}, expected {ref[:2]}"
-    assert all(len({r // 8 for r in g}) == 1 for g in axis_groups(shape, AXES, "tp"))
-    assert axis_groups(shape, AXES, "pp")[0] == [0, 24]
+    tp = axis_groups(shape, AXES, "tp")
+    assert all(len({r // 8 for r in g}) == 1 for g in tp), (
+        f"tp groups of {shape} with 8 GPUs a node: {tp[:3]}…: each must sit inside one node "
+        f"(tp is the innermost axis: consecutive ranks)")
+    pp = axis_groups(shape, AXES, "pp")[0]
+    assert pp == [0, 24], f"rank 0's pp group of {shape}: {pp}, expected [0, 24] (stride D·C·T = 24)"
 
 
 @pytest.mark.parametrize("rank", [-1, 8, 2.0, True, "0", None])

@@ -68,7 +68,9 @@ def test_fused_gelu_saves_only_its_input():
     x = torch.randn(64, 1000, requires_grad=True)
     n = x.numel()
     unfused = saved_activation_bytes(lambda: gelu_tanh_unfused(x))
-    assert unfused == 16 * n  # the chain itself: 4 tensors of 4n bytes
+    assert unfused == 16 * n, (  # the given chain itself: 4 tensors of 4n bytes
+        f"the given unfused chain saves {unfused:,} B, expected 16 B × {n:,} (x, t, 0.5·x, 1 + t): "
+        f"was gelu_tanh_unfused changed?")
     fused = saved_activation_bytes(lambda: fused_gelu_tanh(x))
     assert fused == unfused - 12 * n, \
         f"the fused operator saves {fused:,} B, expected {unfused - 12 * n:,} = the chain's {unfused:,} − 12·{n:,}: save only the input x"
@@ -81,7 +83,8 @@ def test_fused_gelu_lowers_held_and_peak_bytes_by_the_prediction():
     saved tensors); the peak of forward + backward is lower by at least 12·n·(L − 2): at the
     peak both hold all layers' saved tensors, and a fused backward may allocate up to 3
     temporaries of n elements more than the chain's (12·n of slack)."""
-    from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused, retained_bytes
+    from labkit.allocation_trace import retained_bytes
+    from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused
     from labkit.measure import peak_bytes
 
     x = torch.randn(64, 1000, requires_grad=True)

@@ -151,7 +151,9 @@ def test_greedy_by_size_orders_largest_first():
                TensorLife(3, 2048, 1, 4)]
     got = plan_greedy_by_size(tensors)
     assert got == {0: 0, 3: 4096, 1: 6144, 2: 6144}, f"greedy by size gave {got}, expected A 0, D 4096, B 6144, C 6144: largest first"
-    assert arena_size(tensors, got) == peak_live(tensors) == 7168
+    arena, bound = arena_size(tensors, got), peak_live(tensors)
+    assert arena == bound == 7168, (
+        f"greedy by size: arena {arena:,} B, peak of live bytes {bound:,} B, expected both 7,168")
 
 
 @pytest.mark.exercise("6.2", points=1)
@@ -194,7 +196,10 @@ def test_plan_optimal_matches_brute_force():
         check_plan(tensors, offsets, f"plan_optimal, instance {seed}")
         got = arena_size(tensors, offsets)
         assert got == want, f"instance {seed}: plan_optimal's arena {got:,} B, brute force {want:,} B: is every order tried?"
-        assert arena_size(tensors, plan_greedy_by_size(tensors)) >= want
+        greedy = arena_size(tensors, plan_greedy_by_size(tensors))
+        assert greedy >= want, (
+            f"instance {seed}: greedy by size fits in {greedy:,} B, below the brute-force optimum "
+            f"{want:,} B: an overlap? (check_plan) — or the optimum is not the least arena")
 
 
 @pytest.mark.exercise("6.2", points=2)

@@ -59,7 +59,7 @@ def test_zero_table_exactly(n):
     (1, "optimizer states", 18.75e9, "12Ψ/N: the fp32 master copy and both moments, sharded"),
     (2, "gradients", 3.125e9, "2Ψ/N: 16-bit gradients sharded over the 64 ranks"),
     (3, None, 25e9, "16Ψ/N: all static state sharded"),
-])
+], ids=["zero1-optimizer-states", "zero2-gradients", "zero3-total"])  # ASCII ids: pytest escapes others
 def test_seed_worked_numbers(stage, consumer, want, cause):
     """The seed's numbers for Ψ = 100B on 64 GPUs."""
     from labkit.lab6.parallel_memory import static_bytes
@@ -111,7 +111,7 @@ def test_tensor_and_pipeline_parallelism_divide_the_static_state():
     (8, False, "selective", lambda s, h, a, t: 10 + 24 / t, "selective recomputation drops the a·s² terms"),
     (1, False, "full", lambda s, h, a, t: 2, "full recomputation keeps only each layer's 16-bit input"),
     (8, True, "full", lambda s, h, a, t: 2 / t, "full recomputation with SP keeps 2sbh/t"),
-])
+], ids=["t1", "t8", "t8-sp", "t8-sp-selective", "t8-selective", "t1-full", "t8-sp-full"])
 def test_activations_match_korthikanti(tp, sp, ckpt, coef, cause):
     """GPT-3 175B, s = 2048, b = 1, 16-bit activations: Korthikanti et al.'s per-layer bytes."""
     from labkit.lab6.parallel_memory import activation_bytes_per_layer

@@ -50,6 +50,7 @@ def course_repo(tmp_path) -> Path:
     (repo / "src" / "labkit").mkdir(parents=True)
     (repo / "labs").mkdir()
     (repo / "src" / "labkit" / "__init__.py").write_text("VERSION = 'from git'\n")
+    (repo / "pyproject.toml").write_text("[project]\nname = 'labkit'\n")
     (repo / "labs" / "01_lab.ipynb").write_text("{}\n")
     _git("init", "-q", "-b", "main", cwd=repo)
     _git("add", ".", cwd=repo)
@@ -113,9 +114,9 @@ def test_first_lab_clones_the_course_into_drive_and_installs_it_from_there(tmp_p
     assert run["cwd"] == str(course / "labs")
     assert run["pip"][0] == f"-m pip install -q -e {course} {KEEP_TORCH}"
     assert str(course / "src") in run["sys_path"]
-    said = [line for line in run["stdout"].splitlines() if line.startswith("The course is in")]
+    said = [line for line in run["stdout"].splitlines() if not line.startswith("STATE ")]
     assert said == [f"The course is in {course} (in Google Drive: kept for every lab); "
-                    "your code goes in its src/labkit/labN/."]
+                    "your code goes in its src/labkit/labN/."], "the cell's result is one line"
 
 
 def test_a_later_lab_reuses_the_course_in_drive_with_the_students_edits(tmp_path, course_repo):
@@ -200,3 +201,54 @@ def test_a_failed_install_says_what_to_do(tmp_path, course_repo):
     for words in ("RuntimeError: pip could not install labkit", f"pip install -U 'torch>={TOOL.min_torch()}'",
                   "Restart session"):
         assert words in error, f"the message lacks {words!r}:\n{error}"
+
+
+def test_the_cell_is_a_collapsed_colab_form_with_a_title():
+    """Issue 37: a newcomer sees a titled form (KEEP_IN_DRIVE, COURSE_URL), not ~100 lines of
+    set-up code: Colab's "#@title" on the first line with display-mode "form" and cellView
+    "form", JupyterLab's source_hidden."""
+    for lab in sorted((ROOT / "labs").glob("*.ipynb")):
+        cell = nbformat.read(lab, as_version=4).cells[0]
+        first = cell.source.splitlines()[0]
+        assert first.startswith("# @title ") and '{ display-mode: "form" }' in first, (lab.name, first)
+        assert cell.metadata.get("cellView") == "form", lab.name
+        assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, lab.name
+
+
+@pytest.mark.parametrize("content, words", [
+    ({"course-main/src/labkit/__init__.py": "", "course-main/pyproject.toml": ""},
+     ["holds the course one level down, in course-main/", "move everything inside course-main/ up"]),
+    ({".git/HEAD": "ref: refs/heads/main\n"},
+     ["unfinished copy of the course", "a clone that was interrupted", "Delete"]),
+    ({"src/labkit/__init__.py": ""}, ["no pyproject.toml: an incomplete copy"]),
+    ({"notes.txt": "mine", "photos/a.jpg": ""},
+     ["exists but is not the course (it holds notes.txt, photos", "KEEP_IN_DRIVE = False"]),
+], ids=["dragged-course-main", "interrupted-clone", "incomplete-copy", "something-else"])
+def test_a_drive_folder_that_is_not_the_course_is_named_with_what_to_do(tmp_path, course_repo,
+                                                                        content, words):
+    """Issue 37: MyDrive/where-the-memory-goes exists but is not the course (a course dragged one
+    level down, an interrupted clone, a partial copy, someone's own folder): the cell stops with a
+    message saying what the folder is and what to do, and neither clones into it nor installs from
+    it (git said "could not clone", pip "not a Python project", before)."""
+    folder = tmp_path / "content" / DRIVE_COURSE
+    for name, text in content.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    run = _run_cell(tmp_path, course_repo)
+    assert run["rc"] != 0
+    error = run["stderr"].strip().splitlines()[-1]
+    assert error.startswith("RuntimeError: MyDrive/where-the-memory-goes "), error
+    for w in words:
+        assert w in error, f"the message lacks {w!r}:\n{error}"
+    assert "could not clone" not in run["stderr"] and run["pip"] == [], run["pip"]
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == \
+        sorted(content), "the folder was changed"
+
+
+def test_an_empty_drive_folder_receives_the_clone(tmp_path, course_repo):
+    """An empty MyDrive/where-the-memory-goes (made by hand, or left by a deleted copy) is simply
+    where the course is cloned."""
+    (tmp_path / "content" / DRIVE_COURSE).mkdir(parents=True)
+    run = _run_cell(tmp_path, course_repo)
+    assert run["rc"] == 0, run["stderr"][-2000:]
+    assert run["cwd"] == str(tmp_path / "content" / DRIVE_COURSE / "labs")

@@ -9,6 +9,7 @@ Every function returns the matplotlib Figure (the notebook displays it) and neve
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Mapping
 
 import matplotlib.pyplot as plt
@@ -49,15 +50,49 @@ def _unit(unit: str) -> int:
     return UNITS[unit]
 
 
+def fit_bar_labels(ax, *, min_size: float = 7.0) -> None:
+    """Make the x tick labels of a bar chart fit their bars: wrap each label at spaces to the
+    width of one bar's slot, then shrink the font (down to ``min_size``), and, if a single word
+    is still wider than its slot, slant the labels. Measured with the figure's renderer, so call
+    it again after resizing the figure."""
+    fig = ax.figure
+    ticks = ax.get_xticks()
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    if len(ticks) == 0 or not any(labels):
+        return
+    renderer = fig.canvas.get_renderer()
+    slot = ax.get_window_extent(renderer).width / len(ticks) * 0.92  # pixels of one bar's room
+
+    def widest(texts, size):
+        ax.set_xticks(ticks, texts, fontsize=size, rotation=0, ha="center")
+        return max(t.get_window_extent(renderer).width for t in ax.get_xticklabels())
+
+    size = ax.get_xticklabels()[0].get_fontsize()
+    longest = max(len(line) for label in labels for line in label.split("\n"))
+    while True:
+        for chars in range(longest, 3, -1):  # the widest wrapping that fits, at this size
+            texts = ["\n".join(textwrap.fill(line, chars, break_long_words=False) or line
+                                for line in label.split("\n")) for label in labels]
+            if widest(texts, size) <= slot:
+                return
+        if size <= min_size:
+            break
+        size = max(min_size, size - 1)
+    ax.set_xticks(ticks, texts, fontsize=size, rotation=30, ha="right", rotation_mode="anchor")
+
+
 def stacked_bars(bars: Mapping[str, Mapping[str, float]], *, unit: str = "MiB",
                  title: str = "", limit: float | None = None, limit_label: str = "",
-                 ax=None) -> Figure:
+                 ax=None, figsize: tuple[float, float] | None = None) -> Figure:
     """Bars stacked by consumer, one bar per label.
 
     Args:
         bars: label → {consumer: bytes}; consumers missing from a bar count as 0.
         unit: the y axis unit (B, KiB, MiB, GiB, GB, TB).
         limit: bytes of a horizontal line to draw (e.g. one GPU's 80 GB).
+        figsize: (width, height) in inches of a new figure (the course's default when None).
+    Labels that are wider than their bar are wrapped (``fit_bar_labels``); the legend stands
+    to the right of the axes, never over a bar.
     """
     div = _unit(unit)
     if not isinstance(bars, Mapping) or not bars:
@@ -77,7 +112,7 @@ def stacked_bars(bars: Mapping[str, Mapping[str, float]], *, unit: str = "MiB",
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
                               or limit < 0):
         raise ValueError(f"limit must be None or bytes >= 0, got {limit!r}")
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots()
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=figsize)
     labels = list(bars)
     bottom = [0.0] * len(labels)
     for consumer in CONSUMERS:
@@ -92,6 +127,8 @@ def stacked_bars(bars: Mapping[str, Mapping[str, float]], *, unit: str = "MiB",
     ax.set_ylabel(unit)
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fit_bar_labels(ax)
     fig.tight_layout()
     return fig
 

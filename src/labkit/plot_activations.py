@@ -249,7 +249,7 @@ def paired_bars(labels, left, right, *, left_label: str, right_label: str, ylabe
            label=right_label)
     ax.set_xticks(range(len(labels)), labels)
     ax.set(ylabel=ylabel, title=title)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the axes, never over a bar
     fig.tight_layout()
     return fig
 

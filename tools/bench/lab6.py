@@ -59,7 +59,8 @@ def allocator_rates(lives=(250, 1000, 4000, 16000), repeat: int = 3) -> dict[int
 
 
 def cases() -> list[Case]:
-    from labkit.lab6.caching_allocator import gpt_training_step, record_trace, replay
+    from labkit.allocation_trace import gpt_training_step, record_trace
+    from labkit.harness.lab6 import replay
     from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused
     from labkit.models import GPT
 

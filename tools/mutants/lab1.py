@@ -241,3 +241,16 @@ INDEPENDENT = [
     Mutant("1.5", "lab1/accounting.py", find="(prev if temporaries else 0)", replace="0",
            why="two temporaries of the largest tensor only: the previous tensor's last one is freed already"),
 ]
+
+
+# Issue 37: written from the solutions (the bugs a careful student could still make after the
+# contract changes of this issue), measured before and after the graders were strengthened.
+_INDEPENDENT_37 = [
+    Mutant("1.2", "lab1/accounting.py", find='master = 4 * n_params if recipe == "mixed" else 0',
+           replace='master = 4 * n_params if recipe in ("mixed", "bf16-fp32-moments") else 0',
+           why="gives bf16 parameters with fp32 moments an fp32 master copy too"),
+    Mutant("1.5", "lab1/accounting.py", find="for prev, n in zip([0] + sizes, sizes)) * s",
+           replace="for prev, n in zip(sizes, sizes)) * s",
+           why="pairs each tensor with itself as the one updated before it"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_37

@@ -582,3 +582,17 @@ MUTANTS += [
     Mutant("3.8", "lab3/zero_bubble.py", find='            raise ValueError(f"schedule deadlocks: ranks wait on {stuck}")',
            replace="            break", why="stops silently on a deadlock"),
 ]
+# Issue 37: written from the solutions, measured before and after the graders were strengthened.
+_INDEPENDENT_37 = [
+    Mutant("3.4", "lab3/tensor_parallel.py",
+           find="self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())",
+           replace="self.bias = None if full.bias is None else nn.Parameter(full.bias.detach())",
+           why="keeps the row-parallel bias as a view of the full one (shares its storage)"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="        ordered = sorted(row, key=lambda sp: sp.start)\n",
+           replace="        ordered = row\n",
+           why="checks overlaps between neighbours in the list, assuming spans come sorted by start"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="        self._found_inf = bool(sum(f.item() for f in found))",
+           replace="        self._found_inf = bool(found[0].item()) if found else False",
+           why="reads the inf flag of the first (device, dtype) group only"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_37

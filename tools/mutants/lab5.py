@@ -159,8 +159,8 @@ MUTANTS = [
            replace="        ctx.save_for_backward(q, k, v, out, lse, q @ k.transpose(-2, -1))",
            why="saves the score matrix for backward"),
     Mutant("5.6", "lab5/flash_attention.py",
-           find="            p = torch.baddbmm(lse_blk if bias is None else lse_blk + bias, q_blk,",
-           replace="            p = torch.baddbmm(lse_blk, q_blk,",
+           find="                p.masked_fill_(hidden, 0.0)\n",
+           replace="                pass\n",
            why="the backward forgets the causal mask on diagonal tiles"),
     # ---- 5.7 ring attention
     Mutant("5.7", "lab5/ring_attention.py", find="    lse = torch.logaddexp(lse_a, lse_b)\n",
@@ -449,10 +449,10 @@ INDEPENDENT = [
     # ---- 5.8 sequence parallelism
     Mutant("5.8", "lab5/sequence_parallel.py",
            find="    x0 = x.movedim(dim, 0).contiguous()\n    out = x0.new_empty((T * x0.shape[0],) + tuple(x0.shape[1:]))\n"
-                "    (getattr(dist, \"all_gather_single\", None) or dist.all_gather_into_tensor)(out, x0, group=group)\n"
+                "    dist.all_gather_single(out, x0, group=group)\n"
                 "    return out.movedim(0, dim)",
            replace="    x0 = x.contiguous()\n    out = x0.new_empty((T * x0.shape[0],) + tuple(x0.shape[1:]))\n"
-                   "    (getattr(dist, \"all_gather_single\", None) or dist.all_gather_into_tensor)(out, x0, group=group)\n"
+                   "    dist.all_gather_single(out, x0, group=group)\n"
                    "    return out.reshape(x.shape[:dim] + (-1,) + x.shape[dim + 1:])",
            why="gathers along dim 0 and reshapes: the rank order is right only for batch 1"),
     Mutant("5.8", "lab5/sequence_parallel.py",
@@ -665,3 +665,20 @@ MUTANTS += [
            replace="            logits = (hidden @ weight.T).to(acc)[i:i + chunk_size]",
            why="computes all the logits in each step of the loop and slices the chunk"),
 ]
+# Issue 37: written from the solutions (5.4's new FLOP count, 5.6's new mask), measured before
+# and after the graders were strengthened.
+_INDEPENDENT_37 = [
+    Mutant("5.4", "lab5/selective_checkpoint.py",
+           find='    count = flop_registry.get(getattr(op, "overloadpacket", op))',
+           replace="    count = flop_registry.get(op)",
+           why="looks the operator itself up in flop_registry (keyed by overload packets): 0 FLOPs always"),
+    Mutant("5.4", "lab5/selective_checkpoint.py",
+           find="        return sum(output_bytes(o) for o in out)",
+           replace="        return output_bytes(out[0]) if out else 0",
+           why="counts only the first output of a multi-output operator"),
+    Mutant("5.6", "lab5/flash_attention.py",
+           find='            if hidden is not None:\n                s.masked_fill_(hidden, float("-inf"))\n',
+           replace="",
+           why="the forward forgets the causal mask inside the diagonal tiles"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_37

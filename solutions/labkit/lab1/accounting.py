@@ -70,8 +70,9 @@ GRAD_BUFFERS = ("none", "fp32", "16bit+fp32")
 * ``"none"``: one gradient per parameter, in the parameters' dtype (plain PyTorch);
 * ``"fp32"``: a persistent fp32 gradient buffer that backward accumulates into, instead of
   16-bit gradients (Megatron-LM's ``main_grad``);
-* ``"16bit+fp32"``: the 16-bit gradients and an fp32 copy of them for the update (DeepSpeed's
-  fp32 gradient partitions).
+* ``"16bit+fp32"``: the gradients in the parameters' dtype *and* an fp32 copy of them for the
+  update (DeepSpeed's fp32 gradient partitions). Under every recipe: under ``"fp32"`` the copy
+  duplicates gradients that are fp32 already, and the buffer costs 4 + 4 bytes per parameter.
 
 Both buffers count as gradients.  With mixed-precision Adam they make the 16 bytes per
 parameter 18 and 20, what frameworks report in practice."""

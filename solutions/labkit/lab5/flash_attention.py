@@ -85,19 +85,23 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return torch.softmax(scores, dim=-1) @ v  # (B, H, S, D)
 
 
-def _causal_bias(q0: int, k0: int, bq: int, bk: int, dtype: torch.dtype, device: torch.device,
-                 cache: dict) -> torch.Tensor | None:
-    """The additive causal mask of the tile of queries [q0, q0+bq) × keys [k0, k0+bk): (bq, bk),
-    0 where key ≤ query and -inf where key > query; None for a tile wholly on or below the
-    diagonal (it needs no mask). Built once per distinct (q0 - k0, bq, bk) and kept in ``cache``."""
+_ABOVE_DIAGONAL: dict = {}  # (q0 - k0, bq, bk, device) -> bool mask; a few KiB each, bounded
+
+
+def _above_diagonal(q0: int, k0: int, bq: int, bk: int, device: torch.device) -> torch.Tensor | None:
+    """The causal mask of the tile of queries [q0, q0+bq) × keys [k0, k0+bk): a (bq, bk) bool
+    tensor, True where the key comes after the query (the scores to hide); None for a tile wholly
+    on or below the diagonal (it needs no mask). Built once per distinct (q0 - k0, bq, bk) and
+    device and kept for later calls (at most 64 of them: one byte per entry)."""
     if k0 + bk - 1 <= q0:
         return None
-    key = (q0 - k0, bq, bk)
-    if key not in cache:
-        above = torch.ones(bq, bk, dtype=torch.bool, device=device).triu(q0 - k0 + 1)
-        cache[key] = torch.zeros(bq, bk, dtype=dtype, device=device).masked_fill_(
-            above, float("-inf"))
-    return cache[key]
+    key = (q0 - k0, bq, bk, device)
+    mask = _ABOVE_DIAGONAL.get(key)
+    if mask is None:
+        if len(_ABOVE_DIAGONAL) >= 64:
+            _ABOVE_DIAGONAL.clear()
+        mask = _ABOVE_DIAGONAL[key] = torch.ones(bq, bk, dtype=torch.bool, device=device).triu(q0 - k0 + 1)
+    return mask
 
 
 # ==== exercise 5.6: your code ====
@@ -131,7 +135,6 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     ka, va = k.to(acc_dtype).reshape(B * H, S, D), v.to(acc_dtype).reshape(B * H, S, D)
     out = torch.empty(B * H, S, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B * H, S, 1, dtype=acc_dtype, device=q.device)
-    masks = {}
     for q0 in range(0, S, block_q):
         q1 = min(S, q0 + block_q)
         q_blk = qa[:, q0:q1]  # (BH, bq, D)
@@ -140,8 +143,10 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
         for k0 in range(0, k_end, block_k):
             k1 = min(k_end, k0 + block_k)
             k_t, v_blk = ka[:, k0:k1].transpose(1, 2), va[:, k0:k1]
-            bias = _causal_bias(q0, k0, q1 - q0, k1 - k0, acc_dtype, q.device, masks) if causal else None
-            s = torch.bmm(q_blk, k_t) if bias is None else torch.baddbmm(bias, q_blk, k_t)
+            s = torch.bmm(q_blk, k_t)  # (BH, bq, bk) scores of one tile
+            hidden = _above_diagonal(q0, k0, q1 - q0, k1 - k0, q.device) if causal else None
+            if hidden is not None:
+                s.masked_fill_(hidden, float("-inf"))
             if m is None:  # first tile: nothing to rescale
                 m = s.amax(dim=-1, keepdim=True)
                 p = s.sub_(m).exp_()
@@ -196,7 +201,6 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dk = [torch.zeros(B * H, min(S, k0 + block_k) - k0, D, dtype=acc_dtype, device=q.device)
           for k0 in starts]
     dv = [torch.zeros_like(t) for t in dk]
-    masks = {}
     for q0 in range(0, S, block_q):
         q1 = min(S, q0 + block_q)
         q_blk, do_blk = qa[:, q0:q1], do[:, q0:q1]
@@ -206,17 +210,18 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         for j, k0 in enumerate(range(0, k_end, block_k)):
             k1 = min(k_end, k0 + block_k)
             k_blk, v_blk = ka[:, k0:k1], va[:, k0:k1]
-            bias = _causal_bias(q0, k0, q1 - q0, k1 - k0, acc_dtype, q.device, masks) if causal else None
-            # P = exp(S - L), the -L added by the matmul itself (and -inf above the diagonal)
-            p = torch.baddbmm(lse_blk if bias is None else lse_blk + bias, q_blk,
-                              k_blk.transpose(1, 2)).exp_()
+            # P = exp(S - L), the -L added by the matmul itself, 0 above the diagonal
+            p = torch.baddbmm(lse_blk, q_blk, k_blk.transpose(1, 2)).exp_()
+            hidden = _above_diagonal(q0, k0, q1 - q0, k1 - k0, q.device) if causal else None
+            if hidden is not None:
+                p.masked_fill_(hidden, 0.0)
             dv_j, dk_j = dv[j][:, :k1 - k0], dk[j][:, :k1 - k0]
             dv_j.baddbmm_(p.transpose(1, 2), do_blk)
             ds = torch.baddbmm(delta_blk, do_blk, v_blk.transpose(1, 2)).mul_(p)  # (dP - D)∘P
             dq_blk.baddbmm_(ds, k_blk)
             dk_j.baddbmm_(ds.transpose(1, 2), q_blk)  # q_blk carries the 1/√d
         dq[:, q0:q1] = dq_blk.mul_(scale)
-    dk, dv = torch.cat(dk, dim=1), torch.cat(dv, dim=1)
+    dk, dv = (torch.cat(t, dim=1) if len(t) > 1 else t[0] for t in (dk, dv))
     return tuple(g.view(B, H, S, D).to(q.dtype) for g in (dq, dk, dv))
     # END SOLUTION
 

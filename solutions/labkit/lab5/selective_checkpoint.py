@@ -15,8 +15,10 @@ calls ``policy(ctx, op, *args, **kwargs)`` for every operator run inside a check
 region, and the policy answers ``CheckpointPolicy.MUST_SAVE`` (keep the output) or
 ``PREFER_RECOMPUTE`` (drop it and run the op again in backward).
 
-Memory of a block: its input plus its matmul outputs, instead of everything it saves; extra
-compute: no matmul runs twice, so ``FlopCounterMode`` (which counts matmuls) sees none.
+Memory of a block at the default threshold 0: its input plus its matmul outputs, instead of
+everything it saves; extra compute: no matmul runs twice, so ``FlopCounterMode`` (which counts
+matmuls) sees none. A higher threshold also recomputes the matmuls that do few FLOPs per byte
+of output: q·kᵀ first (2d/4 per byte of its s × s scores, d the head size).
 
 Lab 5 (labs/05_activations.ipynb), exercise 5.4; Chapter 5 (book/05_activations.md).
 """
@@ -26,7 +28,6 @@ from functools import partial
 
 import torch
 import torch.nn as nn
-from torch.utils.flop_counter import flop_registry
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -52,36 +53,49 @@ MATMUL_OPS = frozenset({
 """Operators whose outputs are expensive to recompute (GEMMs and fused attention)."""
 
 
-def recompute_flops(op, args: tuple, kwargs: dict, out) -> int:
-    """FLOPs of running ``op(*args, **kwargs)`` again, as ``FlopCounterMode`` counts them.
+# ==== exercise 5.4: your code ====
 
-    ``FlopCounterMode`` counts matrix products (mm, addmm, bmm, convolutions, fused attention);
-    element-wise and reduction operators count 0: a few FLOPs per element, negligible next to
-    a GEMM's 2k per element.
+def recompute_flops(op, args: tuple, kwargs: dict, out) -> int:
+    """FLOPs of running ``op(*args, **kwargs)`` again, exactly as ``FlopCounterMode`` would count
+    this call (an int), without running anything.
+
+    ``FlopCounterMode`` counts matrix products (mm, addmm, bmm, convolutions, fused attention)
+    and nothing else: an element-wise or reduction operator counts 0 (a few FLOPs per element,
+    negligible next to a GEMM's 2k per element). ``out`` is the operator's output, as
+    ``ctx.op_output`` gives it. The graders compare with ``FlopCounterMode`` running the same
+    call, on every operator of a block and on CUDA's fused attention operators.
     """
+    # BEGIN SOLUTION 5.4: the FLOPs FlopCounterMode's own formula gives for this operator, 0 if it has none
+    from torch.utils.flop_counter import flop_registry
+
     count = flop_registry.get(getattr(op, "overloadpacket", op))
     return int(count(*args, **(kwargs or {}), out_val=out)) if count is not None else 0
+    # END SOLUTION
 
 
 def output_bytes(out) -> int:
-    """Bytes of an operator's output: a tensor, or the tensors of a tuple/list of outputs."""
+    """Bytes an operator's output keeps: a tensor's, or all the tensors' of a tuple or list of
+    outputs (a fused attention returns O, the log-sum-exp and more); anything else counts 0."""
+    # BEGIN SOLUTION 5.4: the bytes of every tensor the operator returned
     if isinstance(out, torch.Tensor):
         return out.numel() * out.element_size()
     if isinstance(out, (tuple, list)):
         return sum(output_bytes(o) for o in out)
     return 0
+    # END SOLUTION
 
-
-# ==== exercise 5.4: your code ====
 
 class FlopsPerBytePolicy:
     """Korthikanti et al.'s selective recomputation as a rule on each operator's numbers.
 
     Keep an operator's output for backward when recomputing it would cost more than
     ``min_flops_per_byte`` FLOPs per byte kept; recompute it otherwise. ``min_flops_per_byte
-    = 0`` keeps every matrix product and recomputes every element-wise operator; a threshold
-    between the attention core's intensity and the weight GEMMs' also recomputes the attention
-    core (its two matmuls over a head's d columns: few FLOPs per byte of their s × s outputs).
+    = 0`` keeps every matrix product and recomputes every element-wise operator. A matmul does
+    2k FLOPs per element of its output, k its inner size: 2k/4 per byte in fp32. So q·kᵀ, whose
+    (s × s) output has the head size d inside, does 2d/4 per byte — few, at any s — while
+    softmax·v (inner size s, output s × d) does 2s/4 and the weight GEMMs 2h/4 or more: a
+    threshold above 2d/4 recomputes the (s × s) scores, which are most of the attention core's
+    bytes at long sequences, and keeps every other matmul's output once s is large.
 
     Args:
         min_flops_per_byte: the threshold, a number >= 0.
@@ -93,11 +107,12 @@ class FlopsPerBytePolicy:
     def __call__(self, ctx, op, *args, **kwargs) -> CheckpointPolicy:
         """Decide for one operator run inside a selectively checkpointed region.
 
-        Contract: ``CheckpointPolicy.MUST_SAVE`` when the operator's recompute FLOPs
-        (``recompute_flops``) exceed ``min_flops_per_byte`` times the bytes of its output
-        (``output_bytes`` of ``ctx.op_output``), ``CheckpointPolicy.PREFER_RECOMPUTE``
-        otherwise (an output of 0 bytes is recomputed). The same answer in forward and in the
-        recompute (``ctx.is_recompute``).
+        Contract: ``CheckpointPolicy.MUST_SAVE`` when recomputing the operator would cost more
+        than ``min_flops_per_byte`` FLOPs per byte of the output it keeps,
+        ``CheckpointPolicy.PREFER_RECOMPUTE`` otherwise (an output of 0 bytes is recomputed);
+        the same answer in forward and in the recompute (``ctx.is_recompute``). Graded on every
+        operator of a block at several thresholds, exactly at and next to each operator's own
+        FLOPs per byte.
 
         Args:
             ctx: a ``torch.utils.checkpoint.SelectiveCheckpointContext``; ``ctx.op_output`` is
@@ -147,21 +162,3 @@ class SelectiveCheckpointBlock(nn.Module):
         context_fn = partial(create_selective_checkpoint_contexts, self.policy)
         return checkpoint(self.block, x, use_reentrant=False, context_fn=context_fn)
         # END SOLUTION
-
-
-# ==== given: the course's code — read it, call it, don't change it ====
-
-def apply_selective_checkpointing(model: nn.Module, policy=None) -> nn.Module:
-    """Wrap every block of ``model.h`` in a ``SelectiveCheckpointBlock``, in place; return the model.
-
-    The parameters stay the same objects in the same order (names gain ``.block``).
-    ``policy``: None for ``keep_matmuls_policy``, or any policy such as ``FlopsPerBytePolicy``.
-    """
-    if not isinstance(getattr(model, "h", None), nn.ModuleList):
-        raise TypeError(f"model must be a course GPT (blocks in the nn.ModuleList model.h), got "
-                        f"{type(model).__name__}")
-    for i, block in enumerate(model.h):
-        if isinstance(block, SelectiveCheckpointBlock):
-            block = block.block
-        model.h[i] = SelectiveCheckpointBlock(block, policy)
-    return model

@@ -44,7 +44,7 @@ def _all_gather_seq(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     T = dist.get_world_size(group)
     x0 = x.movedim(dim, 0).contiguous()
     out = x0.new_empty((T * x0.shape[0],) + tuple(x0.shape[1:]))
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x0, group=group)
+    dist.all_gather_single(out, x0, group=group)
     return out.movedim(0, dim)
     # END SOLUTION
 
@@ -56,7 +56,7 @@ def _reduce_scatter_seq(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     T = dist.get_world_size(group)
     x0 = x.movedim(dim, 0).contiguous()
     out = x0.new_empty((x0.shape[0] // T,) + tuple(x0.shape[1:]))
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, x0, group=group)
+    dist.reduce_scatter_single(out, x0, group=group)
     return out.movedim(0, dim)
     # END SOLUTION
 

@@ -6,37 +6,39 @@ of exercise 6.3), and each divides a different consumer:
 
 * **Static state** (parameters, gradients, optimizer states; bytes per parameter from
   ``memory_model.bytes_per_parameter``). Tensor parallelism (T) splits every weight matrix
-  and pipeline parallelism (P) splits the layers, so one GPU holds Ψ/(T·P) parameters (this
-  model splits *all* parameters evenly: embeddings and norms are a rounding error at
-  100B). ZeRO then shards that state over the ranks that hold the same weights: the D
-  data-parallel ranks times the C context-parallel ranks (Megatron-LM's distributed optimizer
-  shards over the DP×CP group; with C = 1 that is the N = D of the ZeRO paper). Stage 1
-  shards the optimizer states, stage 2 the gradients too, stage 3 the parameters too:
-  16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N with mixed-precision Adam.
-* **Activations** (Korthikanti et al. 2022, https://arxiv.org/abs/2205.05198; e bytes per
-  activation element, 1-byte dropout masks; e = 2 gives the paper's numbers). Per layer and
-  micro-batch of b sequences, hidden h, a query heads, g key/value heads (g = a without
-  grouped-query attention), MLP width f (4h by default). A rank of a context-parallel group of
-  C holds s' = s/C of the s tokens of each sequence:
-  - what tensor parallelism does not split: the inputs of the two norms, of the QKV matmul and
-    of the first MLP matmul, and, with dropout, the masks after attention and after the MLP:
-    (4e + 2)·s'bh bytes ((4e)·s'bh without dropout). Sequence parallelism (SP) splits it by T.
-  - what TP splits by T: Q (e·s'bh), K and V (e·s'b·hg/a each), the projection's input
-    (e·s'bh) and the MLP's f-wide tensors: GELU's input and output (2e·s'bf), or with a gated
-    (SwiGLU) MLP the gate, the up projection and their product (3e·s'bf).
-  - the attention scores (``attention="naive"``): this rank's s' queries attend to all s keys,
-    so the softmax output is e·a·s'·s·b bytes, and with dropout its 1-byte mask and the dropped
-    copy add (e + 1)·a·s'·s·b: (2e + 1)·a·s'·s·b with dropout. That is the s² term divided by
-    C, not by C². Split by T. Fused attention (``attention="fused"``, FlashAttention; every
-    context-parallel implementation, the course's ring of exercise 5.5) never stores them: it
-    keeps the output and a per-row softmax statistic (4 bytes per query and head, not counted).
-  e = 2, GPT defaults: sbh(10 + 24/T + 5as/(hT)), with SP sbh(34 + 5as/h)/T (the paper's).
-  - selective recomputation drops the score terms (the attention core is recomputed); with
-    fused attention there are none to drop.
-  - full recomputation keeps only each layer's input, e·s'bh (÷T with SP).
-  With pipeline parallelism a GPU holds L/P layers; under 1F1B the first stage keeps min(P, m)
-  micro-batches in flight (m micro-batches per step); without pipelining the micro-batches run
-  one after another: one in flight. Embedding and logits activations are not counted.
+  and pipeline parallelism (P) splits the layers; this model splits *all* parameters evenly
+  over T·P (embeddings and norms are a rounding error at 100B). ZeRO stage 1 shards the
+  optimizer states, stage 2 the gradients too, stage 3 the parameters too, among all the
+  ranks of the mesh that hold the same weights — which ranks those are is yours to work out
+  from what each axis of the mesh splits (exercise 6.3). With D = N alone it is the ZeRO
+  paper's table: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N with mixed-precision Adam.
+* **Activations**: the tensors one transformer layer keeps for backward, as Korthikanti et
+  al. 2022 (https://arxiv.org/abs/2205.05198, §4.1) list them and as you counted them in
+  exercise 1.4 (``korthikanti_activation_bytes``: e bytes per activation element, 1-byte
+  dropout masks), now on one GPU of the mesh. For each tensor, decide:
+  - whether tensor parallelism splits it (does it live between a column-parallel and a
+    row-parallel matmul, or in the region every rank runs whole?), and whether sequence
+    parallelism (Korthikanti §4.2.2, exercise 5.8) splits the rest;
+  - what context parallelism does to it: a rank of a context-parallel group of C holds s/C of
+    the s tokens of each sequence, and its queries attend to the keys of all s tokens;
+  - how the layer's shape changes it: ``n_kv_head`` key/value heads (grouped-query attention:
+    K and V have ``n_kv_head`` heads of ``hidden / n_head``), an MLP of ``ffn_hidden``, gated
+    (SwiGLU: a gate, an up projection and their product, all ``ffn_hidden`` wide) or not, and
+    ``dropout=False`` (no masks, no dropped-out copies);
+  - what the attention kernel keeps: ``"naive"`` stores the (queries × keys) scores per head;
+    ``"fused"`` (FlashAttention, and every context-parallel ring such as exercise 5.7's)
+    stores none of them, only the output and a per-row softmax statistic (4 bytes per query
+    and head, not counted);
+  - what recomputation keeps: ``"selective"`` recomputes the attention core (Korthikanti §5:
+    the score terms go), ``"full"`` keeps only each layer's input (split like the norm region).
+  Checks: with e = 2, dropout and the GPT defaults (n_kv_head = n_head, ffn_hidden = 4h) your
+  count must give the paper's sbh(10 + 24/T + 5as/(hT)) with tensor parallelism and
+  sbh(34 + 5as/h)/T with sequence parallelism too; the graders also hold it to a Llama-style
+  layer whose every saved tensor they list by hand, to context parallelism on both kernels,
+  and to PyTorch's own sharded runs (ZeroRedundancyOptimizer, FSDP2, ``parallelize_module``).
+  With pipeline parallelism a GPU holds L/P layers, and the busiest one is the first stage of
+  a 1F1B schedule (exercise 3.5) with m micro-batches per step; without pipelining the
+  micro-batches run one after another. Embedding and logits activations are not counted.
 
 Chapter 6 (book/06_system.md); Lab 6, exercise 6.4 (labs/06_system.ipynb).
 """

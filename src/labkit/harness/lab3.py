@@ -149,7 +149,10 @@ def run_tp(rank: int, world_size: int, kind: str, module: nn.Module, x: torch.Te
     forward on ``x`` and backward with ``grad_out``; run by ``labkit.ranks.launch``.
 
     Returns ``{"out", "x_grad", "grads": {name: grad of this rank's parameter}, "param_bytes",
-    "tp_rank", "tp_size", "forward": comm counts, "backward": comm counts}``."""
+    "storage_bytes" (the bytes of the distinct storages behind this rank's parameters: a view of
+    a full weight holds the whole weight), "shares_storage" (names of this rank's parameters
+    whose storage is one of ``module``'s: views, not copies), "tp_rank", "tp_size", "forward":
+    comm counts, "backward": comm counts}``."""
     from labkit.lab3.tensor_parallel import TPAttention, TPMLP
 
     one_of("kind", kind, ("mlp", "attn"))
@@ -160,8 +163,12 @@ def run_tp(rank: int, world_size: int, kind: str, module: nn.Module, x: torch.Te
         out = tp(x)
     with count_comm() as bwd:
         out.backward(grad_out)
+    full = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in tp.parameters()}
     return {"out": out.detach(), "x_grad": x.grad, "param_bytes": sum(
-        p.numel() * p.element_size() for p in tp.parameters()), "tp_rank": tp_rank,
+        p.numel() * p.element_size() for p in tp.parameters()), "storage_bytes": sum(storages.values()),
+        "shares_storage": [n for n, p in tp.named_parameters() if p.untyped_storage().data_ptr() in full],
+        "tp_rank": tp_rank,
         "tp_size": tp_size, "grads": {n: p.grad for n, p in tp.named_parameters()},
         "forward": _counts(fwd), "backward": _counts(bwd)}
 

@@ -174,3 +174,22 @@ def run_sp_attn(rank: int, world_size: int, block: nn.Module, x: torch.Tensor,
         res["block"] = {"out": out.detach(), "x_grad": xr.grad, "forward": comm_counts(fwd),
                         "backward": comm_counts(bwd), "saved_bytes": saved.bytes}
     return res
+
+
+def apply_selective_checkpointing(model: nn.Module, policy=None) -> nn.Module:
+    """Wrap every block of ``model.h`` in the student's ``SelectiveCheckpointBlock`` (exercise
+    5.4), in place; return the model.
+
+    The parameters stay the same objects in the same order (names gain ``.block``).
+    ``policy``: None for ``keep_matmuls_policy``, or any policy such as ``FlopsPerBytePolicy``.
+    """
+    if not isinstance(getattr(model, "h", None), nn.ModuleList):
+        raise TypeError(f"model must be a course GPT (blocks in the nn.ModuleList model.h), got "
+                        f"{type(model).__name__}")
+    from labkit.lab5.selective_checkpoint import SelectiveCheckpointBlock
+
+    for i, block in enumerate(model.h):
+        if isinstance(block, SelectiveCheckpointBlock):
+            block = block.block
+        model.h[i] = SelectiveCheckpointBlock(block, policy)
+    return model

@@ -1,11 +1,55 @@
-"""Harnesses for lab 6's exercises 6.3, 6.4 and 6.6: the student's code on real gloo ranks.
+"""Harnesses for lab 6: the student's allocator simulator on a trace (6.1), and their code on real gloo ranks (6.3, 6.6).
 
+``replay`` runs a trace (``labkit.allocation_trace``) through the student's ``CachingAllocator``
+(exercise 6.1) and records allocated, reserved and requested bytes after every event.
 ``mesh_worker`` builds the student's process groups (``labkit.lab6.device_mesh``, exercise 6.3)
 next to PyTorch's ``init_device_mesh`` (the reference) and all-reduces along every axis in both.
 ``run_expert_parallel`` runs the student's ``ExpertParallelMoE`` (exercise 6.6) forward and
 backward on each rank's tokens, counting its all-to-alls.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labkit.allocation_trace import check_trace
+
+
+@dataclass
+class ReplayResult:
+    """Bytes after every event of a replayed trace."""
+    allocated: list[int]
+    reserved: list[int]
+    requested: list[int]
+    segment_log: list[int]
+    allocator: "CachingAllocator"  # noqa: F821 (labkit.lab6.caching_allocator's)
+
+    @property
+    def peak_allocated(self) -> int:
+        return max(self.allocated, default=0)
+
+    @property
+    def peak_reserved(self) -> int:
+        return max(self.reserved, default=0)
+
+
+def replay(trace, **allocator_kwargs) -> ReplayResult:
+    """Replay a trace in a fresh ``CachingAllocator(**allocator_kwargs)`` (the student's,
+    exercise 6.1): the bytes after every event, and the allocator itself."""
+    from labkit.lab6.caching_allocator import CachingAllocator
+
+    trace = check_trace(trace)
+    alloc = CachingAllocator(**allocator_kwargs)
+    handles = {}
+    allocated, reserved, requested = [], [], []
+    for op, ident, nbytes in trace:
+        if op == "alloc":
+            handles[ident] = alloc.malloc(nbytes)
+        else:
+            alloc.free(handles.pop(ident))
+        allocated.append(alloc.allocated_bytes)
+        reserved.append(alloc.reserved_bytes)
+        requested.append(alloc.requested_bytes)
+    return ReplayResult(allocated, reserved, requested, list(alloc.segment_log), alloc)
 
 
 def mesh_worker(rank: int, world_size: int, shape, names) -> dict:

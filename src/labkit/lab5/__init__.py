@@ -18,7 +18,8 @@ Everything outside ``labkit/lab5/`` is the course's toolkit (``labkit.measure``,
 exercise with ``labkit.check("5.1")``.
 """
 from labkit.overlay import solutions_overlay
-from labkit.torch_compat import selective_checkpoint_op_output
+from labkit.torch_compat import distributed_new_names, selective_checkpoint_op_output
 
 selective_checkpoint_op_output()  # ctx.op_output for 5.4's policy on an older torch (Colab's)
+distributed_new_names()  # 5.8: dist.all_gather_single on a torch older than 2.13 (Colab's)
 solutions_overlay(__path__, "lab5")

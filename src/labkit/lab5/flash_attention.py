@@ -85,19 +85,23 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return torch.softmax(scores, dim=-1) @ v  # (B, H, S, D)
 
 
-def _causal_bias(q0: int, k0: int, bq: int, bk: int, dtype: torch.dtype, device: torch.device,
-                 cache: dict) -> torch.Tensor | None:
-    """The additive causal mask of the tile of queries [q0, q0+bq) × keys [k0, k0+bk): (bq, bk),
-    0 where key ≤ query and -inf where key > query; None for a tile wholly on or below the
-    diagonal (it needs no mask). Built once per distinct (q0 - k0, bq, bk) and kept in ``cache``."""
+_ABOVE_DIAGONAL: dict = {}  # (q0 - k0, bq, bk, device) -> bool mask; a few KiB each, bounded
+
+
+def _above_diagonal(q0: int, k0: int, bq: int, bk: int, device: torch.device) -> torch.Tensor | None:
+    """The causal mask of the tile of queries [q0, q0+bq) × keys [k0, k0+bk): a (bq, bk) bool
+    tensor, True where the key comes after the query (the scores to hide); None for a tile wholly
+    on or below the diagonal (it needs no mask). Built once per distinct (q0 - k0, bq, bk) and
+    device and kept for later calls (at most 64 of them: one byte per entry)."""
     if k0 + bk - 1 <= q0:
         return None
-    key = (q0 - k0, bq, bk)
-    if key not in cache:
-        above = torch.ones(bq, bk, dtype=torch.bool, device=device).triu(q0 - k0 + 1)
-        cache[key] = torch.zeros(bq, bk, dtype=dtype, device=device).masked_fill_(
-            above, float("-inf"))
-    return cache[key]
+    key = (q0 - k0, bq, bk, device)
+    mask = _ABOVE_DIAGONAL.get(key)
+    if mask is None:
+        if len(_ABOVE_DIAGONAL) >= 64:
+            _ABOVE_DIAGONAL.clear()
+        mask = _ABOVE_DIAGONAL[key] = torch.ones(bq, bk, dtype=torch.bool, device=device).triu(q0 - k0 + 1)
+    return mask
 
 
 # ==== exercise 5.6: your code ====

@@ -58,20 +58,3 @@ class FusedGeluTanh(torch.autograd.Function):
 def fused_gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """``FusedGeluTanh.apply(x)``."""
     return FusedGeluTanh.apply(tensor("x", x, floating=True))
-
-
-def retained_bytes(fn, x: torch.Tensor) -> int:
-    """Bytes of the tensors created by ``y = fn(x)`` that are still alive after it returns,
-    while ``y`` (and so its autograd graph) is alive: the output plus what backward keeps."""
-    from labkit.lab6.caching_allocator import record_trace
-
-    tensor("x", x)
-    trace, y = record_trace(fn, x)
-    sizes = {}
-    for op, ident, nbytes in trace:
-        if op == "alloc":
-            sizes[ident] = nbytes
-        else:
-            sizes.pop(ident)
-    del y
-    return sum(sizes.values())

@@ -37,10 +37,10 @@ class TensorLife:
 
 
 def lifetimes(trace, *, round_to: int = 1) -> list[TensorLife]:
-    """The tensors of an allocation trace (``labkit.lab6.caching_allocator`` format), sizes rounded
+    """The tensors of an allocation trace (``labkit.allocation_trace``'s format), sizes rounded
     up to a multiple of ``round_to`` bytes (512 to compare with the CUDA allocator; a 0-byte
     tensor stays 0: the allocator gives it no block)."""
-    from labkit.lab6.caching_allocator import check_trace
+    from labkit.allocation_trace import check_trace
 
     trace = check_trace(trace)
     round_to = positive_int("round_to", round_to)
