@@ -281,7 +281,7 @@ def test_interleaved_bubble_is_p_minus_1_over_v_m_plus_p_minus_1():
                 f"(v·max(M,P)+min(M,P)−1)(F+B) = {slots * (f + b)}: do chunk c+1's forwards on rank 0 "
                 "wait for chunk c on rank P−1, and is the warm-up long enough?")
             assert tl.bubble == want, (f"interleaved P={P} M={M} v={v}: bubble {tl.bubble}, expected "
-                                       f"{want}" + (f" = (P−1)/(vM+P−1)" if M >= P else ""))
+                                       f"{want}" + (" = (P−1)/(vM+P−1)" if M >= P else ""))
 
 
 @pytest.mark.exercise("3.5", points=1)
