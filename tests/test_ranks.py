@@ -126,14 +126,33 @@ def test_hanging_rank_raises_rank_timeout_at_the_deadline(tmp_path):
 
 
 def test_keyboard_interrupt_in_the_parent_kills_every_rank(tmp_path):
-    """Check that Ctrl-C while the parent waits leaves no rank (nor its children) running."""
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    """Check that Ctrl-C while the parent waits leaves no rank (nor its children) running.
+
+    The interrupt comes once both ranks have written their pids (the parent is then waiting for
+    them, not importing or forking) and goes to the main thread (``pthread_kill``), as a
+    terminal's or Jupyter's interrupt does: ``os.kill(os.getpid())`` from a helper thread may be
+    taken by that thread, leaving the main thread asleep in ``wait`` (a flaky RankTimeout under
+    load). It is sent again every 2 s until ``launch`` returns, as a user presses Ctrl-C again.
+    """
+    stop, main = threading.Event(), threading.main_thread().ident
+
+    def interrupt():
+        while len(list(tmp_path.glob("rank*.pids"))) < 2:
+            if stop.wait(0.05):
+                return
+        while True:
+            signal.pthread_kill(main, signal.SIGINT)
+            if stop.wait(2.0):
+                return
+
+    sender = threading.Thread(target=interrupt, daemon=True)
+    sender.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             launch(ex.hang_on_rank, 2, stuck_rank=1, pid_dir=str(tmp_path), timeout=30)
     finally:
-        timer.cancel()
+        stop.set()
+        sender.join()
     assert_all_gone(_pids_written(tmp_path))
 
 
