@@ -143,13 +143,13 @@ def test_the_gemms_are_the_models_weights(monkeypatch):
         return real(cluster, rows, cols, inner, e, batch, rate)
 
     monkeypatch.setattr(kernels, "gemm_seconds", counting)
+    kernels._micro_batch_time.cache_clear()
     m = cm.ModelSpec.llama(7e9, 32, 4096, 32, 8, 11008, 4096, "7B", vocab_size=32000)
     kernels.micro_batch_time(m, cm.Cluster(8), config(tp=4, attention="fused", micro_batch=2,
                                                       sequence_parallel=True))
     tokens = 2 * 4096
     per_layer = 2 * tokens * m.block_weights / 32 / 4
     out = 2 * tokens * 32000 * 4096 / 4
-    assert flops[0::3][:4] == pytest.approx([f for f in flops[0::3][:4]])  # forward GEMMs first of each triple
     assert sum(flops[0:12:3]) == pytest.approx(per_layer, rel=1e-12)
     assert sum(flops[1:12:3]) + sum(flops[2:12:3]) == pytest.approx(2 * per_layer, rel=1e-12)
     assert flops[12] == pytest.approx(out, rel=1e-12)

@@ -221,7 +221,7 @@ def test_plan_searches_sequence_parallelism_virtual_stages_and_resharding():
     after forward) beats two."""
     cases = [
         ("interleave", cost_model.ModelSpec(4e9, 16, 2048, 16, 2048, "4B"),
-         cost_model.Cluster(16, gpus_per_node=2, memory_bytes=24 * GB), 16,
+         cost_model.Cluster(16, gpus_per_node=1, memory_bytes=16 * GB), 16,
          dict(zero_stages=(1,), checkpointing=("full",), attention=("fused",))),
         ("SP", cost_model.ModelSpec(8e9, 8, 4096, 32, 4096, "8B"), cost_model.Cluster(4, memory_bytes=48 * GB),
          4, dict(zero_stages=(1,), checkpointing=("none",), attention=("fused",), interleave=(False,))),

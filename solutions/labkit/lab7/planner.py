@@ -10,8 +10,9 @@ host memory) fits, and returns the fastest, with the runners-up and the reason e
 What a configuration costs is the course's cost model, ``labkit.cost_model`` (read its module
 docstrings: the planner's answer is only as good as they are): ``evaluate(model, cluster, config,
 global_batch, margin)`` gives its bytes per consumer on the busiest GPU, whether it fits, and its
-step time; ``combinations`` the choices a layout may be paired with; ``check_space`` the
-argument checks. This file holds the search: which layouts exist, which configurations to try,
+step time (``memory_estimate(model, config)`` and ``host_bytes(model, gpus_per_node, config)``
+give the bytes alone, without the time, which costs more to compute); ``combinations`` the
+choices a layout may be paired with; ``check_space`` the argument checks. This file holds the search: which layouts exist, which configurations to try,
 which to skip without trying, how to rank them, and what to say when nothing fits.
 
 Chapter 7 (book/07_panorama.md); Lab 7, exercise 7.1 (labs/07_panorama.ipynb).
@@ -23,7 +24,8 @@ import math
 from dataclasses import replace
 
 from labkit.cost_model import (ATTENTION, CHECKPOINTING, DEFAULT_MARGIN, Cluster, Config,
-                               ModelSpec, PlanResult, check_space, combinations, evaluate)
+                               ModelSpec, PlanResult, check_space, combinations, evaluate,
+                               host_bytes, memory_estimate)
 from labkit.memory_model import CONSUMERS, ZERO_STAGES, bytes_per_parameter
 
 GB = 10**9
@@ -112,21 +114,22 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, recipes=("mix
                 cfg = Config(recipe, optimizer, dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=1,
                              n_micro=per_rank, **choice)
                 # the static and host state do not depend on recomputation or micro-batches
-                first = evaluate(model, cluster, cfg, global_batch, margin)
-                static = first.memory["total"] - first.memory["activations"]
+                memory = memory_estimate(model, cfg)
+                static = memory["total"] - memory["activations"]
                 smallest_static = min(smallest_static, static)
                 if static > usable:
                     continue
-                smallest_host = min(smallest_host, first.host)
-                if first.host > host_usable:
+                host = host_bytes(model, min(cluster.gpus_per_node, cluster.n_gpus), cfg)
+                smallest_host = min(smallest_host, host)
+                if host > host_usable:
                     continue
                 for b in sizes:  # activations never shrink as b grows: stop at the first miss
-                    est = first if b == 1 else evaluate(
-                        model, cluster, replace(cfg, micro_batch=b, n_micro=per_rank // b), global_batch, margin)
-                    smallest_total = min(smallest_total, est.memory["total"])
-                    if not est.fits:
+                    cfg = replace(cfg, micro_batch=b, n_micro=per_rank // b)
+                    total = memory_estimate(model, cfg)["total"]
+                    smallest_total = min(smallest_total, total)
+                    if total > usable:
                         break
-                    fitting.append(est)
+                    fitting.append(evaluate(model, cluster, cfg, global_batch, margin))
     if not fitting:
         if smallest_static > usable:
             on_gpu = ("parameters",) if True in space["offload"] else CONSUMERS[:3]

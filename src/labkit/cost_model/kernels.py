@@ -29,6 +29,8 @@ Each kernel of a transformer layer is timed by what bounds it, not by one utilis
   what forward saved and writes gradients). The h-wide ones run on s/T tokens with sequence
   parallelism and on all s tokens of every TP rank without it.
 
+The last pipeline stage also runs the output layer (``ModelSpec.extra_weights``): every stage
+waits for it, so it is charged whole to the step, as Megatron-LM's uneven stages would balance.
 Left out: kernel-launch gaps, cuBLAS's split-K and stream-K kernels (which soften the wave
 quantization of thin GEMMs), the rotary embedding and the optimizer's own kernels. The
 datasheet HBM bandwidth is an upper bound (memory-bound kernels reach 80–90% of it).
@@ -37,6 +39,7 @@ Chapter 7 (book/07_panorama.md).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -80,7 +83,8 @@ def forward_and_backward_gemm(cluster: Cluster, rows, cols, inner, e, rate) -> t
 
 @dataclass(frozen=True)
 class MicroBatchTime:
-    """Seconds one GPU spends on one micro-batch of its L/P layers (all its virtual stages):
+    """Seconds the slowest GPU — the last stage, which adds the output layer to its L/P layers —
+    spends on one micro-batch (all its virtual stages):
     ``forward``, ``backward``, ``recompute`` (the part of forward recomputation repeats), and
     the attention core's part of forward (``attention``), which a context-parallel ring's
     transfers can hide behind."""
@@ -97,6 +101,17 @@ class MicroBatchTime:
 
 def micro_batch_time(model: ModelSpec, cluster: Cluster, cfg: Config) -> MicroBatchTime:
     """The module docstring's kernels for one micro-batch of this GPU's layers."""
+    return _micro_batch_time(model, cluster, cfg.recipe, cfg.tp, cfg.pp, cfg.cp, cfg.micro_batch,
+                             cfg.attention, cfg.sequence_parallel, cfg.checkpointing)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _micro_batch_time(model, cluster, recipe, tp, pp, cp, micro_batch, attention,
+                      sequence_parallel, checkpointing) -> MicroBatchTime:
+    """``micro_batch_time`` of the fields it depends on (cached: a search asks for the same
+    micro-batch under every ZeRO stage, data-parallel size and schedule)."""
+    cfg = Config(recipe, "adam", 0, False, 1, tp, pp, cp, checkpointing, micro_batch, 1, attention,
+                 sequence_parallel)
     e = RECIPES[cfg.recipe].activation
     rate, flash = cluster.matmul_flops, cluster.attention_flops
     if cfg.recipe == "fp32":  # no 16-bit tensor cores: every rate scales down with the peak
@@ -135,7 +150,8 @@ def micro_batch_time(model: ModelSpec, cluster: Cluster, cfg: Config) -> MicroBa
     again = {"none": 0.0, "full": layer_f,
              "selective": attn_f + scores_bytes / cluster.hbm_bw}[cfg.checkpointing]
     layers = model.n_layer // cfg.pp
-    # the output layer (and whatever Ψ holds outside the layers), spread evenly over the stages
-    out_f, out_b = forward_and_backward_gemm(cluster, m, model.extra_weights / (h * T), h, e, rate)
-    return MicroBatchTime(layers * layer_f + out_f / cfg.pp, layers * layer_b + out_b / cfg.pp,
-                          layers * again, layers * attn_f)
+    # the output layer (and whatever Ψ holds outside the layers) runs on the last stage, the
+    # slowest one, which sets the pipeline's pace
+    out_f, out_b = forward_and_backward_gemm(cluster, m, model.extra_weights / (h * T), h, e, rate) \
+        if model.extra_weights else (0.0, 0.0)
+    return MicroBatchTime(layers * layer_f + out_f, layers * layer_b + out_b, layers * again, layers * attn_f)

@@ -43,6 +43,8 @@ Chapter 7 (book/07_panorama.md).
 """
 from __future__ import annotations
 
+import functools
+
 from labkit.memory_model import CONSUMERS, RECIPES, bytes_per_parameter
 
 from .spec import Config, ModelSpec
@@ -58,9 +60,13 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
     return max((r * q + q - 1) // group - (r * q) // group + 1 for r in range(tp))
 
 
+_per_parameter = functools.lru_cache(maxsize=None)(bytes_per_parameter)
+"""``bytes_per_parameter``, cached (read, never changed, here)."""
+
+
 def static_bytes(model: ModelSpec, cfg: Config) -> dict[str, float]:
     """Parameters, gradients and optimizer states on one GPU (module docstring)."""
-    per = bytes_per_parameter(cfg.recipe, cfg.optimizer)
+    per = _per_parameter(cfg.recipe, cfg.optimizer)
     local, n = model.n_params / (cfg.tp * cfg.pp), cfg.dp * cfg.cp
     z, whole = cfg.zero_stage, cfg.zero_stage == 3 and not cfg.reshard_after_forward
     return {"parameters": local * per["parameters"] / (n if z >= 3 and not whole else 1),
@@ -121,5 +127,5 @@ def host_bytes(model: ModelSpec, gpus_per_node: int, cfg: Config) -> float:
     without offload."""
     if not cfg.offload:
         return 0.0
-    per = bytes_per_parameter(cfg.recipe, cfg.optimizer)
+    per = _per_parameter(cfg.recipe, cfg.optimizer)
     return gpus_per_node * offloaded_shard(model, cfg) * (per["optimizer states"] + per["gradients"])

@@ -112,16 +112,16 @@ def data_parallel(model: ModelSpec, cluster: Cluster, cfg: Config, mb: MicroBatc
     backward, forward = mb.backward + mb.recompute, mb.forward
     z = cfg.zero_stage
     if z == 0:
-        parts = [_exposed(2 * grads, backward, share)]
+        parts = [(1, _exposed(2 * grads, backward, share))]
     elif z == 1:
-        parts = [_exposed(grads, backward, share), _exposed(params, forward, share)]
+        parts = [(1, _exposed(grads, backward, share)), (1, _exposed(params, forward, share))]
     elif z == 2:
-        parts = [_exposed(grads, backward, share)] * m + [_exposed(params, forward, share)]
+        parts = [(m, _exposed(grads, backward, share)), (1, _exposed(params, forward, share))]
     elif cfg.reshard_after_forward:
-        parts = [_exposed(params, forward, share), _exposed(params + grads, backward, share)] * m
+        parts = [(m, _exposed(params, forward, share)), (m, _exposed(params + grads, backward, share))]
     else:
-        parts = [_exposed(params, forward, share), _exposed(grads, backward, share)] * m
-    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+        parts = [(m, _exposed(params, forward, share)), (m, _exposed(grads, backward, share))]
+    return sum(k * p[0] for k, p in parts), sum(k * p[1] for k, p in parts)
 
 
 def step_time(model: ModelSpec, cluster: Cluster, cfg: Config, global_batch: int) -> StepTime:

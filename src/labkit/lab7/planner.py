@@ -10,8 +10,9 @@ host memory) fits, and returns the fastest, with the runners-up and the reason e
 What a configuration costs is the course's cost model, ``labkit.cost_model`` (read its module
 docstrings: the planner's answer is only as good as they are): ``evaluate(model, cluster, config,
 global_batch, margin)`` gives its bytes per consumer on the busiest GPU, whether it fits, and its
-step time; ``combinations`` the choices a layout may be paired with; ``check_space`` the
-argument checks. This file holds the search: which layouts exist, which configurations to try,
+step time (``memory_estimate(model, config)`` and ``host_bytes(model, gpus_per_node, config)``
+give the bytes alone, without the time, which costs more to compute); ``combinations`` the
+choices a layout may be paired with; ``check_space`` the argument checks. This file holds the search: which layouts exist, which configurations to try,
 which to skip without trying, how to rank them, and what to say when nothing fits.
 
 Chapter 7 (book/07_panorama.md); Lab 7, exercise 7.1 (labs/07_panorama.ipynb).
@@ -23,7 +24,8 @@ import math
 from dataclasses import replace
 
 from labkit.cost_model import (ATTENTION, CHECKPOINTING, DEFAULT_MARGIN, Cluster, Config,
-                               ModelSpec, PlanResult, check_space, combinations, evaluate)
+                               ModelSpec, PlanResult, check_space, combinations, evaluate,
+                               host_bytes, memory_estimate)
 from labkit.memory_model import CONSUMERS, ZERO_STAGES, bytes_per_parameter
 
 GB = 10**9
