@@ -12,8 +12,9 @@ docstrings: the planner's answer is only as good as they are): ``evaluate(model,
 global_batch, margin)`` gives its bytes per consumer on the busiest GPU, whether it fits, and its
 step time (``memory_estimate(model, config)`` and ``host_bytes(model, gpus_per_node, config)``
 give the bytes alone, without the time, which costs more to compute); ``combinations`` the
-choices a layout may be paired with; ``check_space`` the argument checks. This file holds the search: which layouts exist, which configurations to try,
-which to skip without trying, how to rank them, and what to say when nothing fits.
+choices a layout may be paired with; ``check_space`` the argument checks. This file holds the
+search: which layouts exist, which configurations to try, which to skip without trying, how to
+rank them, and what to say when nothing fits.
 
 Chapter 7 (book/07_panorama.md); Lab 7, exercise 7.1 (labs/07_panorama.ipynb).
 """
