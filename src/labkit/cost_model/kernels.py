@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from labkit.memory_model import RECIPES
 
@@ -61,7 +62,7 @@ def wave_efficiency(rows: int, cols: int, n_sm: int, batch: int = 1) -> float:
     return tiles / (math.ceil(tiles / n_sm) * n_sm)
 
 
-def gemm_seconds(cluster: Cluster, rows: float, cols: float, inner: float, element_bytes: int,
+def gemm_seconds(cluster: Cluster | Rates, rows: float, cols: float, inner: float, element_bytes: int,
                  batch: int = 1, rate: float | None = None) -> float:
     """Seconds of ``batch`` GEMMs (rows × inner) @ (inner × cols) on one GPU: the roofline over
     the wave efficiency. ``rate`` defaults to the cluster's matmul ceiling."""
@@ -72,7 +73,7 @@ def gemm_seconds(cluster: Cluster, rows: float, cols: float, inner: float, eleme
     return max(compute, moved / cluster.hbm_bw)
 
 
-def forward_and_backward_gemm(cluster: Cluster, rows, cols, inner, e, rate) -> tuple[float, float]:
+def forward_and_backward_gemm(cluster: Cluster | Rates, rows, cols, inner, e, rate) -> tuple[float, float]:
     """(forward, backward) seconds of one linear layer: Y = X·W forward; backward dX = dY·Wᵀ
     (rows × inner, over cols) and dW = Xᵀ·dY (inner × cols, over rows)."""
     fwd = gemm_seconds(cluster, rows, cols, inner, e, rate=rate)
@@ -99,17 +100,30 @@ class MicroBatchTime:
         return self.forward + self.backward + self.recompute
 
 
+class Rates(NamedTuple):
+    """What a GPU's kernels run at: the ``Cluster`` fields the kernels read (no link, no host)."""
+
+    flops: float
+    fp32_flops: float
+    matmul_flops: float
+    attention_flops: float
+    hbm_bw: float
+    n_sm: int
+
+
 def micro_batch_time(model: ModelSpec, cluster: Cluster, cfg: Config) -> MicroBatchTime:
     """The module docstring's kernels for one micro-batch of this GPU's layers."""
-    return _micro_batch_time(model, cluster, cfg.recipe, cfg.tp, cfg.pp, cfg.cp, cfg.micro_batch,
+    rates = Rates(*(getattr(cluster, f) for f in Rates._fields))
+    return _micro_batch_time(model, rates, cfg.recipe, cfg.tp, cfg.pp, cfg.cp, cfg.micro_batch,
                              cfg.attention, cfg.sequence_parallel, cfg.checkpointing)
 
 
-@functools.lru_cache(maxsize=1 << 14)
+@functools.lru_cache(maxsize=1 << 15)
 def _micro_batch_time(model, cluster, recipe, tp, pp, cp, micro_batch, attention,
                       sequence_parallel, checkpointing) -> MicroBatchTime:
     """``micro_batch_time`` of the fields it depends on (cached: a search asks for the same
-    micro-batch under every ZeRO stage, data-parallel size and schedule)."""
+    micro-batch under every ZeRO stage, data-parallel size, schedule and bandwidth); ``cluster``
+    is the GPU's ``Rates``."""
     cfg = Config(recipe, "adam", 0, False, 1, tp, pp, cp, checkpointing, micro_batch, 1, attention,
                  sequence_parallel)
     e = RECIPES[cfg.recipe].activation

@@ -108,22 +108,26 @@ def sensitivity(model: ModelSpec, cluster: Cluster, global_batch: int, ranked: l
     combinations by default; memory does not change, only time). Returns ``{"winners": {Config:
     combinations where it is fastest}, "spread": {Config: (fastest, slowest) step time}}`` for the
     winners, most wins first: the configurations this model cannot tell apart within those
-    factors. A configuration whose fastest possible time (every rate at the top of the box, its
-    overlapped traffic hidden) exceeds the best's slowest possible one wins nowhere and is skipped."""
+    factors. A step's time never grows as a rate grows (a faster kernel shrinks the window that
+    hides traffic, but never by more than it saves), so a configuration is fastest at the top
+    corner of the box and slowest at the bottom one: one whose fastest time exceeds the nominal
+    best's slowest wins nowhere and is skipped."""
     lo, hi = min(factors), max(factors)
-    best = ranked[0].time
-    ceiling = (best.total + sum(best.hidden.values())) / lo
-    candidates = [e for e in ranked
-                  if (e.time.total - e.time.comm["dp"] - e.time.comm["cp"]) / hi <= ceiling]
-    wins, spread = {}, {}
-    for combo in itertools.product(factors, repeat=len(KNOBS)):
-        box = scaled(cluster, **dict(zip(KNOBS, combo)))
-        times = [(step_time(model, box, e.config, global_batch).total, e.memory["total"], e.config)
-                 for e in candidates]
-        first = min(times)
+    slowest, fastest = scaled(cluster, **dict.fromkeys(KNOBS, lo)), scaled(cluster, **dict.fromkeys(KNOBS, hi))
+    ceiling = step_time(model, slowest, ranked[0].config, global_batch).total
+    floors = sorted(((step_time(model, fastest, e.config, global_batch).total, i) for i, e in enumerate(ranked)))
+    candidates = [(t, ranked[i]) for t, i in floors if t <= ceiling]
+    boxes = [scaled(cluster, **dict(zip(KNOBS, combo))) for combo in itertools.product(factors, repeat=len(KNOBS))]
+    wins = {}
+    for box in boxes:
+        first = None
+        for floor, e in candidates:  # by their fastest time: none after one slower than the leader
+            if first is not None and floor > first[0]:
+                break
+            key = (step_time(model, box, e.config, global_batch).total, e.memory["total"], e.config)
+            first = key if first is None or key < first else first
         wins[first[2]] = wins.get(first[2], 0) + 1
-        for t, _, cfg in times:
-            a, b = spread.get(cfg, (math.inf, 0.0))
-            spread[cfg] = (min(a, t), max(b, t))
+    spread = {cfg: (min(t), max(t)) for cfg in wins
+              for t in [[step_time(model, box, cfg, global_batch).total for box in boxes]]}
     order = sorted(wins.items(), key=lambda kv: -kv[1])
     return {"winners": dict(order), "spread": {cfg: spread[cfg] for cfg, _ in order}}

@@ -289,7 +289,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def repository_root() -> Path:
     """The course repository that holds this labkit (src/labkit → the root)."""
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[3]
 
 
 def check(exercise: str, *, verbose: bool = False, timeout: float = 900) -> bool:
