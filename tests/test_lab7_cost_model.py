@@ -309,3 +309,27 @@ def test_bad_plan_arguments_are_named():
             planner.plan(model, cm.Cluster(2, host_adam_rate=1e9), 4, **kw)
         msg = str(err.value)
         assert "empty" in msg and word in msg and "inf" not in msg, msg
+
+
+def test_memory_agrees_with_chapter_6_where_exercise_6_4_is_written():
+    """The cost model's per-GPU bytes equal lab 6's ``parallel_memory.per_gpu_bytes`` (exercise
+    6.4, chapter 6's model) on 6.4's domain: plain 1F1B, T dividing the key/value heads, no
+    offload, ZeRO re-sharding as usual."""
+    from labkit.lab6 import parallel_memory
+
+    cases = [(cm.ModelSpec(1e8, 8, 256, 4, 128), dict(checkpointing="selective")),
+             (cm.ModelSpec(1e8, 8, 256, 4, 128), dict(checkpointing="none", attention="naive")),
+             (cm.ModelSpec.llama(1e8, 8, 256, 4, 2, 640, 128), dict(checkpointing="none", attention="fused"))]
+    for model, extra in cases:
+        cfg = config(**{**dict(zero_stage=2, dp=2, tp=2, pp=2, cp=2, micro_batch=2, n_micro=4,
+                               sequence_parallel=True), **extra})
+        try:
+            want = parallel_memory.per_gpu_bytes(
+                model.n_params, world_size=16, dp=2, tp=2, pp=2, cp=2, zero_stage=2, n_layer=8,
+                hidden=256, n_head=4, seq_len=128, micro_batch=2, n_micro=4, sequence_parallel=True,
+                n_kv_head=model.n_kv_head, ffn_hidden=model.ffn_hidden, gated_mlp=model.gated_mlp,
+                dropout=model.dropout, **extra)
+        except NotImplementedError:
+            pytest.skip("exercise 6.4 not written")
+        got = cm.memory_estimate(model, cfg)
+        assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-12), extra
