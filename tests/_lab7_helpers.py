@@ -1,39 +1,72 @@
-"""What lab 7's test files share (not collected): lab 6's per-GPU memory model written out.
+"""What lab 7's planner tests share (not collected): a search without pruning, written plainly.
 
-The planner's memory comes from lab 6's ``parallel_memory.per_gpu_bytes`` (exercise 6.4); lab 7's
-tests replace it with ``reference_per_gpu_bytes``, the formulas of the ZeRO paper (Rajbhandari et
-al. 2019, https://arxiv.org/abs/1910.02054) and of Korthikanti et al. 2022
-(https://arxiv.org/abs/2205.05198) written out plainly, so that no lab 7 result depends on the
-student's 6.4.
+``brute_force`` enumerates every configuration the docstring of ``labkit.lab7.planner.plan``
+describes — every (dp, tp, pp) in 1..N with cp = N/(dp·tp·pp), every micro-batch size in
+1..global_batch, every recipe, optimizer, ZeRO stage (ZeRO-3 with and without re-sharding after
+forward), offload flag, attention kernel, recomputation, sequence parallelism and number of
+virtual pipeline stages — filtered by the rules stated there, scored with the course's
+``labkit.cost_model.evaluate`` (memory and time are not the exercise) and sorted by the stated
+order. No pruning, no cleverness: slow and obviously right. Both sides call the same
+``evaluate`` on the same ``Config``, so floats are identical and comparisons exact.
 """
 from __future__ import annotations
 
-from labkit import memory_model
+import itertools
+
+from labkit import cost_model
+
+GB = 10**9
+DEFAULT_SPACE = dict(recipes=("mixed",), optimizers=("adam",), zero_stages=(0, 1, 2, 3),
+                     checkpointing=("none", "selective", "full"), offload=(False,),
+                     attention=("naive", "fused"), sequence_parallel=(False, True),
+                     interleave=(False, True), reshard_after_forward=(True, False))
 
 
-def reference_per_gpu_bytes(n_params, *, world_size, dp=1, tp=1, pp=1, cp=1, zero_stage=0,
-                            recipe="mixed", optimizer="adam", n_layer, hidden, n_head, seq_len,
-                            micro_batch, n_micro=1, checkpointing="none", sequence_parallel=False,
-                            attention="naive", n_kv_head=None, ffn_hidden=None, gated_mlp=False,
-                            dropout=True):
-    """Lab 6's per-GPU model, written out: ZeRO's table and Korthikanti's activations (a rank's
-    s/C queries against all s keys; fused attention keeps no scores; a Llama-style layer's
-    K, V of n_kv_head heads, three f-wide SwiGLU tensors, no dropout masks)."""
-    assert dp * tp * pp * cp == world_size and n_head % tp == 0 and n_layer % pp == 0
-    per = memory_model.bytes_per_parameter(recipe, optimizer)
-    local, n = n_params / (tp * pp), dp * cp
-    out = {"parameters": local * per["parameters"] / (n if zero_stage >= 3 else 1),
-           "gradients": local * per["gradients"] / (n if zero_stage >= 2 else 1),
-           "optimizer states": local * per["optimizer states"] / (n if zero_stage >= 1 else 1)}
-    e = memory_model.RECIPES[recipe].activation
-    s, b, h, a = seq_len // cp, micro_batch, hidden, n_head
-    g, f = n_kv_head or a, ffn_hidden or 4 * h
-    masks = 1 if dropout else 0
-    if checkpointing == "full":
-        layer = e * s * b * h / (tp if sequence_parallel else 1)
-    else:
-        scores = a * s * seq_len * b * (e + masks * (e + 1)) if (checkpointing, attention) == ("none", "naive") else 0
-        split = (e * s * b * (2 * h + 2 * h * g / a + (3 if gated_mlp else 2) * f) + scores) / tp
-        layer = (4 * e + 2 * masks) * s * b * h / (tp if sequence_parallel else 1) + split
-    out["activations"] = n_layer // pp * min(pp, n_micro) * layer
-    return out
+def brute_layouts(model, cluster, global_batch):
+    N, out = cluster.n_gpus, []
+    for dp, tp, pp in itertools.product(range(1, N + 1), repeat=3):
+        cp, rest = divmod(N, dp * tp * pp)
+        if rest or cp == 0:
+            continue
+        if (tp <= cluster.gpus_per_node and model.n_head % tp == 0 and model.n_layer % pp == 0
+                and model.seq_len % cp == 0 and global_batch % dp == 0):
+            out.append((dp, tp, pp, cp))
+    return sorted(out)
+
+
+def brute_configs(model, cluster, global_batch, space):
+    """Every Config of the space, by the rules of plan()'s docstring and ``combinations``."""
+    for recipe, opt, zero, off, attn, ckpt in itertools.product(
+            space["recipes"], space["optimizers"], space["zero_stages"], space["offload"],
+            space["attention"], space["checkpointing"]):
+        if (off and zero == 0) or (ckpt == "selective" and attn == "fused"):
+            continue
+        for dp, tp, pp, cp in brute_layouts(model, cluster, global_batch):
+            if cp > 1 and attn != "fused":
+                continue
+            per_stage = model.n_layer // pp
+            deeper = [v for v in range(2, per_stage + 1) if per_stage % v == 0] \
+                if pp > 1 and True in space["interleave"] else []
+            virtual = ([1] if False in space["interleave"] or not deeper else []) + deeper
+            reshards = space["reshard_after_forward"] if zero == 3 else (True,)
+            sps = space["sequence_parallel"] if tp > 1 else (False,)
+            for b, reshard, sp, v in itertools.product(range(1, global_batch + 1), reshards, sps, virtual):
+                if global_batch % (dp * b):
+                    continue
+                yield cost_model.Config(recipe, opt, zero, off, dp, tp, pp, cp, ckpt, b,
+                                        global_batch // (dp * b), attn, sp, v, reshard)
+
+
+def brute_force(model, cluster, global_batch, margin=0.1, **space):
+    """(every fitting configuration in the planner's order, every configuration evaluated)."""
+    space = {**DEFAULT_SPACE, **space}
+    every = [cost_model.evaluate(model, cluster, cfg, global_batch, margin)
+             for cfg in brute_configs(model, cluster, global_batch, space)]
+    fitting = sorted((e for e in every if e.fits), key=lambda e: (e.time.total, e.memory["total"], e.config))
+    return fitting, every
+
+
+def describe(model, cluster, batch):
+    return (f"{model.name} (Ψ={model.n_params:.3g}, L={model.n_layer}, h={model.hidden}, "
+            f"a={model.n_head}, s={model.seq_len}) on {cluster.n_gpus} GPUs "
+            f"({cluster.gpus_per_node}/node, {cluster.memory_bytes / GB:.3g} GB), batch {batch}")

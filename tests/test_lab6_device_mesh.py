@@ -125,7 +125,7 @@ def test_the_course_mesh_order():
     """Not graded (a constant of the given code): outermost to innermost pp, dp, cp, tp, the order
     the planner's bandwidth model assumes."""
     from labkit.lab6.device_mesh import AXES
-    from labkit.lab7.planner import MESH_ORDER
+    from labkit.cost_model import MESH_ORDER
 
     assert AXES == ("pp", "dp", "cp", "tp") == MESH_ORDER
 

@@ -1,39 +1,68 @@
-"""The planner's memory and time models against published training runs (not graded).
+"""The course's cost model against published training runs (not graded).
 
-The published figures are in ``labkit.reference.lab7`` (each with its source). The planner's
-given code (``evaluate``, ``memory_estimate``, ``step_time``) is scored on each published layout,
-with lab 6's memory model replaced by the formulas written out in ``_lab7_helpers`` (so these
-tests need no exercise). What is checked, and how tight:
+The published figures and how each run ran are in ``labkit.reference.lab7`` (each with its
+source); ``as_ran`` scores a run's published layout with the choices its paper states, and the
+planner (``labkit.lab7.planner.plan``, skipped while exercise 7.1 is a stub) ranks every
+configuration its framework offered. What is checked, and how tight (the bounds of issue 35):
 
 * the ZeRO paper's Figure 1 (model states of a 7.5B model on 64 GPUs): exact, to its one printed
   decimal (±0.05 GB);
-* every published layout fits the planner's memory model (the run happened, so a model that
-  says it does not fit is wrong);
-* the planner's throughput for the published layout, at its default utilisation, is within
-  [0.6, 1.0] of the published one: the model adds every transfer to the step (no overlap), so it
-  must not be faster than the run; and a model more than 40% slower than every real run would
-  rank layouts on the wrong terms. Megatron-LM's rows come out 0.66–0.82 today. Llama 3's
-  runs used an interleaved pipeline schedule the planner does not model; their band is
-  checked without the bubble (compute and communication only), and the bubble is checked to be
-  what separates the two.
+* every published layout fits the model's memory as it ran, in the GPU's whole memory (the run
+  happened; the planner's 10% margin is for runs not yet made), and BLOOM's bytes stay under
+  the ~60 GB its run used (the model counts less than a run holds: allocator cache, buffers,
+  the embedding stage);
+* predicted TFLOP/s per GPU (the paper's own FLOP count over the model's step time) within ±20%
+  of every Megatron-LM row, ±30% of BLOOM's "about 150" and of Llama 3's three rows;
+* each published layout among the planner's first 10 for its cluster, or within 5% of its
+  best. Four rows miss it, each for a term of the model named in its ``xfail`` reason: strict,
+  so a change of the model that closes the gap shows here.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-from labkit.lab7 import planner
+from labkit import cost_model
 from labkit.memory_model import static_bytes_per_gpu
 from labkit.reference import lab7 as published
 
-from _lab7_helpers import reference_per_gpu_bytes
-
 GB = 10**9
-BAND = (0.6, 1.0)  # planner throughput / published throughput (module docstring)
+RUNS = {run.name: run for run in published.published_runs()}
+BAND = {"Megatron": 0.20, "BLOOM": 0.30, "Llama": 0.30}
+MISSES = {  # the term of the model that decides each (chapter 7 prints the margins)
+    "Megatron-LM 18.4B": "T = 8's all-reduces, charged in full, cost more than the interleaved bubble "
+                         "of T = 2 with 4 stages",
+    "Megatron-LM 39.1B": "T = 8's all-reduces, charged in full, cost more than the interleaved bubble "
+                         "of T = 4 with 4 stages",
+    "Llama 3 405B, 8,192 GPUs, 8K": "interleaving without recomputation does not fit Korthikanti's "
+                                    "activation count (Llama 3's own schedule and deallocation fit it); "
+                                    "T4·C4 with ZeRO-1 needs neither recomputation nor T = 8's all-reduces",
+    "Llama 3 405B, 16,384 GPUs, 128K": "P = 16 with 16 micro-batches idles more than P = 4 with ZeRO-3 "
+                                       "over 512 ranks",
+}
 
 
-@pytest.fixture(autouse=True)
-def lab6_memory_model(monkeypatch):
-    monkeypatch.setattr(planner, "per_gpu_bytes", reference_per_gpu_bytes)
+def band_of(name):
+    return next(v for k, v in BAND.items() if name.startswith(k))
+
+
+@functools.cache
+def scored(name):
+    return published.as_ran(RUNS[name])
+
+
+@functools.cache
+def ranked(name):
+    from labkit.lab7 import planner
+
+    run = RUNS[name]
+    try:
+        result = planner.plan(run.model, run.cluster, run.global_batch, margin=0.0,
+                              n_runners_up=10**9, **run.space)
+    except NotImplementedError:
+        pytest.skip("exercise 7.1 not written: the ranking needs the planner")
+    return [result.best] + result.runners_up
 
 
 def test_zero_paper_figure_1():
@@ -46,69 +75,35 @@ def test_zero_paper_figure_1():
             f"Figure 1), got {got / GB:.3f} GB")
 
 
-@pytest.mark.parametrize("row", published.MEGATRON_TABLE_1, ids=lambda r: f"{r[0]:g}B")
-def test_megatron_table_1(row):
-    """Each published layout (no ZeRO, full recomputation, naive attention, micro-batch 1, as the
-    paper ran) fits, and its predicted TFLOP/s per GPU (the paper's own FLOP count over the
-    planner's step time) is within BAND of the published one."""
-    p_b, a, h, L, T, P, N, B, tflops = row
-    s = published.MEGATRON_SEQ
-    model = planner.ModelSpec(p_b * 1e9, L, h, a, s, f"{p_b:g}B")
-    cluster = planner.Cluster(N, **published.A100_80GB)
-    D = N // (T * P)
-    cfg = planner.Config("mixed", "adam", 0, False, D, T, P, 1, "full", 1, B // D, "naive")
-    est = planner.evaluate(model, cluster, cfg, B)
-    assert est.fits, (f"{p_b:g}B as published ({cfg.label()}) ran on 80 GB A100s, but the planner "
-                      f"needs {est.memory['total'] / GB:.1f} GB > {est.usable / GB:.1f} GB usable")
-    predicted = published.megatron_flops(B, s, L, h, published.MEGATRON_VOCAB) / (est.time.total * N) / 1e12
-    ratio = predicted / tflops
-    assert BAND[0] <= ratio <= BAND[1], (
-        f"{p_b:g}B: the planner predicts {predicted:.0f} TFLOP/s per GPU for the published layout, "
-        f"the paper measured {tflops}: ratio {ratio:.2f} outside {BAND}")
+@pytest.mark.parametrize("name", list(RUNS))
+def test_published_layout_fits_as_it_ran(name):
+    e = scored(name)
+    assert e is not None, f"{name}: no configuration of the published layout {RUNS[name].layout} fits in the whole GPU"
+    if "memory_gb" in RUNS[name].notes:
+        assert e.memory["total"] <= RUNS[name].notes["memory_gb"] * GB, (
+            f"{name}: the model counts {e.memory['total'] / GB:.1f} GB, more than the run used")
 
 
-@pytest.mark.parametrize("row", published.LLAMA3_TABLE_4, ids=lambda r: f"s{r[5]}")
-def test_llama3_405b_table_4(row):
-    """Llama 3 405B's two layouts fit with recomputation (fused attention, ZeRO-1), and without
-    the 1F1B bubble the planner's throughput is within BAND of the published one; the bubble
-    (P − 1)/m of plain 1F1B is what the interleaved schedule Llama 3 ran divides."""
-    N, T, C, P, D, seq, per_dp, tflops, _ = row
-    m3 = published.LLAMA3_405B
-    # PP 16 with one layer fewer on the first and last stages: 128 equal slots here
-    model = planner.ModelSpec.llama(m3["n_params"], 128, m3["hidden"], m3["n_head"], m3["n_kv_head"],
-                                    m3["ffn_hidden"], seq, "Llama 3 405B")
-    cluster = planner.Cluster(N)
-    B = D * per_dp
-    cfg = planner.Config("mixed", "adam", 1, False, D, T, P, C, "full", 1, per_dp, "fused")
-    est = planner.evaluate(model, cluster, cfg, B)
-    assert est.fits, f"Llama 3 405B at s = {seq} as published needs {est.memory['total'] / GB:.1f} GB"
-    # the report's MFU convention (6Ψ + 12·L·s·h FLOPs per token, PaLM's): model FLOPs only
-    flops = B * seq * 3 * (2 * m3["n_params"] + 4 * m3["n_layer"] * seq * m3["hidden"])
-    t = est.time
-    no_bubble = flops / ((t.compute + sum(t.comm.values())) * N) / 1e12 / tflops
-    with_bubble = flops / (t.total * N) / 1e12 / tflops
-    assert BAND[0] <= no_bubble <= BAND[1], (
-        f"s = {seq}: without the bubble the planner predicts {no_bubble:.2f} of the published "
-        f"{tflops} TFLOP/s, outside {BAND}")
-    assert with_bubble < BAND[0] <= no_bubble, "the plain-1F1B bubble should be what the planner misses"
-    assert t.bubble == pytest.approx(t.compute * (P - 1) / per_dp, rel=1e-12)
+@pytest.mark.parametrize("name", list(RUNS))
+def test_predicted_throughput_within_band(name):
+    """The paper's FLOPs per step over the model's step time, against the published TFLOP/s."""
+    run, e = RUNS[name], scored(name)
+    predicted = run.flops / (e.time.total * run.cluster.n_gpus) / 1e12
+    band = band_of(name)
+    assert abs(predicted / run.tflops - 1) <= band, (
+        f"{name}: the model predicts {predicted:.0f} TFLOP/s per GPU for {e.config.label()}, the "
+        f"paper measured {run.tflops}: {predicted / run.tflops:.2f}, outside 1 ± {band}")
 
 
-def test_bloom_176b():
-    """BLOOM's layout (DP 8 × TP 4 × PP 12, ZeRO-1, micro-batch 2, full recomputation) fits, the
-    planner's bytes stay under the 60 GB the run used (the model counts less than a run holds:
-    allocator cache, buffers, the embedding stage), and its throughput is within BAND of the
-    ~150 TFLOP/s reported. 70 layers on 12 stages are uneven: 72 slots (embedding and head)."""
-    b = published.BLOOM
-    model = planner.ModelSpec(b["n_params"], 72, b["hidden"], b["n_head"], b["seq_len"], "BLOOM")
-    cluster = planner.Cluster(b["n_gpus"], **published.A100_80GB)
-    micro = 2
-    n_micro = b["global_batch"] // (b["dp"] * micro)
-    cfg = planner.Config("mixed", "adam", b["zero_stage"], False, b["dp"], b["tp"], b["pp"], 1,
-                         "full", micro, n_micro, "naive")
-    est = planner.evaluate(model, cluster, cfg, b["global_batch"])
-    assert est.fits and est.memory["total"] <= b["memory_gb"] * GB, (
-        f"BLOOM as published: the planner needs {est.memory['total'] / GB:.1f} GB, the run used ~60 GB")
-    flops = published.megatron_flops(b["global_batch"], b["seq_len"], b["n_layer"], b["hidden"], b["vocab_size"])
-    ratio = flops / (est.time.total * b["n_gpus"]) / 1e12 / b["tflops"]
-    assert BAND[0] <= ratio <= BAND[1], f"BLOOM: predicted/published throughput {ratio:.2f} outside {BAND}"
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=MISSES[n]))
+                                  if n in MISSES else n for n in RUNS])
+def test_published_layout_ranks_near_the_top(name):
+    """The published layout's first configuration in the planner's order is among its first 10,
+    or within 5% of the best's step time."""
+    order = ranked(name)
+    place, e = cost_model.rank_of_layout(order, *RUNS[name].layout)
+    assert e is not None, f"{name}: no configuration of the published layout in the ranking"
+    gap = e.time.total / order[0].time.total - 1
+    assert place <= 10 or gap <= 0.05, (
+        f"{name}: the published layout is #{place} of {len(order)}, {gap:.1%} slower than the "
+        f"planner's best {order[0].config.label()}")

@@ -164,18 +164,23 @@ def test_losses_equal_one_device_adam_on_the_whole_batch(name):
             f"{LOSS_TOL:g}): {causes}")
 
 
+def peak_gaps(results: list[dict], plan, cfg, batch_size: int):
+    """(rank, result, predicted bytes, measured / predicted − 1) for every rank of one plan."""
+    from labkit.lab7.run_plan import predict_peak
+
+    for rank, result in enumerate(results):
+        want = predict_peak(plan, cfg, batch_size, rank)
+        assert isinstance(want, int) and want > 0, f"predict_peak returned {want!r}: expected bytes (an int > 0)"
+        yield rank, result, want, result["peak"] / want - 1
+
+
 @pytest.mark.exercise("7.2", points=2)
 @pytest.mark.parametrize("name", NAMES + ("gpipe2xdp2",))
 def test_every_ranks_peak_is_within_10_percent_of_the_prediction(name):
     """Check each rank's MemTracker peak over the 3 steps is within 10% of predict_peak(plan,
     cfg, 16, rank) for that rank."""
-    from labkit.lab7.run_plan import predict_peak
-
-    for rank, result in enumerate(runs()[name]):
-        want = predict_peak(plan_of(name), CFG, BATCH, rank)
+    for rank, result, want, gap in peak_gaps(runs()[name], plan_of(name), CFG, BATCH):
         got = result["peak"]
-        assert isinstance(want, int) and want > 0, f"predict_peak returned {want!r}: expected bytes (an int > 0)"
-        gap = got / want - 1
         assert abs(gap) <= PEAK_TOL, (
             f"{name}, rank {rank} {result['coords']}: measured peak {got:,} B, predicted "
             f"{want:,} B ({gap:+.1%}, more than ±{PEAK_TOL:.0%}); at the peak: "
@@ -184,6 +189,69 @@ def test_every_ranks_peak_is_within_10_percent_of_the_prediction(name):
               "stage? ZeRO's gathered unit or flat buffers? the parameters this rank really "
               "holds?), or a piece holding more than it should (full gradients kept, a unit "
               "never freed)")
+
+
+GPIPE_TOL = 0.05  # the solution's prediction is within 2.8% on every GPipe rank (B = 8, 16; M = 4)
+
+
+@pytest.mark.exercise("7.2", points=1)
+def test_gpipe_later_backwards_hold_one_micro_batch_fewer():
+    """Check GPipe's peak within 5%: under GPipe every micro-batch is in flight when backward
+    begins, and at each later backward one fewer is, next to every gradient of the stage.
+    Counting all M still in flight at the later backwards over-predicts every rank by 8.5–8.8%
+    (one micro-batch's activations): 10% cannot tell, 5% can. No ZeRO here, so no flat buffer
+    whose release depends on gloo's thread: the solution's prediction is within 2.8% on every
+    rank (the rest is the send/recv buffers it does not count)."""
+    for rank, result, want, gap in peak_gaps(runs()["gpipe2xdp2"], plan_of("gpipe2xdp2"), CFG, BATCH):
+        assert abs(gap) <= GPIPE_TOL, (
+            f"gpipe2xdp2, rank {rank} {result['coords']}: measured {result['peak']:,} B, predicted "
+            f"{want:,} B ({gap:+.1%}, more than ±{GPIPE_TOL:.0%}): under GPipe, how many micro-batches "
+            f"are in flight at the first backward, and how many at the later ones, when every "
+            f"gradient of the stage is alive too?")
+
+
+UPDATE_CFG = lab_config("cpu", block_size=16)  # short sequences: the update, not backward, peaks
+UPDATE_BATCH = 4
+
+
+@functools.lru_cache(maxsize=1)
+def update_runs() -> dict:
+    """{plan name: per-rank results} for two plans without ZeRO (plain Adam: its peak does not
+    move with gloo's thread) on the 16-token lab model, batch 4, 2 steps."""
+    from labkit.harness.lab7 import run_plans_worker
+    from labkit.lab7.run_plan import PLANS, Plan
+    from labkit.ranks import launch
+
+    torch.manual_seed(0)
+    state = {k: v.clone() for k, v in GPT(UPDATE_CFG).state_dict().items()}
+    data = SyntheticData(UPDATE_CFG.vocab_size, UPDATE_CFG.block_size, UPDATE_BATCH, seed=0)
+    plans = {"tp2xdp2": PLANS["tp2xdp2"], "dp4": Plan(dp=4)}
+    results = launch(run_plans_worker, WORLD, list(plans.values()), UPDATE_CFG, state,
+                     [data.batch(i) for i in range(2)], timeout=240)
+    return {n: ([rank[i] for rank in results], plan) for i, (n, plan) in enumerate(plans.items())}
+
+
+@pytest.mark.exercise("7.2", points=1)
+@pytest.mark.parametrize("name", ["tp2xdp2", "dp4"])
+def test_a_peak_at_the_update_is_predicted(name):
+    """Check every rank's peak within 10% of predict_peak when the update is the peak: 16-token
+    sequences, 4 a step, where the activations are a few KiB and the step holds the parameters,
+    every gradient, Adam's two states and its temporaries at once (the measured peak holds
+    nearly all the gradients). The moment 'backward begins' alone is 16–23% low here; the
+    solution's prediction is within 0.5% on every rank."""
+    results, plan = update_runs()[name]
+    for rank, result, want, gap in peak_gaps(results, plan, UPDATE_CFG, UPDATE_BATCH):
+        at = result["at_peak"]
+        # the premise: the peak is at the end of backward or in the update, when (nearly) every
+        # gradient is alive — gloo's timing decides whether the last one (the 128 KiB embedding's)
+        # is written yet, so 90%, not all
+        assert at.get("gradients", 0) >= 0.9 * at.get("parameters", 0) > 0, (
+            f"test set-up: {name}'s peak was meant to be at the update (every gradient alive), got {at}")
+        assert abs(gap) <= PEAK_TOL, (
+            f"{name} on {UPDATE_CFG.block_size}-token sequences, batch {UPDATE_BATCH}, rank {rank}: "
+            f"measured {result['peak']:,} B, predicted {want:,} B ({gap:+.1%}): at the update the "
+            f"parameters, every gradient, Adam's states and the temporaries of its step are alive "
+            f"at once — is that moment among those predict_peak compares?")
 
 
 @pytest.mark.exercise("7.2", points=1)

@@ -39,6 +39,7 @@ Chapter: book/01_where_the_memory_goes.md.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from labkit import validate
@@ -119,12 +120,17 @@ def bytes_per_parameter(recipe: str = "mixed", optimizer: str = "adam",
     _choice("recipe", recipe, RECIPES)
     _choice("optimizer", optimizer, OPTIMIZERS)
     _choice("grad_buffer", grad_buffer, GRAD_BUFFERS)
+    return dict(_bytes_per_parameter(recipe, optimizer, grad_buffer))
+
+
+@functools.lru_cache(maxsize=None)
+def _bytes_per_parameter(recipe: str, optimizer: str, grad_buffer: str) -> tuple:
+    """``bytes_per_parameter`` of checked arguments, cached: planners call it for every configuration."""
     r = RECIPES[recipe]
     states = {"adam": 2 * r.moment, "sgd": 0, "sgd-momentum": r.moment, "adafactor": 0,
               "adam8bit": 2 + 2 * 4 / ADAM8BIT_BLOCK}[optimizer]
     gradient = {"none": r.gradient, "fp32": 4, "16bit+fp32": r.gradient + 4}[grad_buffer]
-    return {"parameters": r.parameter, "gradients": gradient,
-            "optimizer states": r.master + states}
+    return (("parameters", r.parameter), ("gradients", gradient), ("optimizer states", r.master + states))
 
 
 def static_bytes_per_gpu(n_params: float, recipe: str = "mixed", optimizer: str = "adam",

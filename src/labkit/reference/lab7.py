@@ -1,4 +1,4 @@
-"""Lab 7's references: published training runs the planner is checked against.
+"""Lab 7's references: published training runs the course's cost model is checked against.
 
 Typed from the papers (cited data, not computed here); chapter 7's calibration table and
 ``tests/test_lab7_calibration.py`` read them from this one place.
@@ -9,11 +9,15 @@ Typed from the papers (cited data, not computed here); chapter 7's calibration t
 - ``MEGATRON_TABLE_1``: Narayanan et al. 2021 (https://arxiv.org/abs/2104.04473), Table 1:
   parameters (billions), attention heads, hidden size, layers, tensor-parallel size,
   pipeline-parallel size, GPUs, batch size, achieved teraFLOP/s per GPU; sequence 2,048,
-  vocabulary 51,200, A100 80 GB GPUs (Selene). Their FLOP count is ``megatron_flops``.
+  vocabulary 51,200, A100 80 GB GPUs (Selene). §5.1: "we use the interleaved pipeline schedule
+  with the scatter/gather optimization enabled" (the number of virtual stages and the
+  micro-batch size are not given). Their FLOP count is ``megatron_flops``.
 - ``LLAMA3_TABLE_4``: Grattafiori et al. 2024 (https://arxiv.org/abs/2407.21783), Table 4: GPUs,
   TP, CP, PP, DP, sequence length, batch size per DP rank, TFLOPs per GPU, BF16 MFU; H100 80 GB,
   8 a node. The 128k row prints DP 4, but its 16,384 GPUs = TP 8 × CP 16 × PP 16 × DP and its
-  16M tokens a batch = DP × 16 × 131,072 both give DP 8: 8 is used.
+  16M tokens a batch = DP × 16 × 131,072 both give DP 8: 8 is used. §3.3.2: FSDP that "shards
+  optimizer states and gradients, but for model shards we do not reshard after forward
+  computation"; "an interleaved schedule"; 8K sequences "without activation checkpointing".
 - ``LLAMA3_405B``: the model of that table (the same report, Table 3): 126 layers, hidden 16,384,
   FFN 53,248, 128 heads, 8 key/value heads, vocabulary 128,256.
 - ``BLOOM``: Le Scao et al. 2022 (https://arxiv.org/abs/2211.05100, §3.4) and the BigScience
@@ -22,8 +26,14 @@ Typed from the papers (cited data, not computed here); chapter 7's calibration t
   (padded), global batch 2,048, on 384 A100 80 GB as DP 8 × TP 4 × PP 12 with ZeRO stage 1 and
   bf16; "one copy of the model takes 48 GPUs (using 60 GB of memory on each GPU)", "about 150
   TFLOPs" per GPU.
+
+``published_runs()`` turns each into what the cost model needs (``PublishedRun``): the model, the
+cluster as its software ran (which attention kernel, whether data-parallel traffic overlapped),
+the published layout and the choices the paper states, and the space the run's framework offered.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 GB = 10**9
 
@@ -39,18 +49,14 @@ MEGATRON_TABLE_1 = [
 MEGATRON_SEQ, MEGATRON_VOCAB = 2048, 51200
 
 LLAMA3_TABLE_4 = [(8192, 8, 1, 16, 64, 8192, 32, 430, 0.43),
+                  (16384, 8, 1, 16, 128, 8192, 16, 400, 0.41),
                   (16384, 8, 16, 16, 8, 131072, 16, 380, 0.38)]
 LLAMA3_405B = dict(n_params=405e9, n_layer=126, hidden=16384, n_head=128, n_kv_head=8,
                    ffn_hidden=53248, vocab_size=128256)
 
 BLOOM = dict(n_params=176.2e9, n_layer=70, hidden=14336, n_head=112, seq_len=2048,
              vocab_size=250880, global_batch=2048, n_gpus=384, dp=8, tp=4, pp=12,
-             zero_stage=1, memory_gb=60, tflops=150)
-
-A100_80GB = dict(gpus_per_node=8, memory_bytes=80 * GB, flops=312e12, fp32_flops=19.5e12,
-                 intra_bw=300 * GB, inter_bw=25 * GB)
-"""An A100 80 GB node as ``labkit.lab7.planner.Cluster`` options: 312 TFLOP/s dense bf16
-(19.5 fp32), NVLink 600 GB/s both ways, one 200 Gb/s HDR NIC per GPU (NVIDIA's datasheets)."""
+             zero_stage=1, micro_batch=2, memory_gb=60, tflops=150)
 
 
 def megatron_flops(batch: int, seq_len: int, n_layer: int, hidden: int, vocab: int) -> float:
@@ -58,3 +64,118 @@ def megatron_flops(batch: int, seq_len: int, n_layer: int, hidden: int, vocab: i
     each layer) and the logits, 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))."""
     return 96 * batch * seq_len * n_layer * hidden**2 * (
         1 + seq_len / (6 * hidden) + vocab / (16 * n_layer * hidden))
+
+
+def palm_model_flops(batch: int, seq_len: int, n_params: float, n_layer: int, hidden: int) -> float:
+    """The model FLOPs of one step by the MFU convention Llama 3 cites (Chowdhery et al. 2022,
+    https://arxiv.org/abs/2204.02311, Appendix B): 6Ψ + 12·L·s·h per token, the attention over
+    all s × s pairs (a causal kernel computes half of them), no recomputation."""
+    return batch * seq_len * (6 * n_params + 12 * n_layer * seq_len * hidden)
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published run as the cost model sees it.
+
+    ``layout`` is (dp, tp, pp, cp); ``as_ran`` the ``Config`` fields the paper states (the others
+    — micro-batch size, virtual stages, recomputation where not stated — are left to the model:
+    the run is scored by the fastest configuration of its layout that fits); ``space`` the
+    ``plan`` arguments of what its framework offered; ``tflops`` the published TFLOP/s per GPU,
+    whose FLOPs per step by the paper's own count are ``flops``."""
+
+    name: str
+    model: object
+    cluster: object
+    global_batch: int
+    layout: tuple
+    as_ran: dict
+    space: dict
+    tflops: float
+    flops: float
+    source: str
+    notes: dict = field(default_factory=dict)
+
+
+def published_runs() -> list[PublishedRun]:
+    """Megatron-LM 2021's ten rows, BLOOM and Llama 3 405B's three rows (module docstring).
+
+    As they ran: Megatron-LM of 2021 and Megatron-DeepSpeed (BLOOM) without sequence parallelism
+    (2022) or data-parallel overlap (Megatron-LM's ``--overlap-grad-reduce`` came in 2023: its
+    2021 data-parallel all-reduce followed the backward), naive attention with fused softmax,
+    ZeRO-0 (Megatron-LM) and ZeRO-1 (BLOOM), full recomputation (Megatron-LM's FLOP count
+    includes it); BLOOM on DeepSpeed's pipeline engine (no interleaving, micro-batch 2). Llama 3 on
+    H100s with FlashAttention-2 (FlashAttention-3 was published after), sequence parallelism,
+    FSDP without re-sharding after forward, an interleaved schedule, no recomputation at 8K.
+    Uneven stages are equal slots here: Llama 3's 126 layers on 16 stages as 128 (one fewer on
+    the first and last stage), BLOOM's 70 on 12 as 72, the embedding and the output layer in the
+    two extra slots (no ``vocab_size``: no separate output layer)."""
+    from labkit.cost_model import A100_SXM_80GB, FLASH_2_H100, H100_SXM, Cluster, ModelSpec
+
+    runs = []
+    megatron_stack = dict(zero_stages=(0,), checkpointing=("full",), attention=("naive",),
+                          sequence_parallel=(False,), interleave=(False, True),
+                          reshard_after_forward=(True,))
+    for p_b, a, h, L, T, P, N, B, tflops in MEGATRON_TABLE_1:
+        runs.append(PublishedRun(
+            f"Megatron-LM {p_b:g}B", ModelSpec(p_b * 1e9, L, h, a, MEGATRON_SEQ, f"{p_b:g}B",
+                                                 vocab_size=MEGATRON_VOCAB),
+            Cluster.of(A100_SXM_80GB, N, overlap_share=0.0), B, (N // (T * P), T, P, 1),
+            dict(zero_stage=0, checkpointing="full", attention="naive", sequence_parallel=False),
+            megatron_stack, tflops, megatron_flops(B, MEGATRON_SEQ, L, h, MEGATRON_VOCAB),
+            "Narayanan et al. 2021, Table 1"))
+    b = BLOOM
+    runs.append(PublishedRun(
+        "BLOOM 176B", ModelSpec(b["n_params"], 72, b["hidden"], b["n_head"], b["seq_len"], "BLOOM"),
+        Cluster.of(A100_SXM_80GB, b["n_gpus"], overlap_share=0.0), b["global_batch"],
+        (b["dp"], b["tp"], b["pp"], 1),
+        dict(zero_stage=b["zero_stage"], attention="naive", sequence_parallel=False,
+             micro_batch=b["micro_batch"], virtual_stages=1),
+        dict(zero_stages=(0, 1), checkpointing=("none", "selective", "full"), attention=("naive",),
+             sequence_parallel=(False,), interleave=(False,), reshard_after_forward=(True,)),
+        b["tflops"], megatron_flops(b["global_batch"], b["seq_len"], b["n_layer"], b["hidden"], b["vocab_size"]),
+        "Le Scao et al. 2022, §3.4; the BigScience 176B page",
+        notes=dict(memory_gb=b["memory_gb"])))
+    m3 = LLAMA3_405B
+    for N, T, C, P, D, seq, per_dp, tflops, mfu in LLAMA3_TABLE_4:
+        runs.append(PublishedRun(
+            f"Llama 3 405B, {N:,} GPUs, {seq // 1024}K",
+            ModelSpec.llama(m3["n_params"], 128, m3["hidden"], m3["n_head"], m3["n_kv_head"],
+                            m3["ffn_hidden"], seq, "Llama 3 405B"),
+            Cluster.of(H100_SXM, N, attention_flops=H100_SXM["flops"] * FLASH_2_H100), D * per_dp,
+            (D, T, P, C),
+            dict(zero_stage=3, reshard_after_forward=False, attention="fused", sequence_parallel=True,
+                 micro_batch=1) | (dict(checkpointing="none") if seq <= 8192 else {}),
+            dict(zero_stages=(1, 2, 3), checkpointing=("none", "full"), attention=("fused",),
+                 sequence_parallel=(True,), interleave=(False, True), reshard_after_forward=(True, False)),
+            tflops, palm_model_flops(D * per_dp, seq, m3["n_params"], m3["n_layer"], m3["hidden"]),
+            "Grattafiori et al. 2024, Table 4", notes=dict(mfu=mfu)))
+    return runs
+
+
+def as_ran(run: PublishedRun, margin: float = 0.0):
+    """The cost model's estimate of ``run`` as it ran: the fastest configuration of its layout
+    with the stated choices (``run.as_ran``) that fits with ``margin``, the unstated ones from
+    ``run.space`` (every micro-batch size, number of virtual stages, recomputation); None if none
+    fits. Margin 0 by default: the run happened, so it fitted in the GPU's whole memory."""
+    import math
+
+    from labkit.cost_model import Config, check_space, combinations, evaluate
+
+    space = check_space(run.model, run.cluster, run.global_batch, margin=margin, n_runners_up=0,
+                        **{"recipes": ("mixed",), "optimizers": ("adam",), "offload": (False,), **run.space})
+    dp, tp, pp, cp = run.layout
+    per_rank = run.global_batch // dp
+    best = None
+    for choice in combinations(space, run.model, tp, pp, cp):
+        if any(choice[k] != v for k, v in run.as_ran.items() if k in choice):
+            continue
+        for b in [k for k in range(1, per_rank + 1) if per_rank % k == 0]:
+            if run.as_ran.get("micro_batch", b) != b:
+                continue
+            cfg = Config("mixed", "adam", dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=b,
+                         n_micro=per_rank // b, **choice)
+            e = evaluate(run.model, run.cluster, cfg, run.global_batch, margin)
+            if e.fits and (best is None or (e.time.total, e.memory["total"], e.config) <
+                           (best.time.total, best.memory["total"], best.config)):
+                best = e
+    return best if best is None or math.isfinite(best.time.total) else None
