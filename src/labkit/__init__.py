@@ -197,11 +197,3 @@ def _modules_that_fail_to_import(lab: str) -> dict[str, str]:
         return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
     except Exception:  # noqa: BLE001 - a diagnosis that fails leaves the grader's own error
         return {}
-
-
-# Inside the grader's child process (and the ranks it spawns) the run-time guard is installed
-# at the first ``import labkit``, before any student module can be imported (labkit.grade.guard).
-if _os.environ.get("LABKIT_GRADE_GUARD"):
-    from labkit.grade.guard import install_from_env as _install_guard
-
-    _install_guard()

@@ -171,8 +171,9 @@ def _indent(text: str, indent: str) -> list[str]:
     return [(indent + line if line.strip() else line) for line in text.splitlines(keepends=True)]
 
 
-def merge(pristine: str, student: str | None, path: str) -> Merged:
-    """The pristine module with the student's exercise units and added definitions in it."""
+def merge(pristine: str, student: str | None, path: str, skip: frozenset = frozenset()) -> Merged:
+    """The pristine module with the student's exercise units and added definitions in it, but
+    those whose label (their entry in :attr:`Merged.taken`) is in ``skip``: red flags zeroed them."""
     p_tree = ast.parse(pristine)
     p_lines = pristine.splitlines(keepends=True)
     p_units = units(p_tree)
@@ -192,6 +193,12 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
     s_units = units(s_tree)
     # replacements: pristine (start, end) line span -> new lines
     spans: list[tuple[int, int, list[str], bool]] = []
+
+    def skipped(label: str, node: ast.AST) -> bool:
+        if label in skip:
+            merged.dropped.append(Dropped(path, node.lineno, f"`{label}`", "red flags that zero "
+                                          "an exercise (see the flags): not taken"))
+        return label in skip
     for name, unit in p_units.items():
         if not unit.exercises:
             if name in s_units and ast.dump(s_units[name].node) != ast.dump(unit.node):
@@ -204,6 +211,8 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
             continue
         s_node = s_units[name].node
         p_node = unit.node
+        if skipped(name, s_node):
+            continue
         text = _segment(s_lines, s_node, with_decorators=False)
         indent = re.match(r"[ \t]*", p_lines[p_node.lineno - 1]).group(0)
         if [ast.dump(d) for d in s_node.decorator_list] != [ast.dump(d) for d in p_node.decorator_list]:
@@ -228,6 +237,8 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
                 merged.dropped.append(Dropped(path, node.lineno, f"method `{cname}.{node.name}`",
                                               "added to a class with no exercise: not graded"))
                 continue
+            if skipped(f"{cname}.{node.name}", node):
+                continue
             indent = re.match(r"[ \t]*", p_lines[p_cls.body[0].lineno - 1]).group(0)
             text = _segment(s_lines, node, with_decorators=True)
             spans.append((p_cls.end_lineno + 1, p_cls.end_lineno, ["\n", *_indent(text, indent)],
@@ -239,6 +250,8 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
             names = _constant_names(node)
             if names and has_ex and not (set(names) & (p_members | p_assigned)) \
                     and ast.dump(node) not in {ast.dump(n) for n in p_cls.body}:
+                if skipped(f"{cname}.{', '.join(names)} (a class constant)", node):
+                    continue
                 indent = re.match(r"[ \t]*", p_lines[p_cls.body[0].lineno - 1]).group(0)
                 text = _segment(s_lines, node, with_decorators=False)
                 spans.append((p_cls.end_lineno + 1, p_cls.end_lineno, ["\n", *_indent(text, indent)],
@@ -272,7 +285,7 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
                                           "course's code in this module uses: dropped"))
             continue
         if isinstance(node, (*FUNCS, ast.ClassDef)):
-            if node.name in p_names:
+            if node.name in p_names or skipped(node.name, node):
                 continue  # a course definition: handled above
             tail.append("\n\n")
             start = len(tail)
@@ -286,13 +299,6 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
             if bound & p_names or (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
                 merged.dropped.append(Dropped(path, node.lineno, _describe(node),
                                               "rebinds a name of the course's module: dropped"))
-                continue
-            from labkit.grade.scan import import_refusal
-
-            why = import_refusal(node)
-            if why:
-                merged.dropped.append(Dropped(path, node.lineno, _describe(node),
-                                              f"refused and dropped: {why}"))
                 continue
             tail.append(ast.get_source_segment(student, node) + "\n")
             available |= bound
@@ -311,6 +317,8 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
                 merged.dropped.append(Dropped(path, node.lineno, _describe(node),
                                               f"reads {', '.join(unknown)}, which is not taken "
                                               "from the submission: dropped"))
+                continue
+            if skipped(f"the constant {', '.join(names)}", node):
                 continue
             available.update(names)
             tail.append("\n")
