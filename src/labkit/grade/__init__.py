@@ -10,7 +10,7 @@ The parts (docs/grading.md says what a grade guarantees):
 * :mod:`~labkit.grade.flags` — the red flags of that code, read in the trusted parent; a few
   zero the exercise, the others are for the instructor's review;
 * :mod:`~labkit.grade.shortcuts` — per exercise, what it rebuilds (refused);
-* :mod:`~labkit.grade.isolation` and :mod:`~labkit.grade.jail` — the wall around the child;
+* :mod:`~labkit.grade.isolation` — the wall around the child at the operating system;
 * :mod:`~labkit.grade.child` and :mod:`~labkit.grade.collect` — the pytest plugins of the
   child (it reports) and of the trusted collection;
 * :mod:`~labkit.grade.runner` — the trusted parent: children, tripwires, the verdict;

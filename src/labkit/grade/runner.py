@@ -3,26 +3,20 @@
 No student code runs in this process. For one submission it
 
 1. copies the course (git-tracked files, without ``solutions/``) into a fresh folder and lists
-   the graded tests from that pristine copy (:mod:`labkit.grade.collect`): node ids, exercises,
-   points, CUDA-only tests — the only list of tests and points it trusts;
+   its graded tests (:mod:`labkit.grade.collect`): the only list of tests and points it trusts;
 2. merges the submission's exercise code in (:mod:`labkit.grade.extract`) and reads its red
-   flags (:mod:`labkit.grade.flags`); an exercise with a flag that zeroes is graded as its stub,
-   and its code is not merged at all;
-3. appends to each graded test file a **tripwire** test per exercise, with a random name, that
-   must fail: a blanket "every test passes" tamper makes it pass, and voids the lab;
-4. runs each lab's graded tests in a child ``pytest`` behind the operating system's wall
-   (:mod:`labkit.grade.isolation`) with the reporting plugin (:mod:`labkit.grade.child`), and
-   reads one JSON line per test from an inherited pipe. Nothing secret is in the child. The
-   parent refuses a lab whose pipe carried a line it cannot read, a record for a test it did not
-   collect, a second record for a test, anything after "done", or a tripwire that did not fail;
-   a test without a record is failed;
-5. after every child has ended (and its processes are gone) compares the copy with what it
-   wrote, and voids every lab if a file changed;
-6. scores with :func:`labkit.grade.plugin._table`; :mod:`labkit.grade.formats` writes it.
+   flags (:mod:`labkit.grade.flags`); an exercise with a flag that zeroes is graded as its stub;
+3. appends to each graded test file one **tripwire** test per exercise, randomly named, that
+   must fail: a blanket "every test passes" tamper makes it pass, and voids the lab's run;
+4. runs each lab's tests in a child ``pytest`` behind the operating system's wall
+   (:mod:`labkit.grade.isolation`) and reads one JSON line per test from an inherited pipe
+   (:mod:`labkit.grade.child`). It voids the run of a lab whose pipe carried a line it cannot
+   read, a record of a test it did not ask for, two records of one test, anything after "done",
+   or a tripwire that did not fail; a test without a record fails;
+5. scores with :func:`labkit.grade.plugin._table`; :mod:`labkit.grade.formats` writes it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -60,8 +54,7 @@ def {name}():
 
 
 def course_root() -> Path:
-    """The course the command runs from: the repository holding this labkit (src/labkit → root),
-    or ``LABKIT_GRADE_COURSE``."""
+    """The repository holding this labkit (src/labkit → root), or ``LABKIT_GRADE_COURSE``."""
     env = os.environ.get("LABKIT_GRADE_COURSE")
     return Path(env).resolve() if env else Path(__file__).resolve().parents[3]
 
@@ -83,8 +76,7 @@ def course_files(root: Path) -> list[str]:
 
 
 def copy_course(root: Path, dest: Path) -> None:
-    """The course's files into ``dest``, readable by everyone (the child may run as another
-    user) and writable by nobody but this process's user."""
+    """The course's files into ``dest``, readable by all (the child may run as another user)."""
     for rel in course_files(root):
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -186,8 +178,8 @@ class Prepared:
     tests: dict                      # trusted: nodeid -> {exercise, points, test, file, ...}
     student: dict = field(default_factory=dict)     # merged file -> line ranges of student code
     dropped: list = field(default_factory=list)
-    flags: dict = field(default_factory=dict)       # exercise -> [flags.Flag or str]
-    zeroed: dict = field(default_factory=dict)      # exercise -> [why]
+    flags: dict = field(default_factory=dict)       # exercise -> [its flags, as text]
+    zeroed: dict = field(default_factory=dict)      # exercise -> [the flags that zeroed it]
     tripwires: dict = field(default_factory=dict)   # nodeid -> exercise
 
 
@@ -269,16 +261,6 @@ def prepare(submission_labkit: Path, workspace: Path, tests: dict) -> Prepared:
     return prep
 
 
-def _hashes(root: Path) -> dict[str, str]:
-    out = {}
-    for dirpath, _, filenames in os.walk(root):
-        for f in filenames:
-            with open(os.path.join(dirpath, f), "rb") as fh:
-                out[os.path.relpath(os.path.join(dirpath, f), root)] = \
-                    hashlib.sha256(fh.read()).hexdigest()
-    return out
-
-
 # ------------------------------------------------------------------ the children
 
 def run_child(prep: Prepared, files: list[str], exercises: list[str], tmp: Path,
@@ -288,7 +270,7 @@ def run_child(prep: Prepared, files: list[str], exercises: list[str], tmp: Path,
     read_fd, write_fd = os.pipe()
     env = _base_env(prep.workspace, tmp)
     env["LABKIT_GRADE_SPEC"] = json.dumps({"fd": write_fd, "scratch": str(tmp),
-                                           "student": prep.student})
+                                           "course": str(prep.workspace), "student": prep.student})
     cmd = [sys.executable, "-m", "pytest", *files, "-p", "labkit.grade.plugin",
            "-p", "labkit.grade.child", "-p", "pytest_timeout", "-p", "no:cacheprovider",
            "-q", "--no-header", "--tb=no", "-rN", "--basetemp", str(tmp / "pytest"),
@@ -370,7 +352,6 @@ def grade_prepared(prep: Prepared, exercises: list[str] | None = None, jobs: int
     wall = wall or isolation.choose()
     tests = {n: t for n, t in prep.tests.items() if not exercises or t["exercise"] in exercises}
     labs = sorted({t["exercise"].split(".")[0] for t in tests.values()}, key=int)
-    before = _hashes(prep.workspace)
     results: dict = {}
 
     def one(lab: str):
@@ -399,11 +380,6 @@ def grade_prepared(prep: Prepared, exercises: list[str] | None = None, jobs: int
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         list(pool.map(one, labs))
-    changed = sorted(k for k, v in _hashes(prep.workspace).items() if before.get(k) != v)
-    if changed or set(before) - set(_hashes(prep.workspace)):
-        why = "the course's copy changed while the tests ran: " + ", ".join(changed[:5])
-        for nodeid, t in tests.items():
-            results[nodeid] = _decide(t, None, "", prep.zeroed.get(t["exercise"]), why)
     return results
 
 
