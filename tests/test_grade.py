@@ -14,7 +14,7 @@ import zipfile
 import pytest
 
 from _grade_helpers import ROOT, module, replace_body, student_edition
-from labkit.grade import extract, flags, formats, runner, shortcuts
+from labkit.grade import extract, flags, formats, runner, shortcuts, submission
 
 PRISTINE = '''"""A module."""
 import math
@@ -252,15 +252,15 @@ def test_the_parent_refuses_a_pipe_it_cannot_trust(lines, void):
 
 def test_find_labkit_in_an_edition_its_src_labkit_and_a_zip(tmp_path):
     sub = student_edition(tmp_path / "edition")
-    assert runner.find_labkit(sub) == sub / "src" / "labkit"
-    assert runner.find_labkit(sub / "src" / "labkit") == sub / "src" / "labkit"
+    assert submission.find_labkit(sub) == sub / "src" / "labkit"
+    assert submission.find_labkit(sub / "src" / "labkit") == sub / "src" / "labkit"
     archive = tmp_path / "hand-in.zip"
     with zipfile.ZipFile(archive, "w") as z:
         for p in (sub / "src" / "labkit").rglob("*.py"):
             z.write(p, "wrapper/labkit/" + p.relative_to(sub / "src" / "labkit").as_posix())
         z.writestr("../evil.py", "x = 1")
-    root = runner.unpack(archive, tmp_path / "unpacked")
-    assert runner.find_labkit(root) == tmp_path / "unpacked" / "wrapper" / "labkit"
+    root = submission.unpack(archive, tmp_path / "unpacked")
+    assert submission.find_labkit(root) == tmp_path / "unpacked" / "wrapper" / "labkit"
     assert not (tmp_path / "evil.py").exists()
 
 
@@ -455,26 +455,26 @@ def test_links_huge_and_non_utf8_files_of_a_submission_are_not_read(tmp_path):
     (sub / "lab1" / "accounting.py").symlink_to(solution)
     (sub / "lab2").mkdir()
     (sub / "lab2" / "adafactor.py").write_bytes(b"x = '\xff\xfe'\n")
-    (sub / "lab2" / "offload.py").write_text("#" * (runner.MAX_FILE_BYTES + 10))
+    (sub / "lab2" / "offload.py").write_text("#" * (submission.MAX_FILE_BYTES + 10))
     (sub / "lab3").mkdir()
     (sub / "lab3" / "loss_scaler.py").write_text("# nothing\n")
-    assert runner.find_labkit(tmp_path / "sub") == sub
-    text, why = runner.read_submitted(sub / "lab1" / "accounting.py", sub)
+    assert submission.find_labkit(tmp_path / "sub") == sub
+    text, why = submission.read_submitted(sub / "lab1" / "accounting.py", sub)
     assert text is None and "link" in why
-    assert "not UTF-8" in runner.read_submitted(sub / "lab2" / "adafactor.py", sub)[1]
-    assert "larger than" in runner.read_submitted(sub / "lab2" / "offload.py", sub)[1]
-    assert runner.read_submitted(sub / "lab3" / "loss_scaler.py", sub) == ("# nothing\n", "")
+    assert "not UTF-8" in submission.read_submitted(sub / "lab2" / "adafactor.py", sub)[1]
+    assert "larger than" in submission.read_submitted(sub / "lab2" / "offload.py", sub)[1]
+    assert submission.read_submitted(sub / "lab3" / "loss_scaler.py", sub) == ("# nothing\n", "")
     linked = tmp_path / "linked"
     (linked / "src").mkdir(parents=True)
     (linked / "src" / "labkit").symlink_to(ROOT / "solutions" / "labkit")
     with pytest.raises(FileNotFoundError):
-        runner.find_labkit(linked)
+        submission.find_labkit(linked)
     zpath = tmp_path / "sub.zip"
     with zipfile.ZipFile(zpath, "w") as z:
         z.writestr("src/labkit/lab1/accounting.py", "x = 1\n")
-        z.writestr("src/labkit/lab1/big.py", "#" * (runner.MAX_FILE_BYTES + 1))
+        z.writestr("src/labkit/lab1/big.py", "#" * (submission.MAX_FILE_BYTES + 1))
         z.writestr("src/labkit/lab1/data.bin", b"\0" * 100)
-    out = runner.unpack(zpath, tmp_path / "unz")
+    out = submission.unpack(zpath, tmp_path / "unz")
     assert (out / "src/labkit/lab1/accounting.py").exists()
     assert not (out / "src/labkit/lab1/big.py").exists() and not (out / "src/labkit/lab1/data.bin").exists()
 
