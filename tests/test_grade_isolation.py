@@ -53,11 +53,11 @@ def _listener():
     return srv
 
 
-def _cheating_submission(root: Path, out: Path, port: int, token: str) -> Path:
+def _cheating_submission(root: Path, out: Path, port: int, token: str, solutions: Path) -> Path:
     """1.1 honest, behind detached_process_rewrites_grades (see its header)."""
     sub = student_edition(root / "sub")
     apply_cheat(sub / "src" / "labkit", "detached_process_rewrites_grades", OUT=str(out),
-                PORT=str(port), TOKEN=token, COUNT_PARAMS=COUNT_PARAMS)
+                PORT=str(port), TOKEN=token, SOLUTIONS=str(solutions), COUNT_PARAMS=COUNT_PARAMS)
     return sub
 
 
@@ -102,14 +102,17 @@ def _assert_the_wall_held(out: Path, srv: socket.socket, token: str, kept: Path 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux (unshare, setpriv)")
 @pytest.mark.parametrize("level", ["namespaces", "user"])
 def test_the_wall_holds_around_a_cheating_exercise(tmp_path, level):
-    """As this machine's user (root on CI and Gradescope): the wall, by level."""
+    """As this machine's user (root on CI and Gradescope): the wall, by level; under namespaces
+    the instructor's solutions/ are also out of sight."""
     try:
         wall = isolation.choose(level)
     except ValueError as exc:
         pytest.skip(str(exc))
     out, token, srv = tmp_path / "out", f"labkit-{secrets.token_hex(8)}", _listener()
     out.mkdir()
-    sub = _cheating_submission(tmp_path, out, srv.getsockname()[1], token)
+    # the instructor's solutions are hidden in the namespaces; the user level does not hide them
+    solutions = ROOT / "solutions/labkit/lab1/accounting.py" if level == "namespaces" else tmp_path / "no"
+    sub = _cheating_submission(tmp_path, out, srv.getsockname()[1], token, solutions)
     try:
         table = runner.grade_submission(sub, course=ROOT, exercises=["1.1"], jobs=1, timeout=600,
                                         keep=tmp_path / "kept", wall=wall)
@@ -154,7 +157,7 @@ def test_the_wall_holds_when_an_ordinary_user_grades(tmp_path):
         course, out = base / "course", base / "out"
         runner.copy_course(ROOT, course)  # no .git: git refuses a repository of another user
         token, srv = f"labkit-{secrets.token_hex(8)}", _listener()
-        sub = _cheating_submission(base, out, srv.getsockname()[1], token)
+        sub = _cheating_submission(base, out, srv.getsockname()[1], token, base / "no")
         out.mkdir()
         for path in (base, out):
             os.chown(path, OTHER_UID, OTHER_UID)

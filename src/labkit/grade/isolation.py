@@ -65,8 +65,9 @@ class Isolation:
         except KeyError:
             return FALLBACK_UID
 
-    def wrap(self, command: list[str], scratch: Path) -> list[str]:
-        """``command`` run behind this wall, with ``scratch`` its one writable folder."""
+    def wrap(self, command: list[str], scratch: Path, hide: tuple = ()) -> list[str]:
+        """``command`` run behind this wall, with ``scratch`` its one writable folder; under
+        namespaces the folders ``hide`` (the instructor's solutions) are empty."""
         uid = self.uid
         if self.level == "none":
             return command
@@ -78,7 +79,7 @@ class Isolation:
             return [*drop, "--", *command]
         return ["unshare", *([] if os.geteuid() == 0 else ["--user", "--map-root-user"]), "--pid",
                 "--fork", "--kill-child", "--mount", "--net", "--mount-proc", sys.executable, "-I",
-                "-S", __file__, str(scratch), "--", *drop, "--bounding-set=-all",
+                "-S", __file__, str(scratch), *map(str, hide), "--", *drop, "--bounding-set=-all",
                 "--inh-caps=-all", "--", *command]
 
     def sweep(self) -> None:
@@ -160,9 +161,9 @@ def _try(cand: Isolation) -> str | None:
 
 # ------------------------------------------------------------------ the namespaces' first process
 
-def _seal(scratch: str) -> None:
-    """Loopback up; ``scratch`` a writable mount of its own; a fresh ``/dev/shm``; every other
-    mount read-only (keeping the flags a user namespace may not clear)."""
+def _seal(scratch: str, hide: list[str]) -> None:
+    """Loopback up; ``scratch`` a writable mount of its own; a fresh ``/dev/shm``; the folders
+    ``hide`` empty; every other mount read-only (keeping the flags a user namespace may not clear)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # SIOCGIFFLAGS, SIOCSIFFLAGS
         flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, struct.pack("16sh", b"lo", 0)))[1]
         fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 1))  # IFF_UP
@@ -172,6 +173,8 @@ def _seal(scratch: str) -> None:
     course = max((p for p, _ in mounts if scratch.startswith(p.rstrip("/") + "/")), key=len)
     subprocess.run(["mount", "--bind", scratch, scratch], check=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm"], check=True)
+    for folder in hide:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=4k", "tmpfs", folder], check=True)
     kept = {"nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime", "strictatime"}
     for point, options in mounts:
         if "ro" in options or point in ("/proc", "/dev/shm") or point.startswith("/proc/"):
@@ -183,7 +186,7 @@ def _seal(scratch: str) -> None:
 
 
 if __name__ == "__main__":  # unshare ... python -I -S isolation.py SCRATCH -- COMMAND...
-    _seal(sys.argv[1])
+    _seal(sys.argv[1], [a for a in sys.argv[2:sys.argv.index("--")] if os.path.isdir(a)])
     child = os.fork()
     if child == 0:
         command = sys.argv[sys.argv.index("--") + 1:]

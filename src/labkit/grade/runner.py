@@ -103,6 +103,7 @@ class Prepared:
     flags: dict = field(default_factory=dict)       # exercise -> [its flags, as text]
     zeroed: dict = field(default_factory=dict)      # exercise -> [the flags that zeroed it]
     tripwires: dict = field(default_factory=dict)   # nodeid -> exercise
+    hide: tuple = ()                 # what the child must not see: the course's solutions/
 
 
 def collect(workspace: Path, timeout: float = 600, labs: list[str] | None = None) -> dict:
@@ -197,7 +198,7 @@ def run_child(prep: Prepared, files: list[str], exercises: list[str], tmp: Path,
            "-p", "labkit.grade.child", "-p", "pytest_timeout", "-p", "no:cacheprovider",
            "-q", "--no-header", "--tb=no", "-rN", "--basetemp", str(tmp / "pytest"),
            "-m", "exercise", *[a for ex in exercises for a in ("--exercise", ex)]]
-    proc = subprocess.Popen(wall.wrap(cmd, tmp), cwd=prep.workspace, env=env,
+    proc = subprocess.Popen(wall.wrap(cmd, tmp, prep.hide), cwd=prep.workspace, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, pass_fds=(write_fd,), start_new_session=True)
     os.close(write_fd)
@@ -354,6 +355,7 @@ def grade_submission(submission: Path, *, course: Path | None = None,
         sub_root = unpack(Path(submission), base / "submission")
         labkit_dir = find_labkit(sub_root)
         prep = prepare(labkit_dir, workspace, tests)
+        prep.hide = tuple(p for p in [course.resolve() / "solutions"] if p.is_dir())
         results = grade_prepared(prep, exercises, jobs, timeout, wall)
         table = _table(results)
         table["known_exercises"] = sorted({t["exercise"] for t in tests.values()},
