@@ -56,8 +56,8 @@ class Merged:
     dropped: list[Dropped] = field(default_factory=list)
     taken: list[tuple[str, ast.AST, tuple[str, ...]]] = field(default_factory=list)
     constants: list[str] = field(default_factory=list)                   # added constants
-    """(qualname, the student's node, its exercises) for every unit and added definition taken:
-    what the static scan reads (added definitions carry the module's exercises)."""
+    """``taken``: (label, the student's node, its exercises) for every unit and added definition
+    taken: what :mod:`labkit.grade.flags` reads (added definitions carry the module's exercises)."""
 
 
 def stub_ids(node: ast.AST) -> tuple[str, ...]:
@@ -192,7 +192,7 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
     s_lines = student.splitlines(keepends=True)
     s_units = units(s_tree)
     # replacements: pristine (start, end) line span -> new lines
-    spans: list[tuple[int, int, list[str], bool]] = []
+    spans: list[tuple[int, int, list[str]]] = []
 
     def skipped(label: str, node: ast.AST) -> bool:
         if label in skip:
@@ -218,7 +218,7 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
         if [ast.dump(d) for d in s_node.decorator_list] != [ast.dump(d) for d in p_node.decorator_list]:
             merged.dropped.append(Dropped(path, s_node.lineno, f"the decorators of `{name}`",
                                           "differ from the course's; the course's are kept"))
-        spans.append((p_node.lineno, p_node.end_lineno, _indent(text, indent), True))
+        spans.append((p_node.lineno, p_node.end_lineno, _indent(text, indent)))
         merged.units[name] = unit.exercises
         merged.taken.append((name, s_node, unit.exercises))
     module_ids = exercise_ids(pristine)
@@ -241,8 +241,7 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
                 continue
             indent = re.match(r"[ \t]*", p_lines[p_cls.body[0].lineno - 1]).group(0)
             text = _segment(s_lines, node, with_decorators=True)
-            spans.append((p_cls.end_lineno + 1, p_cls.end_lineno, ["\n", *_indent(text, indent)],
-                          True))
+            spans.append((p_cls.end_lineno + 1, p_cls.end_lineno, ["\n", *_indent(text, indent)]))
             merged.added.append(f"{cname}.{node.name}")
             merged.taken.append((f"{cname}.{node.name}", node, module_ids))
         p_assigned = {n for stmt in p_cls.body for n in _assigned_names(stmt)}
@@ -254,8 +253,8 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
                     continue
                 indent = re.match(r"[ \t]*", p_lines[p_cls.body[0].lineno - 1]).group(0)
                 text = _segment(s_lines, node, with_decorators=False)
-                spans.append((p_cls.end_lineno + 1, p_cls.end_lineno, ["\n", *_indent(text, indent)],
-                              True))
+                spans.append((p_cls.end_lineno + 1, p_cls.end_lineno,
+                              ["\n", *_indent(text, indent)]))
                 merged.added.append(f"{cname}.{'.'.join(names)}")
                 merged.constants += [f"{cname}.{n}" for n in names]
                 merged.taken.append((f"{cname}.{', '.join(names)} (a class constant)", node,
@@ -288,7 +287,6 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
             if node.name in p_names or skipped(node.name, node):
                 continue  # a course definition: handled above
             tail.append("\n\n")
-            start = len(tail)
             tail += _indent(_segment(s_lines, node, with_decorators=True), "")
             merged.added.append(node.name)
             merged.taken.append((node.name, node, module_ids))
@@ -334,7 +332,7 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
     out = list(p_lines)
     if out and not out[-1].endswith("\n"):
         out[-1] += "\n"
-    for start, end, new, _ in sorted(spans, key=lambda s: (s[0], s[1]), reverse=True):
+    for start, end, new in sorted(spans, key=lambda s: (s[0], s[1]), reverse=True):
         out[start - 1:end] = new
     body = "".join(out)
     if tail:
