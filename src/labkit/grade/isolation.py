@@ -107,9 +107,9 @@ class Isolation:
 _chosen: dict[str, Isolation] = {}
 
 
-def choose(requested: str = "auto") -> Isolation:
-    """The strongest wall that works here (``auto``), or the one asked for (a ValueError naming
-    the argument when it does not work)."""
+def choose(requested: str | None = None) -> Isolation:
+    """The strongest wall that works here (``auto``), or the one asked for (default:
+    ``LABKIT_GRADE_ISOLATION``, else auto); a ValueError naming the argument when it does not work."""
     requested = requested or os.environ.get("LABKIT_GRADE_ISOLATION") or "auto"
     if requested not in ("auto", *LEVELS):
         raise ValueError(f"isolation={requested!r}: must be one of auto, {', '.join(LEVELS)}")
