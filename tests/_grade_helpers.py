@@ -63,8 +63,15 @@ def cheat_files() -> list[Path]:
 
 
 def load_cheat(path: Path) -> dict:
-    """{"cheat": what it tries, "module": "lab1/accounting.py", "edit": "append" or "body NAME",
-    "expect": "refused 1.1 1.2" or "dropped", "needle": text the report must hold, "code": ...}."""
+    """{"cheat" or "fair": what it tries, "module": "lab1/accounting.py", "edit": "append" or
+    "body NAME", "expect": ..., "needle": ..., "code": ...}. ``expect`` is one of
+
+    * ``zero 1.1 1.2``: a red flag that zeroes these exercises (``needle``: the flag's name);
+    * ``flag 1.1``: a red flag for review on these exercises (``needle``: the flag's name); what
+      the code does is stopped at run time, by a test of test_grade_cheats.py that names the file;
+    * ``run``: nothing to read; stopped at run time (``needle``: what the report then says), by a
+      test that names the file;
+    * ``dropped``: extraction leaves it out; ``fair``: honest work, taken whole, no flag."""
     head, _, code = path.read_text().partition("\n---\n")
     out, key = {"code": code}, None
     for line in head.splitlines():
@@ -77,11 +84,16 @@ def load_cheat(path: Path) -> dict:
     return out
 
 
-def apply_cheat(labkit: Path, cheat: dict) -> Path:
-    """Apply one cheat to the module it names under ``labkit`` (a submission's src/labkit)."""
+def apply_cheat(labkit: Path, cheat: dict | str, **fill: str) -> Path:
+    """Apply one cheat (or the stem of a file of tests/cheats/) to the module it names under
+    ``labkit`` (a submission's src/labkit); ``fill`` replaces placeholders in its code."""
+    cheat = load_cheat(CHEATS / f"{cheat}.txt") if isinstance(cheat, str) else cheat
+    code = cheat["code"]
+    for name, value in fill.items():
+        code = code.replace(name, value)
     path = labkit / cheat["module"]
     if cheat["edit"] == "append":
-        append(path, cheat["code"])
+        append(path, code)
     else:
-        replace_body(path, cheat["edit"].split()[1], cheat["code"])
+        replace_body(path, cheat["edit"].split()[1], code)
     return path

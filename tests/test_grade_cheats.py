@@ -1,338 +1,185 @@
-"""Cheats of our own against ``labkit-grade``: none earns a point it would not earn honestly,
-and each gets a message saying why.
+"""Cheats of our own against ``labkit-grade``: each is zeroed or flagged, or earns nothing at run time.
 
-Each cheat is applied to the stubs or to a correct solution of a small exercise (1.1–1.5, 3.1,
-5.6; 2.1 and 4.2 through the static scan only) and graded the way an instructor grades. The
-second wall is tested too: with the static scan switched off (monkeypatched in this, the
-trusted, process), the run-time guard of the child and the parent's verdict still hold.
+The corpus, tests/cheats/, is read statically first (milliseconds each): each cheat gets the red
+flags its header names, or is dropped by extraction; each honest variant gets full credit and no
+flag. The cheats that the reading cannot stop (computed names, other threads, other processes,
+the result pipe, shared state) are then graded the way an instructor grades, in the child behind
+the operating system's wall: none earns a point it would not earn honestly without a flag or a
+refusal that says why. The wall itself (writes, network, processes that outlive a test) is
+tested in test_grade_isolation.py.
 """
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 
-from _grade_helpers import (ROOT, append, apply_cheat, cheat_files, load_cheat, module,
+from _grade_helpers import (CHEATS, ROOT, apply_cheat, cheat_files, load_cheat, module,
                             replace_body, student_edition)
-from labkit.grade import extract, runner, scan
+from labkit.grade import extract, flags, runner
 
-# Each test grades a lab in child processes (start-up, collection, the tests): seconds on an idle
-# machine, minutes on a loaded one; pytest's per-test timeout (180 s) is too short for that.
+# Each test below grades a lab in a child process (start-up, collection, the tests): seconds on an
+# idle machine, minutes on a loaded one; pytest's per-test timeout (180 s) is too short for that.
 pytestmark = pytest.mark.timeout(900)
 
-ACCOUNTING = "lab1/accounting.py"
-COUNT_PARAMS_SOLUTION = (ROOT / "tests" / "cheats" / "count_params_body.txt").read_text()
-
-
-@pytest.fixture(scope="module")
-def collected(tmp_path_factory):
-    """The graded tests of labs 1, 3 and 5, collected once from the pristine course."""
-    ws = tmp_path_factory.mktemp("collect") / "course"
-    runner.copy_course(ROOT, ws)
-    return runner.collect(ws, labs=["1", "3", "5"])
-
-
-def grade(sub, collected, exercises):
-    return runner.grade_submission(sub, course=ROOT, exercises=exercises, jobs=1,
-                                   timeout=300, collected=collected)
-
-
-def messages(table, ex):
-    return " ".join(t["message"] for t in table["exercises"][ex]["tests"])
-
-
-def refusals(table, ex):
-    return " ".join(table["submission"]["refused"].get(ex, []))
-
-
-def test_cheats_refused_by_the_scan_and_dropped_code_on_lab_1(tmp_path, collected):
-    """One submission, one cheat per exercise of lab 1, graded with the scan on:
-    1.1 is the honest solution with a module-level patch of labkit.grade.plugin._table appended
-    (the patch that gave 33/33 on the stubs), an edit of given code and an added file: the
-    patch and the edit are dropped and listed, the honest points stay; 1.2 patches the grading
-    module from inside its body, 1.3 registers an atexit handler rewriting the score file, 1.4
-    finds pytest's config through gc to register a hook, 1.5 ends the process with os._exit:
-    each is refused with its reason and earns nothing."""
-    sub = student_edition(tmp_path / "sub")
-    acc = module(sub, ACCOUNTING)
-    replace_body(acc, "count_params", COUNT_PARAMS_SOLUTION)
-    append(acc, '''
-        import labkit.grade.plugin as _g
-        _real = _g._table
-        def _all_passed(results):
-            return _real({k: {**r, "outcome": "passed"} for k, r in results.items()})
-        _g._table = _all_passed
-        ''')
-    replace_body(acc, "check_model_config", "return None  # given code, edited")
-    (module(sub, "lab1") / "extra.py").write_text("import labkit.grade.plugin\n")
-    replace_body(acc, "static_bytes", '''
-        import labkit.grade.plugin
-        labkit.grade.plugin._table = lambda results: {"earned": 999}
-        raise NotImplementedError("exercise 1.2: still to do")''')
-    replace_body(acc, "activation_bytes", '''
-        import atexit, json
-        atexit.register(lambda: open("grades.json", "w").write(json.dumps({"earned": 999})))
-        return 0''')
-    replace_body(acc, "korthikanti_activation_bytes", '''
-        import gc
-        for obj in gc.get_objects():
-            if type(obj).__name__ == "Config":
-                obj.pluginmanager.register(object())
-        return {}''')
-    replace_body(acc, "predict_peak", '''
-        import os
-        os._exit(0)''')
-    table = grade(sub, collected, ["1.1", "1.2", "1.3", "1.4", "1.5"])
-    ex = table["exercises"]
-    assert ex["1.1"]["earned"] == ex["1.1"]["possible"] == 5, messages(table, "1.1")
-    for e in ("1.2", "1.3", "1.4", "1.5"):
-        assert ex[e]["earned"] == 0 and ex[e]["passed"] == 0, (e, ex[e])
-    dropped = "\n".join(table["submission"]["dropped"])
-    assert "module-level statement" in dropped and "_g._table = _all_passed" in dropped
-    assert "given `check_model_config`" in dropped and "the course's is graded" in dropped
-    assert "labkit/lab1/extra.py" in dropped
-    assert "import labkit.grade.plugin" in refusals(table, "1.2") and "grading plugin" in refusals(table, "1.2")
-    assert "import atexit" in refusals(table, "1.3")
-    assert "import gc" in refusals(table, "1.4") and "garbage collector" in refusals(table, "1.4")
-    assert "os._exit" in refusals(table, "1.5")
-    assert all(t["message"].startswith("refused:") for e in ("1.2", "1.3", "1.4", "1.5")
-               for t in ex[e]["tests"])
-
-
-@pytest.fixture
-def no_scan(monkeypatch):
-    """Switch the static scan off: what the run-time guard and the parent alone must hold."""
-    from labkit.grade import scan
-
-    monkeypatch.setattr(scan, "scan", lambda merged, pristine: [])
-
-
-def test_cheats_the_scan_misses_are_stopped_at_run_time(tmp_path, collected, no_scan):
-    """With the scan off: 1.1 (the honest solution) patches torch.testing from inside its body
-    through an alias, 1.2 walks gc for pytest's config, 1.3 registers an atexit handler that
-    rewrites the score file in the output folder, 1.4 writes forged "passed" records on the
-    result pipe. None earns a point: the patch is found and put back after the test, gc is
-    refused by the audit hook, the file write is refused (and the score is written by the
-    parent afterwards), the forged lines do not verify."""
-    out = tmp_path / "out"
-    out.mkdir()
-    sub = student_edition(tmp_path / "sub")
-    acc = module(sub, ACCOUNTING)
-    replace_body(acc, "count_params", "holder = [torch]\n"
-                 "holder[0].testing.assert_close = lambda *a, **k: None\n" + COUNT_PARAMS_SOLUTION)
-    replace_body(acc, "static_bytes", '''
-        import gc
-        configs = [o for o in gc.get_objects() if type(o).__name__ == "Config"]
-        return {"params": 0}''')
-    replace_body(acc, "activation_bytes", f'''
-        import atexit, json
-        atexit.register(lambda: open({str(out / "grades.json")!r}, "w").write(json.dumps({{"earned": 999}})))
-        raise NotImplementedError("exercise 1.3: still to do")''')
-    replace_body(acc, "korthikanti_activation_bytes", '''
-        import os
-        fd = int(os.environ["LABKIT_GRADE_FD"])
-        for name in ("test_a", "test_b"):
-            os.write(fd, ('{"kind": "test", "nodeid": "tests/test_lab1_accounting.py::' + name
-                          + '", "outcome": "passed", "seq": 1}\\t' + "0" * 64 + "\\n").encode())
-        raise NotImplementedError("exercise 1.4: still to do")''')
-    table = grade(sub, collected, ["1.1", "1.2", "1.3", "1.4"])
-    from labkit.grade import formats
-
-    formats.write_all(table, out)
-    ex = table["exercises"]
-    assert ex["1.1"]["earned"] == 0, ex["1.1"]
-    assert "torch.testing.assert_close" in messages(table, "1.1") and "replaced" in messages(table, "1.1")
-    assert ex["1.2"]["earned"] == 0 and "gc.get_objects" in messages(table, "1.2")
-    assert ex["1.3"]["earned"] == 0 and ex["1.4"]["earned"] == 0
-    assert json.loads((out / "grades.json").read_text())["earned"] == table["earned"] == 0
-
-
-def test_an_early_exit_the_scan_misses_loses_the_labs_results(tmp_path, collected, no_scan):
-    """With the scan off, 1.1's honest solution followed by os._exit(0): the child ends early;
-    every test without a signed record is failed, and says so."""
-    sub = student_edition(tmp_path / "sub")
-    replace_body(module(sub, ACCOUNTING), "count_params", '''
-        import os
-        os._exit(0)''')
-    table = grade(sub, collected, ["1.1"])
-    assert table["earned"] == 0
-    assert "no result came back" in messages(table, "1.1") and "ended" in messages(table, "1.1")
-
-
-SHORTCUTS = {  # exercise -> (module, [(function, body)])
-    "5.6": ("lab5/flash_attention.py", [("flash_attention_forward", '''
-        out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, causal)
-        return out, lse'''), ("flash_attention_backward", '''
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse, 0.0, causal)''')]),
-    "3.1": ("lab3/loss_scaler.py", [("DynamicLossScaler.update", '''
-        found = torch.full((1,), float(bool(self._found_inf)))
-        tracker = torch.full((1,), self._growth_tracker, dtype=torch.int32)
-        scale = self._scale.reshape(1).clone()
-        torch._amp_update_scale_(scale, tracker, found, self.growth_factor,
-                                 self.backoff_factor, self.growth_interval)
-        self._scale, self._growth_tracker = scale.reshape(()), int(tracker.item())
-        self._found_inf = None''')]),
-    "2.1": ("lab2/adafactor.py", [("Adafactor._update", '''
-        ref = torch.optim.Adafactor([p], lr=group["lr"])
-        ref.step()''')]),
-    "4.2": ("lab4/bucketed_ddp.py", [("BucketedDDP.finish", '''
-        self.ddp = torch.nn.parallel.DistributedDataParallel(self.module)''')]),
-}
-
-
-def apply_shortcut(sub, ex):
-    rel, edits = SHORTCUTS[ex]
-    for qualname, body in edits:
-        replace_body(module(sub, rel), qualname, body)
-
-
-def test_each_shortcut_is_named_by_the_scan(tmp_path):
-    """5.6 through aten's flash kernels, 3.1 through the _amp scale-update kernel, 2.1 through
-    torch.optim.Adafactor, 4.2 through DistributedDataParallel: the scan refuses each with the
-    registry's reason, and the exercise is graded as its stub (no child needs to run)."""
-    ws = tmp_path / "course"
-    runner.copy_course(ROOT, ws)
-    sub = student_edition(tmp_path / "sub", solved=tuple(rel for rel, _ in SHORTCUTS.values()))
-    for ex in SHORTCUTS:
-        apply_shortcut(sub, ex)
-    prep = runner.prepare(sub / "src" / "labkit", ws, {})
-    assert "computes attention itself" in refusals({"submission": {"refused": prep.refused}}, "5.6")
-    for ex, needle in (("5.6", "_scaled_dot_product_flash_attention_for_cpu"),
-                       ("3.1", "_amp_update_scale_"),
-                       ("2.1", "torch.optim.Adafactor"),
-                       ("4.2", "torch.nn.parallel.DistributedDataParallel")):
-        text = " ".join(prep.refused.get(ex, []))
-        assert needle in text and f"exercise {ex}" in text and "blocked while it is graded" in text, (ex, text)
-        rel = SHORTCUTS[ex][0]
-        assert f'NotImplementedError("exercise {ex}' in (ws / "src" / "labkit" / rel).read_text()
-
-
-@pytest.mark.parametrize("ex", ["5.6", "3.1"])
-def test_a_shortcut_the_scan_misses_is_blocked_at_run_time(tmp_path, collected, no_scan, ex):
-    """With the scan off, the same shortcuts on a correct solution: every test that reaches the
-    library's kernel fails with the registry's message; no more points than without it."""
-    sub = student_edition(tmp_path / "sub", solved=(SHORTCUTS[ex][0],))
-    apply_shortcut(sub, ex)
-    table = grade(sub, collected, [ex])
-    e = table["exercises"][ex]
-    assert e["earned"] < e["possible"], e
-    failed = [t for t in e["tests"] if t["outcome"] != "passed"]
-    assert failed and all("blocked while it is graded" in t["message"] or
-                          "refused while grading" in t["message"] for t in failed), \
-        [t["message"][:200] for t in failed]
-    assert any(f"exercise {ex}" in t["message"] for t in failed)
+COUNT_PARAMS = (CHEATS / "count_params_body.txt").read_text()
+RUN_TESTS = (ROOT / "tests" / "test_grade_cheats.py").read_text() + \
+    (ROOT / "tests" / "test_grade_isolation.py").read_text()
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("path", cheat_files(), ids=lambda p: p.stem)
-def test_each_cheat_of_the_corpus_is_refused_or_dropped(tmp_path, path):
-    """Every cheat in tests/cheats/ (reaching the grader through objects, lying return values,
-    code at import time, references, mocks, torch.library, torch.hub, unpickling, grader
-    detection, ...), applied to the stubs' module it names: the scan refuses it for the
-    exercises the header names (they are graded as stubs, with the reason), or the extraction
-    drops it (listed, never run); a fair file (``expect: fair``) is taken whole and refused
-    nothing. Static: no child process, milliseconds each."""
+def test_each_cheat_of_the_corpus_is_zeroed_flagged_or_dropped(tmp_path, path):
+    """Every file of tests/cheats/, applied to the stubs' module it names: ``zero``: a flag that
+    zeroes the exercises named (they are graded as stubs); ``flag``: a flag for review on them
+    (the instructor sees it; some are also stopped at run time below); ``run``: nothing to read,
+    stopped at run time by a test here that names the file; ``dropped``: left out by
+    extraction; ``fair``: taken whole, no flag."""
     cheat = load_cheat(path)
     rel = f"labkit/{cheat['module']}"
     pristine = (ROOT / "src" / rel).read_text()
-    labkit = tmp_path / "labkit"
-    (labkit / cheat["module"]).parent.mkdir(parents=True)
-    (labkit / cheat["module"]).write_text(pristine)
-    student = apply_cheat(labkit, cheat).read_text()
-    merged = extract.merge(pristine, student, rel)
-    found = scan.scan(merged, pristine)
-    text = " ".join(map(str, found))
-    if cheat["expect"] == "runtime":
-        return  # the run-time guard's: test_run_time_cheats_are_refused_by_the_guard
-    if cheat["expect"] == "fair":
-        assert found == [], text
-        assert not merged.dropped, [str(d) for d in merged.dropped]
-        return
-    if cheat["expect"] == "dropped":
-        assert found == [], text
-        dropped = " ".join(map(str, merged.dropped))
-        assert cheat["needle"] in dropped, dropped
+    (tmp_path / cheat["module"]).parent.mkdir(parents=True)
+    (tmp_path / cheat["module"]).write_text(pristine)
+    merged = extract.merge(pristine, apply_cheat(tmp_path, cheat).read_text(), rel)
+    found = flags.read(merged, pristine)
+    kind, *exercises = cheat["expect"].split()
+    text = {ex: " | ".join(map(str, fs)) for ex, fs in found.items()}
+    if kind in ("fair", "dropped", "run"):
+        assert not any(f.zeroes for fs in found.values() for f in fs), text
+    if kind == "fair":
+        assert not any(found.values()) and not merged.dropped, (text, merged.dropped)
+    elif kind == "dropped":
+        assert cheat["needle"] in " ".join(map(str, merged.dropped)), merged.dropped
         assert cheat["code"].strip().splitlines()[-1] not in merged.source
-        return
-    expected = set(cheat["expect"].split()[1:])
-    refused = {e for r in found for e in r.exercises}
-    assert expected <= refused, (cheat["cheat"], text or "nothing refused")
-    assert cheat["needle"] in text, (cheat["needle"], text)
+    elif kind in ("zero", "flag"):
+        for ex in exercises:
+            hits = [f for f in found.get(ex, []) if f.name == cheat["needle"]]
+            assert hits and all(f.zeroes is (kind == "zero") for f in hits), (ex, text)
+    if kind == "run":
+        assert path.stem in RUN_TESTS, f"{path.stem}: no test grades it at run time"
 
 
-def test_tampering_at_import_the_scan_misses_is_caught_in_the_child(tmp_path, collected, no_scan):
-    """With the scan off, 1.1's honest solution plus an added class whose body runs at import,
-    before any test: it reaches sys.modules through torch.sys, replaces the child's grading table
-    by one that reads "passed" (before: 33/33 on lab 1 with the stubs untouched) and sets torch's
-    default dtype to float64. The child's own binding of its table and the check of torch's
-    global state fail every test, with the reason."""
-    sub = student_edition(tmp_path / "sub")
-    acc = module(sub, ACCOUNTING)
-    replace_body(acc, "count_params", COUNT_PARAMS_SOLUTION)
-    apply_cheat(sub / "src" / "labkit", load_cheat(ROOT / "tests" / "cheats" /
-                                                   "sys_modules_via_torch.txt"))
-    append(acc, '''
-        class _Float64:
-            torch.set_default_dtype(torch.float64)
-        ''')
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    """The graded tests of labs 1, 3, 5 and 6, collected once from the pristine course."""
+    ws = tmp_path_factory.mktemp("collect") / "course"
+    runner.copy_course(ROOT, ws)
+    return runner.collect(ws, labs=["1", "3", "5", "6"])
+
+
+def grade(sub, collected, exercises):
+    return runner.grade_submission(sub, course=ROOT, exercises=exercises, jobs=1, timeout=600,
+                                   collected=collected)
+
+
+def submission(tmp_path, *cheats, solved=(), count_params=True):
+    """A student edition with 1.1 solved (unless not ``count_params``), the modules ``solved``
+    from the solutions, and the cheats of tests/cheats/ named applied."""
+    sub = student_edition(tmp_path / "sub", solved=solved)
+    if count_params:
+        replace_body(module(sub, "lab1/accounting.py"), "count_params", COUNT_PARAMS)
+    for cheat in cheats:
+        apply_cheat(sub / "src" / "labkit", cheat)
+    return sub
+
+
+def flagged(table, ex):
+    return " | ".join(table["submission"]["flags"].get(ex, []))
+
+
+def test_honest_work_in_unusual_styles_keeps_full_marks_and_no_flag(tmp_path, collected):
+    """1.1 written with a frozen dataclass, a lambda table, functools.reduce, a static method, a
+    computed getattr on its own object (fair_unusual_styles), next to helpers it does not use
+    (fair_helpers): every point, no flag, nothing dropped."""
+    sub = submission(tmp_path, "fair_unusual_styles", "fair_helpers", count_params=False)
     table = grade(sub, collected, ["1.1"])
-    assert table["earned"] == 0, table["exercises"]["1.1"]
-    text = messages(table, "1.1")
-    assert "grading table was replaced" in text and "default dtype" in text, text
+    assert table["earned"] == table["possible"] == 5, table["exercises"]["1.1"]
+    assert table["submission"]["flags"] == {} and table["submission"]["zeroed"] == {}
 
 
-GUARD_PROBE = r"""
-import json, sys, tempfile, textwrap
-from labkit.grade import guard
-import torch
-cheats = json.loads(sys.stdin.read())
-tmp = tempfile.gettempdir()
-state = guard._State({"student": {"/student/probe.py": [[1, 10000]]}, "write_roots": [tmp]})
-sys.addaudithook(guard._make_hook(state))  # the audit hook alone: no shortcut wrappers
+def test_a_blanket_pass_makes_the_tripwires_pass_and_voids_the_lab(tmp_path, collected):
+    """functools_reduce_getattr: 1.2's body reaches sys.modules by computed names and registers
+    a pytest plugin that reports every test passed (before: 34/34 on lab 1). The reading flags
+    the computed names; at run time the plugin set changed and the tripwire tests passed: the
+    lab's run is void, 1.1's honest points included."""
+    table = grade(submission(tmp_path, "functools_reduce_getattr"), collected, ["1.1", "1.2"])
+    assert table["earned"] == 0, table["exercises"]
+    assert "dynamic names" in flagged(table, "1.2") and "tampering" in flagged(table, "1.2")
+    assert all(t["message"].startswith("void:") for e in table["exercises"].values()
+               for t in e["tests"])
 
 
-class api:
-    def begin(ex):
-        state.exercise = ex
-
-    def end():
-        found, state.refusals[:] = list(state.refusals), []
-        return found
-
-
-api.begin("1.1")
-out = {}
-for name, code in cheats.items():
-    src = "def probe():\n" + textwrap.indent(code, "    ")
-    ns = {"torch": torch}
-    exec(compile(src, "/student/probe.py", "exec"), ns)
-    try:
-        ns["probe"]()
-        out[name] = "ran: " + " | ".join(api.end())
-    except BaseException as exc:  # noqa: BLE001
-        out[name] = f"{type(exc).__name__}: {exc} | " + " | ".join(api.end())
-    api.begin("1.1")
-print(json.dumps(out))
-"""
+@pytest.mark.parametrize("cheat", ["forged_records_on_every_fd", "records_after_done"])
+def test_forged_or_late_records_void_the_lab(tmp_path, collected, cheat):
+    """Lines written on every file descriptor from 1.3's body (the result pipe is one): a second
+    record for a test (the real plugin still sends its own), or records after a forged "done".
+    There is no key to steal or signing function to call: the parent's rules void the run."""
+    table = grade(submission(tmp_path, cheat), collected, ["1.1", "1.3"])
+    assert table["earned"] == 0, table["exercises"]
+    assert load_cheat(CHEATS / f"{cheat}.txt")["needle"] in flagged(table, "1.3")
 
 
-def test_run_time_cheats_are_refused_by_the_guard(tmp_path):
-    """The cheats of tests/cheats/ that only the run-time guard can see (``expect: runtime``:
-    a path read, code run from a file the test wrote), each run as a student's function in a
-    fresh process with the guard installed: each is refused with its reason."""
-    import subprocess
-    import sys
+def test_global_state_left_changed_is_put_back_and_fails_the_test(tmp_path, collected):
+    """Code that runs at import (a decorator, a default value, a constant, a class body, a
+    decorator of the student's own) and exercise bodies that leave torch's default dtype, grad
+    mode, global hooks or a dispatch mode changed; one that opens /proc/self/mem. The first test
+    after each change fails, says what changed, and the state is put back; seeding torch at
+    import changes nothing (the tests seed it themselves); the open is a flag."""
+    sub = submission(tmp_path, "decorator_side_effect", "default_argument_side_effect",
+                     "module_constant_side_effect", "own_decorator_runs_at_import",
+                     "class_body_statement", "default_dtype_in_body", "mode_left_on")
+    replace_body(module(sub, "lab1/accounting.py"), "activation_bytes",
+                 load_cheat(CHEATS / "global_module_hook.txt")["code"])
+    replace_body(module(sub, "lab1/accounting.py"), "predict_peak",
+                 load_cheat(CHEATS / "read_process_memory.txt")["code"])
+    table = grade(sub, collected, ["1.1", "1.2", "1.3", "1.4", "1.5"])
+    messages = " ".join(t["message"] for e in table["exercises"].values() for t in e["tests"])
+    for needle in ("torch's grad mode", "torch's default dtype", "global module and optimizer hooks",
+                   "dispatch modes"):
+        assert needle in messages, needle
+    assert "files: opened /proc/" in flagged(table, "1.5")
+    assert table["exercises"]["1.1"]["failed"] >= 1 and "refused at run time" in flagged(table, "1.1")
+    assert table["exercises"]["1.2"]["earned"] == 0 and table["exercises"]["1.3"]["earned"] == 0
 
-    cheats = {p.stem: load_cheat(p) for p in cheat_files()}
-    runtime = {k: c["code"] for k, c in cheats.items() if c["expect"] == "runtime"}
-    assert runtime
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-c", GUARD_PROBE], input=json.dumps(runtime),
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    for name, text in result.items():
-        assert cheats[name]["needle"] in text and "refused" in text, (name, text)
+
+def test_shortcuts_are_refused_at_the_dispatcher_however_spelled(tmp_path, collected):
+    """Reached by computed names, which the reading cannot resolve: 5.6 through torch._VF's flash
+    kernel (before: 17/22), 3.1 through the scale-update kernel (before: 15/15), 6.5 through
+    F.gelu handed to a worker thread. Each operator is refused at PyTorch's dispatcher while the
+    exercise's tests run; every test that reached one fails with the reason."""
+    sub = submission(tmp_path, "vf_flash_attention_computed", "amp_update_scale_computed",
+                     "gelu_on_worker_thread", solved=("lab5/flash_attention.py",
+                                                      "lab3/loss_scaler.py", "lab6/fusion.py"))
+    table = grade(sub, collected, ["3.1", "5.6", "6.5"])
+    for ex, needle in (("5.6", "computes attention itself"), ("3.1", "keeps the scale itself"),
+                       ("6.5", "fuses GELU")):
+        e = table["exercises"][ex]
+        assert e["earned"] < e["possible"], (ex, e)
+        assert any(needle in t["message"] and "refused while grading" in t["message"]
+                   for t in e["tests"]), (ex, [t["message"][:200] for t in e["tests"]])
+        assert "refused at run time" in flagged(table, ex)
+
+
+@pytest.mark.parametrize("cheat", ["attention_on_worker_thread", "return_zeros"])
+def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
+    """5.6's memory and FLOP tests: an O(S²) attention whose products run on a worker thread
+    (where MemTracker and the FLOP counter of the test's thread see nothing; before: 22/22) is
+    refused there; a forward returning zeros (before: 4/22) fails the measurement tests too,
+    which now check the output they measured. Not one point of 5.6."""
+    sub = submission(tmp_path, cheat, solved=("lab5/flash_attention.py",))
+    table = grade(sub, collected, ["5.6"])
+    e = table["exercises"]["5.6"]
+    assert e["earned"] == 0, [(t["test"], t["outcome"]) for t in e["tests"]]
+    if cheat == "return_zeros":
+        assert any("not attention's" in t["message"] for t in e["tests"])
+    else:
+        assert "threads" in flagged(table, "5.6") and "not the course's" in flagged(table, "5.6")
+
+
+def test_shared_tolerances_cannot_be_widened(tmp_path, collected):
+    """widen_shared_tolerance: 5.6's forward reaches the tests' modules by computed names, tries
+    to widen ATTN_TOL in place and to rebind it, then returns an answer off by 1e-3. The dict
+    is read-only, the rebinding is put back and fails the test: no forward test passes."""
+    sub = submission(tmp_path, "widen_shared_tolerance", solved=("lab5/flash_attention.py",))
+    table = grade(sub, collected, ["5.6"])
+    forward = [t for t in table["exercises"]["5.6"]["tests"] if "forward" in t["test"]]
+    assert forward and all(t["outcome"] == "failed" for t in forward), forward
+    assert "dynamic names" in flagged(table, "5.6")

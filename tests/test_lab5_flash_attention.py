@@ -214,7 +214,8 @@ def test_flash_saves_only_inputs_output_and_log_sum_exp():
 
     b, h, s, d = 1, 2, 256, 32
     q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
-    saved = saved_activation_bytes(lambda: flash_attention(q, k, v, causal=True))
+    out = []
+    saved = saved_activation_bytes(lambda: out.append(flash_attention(q, k, v, causal=True)))
     want = (4 * b * h * s * d + b * h * s) * 4
     assert saved == want, (
         f"bytes autograd keeps for backward at (B, H, S, D) = {(b, h, s, d)}, fp32: {saved:,}, "
@@ -222,6 +223,16 @@ def test_flash_saves_only_inputs_output_and_log_sum_exp():
         + ("more: is a tile, the (S × S) scores or a copy of q, k, v saved as well (autograd saves "
            "what the operators inside an autograd.Function's forward need only if they run with "
            "grad enabled)?" if saved > want else "fewer: are O and L both saved?"))
+    _check_measured(out[0], q, k, v)
+
+
+def _check_measured(out, q, k, v):
+    """A measurement counts only for the right result: the output the bytes or FLOPs were
+    measured on must be attention's (returning zeros saves nothing and computes nothing)."""
+    with torch.no_grad():
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out.detach(), want, **ATTN_TOL,
+                               msg=lambda m: f"the measured run's output is not attention's: {m}")
 
 
 def _attention_peak(fn, s, b=1, h=2, d=32):
@@ -231,7 +242,9 @@ def _attention_peak(fn, s, b=1, h=2, d=32):
     q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
     grad_out = torch.randn(b, h, s, d)
     with MemTracker() as tracker:
-        fn(q, k, v).backward(grad_out)
+        out = fn(q, k, v)
+        out.backward(grad_out)
+    _check_measured(out, q, k, v)
     return sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
 
 
@@ -308,8 +321,15 @@ def test_causal_flash_skips_the_tiles_above_the_diagonal():
         out, lse = flash_attention_forward(q, k, v, causal=True, block_q=bq, block_k=bk)
     forward = counter.flops
     with _MatmulFlops() as counter:
-        flash_attention_backward(q, k, v, out, lse, grad_out, causal=True, block_q=bq, block_k=bk)
+        grads = flash_attention_backward(q, k, v, out, lse, grad_out, causal=True, block_q=bq,
+                                         block_k=bk)
     backward = counter.flops
+    _check_measured(out, q, k, v)  # the FLOPs counted are those of the right results
+    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+    F.scaled_dot_product_attention(qr, kr, vr, is_causal=True).backward(grad_out)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (qr.grad, kr.grad, vr.grad)):
+        torch.testing.assert_close(got, want, **ATTN_TOL, msg=lambda m, name=name: f"the "
+                                   f"measured backward's {name} is not attention's: {m}")
     for name, got, matmuls in (("forward", forward, 2), ("backward", backward, 5)):
         bound = _tile_flops(s, d, b * h, bq, bk, True, matmuls)
         full = _tile_flops(s, d, b * h, bq, bk, False, matmuls)

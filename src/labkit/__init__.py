@@ -24,12 +24,3 @@ from labkit.self_check import check  # noqa: E402 - after the gate
 
 __version__ = "0.1.0"
 __all__ = ["check", "MIN_TORCH", "TORCH_APIS", "__version__"]
-
-# Inside the grader's child process (and the ranks it spawns) the run-time guard is installed
-# at the first ``import labkit``, before any student module can be imported (labkit.grade.guard).
-import os as _os  # noqa: E402
-
-if _os.environ.get("LABKIT_GRADE_GUARD"):
-    from labkit.grade.guard import install_from_env as _install_guard
-
-    _install_guard()

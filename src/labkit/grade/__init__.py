@@ -1,20 +1,23 @@
-"""``labkit-grade``: grade a student's submission where the student's code cannot reach the score.
+"""``labkit-grade``: grade a submission behind the operating system's wall, decide where no student code runs.
 
     labkit-grade SUBMISSION --out DIR          # or: python -m labkit.grade SUBMISSION --out DIR
     labkit-grade subs/* --csv class.csv        # many submissions: one CSV row per student per exercise
 
-SUBMISSION is what a student hands in: their student-edition folder, its ``src/labkit``, or a
-zip of either. The parts:
+The parts (docs/grading.md says what a grade guarantees):
 
-* :mod:`~labkit.grade.extract` — take only the exercise code (and added definitions) out of
-  the submission into a pristine copy of the course; list what was dropped;
-* :mod:`~labkit.grade.scan` — the static scan of that code (tampering, shortcuts);
-* :mod:`~labkit.grade.shortcuts` — per exercise, the library functions it rebuilds;
-* :mod:`~labkit.grade.guard` — the run-time guard of the child process (audit hook, shortcut
-  wrappers, integrity check);
+* :mod:`~labkit.grade.extract` — take only the exercise code (and added definitions) out of a
+  submission into a pristine copy of the course; list what was dropped;
+* :mod:`~labkit.grade.flags` — the red flags of that code, read in the trusted parent; a few
+  zero the exercise, the others are for the instructor's review;
+* :mod:`~labkit.grade.shortcuts` — per exercise, what it rebuilds (refused);
+* :mod:`~labkit.grade.isolation` — the wall around the child at the operating system;
 * :mod:`~labkit.grade.child` and :mod:`~labkit.grade.collect` — the pytest plugins of the
-  child and of the trusted collection;
-* :mod:`~labkit.grade.runner` — the trusted parent: children, signed records, the verdict;
+  child (it reports) and of the trusted collection;
+* :mod:`~labkit.grade.runner` — the trusted parent: children, tripwires, the verdict;
 * :mod:`~labkit.grade.formats` — ``grades.json``, Gradescope's ``results.json``, the CSV;
-* :mod:`~labkit.grade.cli` — the command.
+* :mod:`~labkit.grade.cli` — the command;
+* :mod:`~labkit.grade.plugin` — the pytest plugin of every test run: ``--grade``, ``--exercise``,
+  ``--stubs-must-fail``, ``labkit.check``.
+
+Nothing here is imported by ``import labkit``: the package root knows nothing of grading.
 """

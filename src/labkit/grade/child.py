@@ -1,128 +1,244 @@
-"""The pytest plugin of the grader's child process: run the tests, report each outcome, signed.
+"""The pytest plugin of the grader's child: run the graded tests, report each outcome to the parent.
 
-Loaded with ``-p labkit.grade.child`` before any test module (so before any student module) is
-imported. At import it reads one line from stdin — the key of this run, sent by the parent
-(:mod:`labkit.grade.runner`) — and closes stdin; the key is then only in this module's
-closure. The guard (:mod:`labkit.grade.guard`) is already installed by ``import labkit`` (the
-parent set ``LABKIT_GRADE_GUARD``). After each test it sends one line over the pipe whose file
-descriptor is in ``LABKIT_GRADE_FD``: the test's record (node id, outcome, message) and its
-HMAC-SHA256 under the key. The parent accepts only records that verify, for tests it collected
-itself from the pristine course; a test without one is failed. So the child cannot raise a
-score: exiting early loses its own records, a forged line does not verify, and the score file
-is written by the parent after the child has ended.
+Loaded with ``-p labkit.grade.child`` in the process that runs student code, behind the operating
+system's wall (:mod:`labkit.grade.isolation`). Nothing here decides a grade and nothing here is
+secret: student code in this process can reach all of it. The child *reports*, one JSON line per
+test on an inherited pipe; the trusted parent (:mod:`labkit.grade.runner`) decides, with rules
+this process cannot change. What this plugin adds is what only the inside can see, each
+reported with its test (which then fails):
+
+* **shortcuts at the dispatcher**: while an exercise's tests run, an operator it rebuilds
+  (:mod:`labkit.grade.shortcuts`) is refused when student code is on the stack. A
+  ``TorchDispatchMode``, PyTorch's extension point, sees the operator however it was spelled
+  (``F.gelu``, ``torch._C._nn.gelu``, ``torch.ops.aten.gelu.default``, ``torch._VF``...);
+* **other threads**: dispatch modes, MemTracker's and FlopCounterMode's included, hold for one
+  thread. A thread started during a test gets a mode (``threading.setprofile``) that refuses
+  torch operators of any work that is not the course's: a measurement cannot be dodged there;
+* **shared state**: torch's global state (default dtype, grad mode, modes, global hooks) is
+  compared after every test with the state before any student module was imported, and put
+  back; the tests' constant dicts (``TOL = dict(atol=..., rtol=...)``) are read-only and their
+  modules' names are put back; the pytest plugins and hook functions are fixed once collected;
+* **files**: an audit hook notes the files student code opens outside the test's scratch folder.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import sys
+import threading
+import types
 
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode
 
-from labkit.grade import guard
+from labkit.grade import shortcuts
 
-
-def _make_sender():
-    line = sys.stdin.buffer.readline().strip()
-    try:
-        sys.stdin.close()
-    except Exception:  # noqa: BLE001
-        pass
-    sys.stdin = open(os.devnull)
-    key = bytes.fromhex(line.decode()) if line else b""
-    fd = int(os.environ.get("LABKIT_GRADE_FD", "-1"))
-    seq = [0]
-
-    def send(record: dict) -> None:
-        if fd < 0 or not key:
-            return
-        seq[0] += 1
-        body = json.dumps({**record, "seq": seq[0]}, sort_keys=True)
-        mac = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
-        data = (body + "\t" + mac + "\n").encode()
-        while data:
-            data = data[os.write(fd, data):]
-    return send
+SPEC = json.loads(os.environ.get("LABKIT_GRADE_SPEC", "{}"))
+"""What the parent passed (nothing in it is secret): {"fd": the result pipe, "scratch": the one
+writable folder, "course": the graded copy, "student": {file: [[first, last] line of each unit of
+student code]}}."""
+STUDENT = {os.path.realpath(f): [tuple(r) for r in rs] for f, rs in SPEC.get("student", {}).items()}
+COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
+READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
+                                                       sys.prefix, sys.base_prefix)) + ("/dev/",)
+REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
+                "pytest_report_teststatus", "pytest_runtest_call", "pytest_pyfunc_call")
 
 
-_send = _make_sender()
-del _make_sender
-_guard = guard.api()
-_config: list = []
-_seen: dict = {}
-"""nodeid -> what this plugin saw of the test's phases itself ("failed", "skipped"): a record in
-labkit.grade.plugin's table that says "passed" for a test whose report failed is not believed."""
+def _send(record: dict) -> None:
+    fd, data = SPEC.get("fd", -1), (json.dumps(record) + "\n").encode()
+    while fd >= 0 and data:
+        data = data[os.write(fd, data):]
 
 
-def _exercise(item):
-    mark = item.get_closest_marker("exercise")
-    return (mark.args[0] if mark and mark.args else None) if mark else None
+class State:
+    """What this process saw: of the session, and of the test that runs now."""
+    exercise: str | None = None
+    refused: list = []
+    flags: list = []
+    torch: dict = {}
+    plugins: tuple = ()
+    seen: dict = {}      # nodeid -> "failed" or "skipped", as the reports said
+    tamper: list = []
+    modules: list = []   # (test module, its names once collected)
+    kinds: dict = {}     # code object -> "student", "course" or ""
+
+
+def _kind(code) -> str:
+    """"student" (a unit of student code), "course" (other code of the graded copy: given code,
+    the toolkit, the tests; not this plugin) or "" (a library's)."""
+    kind = State.kinds.get(code)
+    if kind is None:
+        path = os.path.realpath(code.co_filename) if code.co_filename.startswith("/") else ""
+        ranges = STUDENT.get(path, ())
+        kind = State.kinds[code] = "student" if any(a <= code.co_firstlineno <= b for a, b in ranges) \
+            else "course" if path.startswith(COURSE) and path != os.path.realpath(__file__) else ""
+    return kind
+
+
+def student_frame(frame=None) -> str | None:
+    """"file:line" of the innermost frame of student code on this thread's stack, or None."""
+    frame = frame or sys._getframe(1)
+    while frame is not None and _kind(frame.f_code) != "student":
+        frame = frame.f_back
+    return frame and f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _thread_owner() -> str:
+    """Whose work this thread does: the kind of its outermost frame of the graded copy ("" when
+    only libraries' code is on it, as for ``pool.submit(F.gelu, x)``)."""
+    frame, owner = sys._getframe(1), ""
+    while frame is not None:
+        owner, frame = _kind(frame.f_code) or owner, frame.f_back
+    return owner
+
+
+class Refuse(TorchDispatchMode):
+    """Refuse the operators ``exercise`` rebuilds when student code is on the stack; on a thread
+    started during a test (``side``) whoever calls them, and every operator of work that is not
+    the course's."""
+
+    def __init__(self, exercise: str, side: bool = False):
+        super().__init__()
+        self.exercise, self.side, self.hits = exercise, side, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        hit = self.hits.get(func)
+        if hit is None:
+            hit = self.hits[func] = bool(shortcuts.matching(
+                self.exercise, func.overloadpacket.__name__, func.namespace))
+        why = shortcuts.reason(self.exercise, func.name()) if hit and (
+            self.side or student_frame()) else \
+            f"torch operator {func.name()} on a thread that is not the course's: the test's " \
+            "measurements and refusals hold for its own thread only" \
+            if self.side and _thread_owner() != "course" else ""
+        if why:
+            State.refused.append(f"{why} (from {student_frame() or 'a thread of the student'})")
+            raise PermissionError(f"refused while grading: {why}")
+        return func(*args, **(kwargs or {}))
+
+
+def _on_new_thread(frame, event, arg):
+    sys.setprofile(None)
+    if State.exercise is not None:
+        Refuse(State.exercise, side=True).__enter__()  # never left: it ends with the thread
+
+
+def _audit(event, args):
+    if event == "open" and State.exercise is not None and isinstance(args[0], (str, bytes)):
+        path = os.path.realpath(os.fsdecode(args[0]))
+        caller = sys._getframe(1)
+        if not (path + os.sep).startswith(READ_OK) and not caller.f_code.co_filename.startswith(
+                "<frozen") and student_frame(caller):
+            State.flags.append(f"files: opened {path} (from {student_frame(caller)})")
+
+
+def _torch_state() -> dict:
+    import torch.nn.modules.module as module
+    import torch.optim.optimizer as optimizer
+
+    hooks = [v for n, v in vars(module).items() if n.startswith("_global_") and n.endswith("hooks")]
+    hooks += [optimizer._global_optimizer_pre_hooks, optimizer._global_optimizer_post_hooks]
+    return {"default dtype": torch.get_default_dtype(), "grad mode": torch.is_grad_enabled(),
+            "dispatch modes": torch._C._len_torch_dispatch_stack(),
+            "torch-function modes": torch._C._len_torch_function_stack(),
+            "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+            "global module and optimizer hooks": sum(map(len, hooks)), "_hooks": hooks}
+
+
+def _restore() -> list[str]:
+    """torch's global state that differs from the session's start, each put back."""
+    before, now = State.torch, _torch_state()
+    changed = [f"torch's {k} ({before[k]} -> {now[k]})" for k in before
+               if not k.startswith("_") and now[k] != before[k]]
+    torch.set_default_dtype(before["default dtype"])
+    torch.set_grad_enabled(before["grad mode"])
+    torch.use_deterministic_algorithms(before["deterministic algorithms"])
+    while torch._C._len_torch_dispatch_stack() > before["dispatch modes"]:
+        _pop_mode()
+    while torch._C._len_torch_function_stack() > before["torch-function modes"]:
+        torch._C._pop_torch_function_stack()
+    for hooks in now["_hooks"] if now["global module and optimizer hooks"] else ():
+        hooks.clear()  # the course installs none
+    for mod, names in State.modules:  # the test modules' names, as collected
+        now = vars(mod)
+        for name in [n for n, v in names.items() if now.get(n, v) is not v] + \
+                [n for n in now if n not in names]:
+            changed.append(f"{mod.__name__}.{name} was rebound")
+            if name in names:
+                now[name] = names[name]
+            else:
+                del now[name]
+    return changed
+
+
+def _plugins(config) -> tuple:
+    """Every registered plugin, and every function of the hooks that make a report."""
+    pm = config.pluginmanager
+    return (tuple(map(id, pm.get_plugins())), tuple(
+        id(impl.function) for h in REPORT_HOOKS for impl in getattr(pm.hook, h).get_hookimpls()))
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_finish(session):
-    if _guard is not None:
-        _guard.take_snapshot()
-    _send({"kind": "hello", "collected": len(session.items)})
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-    if _guard is not None:
-        _guard.begin(_exercise(item))
-
-
-def pytest_runtest_logreport(report, _guard=_guard, _send=_send, _config=_config, _seen=_seen,
-                             _dict=dict, _type=type):
-    # the grader's own objects are bound here, at import (before any student module exists):
-    # rebinding this module's globals changes nothing
-    if report.failed:
-        _seen[report.nodeid] = "failed"
-    elif report.skipped and _seen.get(report.nodeid) != "failed":
-        _seen[report.nodeid] = "skipped"
-    if report.when != "teardown":
-        return
-    config = _config[0]
-    table = config.__dict__.get("_labkit_results")
-    if _type(table) is not _dict:
-        record = {"outcome": "failed", "message": "refused while grading: the grading table was "
-                  "replaced while the tests ran"}
-    else:
-        record = _dict(_dict.get(table, report.nodeid) or {})
-    if not record:
-        return
-    seen = _seen.pop(report.nodeid, None)
-    if record.get("outcome") == "passed" and seen is not None:
-        record = {**record, "outcome": "failed", "message": "refused while grading: the test's "
-                  f"report {seen}, its record said passed"}
-    if _guard is not None:
-        refused = _guard.end()
-        changed = _guard.check_integrity()
-        if changed:
-            refused.append("a function of the course or of a library was replaced while this "
-                           "test ran (put back): " + ", ".join(sorted(set(changed))[:8]))
-        if refused:
-            record["outcome"] = "failed"
-            before = record.get("message", "") if record.get("message", "").startswith(
-                "refused while grading") else ""
-            record["message"] = (before + " | " if before else "refused while grading: ") + \
-                " | ".join(refused)[:1500]
-    _send({"kind": "test", "nodeid": report.nodeid, "outcome": record.get("outcome"),
-           "message": (record.get("message") or "")[:3000],
-           "details": (record.get("details") or "")[-3000:]})
-
-
-def pytest_configure(config):
-    _config.append(config)
+def pytest_sessionstart(session):
+    State.torch, State.plugins = _torch_state(), _plugins(session.config)
+    threading.setprofile(_on_new_thread)
+    sys.addaudithook(_audit)
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_sessionstart(session):
-    # every plugin is configured, no test module (so no student module) is imported yet
-    if _guard is not None:
-        _guard.take_grader_snapshot()
+def pytest_collection_finish(session):
+    """Student modules were imported while the tests were collected: a plugin that is not
+    pytest's registered then is tampering; from now on the plugins are fixed. The tests'
+    constant dicts of plain values become read-only, in every test module that holds them."""
+    added = [p for p in session.config.pluginmanager.get_plugins() if id(p) not in State.plugins[0]]
+    if any(not (p.__name__ if isinstance(p, types.ModuleType) else type(p).__module__)
+           .startswith("_pytest.") for p in added):
+        State.tamper.append("a pytest plugin was registered while the tests were collected")
+    State.plugins = _plugins(session.config)
+    tests, frozen = os.path.realpath(str(session.config.rootpath / "tests")) + os.sep, {}
+    for mod in [m for m in list(sys.modules.values()) if
+                os.path.realpath(getattr(m, "__file__", None) or "/").startswith(tests)]:
+        for name, value in list(vars(mod).items()):
+            if name.isupper() and type(value) is dict and all(
+                    isinstance(v, (int, float, str, bool, tuple, type(None))) for v in value.values()):
+                setattr(mod, name, frozen.setdefault(id(value), types.MappingProxyType(value)))
+        State.modules.append((mod, dict(vars(mod))))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    mark = item.get_closest_marker("exercise")
+    State.exercise, State.refused, State.flags = (mark.args[0] if mark and mark.args else "?"), [], []
+    mode = Refuse(State.exercise) if State.exercise in shortcuts.REBUILDS else None
+    if mode is not None:
+        mode.__enter__()
+    yield
+    if mode is not None and torch._C._len_torch_dispatch_stack() == State.torch["dispatch modes"] + 1:
+        mode.__exit__(None, None, None)  # else a mode was left on: _restore pops it, and says so
+    State.exercise = None
+    problems = State.refused + _restore()
+    tamper = State.tamper + ([] if _plugins(item.config) == State.plugins else
+                             ["pytest's plugins or hook functions changed while the tests ran"])
+    record = dict(item.config._labkit_results.get(item.nodeid) or {"outcome": "failed"})
+    seen = State.seen.pop(item.nodeid, None)
+    if seen and record.get("outcome") == "passed":
+        problems.append(f"the test's report {seen}, its record said passed")
+    if problems or tamper:
+        record.update(outcome="failed", message="refused while grading: " + " | ".join(
+            problems + tamper))
+    _send({"kind": "test", "nodeid": item.nodeid, "outcome": record.get("outcome"),
+           "message": (record.get("message") or "")[:3000],
+           "details": (record.get("details") or "")[-3000:],
+           "flags": sorted(set(State.flags))[:20], "tamper": tamper})
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        State.seen[report.nodeid] = "failed"
+    elif report.skipped and report.nodeid not in State.seen:
+        State.seen[report.nodeid] = "skipped"
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -56,8 +56,8 @@ class Merged:
     dropped: list[Dropped] = field(default_factory=list)
     taken: list[tuple[str, ast.AST, tuple[str, ...]]] = field(default_factory=list)
     constants: list[str] = field(default_factory=list)                   # added constants
-    """(qualname, the student's node, its exercises) for every unit and added definition taken:
-    what the static scan reads (added definitions carry the module's exercises)."""
+    """``taken``: (label, the student's node, its exercises) for every unit and added definition
+    taken: what :mod:`labkit.grade.flags` reads (added definitions carry the module's exercises)."""
 
 
 def stub_ids(node: ast.AST) -> tuple[str, ...]:
@@ -171,8 +171,9 @@ def _indent(text: str, indent: str) -> list[str]:
     return [(indent + line if line.strip() else line) for line in text.splitlines(keepends=True)]
 
 
-def merge(pristine: str, student: str | None, path: str) -> Merged:
-    """The pristine module with the student's exercise units and added definitions in it."""
+def merge(pristine: str, student: str | None, path: str, skip: frozenset = frozenset()) -> Merged:
+    """The pristine module with the student's exercise units and added definitions in it, but
+    those whose label (their entry in :attr:`Merged.taken`) is in ``skip``: red flags zeroed them."""
     p_tree = ast.parse(pristine)
     p_lines = pristine.splitlines(keepends=True)
     p_units = units(p_tree)
@@ -191,7 +192,13 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
     s_lines = student.splitlines(keepends=True)
     s_units = units(s_tree)
     # replacements: pristine (start, end) line span -> new lines
-    spans: list[tuple[int, int, list[str], bool]] = []
+    spans: list[tuple[int, int, list[str]]] = []
+
+    def skipped(label: str, node: ast.AST) -> bool:
+        if label in skip:
+            merged.dropped.append(Dropped(path, node.lineno, f"`{label}`", "red flags that zero "
+                                          "an exercise (see the flags): not taken"))
+        return label in skip
     for name, unit in p_units.items():
         if not unit.exercises:
             if name in s_units and ast.dump(s_units[name].node) != ast.dump(unit.node):
@@ -204,12 +211,14 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
             continue
         s_node = s_units[name].node
         p_node = unit.node
+        if skipped(name, s_node):
+            continue
         text = _segment(s_lines, s_node, with_decorators=False)
         indent = re.match(r"[ \t]*", p_lines[p_node.lineno - 1]).group(0)
         if [ast.dump(d) for d in s_node.decorator_list] != [ast.dump(d) for d in p_node.decorator_list]:
             merged.dropped.append(Dropped(path, s_node.lineno, f"the decorators of `{name}`",
                                           "differ from the course's; the course's are kept"))
-        spans.append((p_node.lineno, p_node.end_lineno, _indent(text, indent), True))
+        spans.append((p_node.lineno, p_node.end_lineno, _indent(text, indent)))
         merged.units[name] = unit.exercises
         merged.taken.append((name, s_node, unit.exercises))
     module_ids = exercise_ids(pristine)
@@ -228,10 +237,11 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
                 merged.dropped.append(Dropped(path, node.lineno, f"method `{cname}.{node.name}`",
                                               "added to a class with no exercise: not graded"))
                 continue
+            if skipped(f"{cname}.{node.name}", node):
+                continue
             indent = re.match(r"[ \t]*", p_lines[p_cls.body[0].lineno - 1]).group(0)
             text = _segment(s_lines, node, with_decorators=True)
-            spans.append((p_cls.end_lineno + 1, p_cls.end_lineno, ["\n", *_indent(text, indent)],
-                          True))
+            spans.append((p_cls.end_lineno + 1, p_cls.end_lineno, ["\n", *_indent(text, indent)]))
             merged.added.append(f"{cname}.{node.name}")
             merged.taken.append((f"{cname}.{node.name}", node, module_ids))
         p_assigned = {n for stmt in p_cls.body for n in _assigned_names(stmt)}
@@ -239,10 +249,12 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
             names = _constant_names(node)
             if names and has_ex and not (set(names) & (p_members | p_assigned)) \
                     and ast.dump(node) not in {ast.dump(n) for n in p_cls.body}:
+                if skipped(f"{cname}.{', '.join(names)} (a class constant)", node):
+                    continue
                 indent = re.match(r"[ \t]*", p_lines[p_cls.body[0].lineno - 1]).group(0)
                 text = _segment(s_lines, node, with_decorators=False)
-                spans.append((p_cls.end_lineno + 1, p_cls.end_lineno, ["\n", *_indent(text, indent)],
-                              True))
+                spans.append((p_cls.end_lineno + 1, p_cls.end_lineno,
+                              ["\n", *_indent(text, indent)]))
                 merged.added.append(f"{cname}.{'.'.join(names)}")
                 merged.constants += [f"{cname}.{n}" for n in names]
                 merged.taken.append((f"{cname}.{', '.join(names)} (a class constant)", node,
@@ -272,10 +284,9 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
                                           "course's code in this module uses: dropped"))
             continue
         if isinstance(node, (*FUNCS, ast.ClassDef)):
-            if node.name in p_names:
+            if node.name in p_names or skipped(node.name, node):
                 continue  # a course definition: handled above
             tail.append("\n\n")
-            start = len(tail)
             tail += _indent(_segment(s_lines, node, with_decorators=True), "")
             merged.added.append(node.name)
             merged.taken.append((node.name, node, module_ids))
@@ -286,13 +297,6 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
             if bound & p_names or (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
                 merged.dropped.append(Dropped(path, node.lineno, _describe(node),
                                               "rebinds a name of the course's module: dropped"))
-                continue
-            from labkit.grade.scan import import_refusal
-
-            why = import_refusal(node)
-            if why:
-                merged.dropped.append(Dropped(path, node.lineno, _describe(node),
-                                              f"refused and dropped: {why}"))
                 continue
             tail.append(ast.get_source_segment(student, node) + "\n")
             available |= bound
@@ -312,6 +316,8 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
                                               f"reads {', '.join(unknown)}, which is not taken "
                                               "from the submission: dropped"))
                 continue
+            if skipped(f"the constant {', '.join(names)}", node):
+                continue
             available.update(names)
             tail.append("\n")
             tail += _indent(_segment(s_lines, node, with_decorators=False), "")
@@ -326,7 +332,7 @@ def merge(pristine: str, student: str | None, path: str) -> Merged:
     out = list(p_lines)
     if out and not out[-1].endswith("\n"):
         out[-1] += "\n"
-    for start, end, new, _ in sorted(spans, key=lambda s: (s[0], s[1]), reverse=True):
+    for start, end, new in sorted(spans, key=lambda s: (s[0], s[1]), reverse=True):
         out[start - 1:end] = new
     body = "".join(out)
     if tail:

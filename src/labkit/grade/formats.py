@@ -1,12 +1,15 @@
 """What ``labkit-grade`` writes: the course's table, Gradescope's results.json, a class CSV.
 
-* ``grades.json``: :func:`labkit.grade.plugin._table`'s schema (exercises, labs, earned, possible,
-  each test's outcome and message), plus ``submission``: what was dropped or refused and why.
-* ``results.json``: Gradescope's format — ``score``, ``output``, and per test ``name``,
-  ``score``, ``max_score``, ``output``, ``visibility``, ``status``. A test this machine cannot
-  run (needs CUDA) or could not grade (an optional reference library is missing) has
-  ``max_score`` 0: it is shown, and left out of the total.
-* the CSV: one row per student per exercise.
+* ``grades.json``: :func:`labkit.grade.plugin._table`'s schema (exercises, labs, earned,
+  possible, each test's outcome and message) plus ``submission``: what was dropped, the red flags
+  per exercise, the exercises they zeroed, and the isolation the run had.
+* ``results.json``: only the keys of Gradescope's specification (``score``, ``execution_time``,
+  ``output``, ``visibility``, ``stdout_visibility``, ``extra_data``, ``tests`` with ``name``,
+  ``number``, ``score``, ``max_score``, ``status``, ``output``, ``tags``, ``visibility``). A test
+  this machine cannot run (needs CUDA) or grade (an optional reference is missing) is shown
+  skipped, with its reason and no score: it is left out of the total, not failed 0/0.
+* the CSV: one row per student per exercise, with its flags and the run's isolation.
+* ``report.txt``: the same for a person, flags and isolation first.
 """
 from __future__ import annotations
 
@@ -15,63 +18,79 @@ import json
 from pathlib import Path
 
 CSV_FIELDS = ("student", "exercise", "earned", "possible", "passed", "failed", "not attempted",
-              "needs CUDA", "not graded", "refused")
+              "needs CUDA", "not graded", "zeroed", "flags", "isolation")
+SKIPPED = {"needs CUDA": "skipped: needs CUDA, not run on this machine (left out of the total)",
+           "not graded": "skipped: an optional reference library is missing here (left out of "
+                         "the total)"}
+
+
+def _sub(table: dict) -> dict:
+    return table.get("submission", {})
+
+
+def isolation_line(table: dict) -> str:
+    iso = _sub(table).get("isolation", {"level": "?", "how": "", "guarantees": ""})
+    return f"isolation: {iso['level']} ({iso['how']}): {iso['guarantees']}"
+
+
+def flag_lines(table: dict) -> list[str]:
+    """"exercise 1.1: <flag>" for every flag, the zeroed exercises first."""
+    sub = _sub(table)
+    lines = [f"exercise {ex} graded as the stub (a red flag that zeroes): {why[0]}"
+             for ex, why in sub.get("zeroed", {}).items()]
+    lines += [f"exercise {ex} flagged for review: {f}" for ex, fs in sub.get("flags", {}).items()
+              for f in fs if ex not in sub.get("zeroed", {})]
+    return lines
 
 
 def results_json(table: dict) -> dict:
     tests = []
     for ex_id, e in table["exercises"].items():
         for t in e["tests"]:
-            counts = t["outcome"] not in ("needs CUDA", "not graded")
-            status = "passed" if t["outcome"] == "passed" else "failed"
-            output = {"passed": "", "not attempted": "not attempted: the stub still raises "
-                      "NotImplementedError", "needs CUDA": "needs CUDA: not run on this machine, "
-                      "left out of the total", "not graded": "not graded (an optional reference "
-                      "is missing): left out of the total"}.get(t["outcome"], "")
-            if t["outcome"] in ("failed", "not graded") and t.get("message"):
-                output = (output + "\n" if output else "") + t["message"]
-            tests.append({"name": f"{ex_id} {t['test']}", "number": ex_id,
-                          "score": t["points"] if t["outcome"] == "passed" else 0,
-                          "max_score": t["points"] if counts else 0, "status": status,
-                          "output": output, "visibility": "visible"})
-    sub = table.get("submission", {})
-    lines = [f"{table['earned']} / {table['possible']} points"]
+            entry = {"name": f"{ex_id} {t['test']}", "number": ex_id, "visibility": "visible"}
+            if t["outcome"] in SKIPPED:
+                entry.update(name=f"{entry['name']} [skipped]", output=SKIPPED[t["outcome"]],
+                             tags=["skipped"])
+            else:
+                passed = t["outcome"] == "passed"
+                output = "not attempted: the stub still raises NotImplementedError" \
+                    if t["outcome"] == "not attempted" else t.get("message", "")
+                entry.update(score=t["points"] if passed else 0, max_score=t["points"],
+                             status="passed" if passed else "failed", output=output)
+            tests.append(entry)
+    lines = [f"{table['earned']} / {table['possible']} points", isolation_line(table)]
     if table.get("cuda_points"):
-        lines.append(f"{table['cuda_points']} points need CUDA and were not run here "
-                     "(left out of the total)")
-    for ex, reasons in sub.get("refused", {}).items():
-        lines.append(f"exercise {ex} refused: {reasons[0]}")
+        lines.append(f"{table['cuda_points']} points need CUDA and were not run here (left out "
+                     "of the total)")
+    lines += flag_lines(table)
     if not_attempted(table):
         lines.append(f"not attempted (graded as the stub): {', '.join(not_attempted(table))}")
-    if sub.get("dropped"):
+    if _sub(table).get("dropped"):
         lines.append("not graded from the submission (the course's version was used):")
-        lines += [f"  {d}" for d in sub["dropped"][:40]]
-    return {"score": table["earned"], "max_score": table["possible"],
-            "output": "\n".join(lines), "visibility": "visible",
-            "stdout_visibility": "hidden", "tests": tests}
+        lines += [f"  {d}" for d in _sub(table)["dropped"][:40]]
+    return {"score": table["earned"], "execution_time": _sub(table).get("seconds", 0),
+            "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden",
+            "extra_data": {"possible": table["possible"], "isolation": _sub(table).get("isolation"),
+                           "flags": _sub(table).get("flags", {})},
+            "tests": tests}
 
 
 def not_attempted(table: dict) -> list[str]:
-    """The exercises whose every graded test reached the stub (or that were graded as the stub:
-    missing, or refused), in order."""
-    refused = table.get("submission", {}).get("refused", {})
+    """The exercises whose every graded test reached the stub, in order."""
+    zeroed = _sub(table).get("zeroed", {})
     return [ex for ex, e in table["exercises"].items()
-            if e["tests"] and e["passed"] == 0 and ex not in refused and
+            if e["tests"] and e["passed"] == 0 and ex not in zeroed and
             any(t["outcome"] == "not attempted" for t in e["tests"]) and all(
-                t["outcome"] in ("not attempted", "needs CUDA", "not graded")
-                for t in e["tests"])]
+                t["outcome"] in ("not attempted", "needs CUDA", "not graded") for t in e["tests"])]
 
 
 def csv_rows(student: str, table: dict) -> list[dict]:
-    refused = table.get("submission", {}).get("refused", {})
-    rows = []
-    for ex_id, e in table["exercises"].items():
-        rows.append({"student": student, "exercise": ex_id, "earned": e["earned"],
-                     "possible": e["possible"], "passed": e["passed"], "failed": e["failed"],
-                     "not attempted": e["not attempted"], "needs CUDA": e["needs CUDA"],
-                     "not graded": e["not graded"],
-                     "refused": "; ".join(refused.get(ex_id, []))[:300]})
-    return rows
+    sub = _sub(table)
+    level = sub.get("isolation", {}).get("level", "?")
+    return [{"student": student, "exercise": ex_id, **{k: e[k] for k in CSV_FIELDS[2:9]},
+             "zeroed": "; ".join(sub.get("zeroed", {}).get(ex_id, []))[:300],
+             "flags": "; ".join(sub.get("flags", {}).get(ex_id, []))[:500], "isolation": level}
+            for ex_id, e in table["exercises"].items()]
 
 
 def write_all(table: dict, out: Path) -> list[Path]:
@@ -93,21 +112,21 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def report(table: dict) -> str:
-    """The short text report: per exercise earned/possible, what was refused or dropped."""
-    sub = table.get("submission", {})
+    """The short text report: isolation, flags, per exercise earned/possible, what failed."""
+    sub = _sub(table)
     lines = [f"submission: {sub.get('path', '?')} (labkit at {sub.get('labkit', '?')})",
+             isolation_line(table), *flag_lines(table),
              f"{'exercise':<10}{'points':>10}  outcome counts"]
     for ex_id, e in table["exercises"].items():
         counts = ", ".join(f"{e[k]} {k}" for k in ("passed", "failed", "not attempted",
                                                    "needs CUDA", "not graded") if e[k])
-        lines.append(f"{ex_id:<10}{e['earned']:>4} / {e['possible']:<4} {counts}")
+        flagged = "  [flagged]" if ex_id in sub.get("flags", {}) else ""
+        lines.append(f"{ex_id:<10}{e['earned']:>4} / {e['possible']:<4} {counts}{flagged}")
     lines.append(f"{'total':<10}{table['earned']:>4} / {table['possible']:<4}")
     if table.get("cuda_points"):
         lines.append(f"(+ {table['cuda_points']} points that need CUDA: not run here)")
     if not_attempted(table):
         lines.append(f"not attempted (graded as the stub): {', '.join(not_attempted(table))}")
-    for ex, reasons in sub.get("refused", {}).items():
-        lines.append(f"refused {ex}: " + "\n    ".join(reasons))
     failed = [(ex, t) for ex, e in table["exercises"].items() for t in e["tests"]
               if t["outcome"] == "failed" and t.get("message")]
     if failed:

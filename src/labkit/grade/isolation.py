@@ -1,0 +1,197 @@
+"""The wall at the operating system: how the child that runs student code is shut in.
+
+Inside one Python process no sandbox holds, so the grader puts the process that runs student
+code behind what Linux gives, and says which wall it got (``grades.json``, ``results.json``, the
+CSV and ``report.txt`` all show it):
+
+* ``namespaces`` — the child runs in its own PID, mount and network namespaces (``unshare``,
+  util-linux). Its first process (this module, run as a script) makes every mount read-only but
+  the test's scratch folder, gives it a fresh ``/dev/shm`` and only a loopback network, then
+  starts the tests; when it ends the kernel kills every process left in the namespace. As root
+  the tests also run as a dedicated unprivileged user (``setpriv``); as an ordinary user, in a
+  user namespace, with every capability dropped (no mount can be made writable again).
+* ``user`` — root where namespaces are refused (a container without ``CAP_SYS_ADMIN``): the
+  tests run as the dedicated user, which can write only its scratch folder and world-writable
+  folders (``/tmp``); every process of that user is killed before the score is written. The
+  network is not cut.
+* ``none`` — neither works here (macOS; a container without user namespaces, not root), or the
+  instructor asked for it (``--isolation none``, ``LABKIT_GRADE_ISOLATION=none``).
+
+``--isolation auto`` (the default) takes the strongest that works here, tried once per run;
+``--isolation namespaces`` (or ``user``) refuses to grade without it. This module imports
+nothing of labkit: it is also the namespaces' first process.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import pwd
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+LEVELS = ("namespaces", "user", "none")
+USER, FALLBACK_UID = "labkit-student", 64123
+"""The dedicated user: ``labkit-student`` (tools/autograder/ensure_isolation.sh creates it), else
+this uid, which no account and no file of a usual system has."""
+STOPS = {
+    "namespaces": "student code could not write outside its scratch folder, reach the network, "
+                  "or leave a process running after its tests",
+    "user": "student code ran as a user that can write only its scratch folder and /tmp, and "
+            "every process it started was killed before the score was written; the network "
+            "was not cut",
+    "none": "NO ISOLATION: student code ran as the grader's user, could write the output folder "
+            "and keep processes running; treat the grade as unverified",
+}
+
+
+@dataclass
+class Isolation:
+    level: str
+    how: str
+
+    @property
+    def uid(self) -> int | None:
+        """The dedicated user's uid when the grader runs as root and shuts the child in."""
+        if os.geteuid() != 0 or self.level == "none" or "as root" in self.how:
+            return None
+        try:
+            return pwd.getpwnam(USER).pw_uid
+        except KeyError:
+            return FALLBACK_UID
+
+    def wrap(self, command: list[str], scratch: Path, hide: tuple = ()) -> list[str]:
+        """``command`` run behind this wall, with ``scratch`` its one writable folder; under
+        namespaces the folders ``hide`` (the instructor's solutions) are empty."""
+        uid = self.uid
+        if self.level == "none":
+            return command
+        if uid is not None:
+            os.chown(scratch, uid, uid)
+        drop = ["setpriv", "--no-new-privs"] + (["--clear-groups"] if os.geteuid() == 0 else []) \
+            + ([f"--reuid={uid}", f"--regid={uid}"] if uid is not None else [])
+        if self.level == "user":
+            return [*drop, "--", *command]
+        return ["unshare", *([] if os.geteuid() == 0 else ["--user", "--map-root-user"]), "--pid",
+                "--fork", "--kill-child", "--mount", "--net", "--mount-proc", sys.executable, "-I",
+                "-S", __file__, str(scratch), *map(str, hide), "--", *drop, "--bounding-set=-all",
+                "--inh-caps=-all", "--", *command]
+
+    def sweep(self) -> None:
+        """Kill every process left of the dedicated user (level ``user``; under ``namespaces``
+        the kernel did). ``kill(-1)`` sent *as* that user reaches exactly its processes, in one
+        pass that a process forking at the time cannot escape."""
+        if self.level != "user" or self.uid is None:
+            return
+        for _ in range(2):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setgroups([])
+                    os.setresgid(self.uid, self.uid, self.uid)
+                    os.setresuid(self.uid, self.uid, self.uid)
+                    os.kill(-1, 9)
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+
+    def describe(self) -> dict:
+        return {"level": self.level, "how": self.how, "guarantees": STOPS[self.level]}
+
+
+_chosen: dict[str, Isolation] = {}
+
+
+def choose(requested: str | None = None) -> Isolation:
+    """The strongest wall that works here (``auto``), or the one asked for (default:
+    ``LABKIT_GRADE_ISOLATION``, else auto); a ValueError naming the argument when it does not work."""
+    requested = requested or os.environ.get("LABKIT_GRADE_ISOLATION") or "auto"
+    if requested not in ("auto", *LEVELS):
+        raise ValueError(f"isolation={requested!r}: must be one of auto, {', '.join(LEVELS)}")
+    if requested == "none":
+        return Isolation("none", "turned off by the instructor (--isolation none)")
+    if requested not in _chosen:
+        root, why = os.geteuid() == 0, []
+        for cand in [Isolation("namespaces", f"unshare + setpriv as {USER}" if root else
+                               "unshare in a user namespace, capabilities dropped")] + \
+                ([Isolation("namespaces", "unshare as root, capabilities dropped"),
+                  Isolation("user", f"setpriv as {USER}, its processes killed after")] if root else []):
+            if requested in ("auto", cand.level):
+                problem = _try(cand)
+                if problem is None:
+                    _chosen[requested] = cand
+                    break
+                why.append(f"{cand.level} ({cand.how}): {problem}")
+        else:
+            if requested != "auto":
+                raise ValueError(f"isolation={requested!r} is not available here: " + "; ".join(why))
+            _chosen[requested] = Isolation("none", "nothing available: " + "; ".join(why))
+    return _chosen[requested]
+
+
+def _try(cand: Isolation) -> str | None:
+    """None if a child behind ``cand`` imports torch and pytest, writes its scratch folder and
+    cannot write beside it; else what went wrong."""
+    if not sys.platform.startswith("linux") or not shutil.which("setpriv") or \
+            (cand.level == "namespaces" and not shutil.which("unshare")):
+        return "needs Linux with util-linux's unshare and setpriv"
+    base = Path(tempfile.mkdtemp(prefix="labkit-probe-"))
+    try:
+        base.chmod(0o755)
+        (base / "scratch").mkdir()
+        probe = ("import pathlib, sys, torch, pytest\n(pathlib.Path(sys.argv[1]) / 'ok').touch()\n"
+                 "try:\n    open(sys.argv[2], 'w')\nexcept OSError:\n    pass\nelse:\n"
+                 "    sys.exit('it could write outside its scratch folder')\n")
+        done = subprocess.run(cand.wrap([sys.executable, "-c", probe, str(base / "scratch"),
+                                         str(base / "outside")], base / "scratch"),
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode or not (base / "scratch" / "ok").exists():
+            return (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1][:300]
+        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)[:300]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ the namespaces' first process
+
+def _seal(scratch: str, hide: list[str]) -> None:
+    """Loopback up; ``scratch`` a writable mount of its own; a fresh ``/dev/shm``; the folders
+    ``hide`` empty; every other mount read-only (keeping the flags a user namespace may not clear)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # SIOCGIFFLAGS, SIOCSIFFLAGS
+        flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, struct.pack("16sh", b"lo", 0)))[1]
+        fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 1))  # IFF_UP
+    with open("/proc/self/mountinfo") as f:
+        mounts = [(p.encode().decode("unicode_escape"), o.split(",")) for p, o in
+                  (line.split()[4:6] for line in f)]
+    course = max((p for p, _ in mounts if scratch.startswith(p.rstrip("/") + "/")), key=len)
+    subprocess.run(["mount", "--bind", scratch, scratch], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm"], check=True)
+    for folder in hide:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=4k", "tmpfs", folder], check=True)
+    kept = {"nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime", "strictatime"}
+    for point, options in mounts:
+        if "ro" in options or point in ("/proc", "/dev/shm") or point.startswith("/proc/"):
+            continue
+        done = subprocess.run(["mount", "-o", ",".join(["remount", "bind", "ro", *(
+            o for o in options if o in kept)]), point], capture_output=True)
+        if done.returncode and point == course:  # the mount holding the course's copy must seal
+            sys.exit(f"isolation: cannot make {point} read-only: {done.stderr.decode().strip()}")
+
+
+if __name__ == "__main__":  # unshare ... python -I -S isolation.py SCRATCH -- COMMAND...
+    _seal(sys.argv[1], [a for a in sys.argv[2:sys.argv.index("--")] if os.path.isdir(a)])
+    child = os.fork()
+    if child == 0:
+        command = sys.argv[sys.argv.index("--") + 1:]
+        os.execvp(command[0], command)
+    while True:  # reap every orphan; end with the command (the kernel then kills the rest)
+        pid, status = os.wait()
+        if pid == child:
+            sys.exit(os.waitstatus_to_exitcode(status))
