@@ -9,17 +9,26 @@ layers overlaps the backward of the early ones. Small buckets start sending soon
 per-call latency many times; one bucket of everything cannot overlap at all.
 
 This module keeps only the mechanism: parameters broadcast from rank 0 at the start (every
-replica begins equal), a post-accumulate-grad hook per parameter, a byte cap per bucket,
-``async_op=True`` all-reduces, and ``finish()`` that waits for all of them and writes the
-averages back into ``.grad`` before the optimizer step.
+replica begins equal), buckets fixed once and sent in the same order on every rank (a
+collective is matched by its place in each rank's sequence: ``labkit.buckets``), a
+post-accumulate-grad hook per parameter, ``async_op=True`` all-reduces, and ``finish()`` that
+waits for all of them and writes the averages back into ``.grad`` before the optimizer step. A
+parameter that one rank's backward did not reach (conditional computation) is sent as zeros
+with a presence count of 0, so the ranks still send the same buckets and the result is what
+``DistributedDataParallel(find_unused_parameters=True)`` gives.
 
 Chapter 4 (book/04_gradients.md); Lab 4, exercise 4.2 (labs/04_gradients.ipynb).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 import torch.distributed as dist
 
+from labkit.buckets import BackwardEnd, pack_bucket, plan_buckets, unpack_bucket
+from labkit.flat_params import master_dtype
 from labkit.validate import positive_int
 
 # ==== given: the course's code — read it, call it, don't change it ====
@@ -33,19 +42,29 @@ class BucketedDDP(torch.nn.Module):
           (a broadcast; in a subgroup, ``dist.broadcast``'s ``src`` is that rank's global
           number), and a post-accumulate-grad hook ``self._on_grad_ready`` is registered on each
           parameter that requires a gradient (handles kept in ``self.handles``; frozen ones are skipped).
-        * During backward, gradients join the current bucket in the order they become ready;
-          a bucket whose fp32 bytes reach ``bucket_cap_bytes`` starts one asynchronous
-          all-reduce (``async_op=True``) of its gradients at once, as one flat fp32 tensor, from
-          inside the hook of the gradient that brought it to the cap (not one gradient later).
-        * ``finish()``, called after backward and before the optimizer step, sends the last
-          bucket, waits for every all-reduce, and leaves in each ``.grad`` the average over the
-          ranks (what ``DistributedDataParallel`` leaves).
+        * ``self.buckets`` (given, ``labkit.buckets.plan_buckets``): fixed lists of positions
+          into ``self.params``, the same on every rank: the parameters in reverse order, a
+          bucket closing when its bytes (in ``self.reduce_dtype``) reach ``bucket_cap_bytes``.
+        * During backward, bucket k is sent once all its parameters are ready and buckets
+          0..k−1 have been sent: one asynchronous all-reduce (``async_op=True``) of
+          ``labkit.buckets.pack_bucket(...)`` (its gradients as one flat tensor in
+          ``self.reduce_dtype`` plus one presence count per parameter), from inside the hook of
+          the gradient that makes it sendable. At the end of each backward the buckets not sent
+          yet are sent, in order (given: ``_end_of_backward``), so every rank sends every bucket
+          once per backward.
+        * ``finish()``, called after backward and before the optimizer step, waits for every
+          all-reduce and leaves in each ``.grad`` the average over the ranks, a rank that had no
+          gradient for it counting as zeros, and None where no rank had one: what
+          ``DistributedDataParallel(find_unused_parameters=True)`` leaves.
         * ``self.buckets_sent`` counts the all-reduces started since the last ``finish()``.
+        * Inside ``with ddp.no_sync():`` backward only accumulates ``.grad`` locally; the next
+          backward outside it sends the sums (DDP's ``no_sync``).
 
     Args:
         module: the model; the same architecture on every rank.
-        bucket_cap_bytes: int > 0, fp32 bytes of gradients per bucket (DDP's default,
-            ``torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB`` = 25 MiB).
+        bucket_cap_bytes: int > 0, bytes of gradients per bucket, counted in ``reduce_dtype``
+            (fp32 for fp32 and 16-bit parameters, fp64 for fp64 ones); DDP's default is
+            ``torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB`` = 25 MiB.
         group: the process group (None: the default group).
     """
 
@@ -58,15 +77,40 @@ class BucketedDDP(torch.nn.Module):
         self.bucket_cap_bytes, self.group = bucket_cap_bytes, group
         self.world_size = dist.get_world_size(group)
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.bucket: list[torch.nn.Parameter] = []
-        self.bucket_bytes = 0
+        self.reduce_dtype = functools.reduce(
+            torch.promote_types, {master_dtype(p.dtype, name="parameters' dtype") for p in self.params},
+            torch.float32)
+        self.buckets = plan_buckets([p.numel() for p in self.params], self.reduce_dtype.itemsize,
+                                    bucket_cap_bytes)
+        self.index = {id(p): i for i, p in enumerate(self.params)}  # parameter -> position
+        self.ready: set[int] = set()  # positions whose gradient is ready in this backward
+        self.next_bucket = 0  # the bucket whose turn it is
         self.in_flight: list[tuple] = []  # (work, flat buffer, [params])
         self.buckets_sent = 0
+        self.require_sync = True
+        self.backward_end = BackwardEnd(self._end_of_backward)
         self.handles = []
         self._setup()
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate ``.grad`` locally (as DDP's ``no_sync``)."""
+        previous, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+
+    def _end_of_backward(self) -> None:
+        """Run by autograd when a backward ends: send the buckets not sent yet, in order; the
+        next backward starts with nothing ready."""
+        while self.next_bucket < len(self.buckets):
+            self._send_bucket()
+        self.ready.clear()
+        self.next_bucket = 0
 
     # ==== exercise 4.2: your code ====
 
@@ -77,14 +121,19 @@ class BucketedDDP(torch.nn.Module):
         raise NotImplementedError("exercise 4.2: make every replica start from the group's first rank's parameters, then hook every trainable parameter (labs/04_gradients.ipynb)")
 
     def _on_grad_ready(self, param: torch.nn.Parameter) -> None:
-        """Autograd calls this once ``param.grad`` is complete."""
-        raise NotImplementedError("exercise 4.2: add the parameter to the bucket; once the bucket reaches the cap, start its all-reduce without waiting (labs/04_gradients.ipynb)")
+        """Autograd calls this once ``param.grad`` is complete: mark it ready, then send every
+        bucket whose turn has come and whose parameters are all ready (``_send_bucket``)."""
+        if not self.require_sync:
+            return  # inside no_sync(): the gradient only adds up in .grad
+        self.backward_end.arm()  # _end_of_backward runs when this backward ends
+        raise NotImplementedError("exercise 4.2: mark the parameter ready; while the bucket whose turn it is has all its parameters ready, send it (labs/04_gradients.ipynb)")
 
     def _send_bucket(self) -> None:
-        """Start the asynchronous all-reduce of the current bucket (nothing if it is empty)."""
-        raise NotImplementedError("exercise 4.2: flatten the bucket's gradients (fp32) into one tensor, start its all-reduce asynchronously, remember it, empty the bucket (labs/04_gradients.ipynb)")
+        """Start the asynchronous all-reduce of bucket ``self.next_bucket`` and move on to the next."""
+        raise NotImplementedError("exercise 4.2: pack the bucket's gradients and presence counts into one tensor, start its all-reduce asynchronously, remember it, count it, move to the next bucket (labs/04_gradients.ipynb)")
 
     @torch.no_grad()
     def finish(self) -> None:
-        """After backward: send the last bucket, wait for all, write the averages into .grad."""
-        raise NotImplementedError("exercise 4.2: send what is left, wait for every all-reduce, copy each average back into its .grad (labs/04_gradients.ipynb)")
+        """After backward: wait for every all-reduce, write the averages into .grad (None where
+        no rank had a gradient)."""
+        raise NotImplementedError("exercise 4.2: wait for every all-reduce, copy each average back into its .grad (None where no rank had one), reset in_flight and buckets_sent (labs/04_gradients.ipynb)")
