@@ -1,0 +1,156 @@
+"""What the two conformance suites share (tests/test_conformance_*.py); not collected.
+
+**The toy model.** ``Toy`` has two blocks ``h.0``, ``h.1`` (each a 4×6 ``weight`` and a
+6-vector ``bias``), a root 3×5 ``head`` and a frozen 5-vector. Its loss is *linear* in the
+parameters: ``Toy(...)(grads)`` returns Σ (p · G_p) over the parameters named in ``grads``, so
+backward leaves exactly ``G_p`` in ``p.grad`` — the gradients are chosen by the test, every
+parameter's trajectory is its own, and the reference can be computed without a model. A block
+none of whose parameters is named does not run at all (conditional computation: ZeRO-3 then
+never gathers it); one whose parameters are only partly named runs, the others getting no
+gradient.
+
+**Plans.** A plan is a list of steps; a step is a list, one entry per rank, of the backward
+passes that rank runs before ``step()``: each a set of parameter names used. The gradients
+``G[step][rank][backward][name]`` are drawn from a seed, rounded to multiples of 1/64 (sums of
+a few are then exact in any order, in fp32 and fp64: the reference and a reduce-scatter agree
+to the last bit before the optimizer's own arithmetic).
+
+**The reference** (:func:`reference_run`) is what ``DistributedDataParallel(find_unused_parameters
+=True)`` + a ``torch.optim`` optimizer compute, written plainly: per step each rank's gradient
+is the sum of its backwards; the average over the ranks counts a rank that did not use a
+parameter as zeros; a parameter no rank used gets no gradient (DDP leaves ``.grad`` None: the
+optimizer skips it); 16-bit parameters are stepped through an fp32 master (``master=True``).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+BLOCK_SHAPES = {"weight": (4, 6), "bias": (6,)}
+TRAINABLE = ["h.0.weight", "h.0.bias", "h.1.weight", "h.1.bias", "head"]
+ALL = frozenset(TRAINABLE)
+
+
+class ToyBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(*BLOCK_SHAPES["weight"]))
+        self.bias = nn.Parameter(torch.randn(*BLOCK_SHAPES["bias"]))
+
+    def forward(self, carry, grads: dict):
+        for name, g in grads.items():
+            carry = carry + (getattr(self, name) * g).sum()
+        return carry
+
+
+class Toy(nn.Module):
+    """The toy model (see the module docstring). ``model(grads)`` → the linear loss."""
+
+    def __init__(self, dtype=torch.float32, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.h = nn.ModuleList([ToyBlock(), ToyBlock()])
+        self.head = nn.Parameter(torch.randn(3, 5))
+        self.frozen = nn.Parameter(torch.randn(5), requires_grad=False)
+        self.to(dtype)
+
+    def forward(self, grads: dict):
+        carry = (self.frozen * 0.5).sum()  # the frozen parameter is used, and gets no gradient
+        for i, block in enumerate(self.h):
+            mine = {k.split(".")[-1]: g for k, g in grads.items() if k.startswith(f"h.{i}.")}
+            if mine:
+                carry = block(carry, mine)
+        if "head" in grads:
+            carry = carry + (self.head * grads["head"]).sum()
+        return carry
+
+
+def shapes(model: nn.Module) -> dict:
+    return {n: p.shape for n, p in model.named_parameters()}
+
+
+def gradients(plan, dtype, seed: int = 1) -> list:
+    """G[step][rank][backward] = {name: tensor} for the names that backward uses."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = shapes(Toy())
+    out = []
+    for step in plan:
+        out.append([[{name: (torch.randn(sizes[name], generator=gen) * 16).round().div(64).to(dtype)
+                      for name in sorted(used)} for used in backwards] for backwards in step])
+    return out
+
+
+def plan_of(steps: int, ranks: int = 1, backwards: int = 1, used=ALL) -> list:
+    """Every rank uses ``used`` in each of its ``backwards`` at every one of ``steps``."""
+    return [[[set(used)] * backwards for _ in range(ranks)] for _ in range(steps)]
+
+
+def run(model: nn.Module, opt, G_steps, rank: int = 0, *, closure: bool = False,
+        junk=None, snapshot=None) -> list[dict]:
+    """Drive ``opt`` on ``model``: per step, this rank's backwards, then ``opt.step()`` (through
+    a closure if ``closure``) and ``opt.zero_grad()``. ``junk``: gradients of a backward run
+    (and discarded by ``zero_grad()``) before each step's own. Returns the parameters after
+    each step, by name (``snapshot()``'s, where the model cannot show them: ZeRO-3 frees them)."""
+    history = []
+    for s, step in enumerate(G_steps):
+        if junk is not None:
+            model(junk[s][rank][0]).backward()
+            opt.zero_grad()
+        backwards = step[rank]
+        if closure:
+            def closure_fn(backwards=backwards):
+                loss = None
+                for G in backwards:
+                    loss = model(G)
+                    loss.backward()
+                return loss
+            loss = opt.step(closure_fn)
+            assert loss is not None, "step(closure) must return the closure's loss"
+        else:
+            for G in backwards:
+                model(G).backward()
+            opt.step()
+        opt.zero_grad()
+        history.append(snapshot() if snapshot is not None else
+                       {n: p.detach().clone() for n, p in model.named_parameters()})
+    return history
+
+
+def reference_run(model: nn.Module, make_ref, G_steps, world: int, *, master: bool = False,
+                  groups=None) -> list[dict]:
+    """DDP(find_unused_parameters=True) + ``make_ref(params or groups)`` written plainly (see the
+    module docstring) over the first ``world`` ranks of ``G_steps``. ``groups``: lists of
+    parameter names, one per group, each with its options: ``[(names, options), ...]``."""
+    model = copy.deepcopy(model)
+    named = dict(model.named_parameters())
+    trainable = {n: p for n, p in named.items() if p.requires_grad}
+    held = {n: (p.detach().float().clone().requires_grad_(True) if master else p)
+            for n, p in trainable.items()}
+    if groups is None:
+        opt = make_ref(list(held.values()))
+    else:
+        opt = make_ref([{"params": [held[n] for n in names], **options} for names, options in groups])
+    history = []
+    for step in G_steps:
+        for name, p in held.items():
+            used = [bw[name].to(torch.float64) for r in range(world) for bw in step[r] if name in bw]
+            p.grad = None if not used else (sum(used) / world).to(p.dtype)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if master:
+            with torch.no_grad():
+                for n, p in trainable.items():
+                    p.copy_(held[n])
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return history
+
+
+def assert_histories_close(got: list, want: list, what: str, **tol) -> None:
+    """Every parameter after every step, with ``tol`` (torch.testing.assert_close)."""
+    assert len(got) == len(want), f"{what}: {len(got)} steps, expected {len(want)}"
+    for s, (g, w) in enumerate(zip(got, want)):
+        for name in w:
+            torch.testing.assert_close(g[name], w[name], **tol, msg=lambda m, s=s, name=name: (
+                f"{what}: {name} after step {s + 1}: {m}"))
