@@ -154,3 +154,149 @@ def assert_histories_close(got: list, want: list, what: str, **tol) -> None:
         for name in w:
             torch.testing.assert_close(g[name], w[name], **tol, msg=lambda m, s=s, name=name: (
                 f"{what}: {name} after step {s + 1}: {m}"))
+
+
+# ---------------------------------------------------------------- inside ranks (data parallel)
+
+LR = 0.05
+# fp64 against DDP: the same sums in another order (DDP divides before it sums) differ by ulps.
+F64 = dict(rtol=1e-9, atol=1e-12)
+# Adam divides by √v + ε: where the ranks' gradients cancel, one sum order gives exactly 0 and the
+# other a few ulps (~4e-17), which Adam turns into a step of lr·4e-17/ε = 2e-10.
+ADAM64 = dict(rtol=1e-9, atol=1e-9)
+
+
+def group_of(rank, world_size, size):
+    """This rank's (group, ranks): the world (``size`` None), or its group of ``size``
+    consecutive ranks (every rank creates every group, as ``dist.new_group`` requires)."""
+    import torch.distributed as dist
+
+    if size is None:
+        return None, list(range(world_size))
+    mine = None
+    for start in range(0, world_size, size):
+        ranks = list(range(start, start + size))
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = group, ranks
+    return mine
+
+
+def dp_plans(n):
+    """Two plans for n ranks (steps × ranks × backwards of the parameter names used):
+    ``"units"`` never runs a block on some ranks only (ZeRO-3's rule) — block h.1 runs on no
+    rank at step 1, h.1.weight is used on rank 0 only at step 2, h.0.bias on no rank at step 3
+    (two backwards) —; ``"blocks"`` runs block h.1 on rank 0 only at step 1."""
+    rest = [[set(ALL) - {"h.1.weight"}]] * (n - 1)
+    units = [[[set(ALL) - {"h.1.weight", "h.1.bias"}]] * n,  # block h.1 runs on no rank
+             [[set(ALL)]] + rest,  # h.1.weight on rank 0 only, its block on every rank
+             [[set(ALL) - {"h.0.bias"}, {"h.0.weight", "head"}]] * n,  # h.0.bias on none; 2 backwards
+             [[set(ALL)]] * n]
+    blocks = [[[set(ALL)]] + [[set(ALL) - {"h.1.weight", "h.1.bias"}]] * (n - 1),  # h.1 on rank 0 only
+              [[set(ALL) - {"head"}]] * n,
+              [[set(ALL)]] * n]
+    return {"units": units, "blocks": blocks}
+
+
+def plan_gradients(plan, ranks):
+    """The gradients of ``plan`` for a group of ``ranks``: its own data (seeded by its first rank)."""
+    return gradients(plan, torch.float64, seed=1 + ranks[0])
+
+
+def toy_grads(model):
+    """{name: a copy of .grad, or None}."""
+    return {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def toy_params(model):
+    """{name: a copy of the parameter}."""
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def ddp_run(G, me, group, *, adam, no_sync=False):
+    """DDP(find_unused_parameters=True) on the toy (+ Adam): per step the gradients after its
+    backwards (the first ones inside no_sync() if asked) and the parameters after the step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = Toy(torch.float64)
+    ddp = DistributedDataParallel(model, process_group=group, find_unused_parameters=True)
+    opt = torch.optim.Adam(model.parameters(), lr=LR) if adam else None
+    grads, params = [], []
+    for step in G:
+        backwards = step[me]
+        for k, g in enumerate(backwards):
+            if no_sync and k < len(backwards) - 1:
+                with ddp.no_sync():
+                    ddp(g).backward()
+            else:
+                ddp(g).backward()
+        grads.append(toy_grads(model))
+        if opt is not None:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        params.append(toy_params(model))
+    return grads, params
+
+
+def bucketed_run(G, me, group, cap, *, no_sync=False):
+    """BucketedDDP on the toy: per step the gradients after its backwards and ``finish()``."""
+    from labkit.lab4.bucketed_ddp import BucketedDDP
+
+    model = Toy(torch.float64)
+    ddp = BucketedDDP(model, bucket_cap_bytes=cap, group=group)
+    out = []
+    for step in G:
+        backwards = step[me]
+        for k, g in enumerate(backwards):
+            if no_sync and k < len(backwards) - 1:
+                with ddp.no_sync():
+                    ddp(g).backward()
+            else:
+                ddp(g).backward()
+        ddp.finish()
+        out.append(toy_grads(model))
+        model.zero_grad(set_to_none=True)
+    return out
+
+
+def optimizer_run(name, G, me, group, cap=None, *, no_sync=False):
+    """ZeRO-1, ZeRO-2 (bucket ``cap``) or ZeRO-3 + Adam on the toy: the parameters after each
+    step."""
+    model = Toy(torch.float64)
+    if name == "ZeRO1":
+        from labkit.lab2.zero1 import ZeRO1
+        opt = ZeRO1(list(model.parameters()), torch.optim.Adam, group=group, lr=LR)
+    elif name == "ZeRO2Adam":
+        from labkit.lab4.zero2 import ZeRO2Adam
+        opt = ZeRO2Adam(list(model.parameters()), lr=LR, group=group, bucket_cap_bytes=cap)
+    else:
+        from labkit.lab3.zero3 import ZeRO3
+        opt = ZeRO3(model, lr=LR, group=group)
+    out = []
+    for step in G:
+        backwards = step[me]
+        for k, g in enumerate(backwards):
+            if no_sync and k < len(backwards) - 1:
+                with opt.no_sync():
+                    model(g).backward()
+            else:
+                model(g).backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(dict(zip([n for n, _ in model.named_parameters()], opt.full_parameters()))
+                   if name == "ZeRO3" else toy_params(model))
+    return out
+
+
+def assert_runs_close(got: list, want: list, what: str, **tol) -> None:
+    """Per step, {name: tensor or None} against the reference's: None exactly where it has None
+    (no gradient), else close at ``tol``."""
+    for s, (g, w) in enumerate(zip(got, want)):
+        for name, value in w.items():
+            if value is None:
+                assert g[name] is None, (f"{what}: {name} has a gradient after step {s + 1}; "
+                                         "DDP leaves None (no rank used it)")
+                continue
+            assert g[name] is not None, f"{what}: {name} has no gradient after step {s + 1}"
+            torch.testing.assert_close(g[name], value, **tol, msg=lambda m, s=s, name=name: (
+                f"{what}: {name} after step {s + 1} differs from DistributedDataParallel's: {m}"))

@@ -60,12 +60,9 @@ import pkgutil
 import pytest
 import torch
 
-from _conformance_helpers import ALL, Toy, gradients
+from _conformance_helpers import (ADAM64, ALL, F64, assert_runs_close, bucketed_run, ddp_run,
+                                  dp_plans, group_of, optimizer_run, plan_gradients, toy_grads)
 
-F64 = dict(rtol=1e-9, atol=1e-12)
-# Adam divides by √v + ε: where the ranks' gradients cancel, one sum order gives exactly 0 and the
-# other a few ulps (~4e-17), which Adam turns into a step of lr·4e-17/ε = 2e-10.
-ADAM64 = dict(rtol=1e-9, atol=1e-9)
 HOOK_TOL = dict(rtol=1e-4, atol=1e-6)
 LR = 0.05
 CAPS = (8, 200, 10 ** 9)  # fp64 bytes: one element, a few parameters, more than the model
@@ -119,135 +116,23 @@ def test_every_deviation_is_named_in_the_docstring():
 
 # ---------------------------------------------------------------- the ranks' side
 
-def _group(rank, world_size, size):
-    import torch.distributed as dist
-
-    if size is None:
-        return None, list(range(world_size))
-    mine = None
-    for start in range(0, world_size, size):
-        ranks = list(range(start, start + size))
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            mine = group, ranks
-    return mine
-
-
-def _plans(n):
-    """Per plan: steps × ranks × backwards of the parameter names used (see the docstring)."""
-    rest = [[set(ALL) - {"h.1.weight"}]] * (n - 1)
-    units = [[[set(ALL) - {"h.1.weight", "h.1.bias"}]] * n,  # block h.1 runs on no rank
-             [[set(ALL)]] + rest,  # h.1.weight on rank 0 only, its block on every rank
-             [[set(ALL) - {"h.0.bias"}, {"h.0.weight", "head"}]] * n,  # h.0.bias on none; 2 backwards
-             [[set(ALL)]] * n]
-    blocks = [[[set(ALL)]] + [[set(ALL) - {"h.1.weight", "h.1.bias"}]] * (n - 1),  # h.1 on rank 0 only
-              [[set(ALL) - {"head"}]] * n,
-              [[set(ALL)]] * n]
-    return {"units": units, "blocks": blocks}
-
-
-def _data(plan, ranks):
-    """The gradients of ``plan`` for a group of ``ranks``: its own data (seeded by its first rank)."""
-    return gradients(plan, torch.float64, seed=1 + ranks[0])
-
-
-def _grads(model):
-    return {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
-
-
-def _params(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def _ddp(G, me, group, *, adam, no_sync=False):
-    """DDP(find_unused_parameters=True) on the toy (+ Adam): per step the gradients after its
-    backwards (the first ones inside no_sync() if asked) and the parameters after the step."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = Toy(torch.float64)
-    ddp = DistributedDataParallel(model, process_group=group, find_unused_parameters=True)
-    opt = torch.optim.Adam(model.parameters(), lr=LR) if adam else None
-    grads, params = [], []
-    for step in G:
-        backwards = step[me]
-        for k, g in enumerate(backwards):
-            if no_sync and k < len(backwards) - 1:
-                with ddp.no_sync():
-                    ddp(g).backward()
-            else:
-                ddp(g).backward()
-        grads.append(_grads(model))
-        if opt is not None:
-            opt.step()
-        model.zero_grad(set_to_none=True)
-        params.append(_params(model))
-    return grads, params
-
-
-def _bucketed(G, me, group, cap, *, no_sync=False):
-    from labkit.lab4.bucketed_ddp import BucketedDDP
-
-    model = Toy(torch.float64)
-    ddp = BucketedDDP(model, bucket_cap_bytes=cap, group=group)
-    out = []
-    for step in G:
-        backwards = step[me]
-        for k, g in enumerate(backwards):
-            if no_sync and k < len(backwards) - 1:
-                with ddp.no_sync():
-                    ddp(g).backward()
-            else:
-                ddp(g).backward()
-        ddp.finish()
-        out.append(_grads(model))
-        model.zero_grad(set_to_none=True)
-    return out
-
-
-def _optimizer(name, G, me, group, cap=None, *, no_sync=False):
-    model = Toy(torch.float64)
-    if name == "ZeRO1":
-        from labkit.lab2.zero1 import ZeRO1
-        opt = ZeRO1(list(model.parameters()), torch.optim.Adam, group=group, lr=LR)
-    elif name == "ZeRO2Adam":
-        from labkit.lab4.zero2 import ZeRO2Adam
-        opt = ZeRO2Adam(list(model.parameters()), lr=LR, group=group, bucket_cap_bytes=cap)
-    else:
-        from labkit.lab3.zero3 import ZeRO3
-        opt = ZeRO3(model, lr=LR, group=group)
-    out = []
-    for step in G:
-        backwards = step[me]
-        for k, g in enumerate(backwards):
-            if no_sync and k < len(backwards) - 1:
-                with opt.no_sync():
-                    model(g).backward()
-            else:
-                model(g).backward()
-        opt.step()
-        opt.zero_grad()
-        out.append(dict(zip([n for n, _ in model.named_parameters()], opt.full_parameters()))
-                   if name == "ZeRO3" else _params(model))
-    return out
-
-
 def _wrappers(rank, world_size, group_size):
-    group, ranks = _group(rank, world_size, group_size)
+    group, ranks = group_of(rank, world_size, group_size)
     me, out = ranks.index(rank), {"ranks": ranks}
-    for plan_name, plan in _plans(len(ranks)).items():
-        G = _data(plan, ranks)
-        out["ddp", plan_name] = _ddp(G, me, group, adam=True)
+    for plan_name, plan in dp_plans(len(ranks)).items():
+        G = plan_gradients(plan, ranks)
+        out["ddp", plan_name] = ddp_run(G, me, group, adam=True)
         for cap in CAPS:
-            out["BucketedDDP", plan_name, cap] = _bucketed(G, me, group, cap)
-            out["ZeRO2Adam", plan_name, cap] = _optimizer("ZeRO2Adam", G, me, group, cap)
-        out["ZeRO1", plan_name] = _optimizer("ZeRO1", G, me, group)
+            out["BucketedDDP", plan_name, cap] = bucketed_run(G, me, group, cap)
+            out["ZeRO2Adam", plan_name, cap] = optimizer_run("ZeRO2Adam", G, me, group, cap)
+        out["ZeRO1", plan_name] = optimizer_run("ZeRO1", G, me, group)
         if plan_name == "units":
-            out["ZeRO3", plan_name] = _optimizer("ZeRO3", G, me, group)
+            out["ZeRO3", plan_name] = optimizer_run("ZeRO3", G, me, group)
     # no_sync: three backwards per step, the first two inside no_sync()
-    G = _data([[[set(ALL), set(ALL) - {"head"}, {"h.0.weight"}]] * len(ranks)] * 2, ranks)
-    out["ddp", "no_sync"] = _ddp(G, me, group, adam=True, no_sync=True)
-    out["BucketedDDP", "no_sync", 200] = _bucketed(G, me, group, 200, no_sync=True)
-    out["ZeRO2Adam", "no_sync", 200] = _optimizer("ZeRO2Adam", G, me, group, 200, no_sync=True)
+    G = plan_gradients([[[set(ALL), set(ALL) - {"head"}, {"h.0.weight"}]] * len(ranks)] * 2, ranks)
+    out["ddp", "no_sync"] = ddp_run(G, me, group, adam=True, no_sync=True)
+    out["BucketedDDP", "no_sync", 200] = bucketed_run(G, me, group, 200, no_sync=True)
+    out["ZeRO2Adam", "no_sync", 200] = optimizer_run("ZeRO2Adam", G, me, group, 200, no_sync=True)
     return out
 
 
@@ -259,17 +144,6 @@ def wrapper_results(config):
     return launch(_wrappers, world_size, group_size, timeout=180)
 
 
-def _close(got, want, what, tol=F64):
-    for s, (g, w) in enumerate(zip(got, want)):
-        for name, value in w.items():
-            if value is None:
-                assert g[name] is None, f"{what}: {name} has a gradient after step {s + 1}, DDP leaves None (no rank used it)"
-                continue
-            assert g[name] is not None, f"{what}: {name} has no gradient after step {s + 1}, DDP's is {value}"
-            torch.testing.assert_close(g[name], value, **tol, msg=lambda m, s=s, name=name: (
-                f"{what}: {name} after step {s + 1} differs from DistributedDataParallel's: {m}"))
-
-
 @pytest.mark.parametrize("config", CONFIGS)
 def test_wrappers_equal_ddp_with_unused_parameters_caps_and_no_sync(config):
     """BucketedDDP's gradients and ZeRO-1/2/3's parameters after Adam against DDP(find_unused_
@@ -279,17 +153,20 @@ def test_wrappers_equal_ddp_with_unused_parameters_caps_and_no_sync(config):
         where = f"{config}, rank {rank} (group {out['ranks']})"
         for plan_name in ("units", "blocks"):
             ddp_grads, ddp_params = out["ddp", plan_name]
+            what = f"{where}, plan {plan_name!r}"
             for cap in CAPS:
-                _close(out["BucketedDDP", plan_name, cap], ddp_grads,
-                       f"BucketedDDP, {where}, plan {plan_name!r}, cap {cap} B")
-                _close(out["ZeRO2Adam", plan_name, cap], ddp_params,
-                       f"ZeRO2Adam, {where}, plan {plan_name!r}, cap {cap} B", ADAM64)
-            _close(out["ZeRO1", plan_name], ddp_params, f"ZeRO1, {where}, plan {plan_name!r}", ADAM64)
+                assert_runs_close(out["BucketedDDP", plan_name, cap], ddp_grads,
+                                  f"BucketedDDP, {what}, cap {cap} B", **F64)
+                assert_runs_close(out["ZeRO2Adam", plan_name, cap], ddp_params,
+                                  f"ZeRO2Adam, {what}, cap {cap} B", **ADAM64)
+            assert_runs_close(out["ZeRO1", plan_name], ddp_params, f"ZeRO1, {what}", **ADAM64)
             if plan_name == "units":
-                _close(out["ZeRO3", plan_name], ddp_params, f"ZeRO3, {where}, plan {plan_name!r}", ADAM64)
+                assert_runs_close(out["ZeRO3", plan_name], ddp_params, f"ZeRO3, {what}", **ADAM64)
         ddp_grads, ddp_params = out["ddp", "no_sync"]
-        _close(out["BucketedDDP", "no_sync", 200], ddp_grads, f"BucketedDDP, {where}, no_sync()")
-        _close(out["ZeRO2Adam", "no_sync", 200], ddp_params, f"ZeRO2Adam, {where}, no_sync()", ADAM64)
+        assert_runs_close(out["BucketedDDP", "no_sync", 200], ddp_grads,
+                          f"BucketedDDP, {where}, no_sync()", **F64)
+        assert_runs_close(out["ZeRO2Adam", "no_sync", 200], ddp_params,
+                          f"ZeRO2Adam, {where}, no_sync()", **ADAM64)
 
 
 # ---------------------------------------------------------------- hooks across the rebuild
@@ -321,7 +198,7 @@ def _hook_run(model, batches, me, group, hook=None, state=None, *, settle=None):
             ddp(x, y).backward()
         except RuntimeError as exc:
             return f"{type(exc).__name__}: {exc}"
-        grads.append(_grads(ddp.module))
+        grads.append(toy_grads(ddp.module))
         opt.step()
         opt.zero_grad(set_to_none=True)
     return grads
@@ -334,7 +211,7 @@ def _hooks(rank, world_size, group_size):
     from labkit.lab4.powersgd import PowerSGDState, powersgd_hook
     from labkit.models import SyntheticData
 
-    group, ranks = _group(rank, world_size, group_size)
+    group, ranks = group_of(rank, world_size, group_size)
     me, model = ranks.index(rank), _gpt()
     data = SyntheticData(32, 8, 2, seed=1)
     batches = [[data.batch(s * world_size + r) for r in ranks] for s in range(HOOK_STEPS)]

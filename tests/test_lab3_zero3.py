@@ -410,3 +410,31 @@ def test_a_model_of_two_dtypes_raises_value_error_before_any_collective():
     model.h[0].bfloat16()
     with pytest.raises(ValueError, match="bfloat16"):
         ZeRO3(model)
+
+
+# ---------------------------------------------------------------- parameters not used everywhere
+
+def _unused_worker(rank, world_size):
+    """On 2 ranks, the toy of tests/_conformance_helpers.py (two blocks and a root):
+    DDP(find_unused_parameters=True) + Adam and ZeRO3 on the plan that runs every unit on every
+    rank or on none."""
+    from _conformance_helpers import ddp_run, dp_plans, optimizer_run, plan_gradients
+
+    G = plan_gradients(dp_plans(2)["units"], [0, 1])
+    return optimizer_run("ZeRO3", G, rank, None), ddp_run(G, rank, None, adam=True)[1]
+
+
+@pytest.mark.exercise("3.7", points=1)
+def test_a_block_first_run_later_and_a_parameter_used_on_one_rank_match_ddp_and_adam():
+    """Check, on 2 ranks: block h.1 runs on no rank at step 1 (its parameters first move at step
+    2, with bias corrections of their own first step), h.1.weight is used on rank 0 only at step
+    2, h.0.bias on no rank at step 3 (two backwards): every parameter after every step equals
+    DistributedDataParallel(find_unused_parameters=True) + torch.optim.Adam's. Tolerance: fp64 at
+    atol 1e-9 (Adam divides an exactly-zero-or-ulps gradient by ε)."""
+    from _conformance_helpers import ADAM64, assert_runs_close
+    from labkit.ranks import launch
+
+    for rank, (got, want) in enumerate(launch(_unused_worker, 2, timeout=120)):
+        assert_runs_close(got, want, f"rank {rank}: are the gradients packed with one presence "
+                          "count per parameter, u.present kept, and a piece given no gradient "
+                          "where no rank (or no forward) had one?", **ADAM64)

@@ -174,3 +174,39 @@ def test_bucketed_ddp_rejects_bad_arguments():
             BucketedDDP(torch.nn.Linear(2, 2), bucket_cap_bytes=bad)
     with pytest.raises(TypeError, match="module"):
         BucketedDDP([torch.nn.Parameter(torch.ones(2))])
+
+
+# ---------------------------------------------------------------- conditional computation
+
+def _unused_worker(rank, world_size):
+    """On 2 ranks, a toy whose loss is linear in its parameters (tests/_conformance_helpers.py):
+    DDP(find_unused_parameters=True) and BucketedDDP (cap: a few parameters) on the same plans."""
+    from _conformance_helpers import ALL, bucketed_run, ddp_run, dp_plans, plan_gradients
+
+    out = {}
+    for name, plan in dp_plans(2).items():
+        G = plan_gradients(plan, [0, 1])
+        out[name] = bucketed_run(G, rank, None, 200), ddp_run(G, rank, None, adam=False)[0]
+    G = plan_gradients([[[set(ALL), set(ALL) - {"head"}, {"h.0.weight"}]] * 2] * 2, [0, 1])
+    out["no_sync"] = (bucketed_run(G, rank, None, 200, no_sync=True),
+                      ddp_run(G, rank, None, adam=False, no_sync=True)[0])
+    return out
+
+
+@pytest.mark.exercise("4.2", points=2)
+def test_parameters_used_on_some_ranks_only_match_ddp_find_unused_parameters():
+    """Check, on 2 ranks, a block that runs on rank 0 only, a parameter used on rank 0 only, one
+    used on no rank, a block no rank runs, two backwards per step, and no_sync() (three
+    backwards, the first two inside it): after finish() every .grad equals
+    DistributedDataParallel(find_unused_parameters=True)'s — the average with zeros from the
+    rank that did not use it, None where no rank did — and no rank aborts inside gloo (every rank
+    sends every bucket, in the same order). Tolerance: fp64, rtol 1e-9 / atol 1e-12 (the same
+    sums, divided before or after)."""
+    from _conformance_helpers import F64, assert_runs_close
+
+    for rank, out in enumerate(launch(_unused_worker, 2, timeout=120)):
+        for name, (got, want) in out.items():
+            assert_runs_close(got, want, f"rank {rank}, {name}: does every rank send every bucket "
+                              "once per backward, in order (the given _end_of_backward sends what "
+                              "is left), a missing gradient as zeros with presence 0, and finish() "
+                              "leave None where no rank had one?", **F64)

@@ -308,3 +308,33 @@ def test_zero2_rejects_bad_arguments():
     frozen = [torch.nn.Parameter(torch.ones(2), requires_grad=False)]
     with pytest.raises(ValueError, match="params"):
         ZeRO2Adam(frozen)
+
+
+# ---------------------------------------------------------------- conditional computation
+
+def _unused_worker(rank, world_size):
+    """On 2 ranks, the toy of tests/_conformance_helpers.py: DDP(find_unused_parameters=True) +
+    Adam and ZeRO2Adam (buckets of a few parameters) on the same plans."""
+    from _conformance_helpers import ddp_run, dp_plans, optimizer_run, plan_gradients
+
+    out = {}
+    for name, plan in dp_plans(2).items():
+        G = plan_gradients(plan, [0, 1])
+        out[name] = optimizer_run("ZeRO2Adam", G, rank, None, 200), ddp_run(G, rank, None, adam=True)[1]
+    return out
+
+
+@pytest.mark.exercise("4.3", points=1)
+def test_zero2_parameters_used_on_some_ranks_only_match_ddp_and_adam():
+    """Check, on 2 ranks, a block that runs on rank 0 only, a parameter used on rank 0 only, one
+    used on no rank, a block first run at step 2, two backwards per step: the parameters after
+    each step equal DistributedDataParallel(find_unused_parameters=True) + torch.optim.Adam's
+    (a parameter no rank used is not stepped and counts its own steps), and no rank aborts in
+    gloo. Tolerance: fp64 at atol 1e-9 (Adam divides an exactly-zero-or-ulps gradient by ε)."""
+    from _conformance_helpers import ADAM64, assert_runs_close
+
+    for rank, out in enumerate(launch(_unused_worker, 2, timeout=120)):
+        for name, (got, want) in out.items():
+            assert_runs_close(got, want, f"rank {rank}, plan {name!r}: is every bucket sent once "
+                              "per backward, in order, with each parameter's presence count, and "
+                              "a piece given no gradient where no rank had one?", **ADAM64)
