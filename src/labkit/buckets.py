@@ -24,12 +24,18 @@ one. A parameter no rank had a gradient for is left without one, as
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
+import torch.distributed as dist
 from torch.autograd import Variable
 
+from labkit.flat_params import master_dtype
 from labkit.validate import positive_int
 
-__all__ = ["plan_buckets", "BackwardEnd", "pack_bucket", "unpack_bucket"]
+__all__ = ["plan_buckets", "BackwardEnd", "pack_bucket", "unpack_bucket", "BucketSchedule",
+           "BucketedModule"]
 
 
 def plan_buckets(numels, element_size: int, cap_bytes: int) -> list[list[int]]:
@@ -92,3 +98,82 @@ def unpack_bucket(flat: torch.Tensor, params) -> list[tuple[torch.Tensor, torch.
         out.append((p, piece if count > 0 else None))
         offset += p.numel()
     return out
+
+
+class BucketSchedule:
+    """The given half of a bucketed reduction, shared by ``BucketedDDP`` (Lab 4, exercise 4.2)
+    and ``ZeRO2Adam`` (4.3): the fixed buckets, which parameters are ready in this backward,
+    whose turn it is, ``no_sync()`` and the end-of-backward flush. The subclass writes
+    ``_send_bucket()`` (send bucket ``next_bucket``, then move ``next_bucket`` on) and calls
+    ``self.backward_end.arm()`` from its gradient hooks.
+
+    Attributes (set by :meth:`_plan_buckets`): ``buckets`` (lists of positions into the
+    trainable parameters), ``index`` (id(parameter) → its position), ``ready`` (positions ready
+    in this backward), ``next_bucket``, ``require_sync`` (False inside ``no_sync()``),
+    ``backward_end`` (a :class:`BackwardEnd` running ``_end_of_backward``).
+    """
+
+    def _plan_buckets(self, params, element_size: int, cap_bytes: int) -> None:
+        self.buckets = plan_buckets([p.numel() for p in params], element_size, cap_bytes)
+        self.index = {id(p): i for i, p in enumerate(params)}
+        self.ready: set[int] = set()
+        self.next_bucket = 0
+        self.require_sync = True
+        self.backward_end = BackwardEnd(self._end_of_backward)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate ``.grad`` locally (as DDP's ``no_sync``); the
+        next backward outside sends the sums."""
+        previous, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+
+    def _end_of_backward(self) -> None:
+        """Run by autograd when a backward ends: send the buckets not sent yet, in order; the
+        next backward starts with nothing ready."""
+        while self.next_bucket < len(self.buckets):
+            self._send_bucket()
+        self.ready.clear()
+        self.next_bucket = 0
+
+    def _send_bucket(self) -> None:
+        raise NotImplementedError  # pragma: no cover - the exercise
+
+
+class BucketedModule(BucketSchedule, torch.nn.Module):
+    """The given half of ``BucketedDDP`` (4.2): wraps ``module``, checks the arguments, plans the
+    buckets in ``reduce_dtype`` (``labkit.flat_params.master_dtype`` of the parameters: fp32 for
+    fp32 and 16-bit ones, fp64 for fp64), and calls the subclass's ``_setup()``.
+
+    Attributes: ``module``, ``bucket_cap_bytes``, ``group``, ``world_size``, ``params`` (the
+    trainable parameters), ``reduce_dtype``, ``in_flight`` (``(work, flat buffer, [params])``
+    of the all-reduces started), ``buckets_sent``, ``handles``, and :class:`BucketSchedule`'s.
+    """
+
+    def __init__(self, module: torch.nn.Module, *, bucket_cap_bytes: int = 25 * 2**20, group=None):
+        super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        bucket_cap_bytes = positive_int("bucket_cap_bytes", bucket_cap_bytes)
+        self.module = module
+        self.bucket_cap_bytes, self.group = bucket_cap_bytes, group
+        self.world_size = dist.get_world_size(group)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.reduce_dtype = functools.reduce(
+            torch.promote_types,
+            {master_dtype(p.dtype, name="parameters' dtype") for p in self.params}, torch.float32)
+        self._plan_buckets(self.params, self.reduce_dtype.itemsize, bucket_cap_bytes)
+        self.in_flight: list[tuple] = []
+        self.buckets_sent = 0
+        self.handles = []
+        self._setup()
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _setup(self) -> None:
+        raise NotImplementedError  # pragma: no cover - the exercise
+

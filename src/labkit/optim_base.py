@@ -16,6 +16,7 @@ only its update.
 * :func:`param_groups`: ``params`` as ``torch.optim`` takes it, as a list of groups with their
   options filled in, for the optimizers that are not ``torch.optim.Optimizer`` subclasses
   (LOMO, NVMe Adam, the ZeRO wrappers).
+* :class:`UpdateInBackward`: the given half of LOMO (the update inside backward's hooks).
 
 Used by the optimizers of Lab 2, Lab 3 (mixed-precision Adam, ZeRO-3) and Lab 4 (ZeRO-2).
 """
@@ -25,7 +26,7 @@ import copy
 
 import torch
 
-__all__ = ["run_closure", "param_groups", "Optimizer", "PerParameterOptimizer"]
+__all__ = ["run_closure", "param_groups", "Optimizer", "PerParameterOptimizer", "UpdateInBackward"]
 
 
 def run_closure(closure):
@@ -125,3 +126,45 @@ def param_groups(params, defaults: dict, *, allowed=None, check=None,
         groups.append({"params": mine, **options})
         options_of.append(options)
     return groups
+
+
+class UpdateInBackward:
+    """The given half of an optimizer whose update runs inside backward (LOMO, Lab 2 exercise
+    2.4): the parameters and each one's learning rate from ``params`` as ``torch.optim.SGD``
+    takes it (groups with their own "lr"; frozen parameters accepted and left alone), the hooks'
+    handles, ``zero_grad`` (nothing left to forget) and ``remove``; it calls the subclass's
+    ``_attach()``.
+
+    Attributes: ``lr`` (the default), ``params`` (the parameters that require grad, each once),
+    ``lr_of(param)``, ``handles``.
+    """
+
+    def __init__(self, params, lr: float):
+        from labkit import validate
+
+        self.lr = validate.non_negative_number("lr", lr)
+        groups = param_groups(params, {"lr": self.lr}, allowed={"lr"},
+                              check=lambda o: validate.non_negative_number("lr", o["lr"]))
+        self._lr = {id(p): g["lr"] for g in groups for p in g["params"]}  # id(param) -> its lr
+        self.params = [p for g in groups for p in g["params"] if p.requires_grad]
+        if not self.params:
+            raise ValueError("params has no parameter that requires grad: nothing to train")
+        self.handles = []
+        self._attach()
+
+    def lr_of(self, param: torch.Tensor) -> float:
+        """The learning rate of ``param``'s group."""
+        return self._lr[id(param)]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to forget: every gradient was used and released inside backward (so that the
+        optimizer stands where an optimizer's ``zero_grad()`` is called)."""
+
+    def remove(self) -> None:
+        """Remove the hooks: backward goes back to only computing gradients."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _attach(self) -> None:
+        raise NotImplementedError  # pragma: no cover - the exercise

@@ -21,7 +21,9 @@ its own: every rank's chunk of a reduce-scatter carries, after its S gradient el
 * :func:`bind_flat_states`: make the wrapped optimizer's per-piece states views of flat (S,)
   tensors, so the shard's states stay one buffer each (what ZeRO-2 and ZeRO-3 report).
 * :class:`ShardedOptimizer`: the given half of ZeRO-1 and ZeRO-2 — parameter groups, layout,
-  master shard, pieces, the wrapped optimizer, ``zero_grad``, ``state_dict``.
+  master shard, pieces, the wrapped optimizer, ``zero_grad``, ``state_dict``;
+  :class:`BucketedShardedAdam` adds ZeRO-2's gradient shard, presence counts, flat Adam states
+  and fixed buckets.
 
 The dtype rule (``labkit.flat_params.master_dtype``) is the same for every stage: the shard and
 the states are fp32 for fp32 and 16-bit parameters, fp64 for fp64 ones.
@@ -35,10 +37,12 @@ import torch
 import torch.distributed as dist
 
 from labkit import validate
+from labkit.buckets import BucketSchedule
 from labkit.flat_params import flatten_padded, master_dtype, partition, shard_range
 from labkit.optim_base import param_groups
 
-__all__ = ["Piece", "ShardLayout", "bind_flat_states", "owned_pieces", "ShardedOptimizer"]
+__all__ = ["Piece", "ShardLayout", "bind_flat_states", "owned_pieces", "ShardedOptimizer",
+           "BucketedShardedAdam"]
 
 
 @dataclass(frozen=True)
@@ -285,3 +289,68 @@ def owned_pieces(offset: int, numel: int, shard_size: int, world_size: int):
         if hi > lo:
             pieces.append((rank, lo - offset, lo - rank * shard_size, hi - lo))
     return pieces
+
+
+class BucketedShardedAdam(BucketSchedule, ShardedOptimizer):
+    """The given half of ``ZeRO2Adam`` (Lab 4, exercise 4.3): ``torch.optim.Adam`` sharded over
+    the ranks of ``group`` (:class:`ShardedOptimizer`), the gradient shard and presence counts
+    the reduce-scatters fill, Adam's states as flat (S,) tensors, and the fixed buckets
+    (``labkit.buckets.BucketSchedule``); it calls the subclass's ``_register_hooks()``.
+
+    Attributes: ``grad_shard`` ((S,), ``master_dtype``: the sum over ranks of this rank's slice
+    of the gradient received so far), ``present`` ((P,): per parameter, the presence counts
+    received so far), ``state`` (``"exp_avg"``, ``"exp_avg_sq"``, and ``"master"`` for 16-bit
+    parameters), ``in_flight`` (the reduce-scatter in flight, or None), ``handles``; and those
+    of :class:`ShardedOptimizer` and ``BucketSchedule``.
+    """
+
+    def __init__(self, params, *, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, bucket_cap_bytes: int = 25 * 2**20,
+                 group=None):
+        validate.adam_args(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.bucket_cap_bytes = validate.positive_int("bucket_cap_bytes", bucket_cap_bytes)
+        super().__init__(params, torch.optim.Adam, group=group, lr=lr, betas=tuple(betas), eps=eps,
+                         weight_decay=weight_decay)
+        device = self.params[0].device
+        self.grad_shard = torch.zeros(self.shard_size, dtype=self.master_dtype, device=device)
+        self.present = torch.zeros(len(self.params), dtype=self.master_dtype, device=device)
+        self._flat = {name: torch.zeros(self.shard_size, dtype=self.master_dtype, device=device)
+                      for name in ("exp_avg", "exp_avg_sq")}
+        self._bind()
+        self._plan_buckets(self.params, self.master_dtype.itemsize, self.bucket_cap_bytes)
+        self.in_flight = None
+        self.handles = []
+        self._register_hooks()
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        """This rank's states as flat (S,) tensors (plus the fp32 master slice for 16-bit
+        parameters)."""
+        return {**self._flat, **({"master": self.master} if self.master is not None else {})}
+
+    def _bind(self) -> None:
+        ranges = [(pc.start_in_shard, pc.length) for pc in self.layout.pieces]
+        bind_flat_states(self.optim, self.pieces, {k: (v, ranges) for k, v in self._flat.items()})
+
+    _after_load = _bind
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Discard every gradient since the last ``step()``: the full ``.grad`` still held, the
+        reduce-scatter in flight (waited for, so every rank's collectives still match),
+        ``grad_shard`` and ``present``."""
+        self._finish_in_flight()
+        self.grad_shard.zero_()
+        self.present.zero_()
+        super().zero_grad(set_to_none=True)
+
+    def remove(self) -> None:
+        """Unregister the hooks."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _register_hooks(self) -> None:
+        raise NotImplementedError  # pragma: no cover - the exercise
+
+    def _finish_in_flight(self) -> None:
+        raise NotImplementedError  # pragma: no cover - the exercise

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import torch
 
-from labkit import validate
-from labkit.optim_base import param_groups
+from labkit.optim_base import UpdateInBackward
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
 
-class LOMO:
+class LOMO(UpdateInBackward):
     """Plain SGD fused into backward: each parameter is updated, and its gradient freed, in a hook.
 
     After ``LOMO(model.parameters(), lr)``, every ``loss.backward()`` is also the update: no
@@ -36,27 +35,16 @@ class LOMO:
     ``torch.optim.SGD`` leaves them; a parameter that gets no gradient in a backward is not
     updated.
 
+    Given (``labkit.optim_base.UpdateInBackward``): ``self.params`` (the parameters that require
+    grad, each once), ``self.lr_of(param)`` (its group's learning rate), ``self.handles`` (what
+    ``remove()`` removes), ``zero_grad()``; the constructor calls ``_attach()``.
+
     Args:
         params: the parameters to train, or parameter groups (dicts with "params" and
             optionally "lr"), as for ``torch.optim.SGD``; a tied parameter listed twice is one.
         lr: the learning rate (> 0 makes it SGD; 0 only frees the gradients); a group's own
-            "lr" overrides it for that group's parameters (``self.lr_of(param)``).
+            "lr" overrides it for that group's parameters.
     """
-
-    def __init__(self, params, lr: float):
-        self.lr = validate.non_negative_number("lr", lr)
-        groups = param_groups(params, {"lr": self.lr}, allowed={"lr"},
-                              check=lambda o: validate.non_negative_number("lr", o["lr"]))
-        self._lr = {id(p): g["lr"] for g in groups for p in g["params"]}  # id(param) -> its lr
-        self.params = [p for g in groups for p in g["params"] if p.requires_grad]
-        if not self.params:
-            raise ValueError("params has no parameter that requires grad: nothing to train")
-        self.handles = []
-        self._attach()
-
-    def lr_of(self, param: torch.Tensor) -> float:
-        """The learning rate of ``param``'s group."""
-        return self._lr[id(param)]
 
     # ==== exercise 2.4: your code ====
 
@@ -70,15 +58,3 @@ class LOMO:
         """Called with a parameter whose gradient is complete: apply SGD's update to it (autograd
         must not record it) and release its gradient, so that no ``.grad`` outlives its use."""
         raise NotImplementedError("exercise 2.4: update the parameter in place with its group's lr (self.lr_of) without autograd recording it, then set its .grad to None (labs/02_optimizer_states.ipynb)")
-
-    # ==== given: the course's code — read it, call it, don't change it ====
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Nothing to forget: every gradient was used and released inside backward (given, so
-        that LOMO stands where an optimizer's ``zero_grad()`` is called)."""
-
-    def remove(self) -> None:
-        """Remove the hooks: backward goes back to only computing gradients."""
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []

@@ -21,96 +21,50 @@ Chapter 4 (book/04_gradients.md); Lab 4, exercise 4.2 (labs/04_gradients.ipynb).
 """
 from __future__ import annotations
 
-import contextlib
-import functools
-
 import torch
 import torch.distributed as dist
 
-from labkit.buckets import BackwardEnd, pack_bucket, plan_buckets, unpack_bucket
-from labkit.flat_params import master_dtype
-from labkit.validate import positive_int
+from labkit.buckets import BucketedModule, pack_bucket, unpack_bucket
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
 
-class BucketedDDP(torch.nn.Module):
+class BucketedDDP(BucketedModule):
     """Wrap ``module`` for data parallelism over a process group, with bucketed overlap.
+
+    Given (``labkit.buckets.BucketedModule``): the checks, ``self.module``, ``self.params`` (the
+    trainable parameters), ``self.group``, ``self.world_size``, ``self.reduce_dtype`` (fp32; fp64
+    for fp64 parameters), ``forward``, ``no_sync()``, and the fixed buckets ``self.buckets``
+    (lists of positions into ``self.params``, the same on every rank: the parameters in reverse
+    order, a bucket closing when its bytes in ``reduce_dtype`` reach ``bucket_cap_bytes``), with
+    ``self.index`` (id(parameter) → position), ``self.ready`` (positions ready in this
+    backward), ``self.next_bucket`` (whose turn it is), ``self.in_flight``,
+    ``self.buckets_sent``, ``self.handles``; ``_end_of_backward`` (autograd runs it when a
+    backward ends) sends the buckets not sent yet, in order.
 
     Contract:
         * At construction every parameter is replaced by the value of the group's first rank
           (a broadcast; in a subgroup, ``dist.broadcast``'s ``src`` is that rank's global
           number), and a post-accumulate-grad hook ``self._on_grad_ready`` is registered on each
-          parameter that requires a gradient (handles kept in ``self.handles``; frozen ones are skipped).
-        * ``self.buckets`` (given, ``labkit.buckets.plan_buckets``): fixed lists of positions
-          into ``self.params``, the same on every rank: the parameters in reverse order, a
-          bucket closing when its bytes (in ``self.reduce_dtype``) reach ``bucket_cap_bytes``.
+          parameter that requires a gradient (handles kept in ``self.handles``).
         * During backward, bucket k is sent once all its parameters are ready and buckets
           0..k−1 have been sent: one asynchronous all-reduce (``async_op=True``) of
           ``labkit.buckets.pack_bucket(...)`` (its gradients as one flat tensor in
           ``self.reduce_dtype`` plus one presence count per parameter), from inside the hook of
-          the gradient that makes it sendable. At the end of each backward the buckets not sent
-          yet are sent, in order (given: ``_end_of_backward``), so every rank sends every bucket
-          once per backward.
+          the gradient that makes it sendable; so every rank sends every bucket once per
+          backward, in the same order.
         * ``finish()``, called after backward and before the optimizer step, waits for every
           all-reduce and leaves in each ``.grad`` the average over the ranks, a rank that had no
           gradient for it counting as zeros, and None where no rank had one: what
           ``DistributedDataParallel(find_unused_parameters=True)`` leaves.
         * ``self.buckets_sent`` counts the all-reduces started since the last ``finish()``.
-        * Inside ``with ddp.no_sync():`` backward only accumulates ``.grad`` locally; the next
-          backward outside it sends the sums (DDP's ``no_sync``).
 
     Args:
         module: the model; the same architecture on every rank.
-        bucket_cap_bytes: int > 0, bytes of gradients per bucket, counted in ``reduce_dtype``
-            (fp32 for fp32 and 16-bit parameters, fp64 for fp64 ones); DDP's default is
-            ``torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB`` = 25 MiB.
+        bucket_cap_bytes: int > 0, bytes of gradients per bucket, counted in ``reduce_dtype``;
+            DDP's default is ``torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB`` = 25 MiB.
         group: the process group (None: the default group).
     """
-
-    def __init__(self, module: torch.nn.Module, *, bucket_cap_bytes: int = 25 * 2**20, group=None):
-        super().__init__()
-        if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        bucket_cap_bytes = positive_int("bucket_cap_bytes", bucket_cap_bytes)
-        self.module = module
-        self.bucket_cap_bytes, self.group = bucket_cap_bytes, group
-        self.world_size = dist.get_world_size(group)
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        self.reduce_dtype = functools.reduce(
-            torch.promote_types, {master_dtype(p.dtype, name="parameters' dtype") for p in self.params},
-            torch.float32)
-        self.buckets = plan_buckets([p.numel() for p in self.params], self.reduce_dtype.itemsize,
-                                    bucket_cap_bytes)
-        self.index = {id(p): i for i, p in enumerate(self.params)}  # parameter -> position
-        self.ready: set[int] = set()  # positions whose gradient is ready in this backward
-        self.next_bucket = 0  # the bucket whose turn it is
-        self.in_flight: list[tuple] = []  # (work, flat buffer, [params])
-        self.buckets_sent = 0
-        self.require_sync = True
-        self.backward_end = BackwardEnd(self._end_of_backward)
-        self.handles = []
-        self._setup()
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backward passes inside only accumulate ``.grad`` locally (as DDP's ``no_sync``)."""
-        previous, self.require_sync = self.require_sync, False
-        try:
-            yield
-        finally:
-            self.require_sync = previous
-
-    def _end_of_backward(self) -> None:
-        """Run by autograd when a backward ends: send the buckets not sent yet, in order; the
-        next backward starts with nothing ready."""
-        while self.next_bucket < len(self.buckets):
-            self._send_bucket()
-        self.ready.clear()
-        self.next_bucket = 0
 
     # ==== exercise 4.2: your code ====
 

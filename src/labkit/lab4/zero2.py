@@ -32,23 +32,19 @@ Chapter 4 (book/04_gradients.md); Lab 4, exercise 4.3 (labs/04_gradients.ipynb).
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
 
-from labkit.buckets import BackwardEnd, plan_buckets
 from labkit.flat_params import copy_from_flat
 from labkit.optim_base import run_closure
-from labkit.sharding import ShardedOptimizer, bind_flat_states, owned_pieces
-from labkit.validate import adam_args, positive_int
+from labkit.sharding import BucketedShardedAdam, owned_pieces
 
 __all__ = ["ZeRO2Adam", "owned_pieces"]
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
 
-class ZeRO2Adam(ShardedOptimizer):
+class ZeRO2Adam(BucketedShardedAdam):
     """Adam with ZeRO stage 2 over a process group: 1/N of the gradients and states per rank.
 
     Every rank builds it with the same parameters (same order, same shapes) *before* backward:
@@ -67,7 +63,8 @@ class ZeRO2Adam(ShardedOptimizer):
     Memory after backward: ``grad_shard`` (4Ψ/N bytes) + the bucket in flight (its input and
     this rank's output).
 
-    Given (``labkit.sharding.ShardedOptimizer``) and used by the exercise:
+    Given (``labkit.sharding.BucketedShardedAdam``: the constructor, ``state``, ``zero_grad``,
+    ``remove``, ``no_sync()``, ``_end_of_backward``) and used by the exercise:
         params, index (parameter → position), layout (``offsets``, ``shard_size`` S, ``rank``,
             ``world_size``), pieces (one tensor per ``layout.pieces`` entry: a view of the fp32
             master slice ``master`` for 16-bit parameters, else of the parameter),
@@ -91,73 +88,6 @@ class ZeRO2Adam(ShardedOptimizer):
             fp32 and 16-bit parameters, fp64 for fp64 ones).
         group: the data-parallel process group (None: the default group).
     """
-
-    def __init__(self, params, *, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, bucket_cap_bytes: int = 25 * 2**20,
-                 group=None):
-        adam_args(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        self.bucket_cap_bytes = positive_int("bucket_cap_bytes", bucket_cap_bytes)
-        super().__init__(params, torch.optim.Adam, group=group, lr=lr, betas=tuple(betas), eps=eps,
-                         weight_decay=weight_decay)
-        device = self.params[0].device
-        self.grad_shard = torch.zeros(self.shard_size, dtype=self.master_dtype, device=device)
-        self.present = torch.zeros(len(self.params), dtype=self.master_dtype, device=device)
-        self._flat = {name: torch.zeros(self.shard_size, dtype=self.master_dtype, device=device)
-                      for name in ("exp_avg", "exp_avg_sq")}
-        self._bind()
-        self.buckets = plan_buckets([p.numel() for p in self.params],
-                                    self.master_dtype.itemsize, self.bucket_cap_bytes)
-        self.index = {id(p): i for i, p in enumerate(self.params)}
-        self.ready: set[int] = set()
-        self.next_bucket = 0
-        self.in_flight = None
-        self.require_sync = True
-        self.backward_end = BackwardEnd(self._end_of_backward)
-        self.handles = []
-        self._register_hooks()
-
-    @property
-    def state(self) -> dict[str, torch.Tensor]:
-        """This rank's states as flat (S,) tensors (plus the fp32 master slice for 16-bit
-        parameters)."""
-        return {**self._flat, **({"master": self.master} if self.master is not None else {})}
-
-    def _bind(self) -> None:
-        ranges = [(pc.start_in_shard, pc.length) for pc in self.layout.pieces]
-        bind_flat_states(self.optim, self.pieces, {k: (v, ranges) for k, v in self._flat.items()})
-
-    _after_load = _bind
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backward passes inside only accumulate ``.grad`` locally (as DDP's ``no_sync``)."""
-        previous, self.require_sync = self.require_sync, False
-        try:
-            yield
-        finally:
-            self.require_sync = previous
-
-    def _end_of_backward(self) -> None:
-        """Run by autograd when a backward ends: send the buckets not sent yet, in order."""
-        while self.next_bucket < len(self.buckets):
-            self._send_bucket()
-        self.ready.clear()
-        self.next_bucket = 0
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Discard every gradient since the last ``step()``: the full ``.grad`` still held, the
-        reduce-scatter in flight (waited for, so every rank's collectives still match),
-        ``grad_shard`` and ``present``."""
-        self._finish_in_flight()
-        self.grad_shard.zero_()
-        self.present.zero_()
-        super().zero_grad(set_to_none=True)
-
-    def remove(self) -> None:
-        """Unregister the hooks."""
-        for h in self.handles:
-            h.remove()
-        self.handles = []
 
     # ==== exercise 4.3: your code ====
 
