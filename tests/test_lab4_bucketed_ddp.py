@@ -11,8 +11,10 @@ What is sent, when and how is read from the c10d operators themselves (``labkit.
 .EventLog``, a dispatch mode): the order of the gradient-ready events and the all-reduces,
 their bytes, and each call's ``async_op`` — exact facts, not wall time.
 
-Configurations: 2 and 3 ranks of the default group; a 4-rank world split into two groups of 2
-with a frozen parameter; 2 ranks in bf16; caps that a bucket reaches exactly. Two iterations of
+Configurations: 2 ranks of the default group; 3 ranks on a GPT with biases and buckets of one
+element each (a LayerNorm's weight is ready before its bias, which comes first in the buckets'
+order: one gradient then lets two buckets go); a 4-rank world split into two groups of 2 with a
+frozen parameter; 2 ranks in bf16; caps that a bucket reaches exactly. Two iterations of
 backward + ``finish()`` each.
 
 Tolerance: fp32 gradients averaged as DDP does (the same sums, divided before or after): a few
@@ -28,7 +30,7 @@ import pytest
 import torch
 
 from _lab4_helpers import (bucket_bytes, expected_events, first_difference, planned_buckets,
-                          ready_order, zero2_gpt)
+                          ready_order, tiny_gpt, zero2_gpt)
 from labkit.ranks import launch
 from labkit.models import SyntheticData
 
@@ -36,6 +38,8 @@ CAP = 16_384
 
 
 def model_for(config: str):
+    if config == "N=3":
+        return tiny_gpt()  # with biases
     model = zero2_gpt(torch.bfloat16 if config == "bf16" else torch.float32)
     if config == "subgroups":
         model.wpe.weight.requires_grad_(False)  # a frozen parameter
@@ -61,7 +65,7 @@ def run(config: str):
     model = model_for(config)
     data = SyntheticData(64, 32, 4, seed=1)
     batches = [data.batch(r) for r in range(world_size)]
-    cap = CAP if config in ("N=2", "N=3") else exact_cap(model, batches[0])
+    cap = {"N=2": CAP, "N=3": 4}.get(config) or exact_cap(model, batches[0])
     results = launch(compare_with_ddp, world_size, model, batches, bucket_cap_bytes=cap,
                      group_size=group_size, timeout=120)
     return model, batches, cap, results

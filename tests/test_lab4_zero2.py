@@ -51,6 +51,8 @@ def run_zero2(world_size, steps=3, bucket_cap_bytes=CAP, backwards=1, dtype="flo
         m = zero2_gpt(getattr(torch, dtype))
     elif model == "odd":  # Ψ = 231 in sizes of 3: at N = 2 a shard boundary leaves a 1-element piece
         m = tiny_gpt(vocab_size=30, block_size=8, n_layer=1, n_head=1, n_embd=3, bias=False)
+    elif model == "biased":  # LayerNorms' weights ready before their biases, which the buckets put first
+        m = tiny_gpt()
     else:  # a model whose shard (4Ψ/N) dwarfs a small bucket and its largest gradient
         m = tiny_gpt(n_layer=4, n_embd=48, n_head=2, bias=False)
     if frozen:
@@ -258,17 +260,20 @@ def test_zero2_sends_what_data_parallelism_sends(world_size):
 
 
 @pytest.mark.exercise("4.3", points=2)
-@pytest.mark.parametrize("config", ["N=2", "exact cap, subgroups", "bf16"])
+@pytest.mark.parametrize("config", ["one-element buckets, biases", "exact cap, subgroups", "bf16"])
 def test_each_bucket_is_reduce_scattered_asynchronously_by_the_hook_that_fills_it(config):
     """Check the order of events of the first backward: each bucket's reduce-scatter is issued
     (async_op=True), in bucket order, inside the hook of the gradient that completes it (or the
     one before it) — right before that gradient's own ready event — with the bucket's fp32 bytes
     and presence counts; the buckets left when backward ends are sent then; nothing else.
-    Configurations: N = 2 (cap 16 KiB); two groups of 2 in a 4-rank world, a frozen parameter,
-    and a cap that the first bucket reaches exactly; bf16 parameters (the cap counts fp32 bytes)."""
-    if config == "N=2":
-        model, batches, results = run_zero2(2)
-        cap = CAP
+    Configurations: N = 2, a GPT with biases and buckets of one element (a LayerNorm's weight is
+    ready before its bias, which comes first in the buckets' order: one gradient then lets two
+    buckets go); two groups of 2 in a 4-rank world, a frozen parameter, and a cap that the first
+    bucket reaches exactly; bf16 parameters (the cap counts fp32 bytes)."""
+    if config == "one-element buckets, biases":
+        cap = 4
+        model, batches, results = run_zero2(2, steps=1, bucket_cap_bytes=cap, reference=False,
+                                            model="biased")
     elif config == "bf16":
         model, batches, results = run_zero2(2, dtype="bfloat16")
         cap = CAP

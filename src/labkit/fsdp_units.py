@@ -142,7 +142,7 @@ class ShardedUnits:
     # ---- the sharded Adam
 
     def _build_optimizer(self) -> None:
-        pieces, ranges, flats = [], {}, {}
+        pieces = []
         for u in self.units:
             u.exp_avg, u.exp_avg_sq = torch.zeros_like(u.shard), torch.zeros_like(u.shard)
             mine = [pc for pc in u.layout.pieces if u.params[pc.index].requires_grad]

@@ -268,8 +268,8 @@ INDEPENDENT = [
     Mutant('4.3', 'lab4/zero2.py', find='        while (self.next_bucket < len(self.buckets)\n',
            replace='        if (self.next_bucket < len(self.buckets)\n',
            why='sends at most one bucket per gradient (a bucket completed by an earlier one waits)'),
-    Mutant('4.3', 'lab4/zero2.py', find='g = p.grad.detach().reshape(-1).to(dtype) if p.grad is not None',
-           replace='g = p.grad.detach().reshape(-1) if p.grad is not None',
+    Mutant('4.3', 'lab4/zero2.py', find='        dtype, device = self.master_dtype, self.grad_shard.device\n',
+           replace='        dtype, device = self.dtype, self.grad_shard.device\n',
            why='reduce-scatters 16-bit gradients in their own dtype (the sum rounds to bf16)'),
     # ---------------------------------------------------------------- 4.4 compression
     Mutant("4.4", "lab4/compression.py", find="bucket=index, step=step).to(g.device)",
