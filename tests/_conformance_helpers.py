@@ -71,6 +71,9 @@ def shapes(model: nn.Module) -> dict:
     return {n: p.shape for n, p in model.named_parameters()}
 
 
+SHAPES = {"h.0.weight": (4, 6), "h.0.bias": (6,), "h.1.weight": (4, 6), "h.1.bias": (6,),
+          "head": (3, 5)}
+
 def gradients(plan, dtype, seed: int = 1) -> list:
     """G[step][rank][backward] = {name: tensor} for the names that backward uses."""
     gen = torch.Generator().manual_seed(seed)
@@ -87,12 +90,30 @@ def plan_of(steps: int, ranks: int = 1, backwards: int = 1, used=ALL) -> list:
     return [[[set(used)] * backwards for _ in range(ranks)] for _ in range(steps)]
 
 
+def with_zeros(G_steps) -> list:
+    """What ``zero_grad(set_to_none=False)`` after each step amounts to: a parameter that a rank
+    has had a gradient for keeps a zero ``.grad`` there, which counts as a gradient from then on
+    (``torch.optim`` zeroes the gradients that exist and leaves None where there is none). Returns
+    ``G_steps`` with such a parameter given an explicit zero gradient in every later backward
+    that leaves it out."""
+    like = next(iter(G_steps[0][0][0].values()))
+    out, seen = [], [set() for _ in G_steps[0]]
+    for step in G_steps:
+        rows = []
+        for r, backwards in enumerate(step):
+            rows.append([{**{n: like.new_zeros(SHAPES[n]) for n in seen[r]}, **bw} for bw in backwards])
+            seen[r] |= {n for bw in backwards for n in bw}
+        out.append(rows)
+    return out
+
+
 def run(model: nn.Module, opt, G_steps, rank: int = 0, *, closure: bool = False,
-        junk=None, snapshot=None) -> list[dict]:
+        junk=None, snapshot=None, set_to_none: bool = True) -> list[dict]:
     """Drive ``opt`` on ``model``: per step, this rank's backwards, then ``opt.step()`` (through
     a closure if ``closure``) and ``opt.zero_grad()``. ``junk``: gradients of a backward run
     (and discarded by ``zero_grad()``) before each step's own. Returns the parameters after
-    each step, by name (``snapshot()``'s, where the model cannot show them: ZeRO-3 frees them)."""
+    each step, by name (``snapshot()``'s, where the model cannot show them: ZeRO-3 frees them).
+    ``set_to_none``: what each step's ``zero_grad`` is told."""
     history = []
     for s, step in enumerate(G_steps):
         if junk is not None:
@@ -112,7 +133,7 @@ def run(model: nn.Module, opt, G_steps, rank: int = 0, *, closure: bool = False,
             for G in backwards:
                 model(G).backward()
             opt.step()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)
         history.append(snapshot() if snapshot is not None else
                        {n: p.detach().clone() for n, p in model.named_parameters()})
     return history

@@ -15,8 +15,10 @@ battery), with what it promises to equal and its documented deviations. The batt
   with the same groups) — or a clear refusal;
 * **several backwards before one step** equal one step on the summed gradient;
 * **state_dict → load_state_dict → step** equals never having stopped (bit for bit);
-* **zero_grad()** discards every gradient since the last step; **step(closure)** calls the
-  closure with gradients enabled and returns its loss;
+* **zero_grad()** discards every gradient since the last step, and
+  ``zero_grad(set_to_none=False)`` leaves a zero gradient wherever there was one, which the next
+  step applies as torch's does; **step(closure)** calls the closure with gradients enabled and
+  returns its loss;
 * the distributed ones (ZeRO-1, ZeRO-2, ZeRO-3) inside real gloo ranks, on the world (4 ranks)
   and on two subgroups of 2, against ``DistributedDataParallel(find_unused_parameters=True)`` +
   ``torch.optim.Adam`` (a parameter used on some ranks only gets the average with zeros; one
@@ -79,7 +81,7 @@ import pytest
 import torch
 
 from _conformance_helpers import (ALL, Toy, assert_histories_close, gradients, plan_of,
-                                  reference_run, run)
+                                  reference_run, run, with_zeros)
 
 F64 = dict(rtol=1e-9, atol=1e-12)
 F32 = dict(rtol=1e-5, atol=1e-6)
@@ -251,10 +253,10 @@ def _trainable(model):
     return [p for p in model.parameters()]  # frozen ones included: an optimizer must skip them
 
 
-def _train(info, model, G, ctx, *, groups=None, closure=False, junk=None):
+def _train(info, model, G, ctx, *, groups=None, closure=False, junk=None, set_to_none=True):
     params = _trainable(model) if groups is None else groups(model)
     opt = info.build(model, params, ctx)
-    return run(model, opt, G, closure=closure, junk=junk), opt
+    return run(model, opt, G, closure=closure, junk=junk, set_to_none=set_to_none), opt
 
 
 def _tol(info, dtype, kind):
@@ -422,7 +424,8 @@ def test_state_dict_round_trip_resumes_exactly(info, tmp_path):
 def test_zero_grad_discards_and_step_calls_the_closure(info, tmp_path):
     """A backward whose gradients ``zero_grad()`` discards before each step changes nothing;
     ``step(closure)`` (where there is one) gives what backward then ``step()`` give, and returns
-    the closure's loss."""
+    the closure's loss; ``zero_grad(set_to_none=False)`` leaves every parameter a zero gradient
+    that the next step applies, as torch's, even to a parameter the next backward misses."""
     dtype = _own_dtype(info)
     G = gradients(plan_of(2), dtype)
     junk = gradients(plan_of(2), dtype, seed=7)
@@ -434,6 +437,14 @@ def test_zero_grad_discards_and_step_calls_the_closure(info, tmp_path):
     if info.has_closure:
         closed, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "closure"), closure=True)
         assert_histories_close(closed, plain, f"{info.name}: step(closure)", **SAME)
+    # zero_grad(set_to_none=False) leaves a zero gradient, which torch's next step applies (its
+    # step count advances), also to a parameter that the next backward does not reach
+    partial = [[[set(ALL)]], [[set(ALL) - {"h.1.weight", "h.1.bias"}]], [[set(ALL) - {"head"}]]]
+    G = gradients(partial, dtype)
+    kept, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "kept"), set_to_none=False)
+    zeros, _ = _train(info, copy.deepcopy(model), with_zeros(G), _ctx(tmp_path, "zeros"))
+    assert_histories_close(kept, zeros, f"{info.name}: zero_grad(set_to_none=False), then a "
+                           "backward that misses some parameters (they keep a zero gradient)", **SAME)
 
 
 # ---------------------------------------------------------------- the distributed battery
@@ -499,6 +510,12 @@ def _dp_battery(rank, world_size, name):
         model = Toy(torch.float64)
         res["closure"] = _snapshot_run(info, model, info.build(model, list(model.parameters()), ctx), G, me,
                                        closure=True)
+        model = Toy(torch.float64)
+        res["kept zeros"] = _snapshot_run(info, model, info.build(model, list(model.parameters()), ctx), G,
+                                          me, set_to_none=False)
+        model = Toy(torch.float64)
+        res["explicit zeros"] = _snapshot_run(info, model, info.build(model, list(model.parameters()), ctx),
+                                              with_zeros(G), me)
         model = Toy(torch.float64)  # a checkpoint after two steps, then two more
         opt = info.build(model, list(model.parameters()), ctx)
         _snapshot_run(info, model, opt, G[:2], me)
@@ -531,7 +548,8 @@ def test_distributed_optimizers_conform_on_the_world_and_on_subgroups(info):
     a parameter used on no rank skipped (step 1), one used on some ranks only averaged with
     zeros (step 2), several backwards added (step 3); in fp64 and fp32 as Adam trains them,
     in bf16 through an fp32 master; two parameter groups with their own options; gradients
-    discarded by zero_grad(); step(closure); a checkpoint resumed bit for bit."""
+    discarded by zero_grad(); zero_grad(set_to_none=False) keeping zero gradients (as explicit
+    zero gradients); step(closure); a checkpoint resumed bit for bit."""
     results = dp_results(info.name)
     for rank, out in enumerate(results):
         for where, res in out.items():
@@ -552,6 +570,8 @@ def test_distributed_optimizers_conform_on_the_world_and_on_subgroups(info):
                 assert_histories_close(res["groups"], grouped, f"{what}, two groups", **F64)
             assert_histories_close(res["junk"], want, f"{what}, gradients before zero_grad()", **F64)
             assert_histories_close(res["closure"], want, f"{what}, step(closure)", **F64)
+            assert_histories_close(res["kept zeros"], res["explicit zeros"],
+                                   f"{what}, zero_grad(set_to_none=False) keeps zero gradients", **SAME)
             for name, w in res[torch.float64][3].items():
                 assert torch.equal(res["resumed"][1][name], w), (
                     f"{what}: {name} after a checkpoint at step 2 and two more steps differs from "

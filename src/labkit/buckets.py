@@ -110,7 +110,9 @@ class BucketSchedule:
     Attributes (set by :meth:`_plan_buckets`): ``buckets`` (lists of positions into the
     trainable parameters), ``index`` (id(parameter) → its position), ``ready`` (positions ready
     in this backward), ``next_bucket``, ``require_sync`` (False inside ``no_sync()``),
-    ``backward_end`` (a :class:`BackwardEnd` running ``_end_of_backward``).
+    ``backward_end`` (a :class:`BackwardEnd` running ``_end_of_backward``), ``had_grad``
+    (positions that have had a gradient on this rank: those ``zero_grad(set_to_none=False)``
+    leaves a zero gradient, as ``torch.optim`` does).
     """
 
     def _plan_buckets(self, params, element_size: int, cap_bytes: int) -> None:
@@ -120,6 +122,7 @@ class BucketSchedule:
         self.next_bucket = 0
         self.require_sync = True
         self.backward_end = BackwardEnd(self._end_of_backward)
+        self.had_grad: set[int] = set()
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -136,6 +139,7 @@ class BucketSchedule:
         next backward starts with nothing ready."""
         while self.next_bucket < len(self.buckets):
             self._send_bucket()
+        self.had_grad |= self.ready
         self.ready.clear()
         self.next_bucket = 0
 

@@ -134,6 +134,7 @@ class ShardedUnits:
         self.order = self.units[-2::-1] + [self.units[-1]]  # backward's: last block first, root last
         self.next_unit = 0  # position in order of the next unit to reduce-scatter
         self.backward_end = BackwardEnd(self._end_of_backward)
+        self.had_grad: dict[int, nn.Parameter] = {}  # the parameters that have had a gradient
         self._build_optimizer()
         for u in self.units[:-1]:
             self._install_block_hooks(u)
@@ -172,11 +173,17 @@ class ShardedUnits:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget every gradient since the last ``step()``: any full gradient still held and
         the units' gradient slices, as an optimizer's ``zero_grad``; lets ZeRO-3 stand where a
-        ``torch.optim`` optimizer does."""
+        ``torch.optim`` optimizer does. With ``set_to_none=False`` a parameter that has had a
+        gradient on this rank is left a zero ``.grad``, as ``torch.optim``'s: the next backward
+        adds into it and reduce-scatters it, so the next step updates it even if that backward
+        misses it."""
         for p in self.model.parameters():
             p.grad = None
         for u in self.units:
             u.grad = u.present = None
+        if not set_to_none:
+            for p in self.had_grad.values():
+                p.grad = torch.zeros(p.shape, dtype=p.dtype)
 
     def state_dict(self) -> dict:
         """This rank's state: the shards and Adam's state of its pieces. Resume with a new
@@ -218,8 +225,9 @@ class ShardedUnits:
         for u in self.units:
             u.expected = sum(p.requires_grad and id(p) in reached for p in u.params)
 
-    def _on_grad(self, u: Unit) -> None:
+    def _on_grad(self, u: Unit, param: nn.Parameter) -> None:
         self.backward_end.arm()
+        self.had_grad[id(param)] = param
         u.grads_ready += 1
         if u.grads_ready == u.expected:
             u.complete = True
@@ -265,7 +273,7 @@ class ShardedUnits:
     def _install_grad_hooks(self, u: Unit) -> None:
         for p in u.params:
             if p.requires_grad:  # a frozen parameter gets no gradient (and takes no hook)
-                p.register_post_accumulate_grad_hook(lambda p, u=u: self._on_grad(u))
+                p.register_post_accumulate_grad_hook(lambda p, u=u: self._on_grad(u, p))
 
     def _install_block_hooks(self, u: Unit) -> None:
         i = self.units.index(u)

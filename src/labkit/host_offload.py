@@ -66,10 +66,12 @@ class HostOffload:
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self.copied: list = [None] * len(self.params)
         self.arrived: set[int] = set()
+        self.had_grad: set[int] = set()  # the parameters that have had a gradient
         self.events: list[tuple[str, str]] = []
         self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
 
     def _on_grad(self, param: torch.Tensor) -> None:
+        self.had_grad.add(self.index[id(param)])
         self._offload_grad(param)
         self.events.append(("grad to host", self.names[self.index[id(param)]]))
 
@@ -84,9 +86,15 @@ class HostOffload:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients that reached the host since the last step (the device gradients
-        were released during backward): the next step sees only what arrives after this call."""
+        were released during backward): the next step sees only what arrives after this call.
+        With ``set_to_none=False`` a parameter that has had a gradient is left a zero one, as
+        ``torch.optim``'s: the next step updates it even if no backward reaches it."""
         self.wait_for_copies()
         self.arrived.clear()
+        if not set_to_none:
+            for i in self.had_grad:
+                self.host_grads[i].zero_()
+                self.arrived.add(i)
 
     def state_dict(self) -> dict:
         """The masters and the host Adam's state (``torch.optim.Adam.state_dict``)."""

@@ -337,11 +337,16 @@ class BucketedShardedAdam(BucketSchedule, ShardedOptimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Discard every gradient since the last ``step()``: the full ``.grad`` still held, the
         reduce-scatter in flight (waited for, so every rank's collectives still match),
-        ``grad_shard`` and ``present``."""
+        ``grad_shard`` and ``present``. With ``set_to_none=False`` a parameter that has had a
+        gradient on this rank is left a zero ``.grad``, as ``torch.optim``'s: the next backward
+        adds into it and sends it, so the next step updates it even if that backward misses it."""
         self._finish_in_flight()
         self.grad_shard.zero_()
         self.present.zero_()
         super().zero_grad(set_to_none=True)
+        if not set_to_none:
+            for i in self.had_grad:
+                self.params[i].grad = torch.zeros_like(self.params[i])
 
     def remove(self) -> None:
         """Unregister the hooks."""
