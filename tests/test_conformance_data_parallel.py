@@ -181,13 +181,13 @@ def _gpt():
     return GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16, bias=False))
 
 
-def _hook_run(model, batches, me, group, hook=None, state=None, *, settle=None):
-    """A fresh DDP of ``model`` (one bucket, whose order the rebuild changes) trained by SGD;
-    ``hook`` registered at once, or after ``settle`` plain iterations. Returns the gradients of
-    every step, or the error a step raised."""
+def _hook_run(model, batches, me, group, hook=None, state=None, *, settle=None, cap_mb=1024):
+    """A fresh DDP of ``model`` (one bucket by default, whose order the rebuild changes; several
+    with a small ``cap_mb``) trained by SGD; ``hook`` registered at once, or after ``settle``
+    plain iterations. Returns the gradients of every step, or the error a step raised."""
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(copy.deepcopy(model), process_group=group, bucket_cap_mb=1024)
+    ddp = DistributedDataParallel(copy.deepcopy(model), process_group=group, bucket_cap_mb=cap_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     grads = []
     for s, step in enumerate(batches):
@@ -231,6 +231,16 @@ def _hooks(rank, world_size, group_size):
                                            CompressionState(scheme, start_iter=1, **options), settle=1)
         out[scheme, "start_iter=0"] = _hook_run(model, batches, me, group, compression_hook,
                                                 CompressionState(scheme, start_iter=0, **options))
+    # several buckets (the rebuild changes which parameters each holds): our hooks run them in
+    # turn (torch's powerSGD_hook chains asynchronous all-reduces, which gloo may not match)
+    options = dict(density=0.3, chunk=16, process_group=group)
+    out["topk", "fresh, small buckets"] = _hook_run(
+        model, batches, me, group, compression_hook, CompressionState("topk", **options), cap_mb=0.004)
+    out["topk", "settled, small buckets"] = _hook_run(
+        model, batches, me, group, compression_hook, CompressionState("topk", start_iter=1, **options),
+        settle=1, cap_mb=0.004)
+    out["powersgd", "small buckets"] = _hook_run(model, batches, me, group, powersgd_hook,
+                                                 PowerSGDState(2, group), cap_mb=0.004)
     return out
 
 
@@ -262,8 +272,13 @@ def test_hooks_on_a_fresh_ddp_survive_its_bucket_rebuild(config):
             assert isinstance(got, str) and "rebuilt" in got and "start_iter" in got, (
                 f"{where}: {label}: a hook keeping state from the first iteration of a fresh DDP "
                 f"must be refused when DDP rebuilds its buckets, got {got if isinstance(got, str) else 'no error'}")
-        for scheme in ("int8", "topk", "randomk"):
-            fresh, settled = out[scheme, "fresh"], out[scheme, "settled"]
+        assert not isinstance(out["powersgd", "small buckets"], str), (
+            f"{where}: powersgd_hook on a fresh DDP with several buckets raised "
+            f"{out['powersgd', 'small buckets']}")
+        for scheme, fresh_label, settled_label in (
+                *[(s, "fresh", "settled") for s in ("int8", "topk", "randomk")],
+                ("topk", "fresh, small buckets", "settled, small buckets")):
+            fresh, settled = out[scheme, fresh_label], out[scheme, settled_label]
             assert not isinstance(fresh, str), f"{where}: {scheme} on a fresh DDP raised {fresh}"
             for s, (g, w) in enumerate(zip(fresh, settled)):
                 for name, value in w.items():
