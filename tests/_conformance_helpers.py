@@ -206,12 +206,14 @@ def group_of(rank, world_size, size):
 def dp_plans(n):
     """Two plans for n ranks (steps × ranks × backwards of the parameter names used):
     ``"units"`` never runs a block on some ranks only (ZeRO-3's rule) — block h.1 runs on no
-    rank at step 1, h.1.weight is used on rank 0 only at step 2, h.0.bias on no rank at step 3
-    (two backwards) —; ``"blocks"`` runs block h.1 on rank 0 only at step 1."""
+    rank at step 1, h.1.weight is used on rank 0 only at step 2, h.0.bias on no rank at step 3,
+    which has two backwards (h.1.weight only in the first, its block in both) —; ``"blocks"``
+    runs block h.1 on rank 0 only at step 1."""
     rest = [[set(ALL) - {"h.1.weight"}]] * (n - 1)
     units = [[[set(ALL) - {"h.1.weight", "h.1.bias"}]] * n,  # block h.1 runs on no rank
              [[set(ALL)]] + rest,  # h.1.weight on rank 0 only, its block on every rank
-             [[set(ALL) - {"h.0.bias"}, {"h.0.weight", "head"}]] * n,  # h.0.bias on none; 2 backwards
+             # h.0.bias on no rank; 2 backwards, h.1.weight only in the first (its block in both)
+             [[set(ALL) - {"h.0.bias"}, {"h.0.weight", "h.1.bias", "head"}]] * n,
              [[set(ALL)]] * n]
     blocks = [[[set(ALL)]] + [[set(ALL) - {"h.1.weight", "h.1.bias"}]] * (n - 1),  # h.1 on rank 0 only
               [[set(ALL) - {"head"}]] * n,
@@ -280,10 +282,10 @@ def bucketed_run(G, me, group, cap, *, no_sync=False):
     return out
 
 
-def optimizer_run(name, G, me, group, cap=None, *, no_sync=False):
-    """ZeRO-1, ZeRO-2 (bucket ``cap``) or ZeRO-3 + Adam on the toy: the parameters after each
-    step."""
-    model = Toy(torch.float64)
+def optimizer_run(name, G, me, group, cap=None, *, no_sync=False, dtype=torch.float64):
+    """ZeRO-1, ZeRO-2 (bucket ``cap``) or ZeRO-3 + Adam on the toy in ``dtype``: the parameters
+    after each step."""
+    model = Toy(dtype)
     if name == "ZeRO1":
         from labkit.lab2.zero1 import ZeRO1
         opt = ZeRO1(list(model.parameters()), torch.optim.Adam, group=group, lr=LR)

@@ -80,8 +80,8 @@ from typing import Callable
 import pytest
 import torch
 
-from _conformance_helpers import (ALL, Toy, assert_histories_close, gradients, plan_of,
-                                  reference_run, run, with_zeros)
+from _conformance_helpers import (ALL, Toy, assert_histories_close, dp_plans, gradients, group_of,
+                                  plan_of, reference_run, run, with_zeros)
 
 F64 = dict(rtol=1e-9, atol=1e-12)
 F32 = dict(rtol=1e-5, atol=1e-6)
@@ -449,27 +449,10 @@ def test_zero_grad_discards_and_step_calls_the_closure(info, tmp_path):
 
 # ---------------------------------------------------------------- the distributed battery
 
-# Step 1: block h.1 runs on no rank (its parameters first move later); step 2: h.1.weight used
-# on rank 0 only; step 3: h.0.bias used on no rank while its block runs, and two backwards;
-# step 4: everything. No unit ever runs on some ranks only (ZeRO-3's rule).
 def _dp_plan(ranks):
-    without_h1 = set(ALL) - {"h.1.weight", "h.1.bias"}
-    return [[[without_h1]] * ranks,
-            [[set(ALL)]] + [[set(ALL) - {"h.1.weight"}]] * (ranks - 1),
-            [[set(ALL) - {"h.0.bias"}, {"h.0.weight", "head"}]] * ranks,
-            [[set(ALL)]] * ranks]
-
-
-def _subgroup(rank, world_size, size):
-    import torch.distributed as dist
-
-    mine = None
-    for start in range(0, world_size, size):
-        ranks = list(range(start, start + size))
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            mine = group, ranks
-    return mine
+    """The plan of ``tests/_conformance_helpers.dp_plans``' "units": no unit ever runs on some
+    ranks only (ZeRO-3's rule)."""
+    return dp_plans(ranks)["units"]
 
 
 def _snapshot_run(info, model, opt, G, rank, **kwargs):
@@ -488,7 +471,7 @@ def _dp_battery(rank, world_size, name):
     info = BY_NAME[name]
     out = {}
     for where, (group, ranks) in (("world", (None, list(range(world_size)))),
-                                  ("subgroup", _subgroup(rank, world_size, 2))):
+                                  ("subgroup", group_of(rank, world_size, 2))):
         me = ranks.index(rank)
         ctx = SimpleNamespace(group=group, directory=None)
         res = out[where] = {"ranks": ranks}

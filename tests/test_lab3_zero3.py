@@ -438,3 +438,33 @@ def test_a_block_first_run_later_and_a_parameter_used_on_one_rank_match_ddp_and_
         assert_runs_close(got, want, f"rank {rank}: are the gradients packed with one presence "
                           "count per parameter, u.present kept, and a piece given no gradient "
                           "where no rank (or no forward) had one?", **ADAM64)
+
+
+def _bf16_worker(rank, world_size):
+    """On 2 ranks, ZeRO3 on the toy of tests/_conformance_helpers.py in bf16."""
+    from _conformance_helpers import gradients, optimizer_run, plan_of
+
+    G = gradients(plan_of(3, 2), torch.bfloat16)
+    return optimizer_run("ZeRO3", G, rank, None, dtype=torch.bfloat16)
+
+
+@pytest.mark.exercise("3.7", points=1)
+def test_a_bf16_model_trains_through_fp32_shards():
+    """Check a bf16 model on 2 ranks, 3 steps: every parameter stays bf16 and equals Adam on an
+    fp32 master copy rounded to bf16 (the gradients averaged over the ranks): the shards and
+    Adam's states are fp32, what is gathered is their bf16 rounding. Tolerance: one bf16 ulp
+    (rtol 2⁻⁷, atol 2⁻⁸: the master rounded either way, and a step that cancels most of a
+    parameter leaves the rounding of its operands)."""
+    from _conformance_helpers import Toy, assert_histories_close, gradients, plan_of, reference_run
+    from labkit.ranks import launch
+
+    G = gradients(plan_of(3, 2), torch.bfloat16)
+    want = reference_run(Toy(torch.bfloat16), lambda ps: torch.optim.Adam(ps, lr=0.05), G, 2,
+                         master=True)
+    for rank, got in enumerate(launch(_bf16_worker, 2, timeout=120)):
+        for step in got:
+            bad = [n for n, p in step.items() if p.dtype != torch.bfloat16]
+            assert not bad, f"rank {rank}: {bad} are no longer bf16: gather the shards' bf16 rounding"
+        assert_histories_close(got, want, f"rank {rank}, bf16 model: are the shards fp32 "
+                               "(u.master_dtype), the gathered buffer bf16 (u.dtype), the "
+                               "gradients reduce-scattered in fp32?", rtol=2 ** -7, atol=2 ** -8)
