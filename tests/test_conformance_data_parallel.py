@@ -16,9 +16,11 @@ with a few launches that each run every check:
 * **several backwards** before one step, and **no_sync()** (the backwards but the last only
   accumulate locally), as DDP;
 * **bucket caps** from one element to larger than the model (BucketedDDP, ZeRO-2);
-* **hooks on a fresh DDP across its bucket rebuild** (several buckets, whose order the rebuild
-  changes): ``powersgd_hook`` equals PyTorch's ``powerSGD_hook`` with ``start_powerSGD_iter=2``
-  on the same fresh DDP, step by step; ``compression_hook`` (int8, top-K, random-K) equals the
+* **hooks on a fresh DDP across its bucket rebuild** (one bucket, whose order the rebuild
+  changes, and several, whose contents it changes): ``powersgd_hook`` equals PyTorch's
+  ``powerSGD_hook`` with ``start_powerSGD_iter=2`` on the same fresh DDP, step by step (one
+  bucket: torch's hook chains asynchronous all-reduces per bucket, which gloo may pair across
+  buckets and hang); ``compression_hook`` (int8, top-K, random-K) equals the
   same hook started on a DDP that had already rebuilt its buckets; and a hook told to keep
   state from the first iteration (``start_iter=0``) is refused, by name, when the rebuild moves
   its buckets — never silently misplaced.
@@ -254,10 +256,11 @@ def hook_results(config):
 
 @pytest.mark.parametrize("config", ["N=2", "two groups of 2"])
 def test_hooks_on_a_fresh_ddp_survive_its_bucket_rebuild(config):
-    """Hooks registered on a fresh DDP (several buckets, reordered by the rebuild after the first
+    """Hooks registered on a fresh DDP (one bucket, reordered by the rebuild after the first
     iteration): powersgd_hook equals torch's powerSGD_hook (start_powerSGD_iter=2) at every
-    step; compression_hook equals itself started on a DDP that had already rebuilt; with
-    start_iter=0 both are refused by name when the rebuild moves their buckets."""
+    step; compression_hook equals itself started on a DDP that had already rebuilt (and so with
+    several buckets, where powersgd_hook runs too); with start_iter=0 both are refused by name
+    when the rebuild moves their buckets."""
     for rank, out in enumerate(hook_results(config)):
         where = f"{config}, rank {rank} (group {out['ranks']})"
         ours, theirs = out["powersgd"], out["torch powersgd"]
