@@ -26,6 +26,8 @@ import copy
 
 import torch
 
+from labkit import validate
+
 __all__ = ["run_closure", "param_groups", "Optimizer", "PerParameterOptimizer", "UpdateInBackward"]
 
 
@@ -96,8 +98,6 @@ def param_groups(params, defaults: dict, *, allowed=None, check=None,
     (when given); a parameter in two groups with different options. ``check(options)`` (when
     given) validates each group's options.
     """
-    from labkit import validate
-
     items = validate.params(name, params)
     n_dicts = sum(isinstance(i, dict) for i in items)
     if 0 < n_dicts < len(items):
@@ -140,8 +140,6 @@ class UpdateInBackward:
     """
 
     def __init__(self, params, lr: float):
-        from labkit import validate
-
         self.lr = validate.non_negative_number("lr", lr)
         groups = param_groups(params, {"lr": self.lr}, allowed={"lr"},
                               check=lambda o: validate.non_negative_number("lr", o["lr"]))
