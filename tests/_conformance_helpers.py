@@ -23,6 +23,7 @@ optimizer skips it); 16-bit parameters are stepped through an fp32 master (``mas
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -226,6 +227,15 @@ def plan_gradients(plan, ranks):
     return gradients(plan, torch.float64, seed=1 + ranks[0])
 
 
+def backwards(step_backwards, forward, no_sync=None) -> None:
+    """One step's backwards, each through ``forward`` (a model or its wrapper); with ``no_sync``
+    (a context-manager factory, DDP's ``no_sync``), all but the last inside it."""
+    for k, G in enumerate(step_backwards):
+        keep_local = no_sync is not None and k < len(step_backwards) - 1
+        with no_sync() if keep_local else contextlib.nullcontext():
+            forward(G).backward()
+
+
 def toy_grads(model):
     """{name: a copy of .grad, or None}."""
     return {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -246,13 +256,7 @@ def ddp_run(G, me, group, *, adam, no_sync=False):
     opt = torch.optim.Adam(model.parameters(), lr=LR) if adam else None
     grads, params = [], []
     for step in G:
-        backwards = step[me]
-        for k, g in enumerate(backwards):
-            if no_sync and k < len(backwards) - 1:
-                with ddp.no_sync():
-                    ddp(g).backward()
-            else:
-                ddp(g).backward()
+        backwards(step[me], ddp, ddp.no_sync if no_sync else None)
         grads.append(toy_grads(model))
         if opt is not None:
             opt.step()
@@ -269,13 +273,7 @@ def bucketed_run(G, me, group, cap, *, no_sync=False):
     ddp = BucketedDDP(model, bucket_cap_bytes=cap, group=group)
     out = []
     for step in G:
-        backwards = step[me]
-        for k, g in enumerate(backwards):
-            if no_sync and k < len(backwards) - 1:
-                with ddp.no_sync():
-                    ddp(g).backward()
-            else:
-                ddp(g).backward()
+        backwards(step[me], ddp, ddp.no_sync if no_sync else None)
         ddp.finish()
         out.append(toy_grads(model))
         model.zero_grad(set_to_none=True)
@@ -297,13 +295,7 @@ def optimizer_run(name, G, me, group, cap=None, *, no_sync=False, dtype=torch.fl
         opt = ZeRO3(model, lr=LR, group=group)
     out = []
     for step in G:
-        backwards = step[me]
-        for k, g in enumerate(backwards):
-            if no_sync and k < len(backwards) - 1:
-                with opt.no_sync():
-                    model(g).backward()
-            else:
-                model(g).backward()
+        backwards(step[me], model, opt.no_sync if no_sync else None)
         opt.step()
         opt.zero_grad()
         out.append(dict(zip([n for n, _ in model.named_parameters()], opt.full_parameters()))
