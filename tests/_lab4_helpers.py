@@ -45,30 +45,42 @@ def ready_order(model: torch.nn.Module, x, y) -> list[tuple[str, int]]:
     return order
 
 
-def expected_buckets(order_bytes, cap) -> list[list[int]]:
-    """The formula: gradients join a bucket in ready order; a bucket closes when its fp32 bytes
-    reach the cap. Returns the positions (in ``order_bytes``) of each bucket's gradients."""
+def planned_buckets(model: torch.nn.Module, cap: int, element_size: int = 4) -> list[list[tuple[str, int]]]:
+    """The formula for the fixed buckets (DDP's first assignment): the trainable parameters in
+    reverse model order, a bucket closing when its bytes reach the cap. Returns each bucket's
+    (name, numel) in order."""
+    trainable = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
     buckets, filling, size = [], [], 0
-    for i, nbytes in enumerate(order_bytes):
-        filling.append(i)
-        size += nbytes
+    for name, numel in reversed(trainable):
+        filling.append((name, numel))
+        size += element_size * numel
         if size >= cap:
             buckets.append(filling)
             filling, size = [], 0
     return buckets + ([filling] if filling else [])
 
 
-def expected_events(order: list[tuple[str, int]], cap: int, kind: str) -> list[tuple]:
-    """The events one backward must log with bucketing at ``cap``: per gradient ("grad", name),
-    preceded — in the hook of the gradient that fills a bucket, before the probe's own event — by
-    one collective of ``kind``, issued asynchronously, of the bucket's fp32 bytes."""
-    out, size = [], 0
-    for name, numel in order:
-        size += 4 * numel
-        if size >= cap:
-            out.append((kind, size, True))
-            size = 0
+def bucket_bytes(bucket, kind: str, ranks: int = 1, element_size: int = 4) -> int:
+    """What one bucket's collective carries: its gradients and one presence count per parameter
+    (an all-reduce); a reduce-scatter's inputs hold the counts once per rank."""
+    counts = len(bucket) * (ranks if kind == "reduce_scatter" else 1)
+    return element_size * (sum(n for _, n in bucket) + counts)
+
+
+def expected_events(order: list[tuple[str, int]], buckets, kind: str, ranks: int = 1) -> list[tuple]:
+    """The events one backward must log with fixed buckets sent in order: per gradient ("grad",
+    name), preceded — in the hook of the gradient that completes the bucket whose turn it is,
+    before the probe's own event — by one collective of ``kind`` per bucket it lets go, issued
+    asynchronously with the bucket's bytes (``bucket_bytes``); the buckets left at the end of
+    backward are sent then, in order."""
+    out, ready, turn = [], set(), 0
+    for name, _ in order:
+        ready.add(name)
+        while turn < len(buckets) and all(n in ready for n, _ in buckets[turn]):
+            out.append((kind, bucket_bytes(buckets[turn], kind, ranks), True))
+            turn += 1
         out.append(("grad", name, None))
+    out += [(kind, bucket_bytes(b, kind, ranks), True) for b in buckets[turn:]]
     return out
 
 

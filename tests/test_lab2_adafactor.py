@@ -153,6 +153,31 @@ def test_adafactor_groups_and_a_late_parameter_match_torch():
 
 
 @pytest.mark.exercise("2.1", points=1)
+def test_adafactor_moves_a_parameter_that_starts_at_zero():
+    """A zero-initialised 4×6 weight and 6-vector (as a bias is): their RMS is 0, so the relative
+    step must be scaled by ε₂ (the smallest RMS, 1e-3) — without that floor they never train.
+    3 steps against ``torch.optim.Adafactor``; after them both have moved. Tolerance:
+    UPDATE_TOL (steps of order lr·ε₂ = 1e-5 per element, compared at atol 1e-6 + rtol 1e-5)."""
+    from labkit.lab2.adafactor import Adafactor
+
+    g = torch.Generator().manual_seed(3)
+    grads = [(torch.randn(4, 6, generator=g), torch.randn(6, generator=g)) for _ in range(3)]
+    runs = {}
+    for name, make in (("yours", Adafactor), ("torch", torch.optim.Adafactor)):
+        w, b = torch.nn.Parameter(torch.zeros(4, 6)), torch.nn.Parameter(torch.zeros(6))
+        opt = make([w, b])
+        for gw, gb in grads:
+            w.grad, b.grad = gw.clone(), gb.clone()
+            opt.step()
+        runs[name] = (w.detach(), b.detach())
+    for what, got, want in zip(("weight", "vector"), runs["yours"], runs["torch"]):
+        assert got.abs().max() > 0, (f"a zero-initialised {what} did not move in 3 steps: the "
+                                     "step is lr·max(ε₂, RMS(θ)), never 0")
+        torch.testing.assert_close(got, want, **UPDATE_TOL, msg=lambda m, what=what: (
+            f"zero-initialised {what} after 3 steps vs torch.optim.Adafactor: {m}"))
+
+
+@pytest.mark.exercise("2.1", points=1)
 def test_adafactor_zero_gradient_rows_and_columns_stay_finite():
     """A 12×16 weight whose gradient is zero in 3 columns and 2 rows at every step: V̂ is 0
     there, so the estimate must be clamped (ε₁) before its inverse square root, as torch does.

@@ -177,8 +177,8 @@ def test_adam8bit_state_lives_on_the_parameters_device():
     with StrictDevices():
         try:
             opt.step()
-        except NotImplementedError:  # the stub (a RuntimeError too): "not attempted"
-            raise
+        except NotImplementedError:
+            raise  # an untouched stub: "not attempted", not a device error
         except RuntimeError as exc:
             raise AssertionError(f"Adam8bit.step with a parameter on another device than the "
                                  f"codes: {exc}") from None

@@ -172,8 +172,8 @@ def test_quantize_keeps_to_the_data_device_with_the_code_on_the_cpu():
             try:
                 codes, absmax = quantize_blockwise(x, code, 256)
                 values = dequantize_blockwise(codes, absmax, code, 256)
-            except NotImplementedError:  # the stub (a RuntimeError too): "not attempted"
-                raise
+            except NotImplementedError:
+                raise  # an untouched stub: "not attempted", not a device error
             except RuntimeError as exc:
                 raise AssertionError(
                     f"with x on another device than the code (the GPU vs the CPU): {exc} — bring "

@@ -51,8 +51,12 @@ def unsharded(model, batches, world_size, optimizer_class=torch.optim.Adam, lr=Z
               dtype=None, groups=None, frozen=(), drop_grads=(), **options):
     """The reference, computed here: ``optimizer_class`` unsharded (same groups) on fp32 master
     copies, fed the gradients of every rank's batch summed in the parameters' dtype (as the
-    collective does) and divided by N, then cast back. Returns the parameters in model order
-    and the optimizer's state as {state name: flat fp32 vector in ZeRO-1's flat order}."""
+    collective does) and divided by N, then cast back — what DDP(find_unused_parameters=True)
+    gives: ``drop_grads`` entries ``(step, name, ranks)`` take that parameter's gradient away on
+    those positions of ``batches[step]`` (None: every rank); a rank without it adds zeros, and a
+    parameter no rank has a gradient for gets none (the optimizer skips it and does not count
+    the step). Returns the parameters in model order and the optimizer's state as {state name:
+    flat fp32 vector in ZeRO-1's flat order}."""
     model = copy.deepcopy(model)
     if dtype is not None:
         model = model.to(dtype)
@@ -65,16 +69,17 @@ def unsharded(model, batches, world_size, optimizer_class=torch.optim.Adam, lr=Z
     opt = optimizer_class(spec, lr=lr, **options)
     for step, step_batches in enumerate(batches):
         grads = {n: torch.zeros_like(params[n]) for n in names}
-        for x, y in step_batches:
+        used = {n: False for n in names}
+        for r, (x, y) in enumerate(step_batches):
             model.zero_grad()
             model(x, y).backward()
+            dropped = {name for s, name, ranks in drop_grads if s == step and (ranks is None or r in ranks)}
             for n in names:
-                grads[n] += params[n].grad
-        for s, name in drop_grads:  # ZeRO-1's contract: a missing gradient counts as zero
-            if s == step:
-                grads[name].zero_()
+                if n not in dropped:
+                    grads[n] += params[n].grad
+                    used[n] = True
         for n in names:
-            master[n].grad = grads[n].float() / world_size
+            master[n].grad = grads[n].float() / world_size if used[n] else None
         opt.step()
         with torch.no_grad():
             for n in names:
@@ -115,8 +120,10 @@ VARIANTS = {
     "adamw_groups": dict(optimizer_class=torch.optim.AdamW, lr=ZERO_LR, weight_decay=0.1,
                          groups=ZERO_GROUPS, frozen=ZERO_FROZEN),
     "sgd": dict(optimizer_class=torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=0.01),
-    # two data-parallel groups of 2 inside a world of 4, and at step 2 a parameter without .grad
-    "subgroups": dict(lr=ZERO_LR, dp_groups=2, drop_grads=((1, "h.0.mlp.c_fc.weight"),)),
+    # two data-parallel groups of 2 inside a world of 4; at step 2 a parameter without .grad on
+    # every rank, at step 3 another without .grad on the first rank of each group only
+    "subgroups": dict(lr=ZERO_LR, dp_groups=2, drop_grads=((1, "h.0.mlp.c_fc.weight", None),
+                                                           (2, "h.0.attn.c_attn.weight", (0, 2)))),
 }
 
 
@@ -169,19 +176,26 @@ def test_zero1_moments_are_the_slice_of_adams(world_size):
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
 def test_zero1_state_bytes_are_k_psi_over_n(world_size, dtype):
-    """Check each rank's measured state bytes: K·S with S = ceil(Ψ/N), K = 8 for fp32
-    parameters (Adam's m, v), 12 for bf16 ones (m, v, fp32 master), plus Adam's 4-byte step
-    counter; and that the owned counts sum to Ψ."""
+    """Check each rank's measured state bytes: Adam's m and v (8 bytes) for each element the
+    rank owns (S = ceil(Ψ/N), less the padding on the last rank), a 4-byte step counter per
+    piece (parameter ∩ slice: each parameter counts its own steps, as in torch), and for bf16
+    parameters the fp32 master slice (4·S); and that the owned counts sum to Ψ."""
     model, _, results = run_dp(world_size, dtype)
-    psi = sum(p.numel() for p in model.parameters())
+    sizes = [p.numel() for p in model.parameters()]
+    psi = sum(sizes)
     shard = math.ceil(psi / world_size)
-    k = 8 if dtype is None else 12
     got = [r["state_bytes"] for r in results]
-    want = k * shard + 4
-    assert got == [want] * world_size, (
-        f"state bytes per rank {got}, expected K·S + 4 = {k}·{shard} + 4 = {want:,} on each: "
-        "does every rank keep states for its S elements only (and an fp32 master slice for "
-        "16-bit parameters)?")
+    want = []
+    for rank in range(world_size):
+        lo, hi = rank * shard, (rank + 1) * shard
+        owned = max(0, min(hi, psi) - lo)
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        pieces = sum(1 for o, n in zip(offsets, sizes) if o < hi and o + n > lo)
+        want.append(8 * owned + 4 * pieces + (0 if dtype is None else 4 * shard))
+    assert got == want, (
+        f"state bytes per rank {got}, expected {want} (8 per owned element, 4 per piece's step "
+        f"count{'' if dtype is None else ', 4·S for the fp32 master slice'}): does every rank "
+        "keep states for its own pieces only?")
     owned = sum(r["numel_owned"] for r in results)
     assert owned == psi, f"ranks own {owned} elements in all, expected Ψ = {psi}"
 
@@ -204,27 +218,32 @@ def test_zero1_one_reduce_scatter_and_one_all_gather_per_step(world_size):
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
 def test_zero1_moves_the_bytes_of_data_parallel(world_size, dtype):
-    """Check the bytes per step: the reduce-scatter takes the padded flat gradient and the
-    all-gather returns the padded flat parameters, N·S elements each in the parameters' dtype;
-    on a ring that is 2·(N−1)/N · N·S elements per rank, the all-reduce volume of DDP for Ψ
-    elements plus the padding."""
+    """Check the bytes per step: the reduce-scatter takes the padded flat gradient with one
+    presence count per parameter in each rank's chunk, N·(S + P) elements, and the all-gather
+    returns the padded flat parameters, N·S elements, both in the parameters' dtype; on a ring
+    that is (N−1)/N · (2·N·S + N·P) elements per rank: the all-reduce volume of DDP for Ψ
+    elements, plus the padding and the counts."""
     model, _, results = run_dp(world_size, dtype)
     psi = sum(p.numel() for p in model.parameters())
+    n_params = len(list(model.parameters()))
     shard = math.ceil(psi / world_size)
     item = 4 if dtype is None else 2
     flat_bytes = item * world_size * shard
+    sent_bytes = {"reduce_scatter_tensor": item * world_size * (shard + n_params),
+                  "all_gather_into_tensor": flat_bytes}
     for rank, r in enumerate(results):
         sent = r["comm"]["bytes_sent"]
-        for op, what in (("reduce_scatter_tensor", "flat gradient"), ("all_gather_into_tensor", "flat parameters")):
+        for op, what in (("reduce_scatter_tensor", "flat gradient and the P presence counts"),
+                         ("all_gather_into_tensor", "flat parameters")):
             got = sent.get(op, 0)
-            assert got == ZERO_STEPS * flat_bytes, (
+            assert got == ZERO_STEPS * sent_bytes[op], (
                 f"rank {rank}: {op} moved {got:,} B in {ZERO_STEPS} steps, expected "
-                f"{ZERO_STEPS}·N·S·{item} = {ZERO_STEPS * flat_bytes:,} (the padded {what} in the "
-                f"parameters' dtype {dtype or torch.float32})")
+                f"{ZERO_STEPS * sent_bytes[op]:,} (the padded {what} in the parameters' dtype "
+                f"{dtype or torch.float32})")
         ring = sum(r["comm"]["ring_bytes"].values())
-        want = ZERO_STEPS * 2 * (world_size - 1) / world_size * flat_bytes
+        want = ZERO_STEPS * (world_size - 1) / world_size * sum(sent_bytes.values())
         assert math.isclose(ring, want), (f"rank {rank} put {ring:,.0f} B on the ring, expected "
-                                          f"2(N−1)/N·N·S·{item} per step = {want:,.0f}")
+                                          f"(N−1)/N·(2·N·S + N·P)·{item} per step = {want:,.0f}")
 
 
 @pytest.mark.exercise("2.5", points=1)
@@ -303,15 +322,16 @@ def test_zero_redundancy_and_zero1_train_like_ddp_adam():
 
 def test_zero1_ring_volume_equals_ddp_when_n_divides_psi():
     """With Ψ padded to N·S, ZeRO-1's reduce-scatter + all-gather put 2(N−1)/N·N·S elements on the
-    ring, DDP's all-reduce 2(N−1)/N·Ψ: equal but for the padding."""
+    ring, DDP's all-reduce 2(N−1)/N·Ψ: equal but for the padding and the P presence counts."""
     model, _, ddp = run_dp(2, optimizer="ddp")
     _, _, zero = run_dp(2)
     psi = sum(p.numel() for p in model.parameters())
+    n_params = len(list(model.parameters()))
     pad = 2 * math.ceil(psi / 2) - psi
     ddp_ring = sum(ddp[0]["comm"]["ring_bytes"].values())
     zero_ring = sum(zero[0]["comm"]["ring_bytes"].values())
     assert math.isclose(ddp_ring, ZERO_STEPS * 2 * (1 / 2) * 4 * psi)
-    assert math.isclose(zero_ring, ddp_ring + ZERO_STEPS * 2 * (1 / 2) * 4 * pad)
+    assert math.isclose(zero_ring, ddp_ring + ZERO_STEPS * (2 * (1 / 2) * 4 * pad + (1 / 2) * 4 * 2 * n_params))
 
 
 @pytest.mark.parametrize("call,word", [
@@ -339,17 +359,22 @@ def test_zero1_refuses_bad_input(call, word):
 def test_zero1_inside_a_subgroup_with_a_missing_gradient():
     """A world of 4 ranks split into two data-parallel groups {0, 1} and {2, 3} (lab 7 runs
     ZeRO-1 inside such groups), each training on its own ranks' batches; at step 2 one matrix has
-    no ``.grad`` on any rank. Each group must equal Adam unsharded on *its* two ranks' averaged
-    gradients, the missing gradient counted as zero (the contract). Collectives over the world
+    no ``.grad`` on any rank, at step 3 another none on each group's first rank. Each group must
+    equal Adam unsharded on *its* two ranks' averaged gradients as DDP(find_unused_parameters=
+    True) gives them (the contract): a rank without the gradient adds zeros, a parameter no rank
+    has one for is skipped (not moved, its step count not advanced). Collectives over the world
     (the default group) mix the groups; a group rank taken for a global one shards wrongly.
     Tolerance: UPDATE_TOL."""
     model, batches, results = run_dp(4, variant="subgroups")
     names = [n for n, _ in model.named_parameters()]
     for members in ((0, 1), (2, 3)):
         mine = [[step[r] for r in members] for step in batches]
-        reference, _ = unsharded(model, mine, 2, drop_grads=VARIANTS["subgroups"]["drop_grads"])
+        drops = [(s, name, None if ranks is None else [members.index(r) for r in ranks if r in members])
+                 for s, name, ranks in VARIANTS["subgroups"]["drop_grads"]]
+        reference, _ = unsharded(model, mine, 2, drop_grads=drops)
         for rank in members:
             for name, got, want in zip(names, results[rank]["params"], reference):
                 torch.testing.assert_close(got, want, **UPDATE_TOL, msg=lambda m, name=name, rank=rank, members=members: (
                     f"rank {rank} (group {members}), {name}: {m} — run every collective over "
-                    "self.group and count a parameter without .grad as a zero gradient"))
+                    "self.group; a rank without .grad adds zeros, and a parameter no rank has a "
+                    "gradient for must get none (the optimizer then skips it)"))

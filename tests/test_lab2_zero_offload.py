@@ -296,3 +296,24 @@ def test_zero_offload_host_buffers_are_its_own_storage():
                                  "release it (param.grad = None) once it is copied")
     where = memory_by_location(off)
     assert where["device"]["gradients"] == 0, f"gradient bytes on the device: {where['device']}"
+
+
+@pytest.mark.exercise("2.6", points=1)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_zero_offload_adds_up_several_backwards_before_a_step(dtype):
+    """Check two backwards before each of 2 steps (the second through part of the model only),
+    on a toy whose loss is linear in its parameters (tests/_conformance_helpers.py: each backward
+    leaves exactly the chosen gradient): the parameters equal Adam's on the summed gradient —
+    on the device for fp32, through an fp32 master for bf16 — as ``.grad`` would add them up.
+    Tolerance: UPDATE_TOL (fp32), BF16_TOL (the master rounded either way)."""
+    from _conformance_helpers import ALL, Toy, assert_histories_close, gradients, reference_run, run
+    from labkit.lab2.zero_offload import ZeROOffload
+
+    G = gradients([[[set(ALL), {"h.0.weight", "head"}]]] * 2, dtype)
+    model = Toy(dtype)
+    want = reference_run(model, lambda ps: torch.optim.Adam(ps, lr=0.05), G, 1,
+                         master=dtype != torch.float32)
+    got = run(model, ZeROOffload(model, lr=0.05), G)
+    assert_histories_close(got, want, f"two backwards per step, {dtype}: is a gradient that "
+                           "arrives again before step() added to the one already on the host?",
+                           **(UPDATE_TOL if dtype == torch.float32 else BF16_TOL))

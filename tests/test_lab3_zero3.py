@@ -100,6 +100,13 @@ def unit_numels(model):
     return blocks + [sum(p.numel() for p in model.parameters()) - sum(blocks)]
 
 
+def unit_param_counts(model):
+    """Parameters per unit: each rank's reduce-scatter chunk carries one presence count per
+    parameter after its S gradient elements (a parameter no rank used is then left alone)."""
+    blocks = [len(list(b.parameters())) for b in model.h]
+    return blocks + [len(list(model.parameters())) - sum(blocks)]
+
+
 @pytest.mark.exercise("3.7", points=2)
 @pytest.mark.parametrize("N", [2, 3])
 def test_parameters_after_adam_steps_equal_unsharded_adam(N):
@@ -184,13 +191,15 @@ def test_peak_gathered_bytes_are_the_root_and_one_block(N):
 @pytest.mark.parametrize("N", [2, 3])
 def test_collectives_per_step_two_all_gathers_and_one_reduce_scatter_per_block(N):
     """Check count_comm per step: all-gathers 2 per block + 1 for the root, one reduce-scatter
-    per unit, with bytes Σ N·S·4 of each (the formula), every step."""
+    per unit, with bytes Σ N·S·4 of each all-gather and Σ N·(S + P)·4 of each reduce-scatter
+    (the gradients and one presence count per parameter: the formula), every step."""
     model, _ = setup(N)
     padded = [math.ceil(n / N) * N * 4 for n in unit_numels(model)]
+    counts = [N * P * 4 for P in unit_param_counts(model)]
     blocks = len(padded) - 1
     want = {"calls": {"all_gather_into_tensor": 2 * blocks + 1, "reduce_scatter_tensor": blocks + 1},
             "bytes": {"all_gather_into_tensor": 2 * sum(padded[:-1]) + padded[-1],
-                      "reduce_scatter_tensor": sum(padded)}}
+                      "reduce_scatter_tensor": sum(padded) + sum(counts)}}
     for r, res in enumerate(zero3(N)):
         for step, got in enumerate(res["comm"]):
             assert got == want, (
@@ -201,9 +210,18 @@ def test_collectives_per_step_two_all_gathers_and_one_reduce_scatter_per_block(N
 
 @pytest.mark.exercise("3.7", points=1)
 def test_collectives_equal_fsdp2s():
-    """Check the collectives per step (calls and bytes) equal what FSDP2 does on the same model."""
+    """Check the collectives per step (calls, and bytes) equal what FSDP2 does on the same model,
+    the reduce-scatters carrying N·P·4 bytes more: one presence count per parameter per rank
+    (FSDP2 reduce-scatters the gradients that exist, so it needs every rank to use the same
+    parameters; the counts let a parameter used on some ranks only be averaged as DDP does)."""
+    model, _ = setup(2)
+    extra = sum(2 * P * 4 for P in unit_param_counts(model))
     for r, (mine, theirs) in enumerate(zip(zero3(2), fsdp2(2))):
-        assert mine["comm"] == theirs["comm"], f"rank {r}: {mine['comm'][0]} vs FSDP2's {theirs['comm'][0]}"
+        for step, (got, want) in enumerate(zip(mine["comm"], theirs["comm"])):
+            want = {"calls": want["calls"],
+                    "bytes": {**want["bytes"], "reduce_scatter_tensor":
+                              want["bytes"]["reduce_scatter_tensor"] + extra}}
+            assert got == want, f"rank {r} step {step}: {got} vs FSDP2's (+ the counts) {want}"
 
 
 # ---------------------------------------------------------------- prefetch of the next unit
@@ -380,13 +398,73 @@ def test_bad_adam_hyperparameters_raise_before_any_collective(kwargs):
         ZeRO3(model, **kwargs)  # no process group exists: it must refuse before asking for one
 
 
-def test_a_16bit_model_raises_value_error_before_any_collective():
-    """Given check: ZeRO3 keeps fp32 shards and buffers; a bf16 model would have its parameters
-    silently turned to fp32. ValueError naming the dtype, raised before the process group is
-    touched (no launch needed)."""
+def test_a_model_of_two_dtypes_raises_value_error_before_any_collective():
+    """Given check: one dtype for the whole model (its units' buffers are flat; fp32 and 16-bit
+    models keep fp32 shards, fp64 ones fp64: ``labkit.flat_params.master_dtype``). A model with
+    bf16 and fp32 parameters is refused, naming the dtypes, before the process group is touched
+    (no launch needed)."""
     from labkit.lab3.zero3 import ZeRO3
     from labkit.models import GPT, GPTConfig
 
-    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)).bfloat16()
+    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    model.h[0].bfloat16()
     with pytest.raises(ValueError, match="bfloat16"):
         ZeRO3(model)
+
+
+# ---------------------------------------------------------------- parameters not used everywhere
+
+def _unused_worker(rank, world_size):
+    """On 2 ranks, the toy of tests/_conformance_helpers.py (two blocks and a root):
+    DDP(find_unused_parameters=True) + Adam and ZeRO3 on the plan that runs every unit on every
+    rank or on none."""
+    from _conformance_helpers import ddp_run, dp_plans, optimizer_run, plan_gradients
+
+    G = plan_gradients(dp_plans(2)["units"], [0, 1])
+    return optimizer_run("ZeRO3", G, rank, None), ddp_run(G, rank, None, adam=True)[1]
+
+
+@pytest.mark.exercise("3.7", points=1)
+def test_a_block_first_run_later_and_a_parameter_used_on_one_rank_match_ddp_and_adam():
+    """Check, on 2 ranks: block h.1 runs on no rank at step 1 (its parameters first move at step
+    2, with bias corrections of their own first step), h.1.weight is used on rank 0 only at step
+    2, h.0.bias on no rank at step 3 (two backwards): every parameter after every step equals
+    DistributedDataParallel(find_unused_parameters=True) + torch.optim.Adam's. Tolerance: fp64 at
+    atol 1e-9 (Adam divides an exactly-zero-or-ulps gradient by ε)."""
+    from _conformance_helpers import ADAM64, assert_runs_close
+    from labkit.ranks import launch
+
+    for rank, (got, want) in enumerate(launch(_unused_worker, 2, timeout=120)):
+        assert_runs_close(got, want, f"rank {rank}: are the gradients packed with one presence "
+                          "count per parameter, u.present kept, and a piece given no gradient "
+                          "where no rank (or no forward) had one?", **ADAM64)
+
+
+def _bf16_worker(rank, world_size):
+    """On 2 ranks, ZeRO3 on the toy of tests/_conformance_helpers.py in bf16."""
+    from _conformance_helpers import gradients, optimizer_run, plan_of
+
+    G = gradients(plan_of(3, 2), torch.bfloat16)
+    return optimizer_run("ZeRO3", G, rank, None, dtype=torch.bfloat16)
+
+
+@pytest.mark.exercise("3.7", points=1)
+def test_a_bf16_model_trains_through_fp32_shards():
+    """Check a bf16 model on 2 ranks, 3 steps: every parameter stays bf16 and equals Adam on an
+    fp32 master copy rounded to bf16 (the gradients averaged over the ranks): the shards and
+    Adam's states are fp32, what is gathered is their bf16 rounding. Tolerance: one bf16 ulp
+    (rtol 2⁻⁷, atol 2⁻⁸: the master rounded either way, and a step that cancels most of a
+    parameter leaves the rounding of its operands)."""
+    from _conformance_helpers import Toy, assert_histories_close, gradients, plan_of, reference_run
+    from labkit.ranks import launch
+
+    G = gradients(plan_of(3, 2), torch.bfloat16)
+    want = reference_run(Toy(torch.bfloat16), lambda ps: torch.optim.Adam(ps, lr=0.05), G, 2,
+                         master=True)
+    for rank, got in enumerate(launch(_bf16_worker, 2, timeout=120)):
+        for step in got:
+            bad = [n for n, p in step.items() if p.dtype != torch.bfloat16]
+            assert not bad, f"rank {rank}: {bad} are no longer bf16: gather the shards' bf16 rounding"
+        assert_histories_close(got, want, f"rank {rank}, bf16 model: are the shards fp32 "
+                               "(u.master_dtype), the gathered buffer bf16 (u.dtype), the "
+                               "gradients reduce-scattered in fp32?", rtol=2 ** -7, atol=2 ** -8)

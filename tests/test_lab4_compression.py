@@ -5,9 +5,11 @@ References nobody in this course wrote:
   x / scale rounded half to even);
 * top-K: a brute-force sort of the magnitudes;
 * the hook: on real gloo ranks (``labkit.ranks.launch``, N = 2 and 3) the student's hook runs
-  inside ``DistributedDataParallel``; every call's input buffer, output and kept error are
-  logged (``labkit.harness.lab4.hook_worker``), and the test recomputes, from all ranks' inputs,
-  what each rank sends and the mean every rank must get back;
+  inside a fresh ``DistributedDataParallel``; every call's input buffer, output and kept error
+  are logged (``labkit.harness.lab4.hook_worker``), and the test recomputes, from all ranks'
+  inputs, what each rank sends and the mean every rank must get back. The first ``WARMUP``
+  iterations (``start_iter`` = 2) are the given plain all-reduce, across DDP's bucket rebuild;
+  the graders' "step 0" is the first compressed one;
 * bytes: the formulas, against what ``labkit.comm_count.count_comm`` counted during each call;
 * training: DDP's own uncompressed all-reduce on the same model, seed and batches.
 
@@ -26,7 +28,8 @@ import torch
 from labkit.ranks import launch
 
 TOL = dict(atol=1e-6, rtol=1e-5)
-STEPS = 3
+STEPS = 3  # compressed steps, after WARMUP plain ones
+WARMUP = 2  # CompressionState's start_iter: DDP rebuilds its buckets after iteration 0
 CHUNK = 32
 CONFIGS = {  # label -> CompressionState keyword arguments; the MLP below has 365 elements
     "int8": dict(scheme="int8", chunk=CHUNK),
@@ -55,9 +58,14 @@ def run(setup):
     world_size, group_size = SETUPS[setup]
     g = torch.Generator().manual_seed(world_size)
     batches = [[(torch.randn(16, 12, generator=g), torch.randn(16, 5, generator=g))
-                for _ in range(world_size)] for _ in range(STEPS)]
-    return launch(hook_worker, world_size, mlp(), batches, CONFIGS, group_size=group_size,
-                  timeout=120)
+                for _ in range(world_size)] for _ in range(WARMUP + STEPS)]
+    results = launch(hook_worker, world_size, mlp(), batches, CONFIGS, group_size=group_size,
+                     timeout=120)
+    for res in results:  # the compressed calls; the plain ones are checked apart
+        for label in CONFIGS:
+            res[label, "plain"] = [e for e in res[label] if e["iteration"] < WARMUP]
+            res[label] = [e for e in res[label] if e["iteration"] >= WARMUP]
+    return results
 
 
 def where(setup, rank):
@@ -403,6 +411,22 @@ def test_state_rejects_bad_arguments(kwargs, name):
         CompressionState(**kwargs)
 
 
+def test_before_start_iter_the_hook_is_ddps_plain_all_reduce():
+    """Not graded (the given first lines of the hook): on a fresh DDP, iterations 0 and 1 return
+    the mean of the ranks' buffers, keep no error and send one all-reduce of the whole bucket —
+    DDP rebuilds its buckets after iteration 0, and no state is kept across it."""
+    for setup in SETUPS:
+        results = run(setup)
+        for label in CONFIGS:
+            for step in range(WARMUP):
+                for rank, res in enumerate(results):
+                    entry = res[label, "plain"][step]
+                    group = res["ranks"]
+                    mean = sum(results[r][label, "plain"][step]["input"] for r in group) / len(group)
+                    torch.testing.assert_close(entry["output"], mean, **TOL)
+                    assert entry["error"] is None and entry["calls"] == {"all_reduce": 1}, (setup, label, step)
+
+
 def test_random_indices_are_shared_and_change_per_step():
     from labkit.lab4.compression import random_indices
 
@@ -415,7 +439,8 @@ def test_random_indices_are_shared_and_change_per_step():
 
 
 class _Bucket:
-    """What compression_hook reads of a dist.GradBucket: index() and buffer()."""
+    """What compression_hook reads of a dist.GradBucket: index(), buffer(), is_last() and
+    parameters() (the given warm-up counts iterations and checks the bucket's parameters)."""
 
     def __init__(self, index, buffer):
         self._index, self._buffer = index, buffer
@@ -426,12 +451,19 @@ class _Bucket:
     def buffer(self):
         return self._buffer
 
+    def is_last(self):
+        return True
+
+    def parameters(self):
+        return []
+
 
 def _two_buckets(rank, world_size):
-    """One rank, random-K without error feedback, buckets called in the order 0, 1, 0."""
+    """One rank, random-K without error feedback, buckets called in the order 0, 1, 0,
+    compressing from the first call (start_iter=0)."""
     from labkit.lab4.compression import CompressionState, compression_hook
 
-    state = CompressionState("randomk", density=0.25, error_feedback=False)
+    state = CompressionState("randomk", density=0.25, error_feedback=False, start_iter=0)
     g = torch.arange(1.0, 41.0)
     outs = []
     for index in (0, 1, 0):

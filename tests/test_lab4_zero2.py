@@ -23,7 +23,8 @@ import math
 import pytest
 import torch
 
-from _lab4_helpers import UPDATE_TOL, expected_events, first_difference, ready_order, tiny_gpt, zero2_gpt
+from _lab4_helpers import (UPDATE_TOL, expected_events, first_difference, planned_buckets,
+                          ready_order, tiny_gpt, zero2_gpt)
 from labkit.ranks import launch
 from labkit.models import SyntheticData
 
@@ -50,6 +51,8 @@ def run_zero2(world_size, steps=3, bucket_cap_bytes=CAP, backwards=1, dtype="flo
         m = zero2_gpt(getattr(torch, dtype))
     elif model == "odd":  # Ψ = 231 in sizes of 3: at N = 2 a shard boundary leaves a 1-element piece
         m = tiny_gpt(vocab_size=30, block_size=8, n_layer=1, n_head=1, n_embd=3, bias=False)
+    elif model == "biased":  # LayerNorms' weights ready before their biases, which the buckets put first
+        m = tiny_gpt()
     else:  # a model whose shard (4Ψ/N) dwarfs a small bucket and its largest gradient
         m = tiny_gpt(n_layer=4, n_embd=48, n_head=2, bias=False)
     if frozen:
@@ -160,11 +163,12 @@ def test_zero2_updates_bf16_parameters_through_the_fp32_master():
 
 def run_subgroups():
     """Two groups of 2 in a 4-rank world, a frozen parameter, a cap the first bucket reaches
-    exactly (the fp32 bytes of the first two gradients ready)."""
+    exactly (the fp32 bytes of the last two trainable parameters: the first two of the buckets'
+    reversed order)."""
     m = zero2_gpt()
     m.wpe.weight.requires_grad_(False)
-    order = ready_order(m, *_batches(1, 1)[0][0])
-    cap = 4 * (order[0][1] + order[1][1])
+    trainable = [p.numel() for p in m.parameters() if p.requires_grad]
+    cap = 4 * (trainable[-1] + trainable[-2])
     return cap, run_zero2(4, bucket_cap_bytes=cap, group_size=2, frozen=True)
 
 
@@ -232,10 +236,12 @@ def test_zero2_after_backward_holds_the_shard_plus_one_bucket_in_flight():
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_zero2_sends_what_data_parallelism_sends(world_size):
     """Check the collectives of one step (counted by labkit.comm_count): reduce-scatters of
-    exactly 4Ψ bytes in all (each fp32 gradient element once), one all-gather of N·4S bytes,
-    no all-reduce: the volume of DDP's all-reduce."""
+    exactly 4Ψ bytes of gradients in all (each fp32 gradient element once) plus, per parameter,
+    one 4-byte presence count in each of the N inputs; one all-gather of N·4S bytes; no
+    all-reduce: the volume of DDP's all-reduce."""
     model, _, results = run_zero2(world_size)
     psi = sum(p.numel() for p in model.parameters())
+    n_params = len(list(model.parameters()))
     shard = math.ceil(psi / world_size)
     for rank, res in enumerate(results):
         for step, comm in enumerate(res["comm"]):
@@ -244,32 +250,39 @@ def test_zero2_sends_what_data_parallelism_sends(world_size):
             assert "all_reduce" not in calls, (
                 f"{where}: {calls['all_reduce']} all-reduce call(s): ZeRO-2 reduce-scatters")
             got = sent.get("reduce_scatter", 0) + sent.get("reduce_scatter_tensor", 0)
-            assert got == 4 * psi, (
-                f"{where}: reduce-scatters carried {got:,} B, expected 4Ψ = {4 * psi:,}: every "
-                "fp32 gradient element once")
+            want = 4 * psi + 4 * world_size * n_params
+            assert got == want, (
+                f"{where}: reduce-scatters carried {got:,} B, expected 4Ψ + 4·N·P = {want:,}: every "
+                "fp32 gradient element once, and each parameter's presence count in each input")
             gathered = sent.get("all_gather_into_tensor", 0)
             assert gathered == 4 * world_size * shard, (
                 f"{where}: all-gather of {gathered:,} B, expected N·4S = {4 * world_size * shard:,}")
 
 
 @pytest.mark.exercise("4.3", points=2)
-@pytest.mark.parametrize("config", ["N=2", "exact cap, subgroups", "bf16"])
+@pytest.mark.parametrize("config", ["one-element buckets, biases", "exact cap, subgroups", "bf16"])
 def test_each_bucket_is_reduce_scattered_asynchronously_by_the_hook_that_fills_it(config):
-    """Check the order of events of the first backward: every full bucket's reduce-scatter is
-    issued (async_op=True) inside the hook of the gradient that brings it to the cap — right
-    before that gradient's own ready event — with the bucket's fp32 bytes; nothing else.
-    Configurations: N = 2 (cap 16 KiB); two groups of 2 in a 4-rank world, a frozen parameter,
-    and a cap that the first bucket reaches exactly; bf16 parameters (the cap counts fp32 bytes)."""
-    if config == "N=2":
-        model, batches, results = run_zero2(2)
-        cap = CAP
+    """Check the order of events of the first backward: each bucket's reduce-scatter is issued
+    (async_op=True), in bucket order, inside the hook of the gradient that completes it (or the
+    one before it) — right before that gradient's own ready event — with the bucket's fp32 bytes
+    and presence counts; the buckets left when backward ends are sent then; nothing else.
+    Configurations: N = 2, a GPT with biases and buckets of one element (a LayerNorm's weight is
+    ready before its bias, which comes first in the buckets' order: one gradient then lets two
+    buckets go); two groups of 2 in a 4-rank world, a frozen parameter, and a cap that the first
+    bucket reaches exactly; bf16 parameters (the cap counts fp32 bytes)."""
+    if config == "one-element buckets, biases":
+        cap = 4
+        model, batches, results = run_zero2(2, steps=1, bucket_cap_bytes=cap, reference=False,
+                                            model="biased")
     elif config == "bf16":
         model, batches, results = run_zero2(2, dtype="bfloat16")
         cap = CAP
     else:
         cap, (model, batches, results) = run_subgroups()
     for rank, res in enumerate(results):
-        want = expected_events(ready_order(model, *batches[0][rank]), cap, "reduce_scatter")
+        buckets = planned_buckets(model, cap)
+        want = expected_events(ready_order(model, *batches[0][rank]), buckets, "reduce_scatter",
+                               ranks=len(res["ranks"]))
         got = res["events"]
         assert got == want, (
             f"{config}, rank {rank}: the first backward's events differ from the bucket formula "
@@ -280,9 +293,9 @@ def test_each_bucket_is_reduce_scattered_asynchronously_by_the_hook_that_fills_i
 
 def test_zero2_rejects_bad_arguments():
     """Not graded (the checks are given): what torch.optim.Adam refuses (negative eps, betas
-    outside [0, 1), a negative lr), a single tensor, param groups, bucket_cap_bytes <= 0, and no
-    trainable parameter — each a ValueError/TypeError naming the argument, before any collective
-    (these run without a process group)."""
+    outside [0, 1), a negative lr, also a group's own), a single tensor,
+    bucket_cap_bytes <= 0, and no trainable parameter — each a ValueError/TypeError naming the
+    argument, before any collective (these run without a process group)."""
     from labkit.lab4.zero2 import ZeRO2Adam
 
     params = list(torch.nn.Linear(3, 2).parameters())
@@ -295,8 +308,38 @@ def test_zero2_rejects_bad_arguments():
             ZeRO2Adam(params, **kwargs)
     with pytest.raises(TypeError, match="params"):
         ZeRO2Adam(params[0])
-    with pytest.raises(TypeError, match="params"):
-        ZeRO2Adam([{"params": params}])
+    with pytest.raises(ValueError, match="lr"):
+        ZeRO2Adam([{"params": params, "lr": -1.0}])
     frozen = [torch.nn.Parameter(torch.ones(2), requires_grad=False)]
     with pytest.raises(ValueError, match="params"):
         ZeRO2Adam(frozen)
+
+
+# ---------------------------------------------------------------- conditional computation
+
+def _unused_worker(rank, world_size):
+    """On 2 ranks, the toy of tests/_conformance_helpers.py: DDP(find_unused_parameters=True) +
+    Adam and ZeRO2Adam (buckets of a few parameters) on the same plans."""
+    from _conformance_helpers import ddp_run, dp_plans, optimizer_run, plan_gradients
+
+    out = {}
+    for name, plan in dp_plans(2).items():
+        G = plan_gradients(plan, [0, 1])
+        out[name] = optimizer_run("ZeRO2Adam", G, rank, None, 200), ddp_run(G, rank, None, adam=True)[1]
+    return out
+
+
+@pytest.mark.exercise("4.3", points=1)
+def test_zero2_parameters_used_on_some_ranks_only_match_ddp_and_adam():
+    """Check, on 2 ranks, a block that runs on rank 0 only, a parameter used on rank 0 only, one
+    used on no rank, a block first run at step 2, two backwards per step: the parameters after
+    each step equal DistributedDataParallel(find_unused_parameters=True) + torch.optim.Adam's
+    (a parameter no rank used is not stepped and counts its own steps), and no rank aborts in
+    gloo. Tolerance: fp64 at atol 1e-9 (Adam divides an exactly-zero-or-ulps gradient by ε)."""
+    from _conformance_helpers import ADAM64, assert_runs_close
+
+    for rank, out in enumerate(launch(_unused_worker, 2, timeout=120)):
+        for name, (got, want) in out.items():
+            assert_runs_close(got, want, f"rank {rank}, plan {name!r}: is every bucket sent once "
+                              "per backward, in order, with each parameter's presence count, and "
+                              "a piece given no gradient where no rank had one?", **ADAM64)

@@ -309,6 +309,8 @@ def _ring_cases():
          TypeError, "out_a"),
         ("merge mixed dtypes", lambda: r.merge_attention(x, x[..., 0], x.double(), x[..., 0]),
          TypeError, "dtype"),
+        ("merge two devices", lambda: r.merge_attention(x, x[..., 0], x.to("meta"), x[..., 0]),
+         ValueError, "device"),
         # an empty chunk: PyTorch's fused CPU kernel dies of SIGFPE on it (no traceback)
         ("lse empty chunk", lambda: r.attention_with_lse(x[:, :, :0], x[:, :, :0], x[:, :, :0]),
          ValueError, "position"),

@@ -19,7 +19,7 @@ import torch
 
 from labkit.validate import non_negative_int, positive_int
 
-__all__ = ["partition", "shard_range", "flatten_padded", "copy_from_flat"]
+__all__ = ["partition", "shard_range", "flatten_padded", "copy_from_flat", "master_dtype"]
 
 
 def partition(numel: int, world_size: int) -> tuple[int, int]:
@@ -89,3 +89,20 @@ def _tensor_list(name: str, tensors) -> list:
     if bad:
         raise TypeError(f"{name} must hold only tensors, got {bad[0]}")
     return tensors
+
+
+def master_dtype(dtype: torch.dtype, *, name: str = "dtype") -> torch.dtype:
+    """The dtype a sharded or offloaded optimizer keeps its copy of a parameter (and its states)
+    in, one rule for every ZeRO stage and offload of the course: the parameter's own dtype when
+    it is at least fp32 (fp32 → fp32, fp64 → fp64: trained exactly as ``torch.optim`` trains
+    it), fp32 for 16-bit parameters (fp16, bf16: the mixed-precision master). Anything that is
+    not a floating dtype is refused, naming ``name``."""
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"{name} must be a floating-point dtype (float16, bfloat16, float32 or "
+                         f"float64), got {dtype}")
+    if dtype.itemsize < 4:
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"{name} must be float16, bfloat16, float32 or float64 to be "
+                             f"trained, got {dtype} (an fp8 parameter has no optimizer here)")
+        return torch.float32
+    return dtype

@@ -147,3 +147,32 @@ def params(name: str, value) -> list:
             raise TypeError(f"{name} must hold tensors or param-group dicts, got "
                             f"{type(item).__name__}")
     return items
+
+
+def pair(name: str, value, *, optional_first: bool = False) -> tuple:
+    """A pair of finite numbers >= 0 (``eps=(ε₁, ε₂)``); with ``optional_first``, ε₁ may be None."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2):
+        raise ValueError(f"{name} must be a pair (a tuple of two numbers >= 0"
+                         f"{', the first may be None' if optional_first else ''}), got {value!r}")
+    if not (optional_first and value[0] is None):
+        non_negative_number(f"{name}[0]", value[0])
+    non_negative_number(f"{name}[1]", value[1])
+    return tuple(value)
+
+
+def adafactor_args(*, lr, beta2_decay, eps, d, weight_decay) -> None:
+    """Refuse what ``torch.optim.Adafactor`` refuses, naming the argument: lr >= 0, β₂ decay
+    τ <= 0, eps = (ε₁ >= 0 or None, ε₂ >= 0), clipping threshold d >= 1, weight_decay >= 0."""
+    non_negative_number("lr", lr)
+    number("beta2_decay", beta2_decay, high=0)
+    pair("eps", eps, optional_first=True)
+    number("d (the clipping threshold)", d, low=1)
+    non_negative_number("weight_decay", weight_decay)
+
+
+def came_args(*, lr, betas, eps, d, weight_decay) -> None:
+    """CAME's options: lr >= 0, betas = (β₁, β₂, β₃) in [0, 1), eps = (ε₁, ε₂) >= 0, d >= 1,
+    weight_decay >= 0."""
+    adam_args(lr=lr, betas=betas, eps=0.0, weight_decay=weight_decay, n_betas=3)
+    pair("eps", eps)
+    number("d (the clipping threshold)", d, low=1)

@@ -79,8 +79,9 @@ def _ddp_cases() -> list[Case]:
 
 def _hook_ddp(hook=None, state=None):
     """DDP around a gradient-heavy MLP (three 512×512 layers, batch 4: backward is cheap, so the
-    time is mostly the communication hook's), one bucket, with ``hook`` registered after one
-    plain backward (DDP settles its bucket order first)."""
+    time is mostly the communication hook's), one bucket, ``hook`` registered on the fresh DDP
+    and two steps taken before the timing (both hook states all-reduce plainly until iteration 2,
+    ``start_iter`` / ``start_powerSGD_iter``: across DDP's bucket rebuild)."""
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)
@@ -89,14 +90,14 @@ def _hook_ddp(hook=None, state=None):
                                                       torch.nn.ReLU(), L(512, 512)),
                                   bucket_cap_mb=1024)
     x = torch.randn(4, 512)
-    ddp(x).square().mean().backward()
-    ddp.zero_grad(set_to_none=True)
     if hook is not None:
         ddp.register_comm_hook(state, hook)
 
     def step():
         ddp(x).square().mean().backward()
         ddp.zero_grad(set_to_none=True)
+    for _ in range(2):  # the plain iterations before the hooks compress
+        step()
     return step
 
 
@@ -111,7 +112,6 @@ def _compression_cases() -> list[Case]:
     ref_state = ref_psgd.PowerSGDState(None, matrix_approximation_rank=4, start_powerSGD_iter=2,
                                        min_compression_rate=1, use_error_feedback=True,
                                        warm_start=True, random_seed=0)
-    ref_state.iter = ref_state.start_powerSGD_iter  # compress from the first step
     return [
         Case(lab=4, label="powersgd_hook r = 4, MLP 3×512², 1 rank",
              ours=_hook_ddp(powersgd_hook, PowerSGDState(4)),
@@ -127,5 +127,26 @@ def _compression_cases() -> list[Case]:
     ]
 
 
+def _int8_case() -> list[Case]:
+    """Decoding int8 codes with one scale per chunk (a bucket of 2²⁰ + 100 elements: the last
+    chunk is short) next to PyTorch's dequantize of a per-channel quantized tensor (a cast and a
+    multiply, fused)."""
+    import warnings
+
+    from labkit.lab4.compression import dequantize_int8, quantize_int8
+
+    n, chunk = 2 ** 20 + 100, 256
+    codes, scales = quantize_int8(torch.randn(n), chunk)
+    chunks = scales.numel()
+    padded = torch.cat([codes, codes.new_zeros(chunks * chunk - n)]).view(chunks, chunk)
+    with warnings.catch_warnings():  # quantized tensors are deprecated in torch 2.13; still there
+        warnings.simplefilter("ignore")
+        q = torch._make_per_channel_quantized_tensor(padded, scales.double(),
+                                                     torch.zeros(chunks, dtype=torch.long), 0)
+    return [Case(lab=4, label="dequantize_int8, 2²⁰ + 100 elements, chunk 256",
+                 ours=lambda: dequantize_int8(codes, scales, chunk), ref=q.dequantize,
+                 ref_name="torch per-channel dequantize")]
+
+
 def cases() -> list[Case]:
-    return _ddp_cases() + _compression_cases()
+    return _ddp_cases() + _compression_cases() + _int8_case()

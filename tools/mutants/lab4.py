@@ -38,59 +38,52 @@ MUTANTS = [
     Mutant("4.3", "lab4/zero2.py", find="        g = self.grad_shard / self.world_size",
            replace="        g = self.grad_shard",
            why="forgets to average over the ranks (sum instead of mean)"),
-    Mutant("4.3", "lab4/zero2.py", find="""        self._send_bucket()
-        self._finish_in_flight()
-        g = self.grad_shard""",
-           replace="""        self._finish_in_flight()
-        g = self.grad_shard""",
-           why="never sends the last, partial bucket"),
-    Mutant("4.3", "lab4/zero2.py", find="""        for p in self.bucket:
-            p.grad = None
-""", replace="",
-           why="keeps the full gradients after reducing them (no memory saved)"),
-    Mutant("4.3", "lab4/zero2.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:\n            self._send_bucket()",
-           replace="        pass",
-           why="sends everything as one bucket at the step (all gradients alive at the end of backward)"),
-    Mutant("4.3", "lab4/zero2.py", find="        self.grad_shard.zero_()\n        # END SOLUTION",
-           replace="        # END SOLUTION",
-           why="forgets to reset the gradient shard after the step (gradients leak into the next step)"),
+    Mutant('4.3', 'lab4/zero2.py', find='        self._finish_in_flight()\n        g = self.grad_shard / self.world_size',
+           replace='        g = self.grad_shard / self.world_size',
+           why='never waits for the reduce-scatter in flight before the step (the last bucket is missing)'),
+    Mutant('4.3', 'lab4/zero2.py', find='        for i in positions:\n            self.params[i].grad = None\n',
+           replace='',
+           why='keeps the full gradients after reducing them (no memory saved)'),
+    Mutant('4.3', 'lab4/zero2.py', find='        while (self.next_bucket < len(self.buckets)\n               and all(i in self.ready for i in self.buckets[self.next_bucket])):\n            self._send_bucket()\n',
+           replace='        pass\n',
+           why='never sends a bucket from the hooks: every one waits for the end of backward (all gradients alive)'),
+    Mutant('4.3', 'lab4/zero2.py', find='        self.grad_shard.zero_()\n        self.present.zero_()\n        # END SOLUTION',
+           replace='        self.present.zero_()\n        # END SOLUTION',
+           why='forgets to reset the gradient shard after the step (gradients leak into the next step)'),
     Mutant("4.3", "lab4/zero2.py",
            find="self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]",
            replace="self.grad_shard[offset:offset + length] += output[offset:offset + length]",
            why="puts a received piece at its offset in the bucket instead of its place in the shard"),
-    Mutant("4.3", "lab4/zero2.py", find="        self.bucket_bytes += 4 * param.numel()",
-           replace="        self.bucket_bytes += 1",
-           why="counts gradients instead of bytes, so buckets grow far past the cap"),
-    Mutant("4.3", "lab4/zero2.py", find="""        self._finish_in_flight()
-        self.in_flight = (work, output, mine)""",
-           replace="""        work.wait()
-        work = dist.reduce_scatter(output, inputs, group=self.group, async_op=True)
-        self._finish_in_flight()
-        self.in_flight = (work, output, mine)""",
-           why="sends a bucket twice (e.g. a retry left in)"),
+    Mutant('4.3', 'lab4/zero2.py', find='        self.present[positions] += output[offset:]\n',
+           replace='',
+           why='never adds the received presence counts (no parameter is ever stepped)'),
+    Mutant('4.3', 'lab4/zero2.py', find='        self._finish_in_flight()\n        self.in_flight = (work, output, mine, positions)\n',
+           replace='        work.wait()\n        work = dist.reduce_scatter(output, inputs, group=self.group, async_op=True)\n        self._finish_in_flight()\n        self.in_flight = (work, output, mine, positions)\n',
+           why='sends a bucket twice (e.g. a retry left in)'),
     # ---------------------------------------------------------------- 4.2 bucketed DDP
-    Mutant("4.2", "lab4/bucketed_ddp.py", find="            flat /= self.world_size\n", replace="",
-           why="sums the gradients over the ranks instead of averaging"),
-    Mutant("4.2", "lab4/bucketed_ddp.py", find="""        self._send_bucket()
-        for work, flat, params in self.in_flight:""", replace="""        for work, flat, params in self.in_flight:""",
-           why="never sends the last, partial bucket"),
-    Mutant("4.2", "lab4/bucketed_ddp.py", find="""        if self.bucket_bytes >= self.bucket_cap_bytes:
-            self._send_bucket()""", replace="        pass",
-           why="sends everything in finish(): no overlap with backward"),
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='(total / self.world_size).to(p.dtype)',
+           replace='total.to(p.dtype)',
+           why='sums the gradients over the ranks instead of averaging'),
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='               and all(i in self.ready for i in self.buckets[self.next_bucket])):\n',
+           replace='               and self.buckets[self.next_bucket][-1] in self.ready):\n',
+           why='sends a bucket once its last parameter is ready, not all of them (a gradient that arrives later is lost)'),
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='        while (self.next_bucket < len(self.buckets)\n               and all(i in self.ready for i in self.buckets[self.next_bucket])):\n            self._send_bucket()\n',
+           replace='        pass\n',
+           why='never sends a bucket from the hooks: every one waits for the end of backward (no overlap)'),
     Mutant("4.2", "lab4/bucketed_ddp.py", find="""        with torch.no_grad():
             for p in module.parameters():
                 dist.broadcast(p, src=dist.get_global_rank(group, 0) if group else 0, group=group)
 """, replace="",
            why="forgets the initial broadcast: replicas start from different parameters"),
-    Mutant("4.2", "lab4/bucketed_ddp.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:",
-           replace="        if self.bucket_bytes > 2 * self.bucket_cap_bytes:",
-           why="closes buckets past the cap (off by a whole bucket)"),
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='               and all(i in self.ready for i in self.buckets[self.next_bucket])):\n',
+           replace='               ):\n',
+           why='sends every bucket at the first gradient, ready or not'),
     Mutant("4.2", "lab4/bucketed_ddp.py", find="        work = dist.all_reduce(flat, group=self.group, async_op=True)",
            replace="        work = dist.all_reduce(flat, group=self.group, async_op=True)\n        work.wait()\n        work = dist.all_reduce(flat, group=self.group, async_op=True)",
            why="all-reduces a bucket twice"),
-    Mutant("4.2", "lab4/bucketed_ddp.py", find="                    p.grad.copy_(piece)",
-           replace="                    p.grad.add_(piece)",
-           why="adds the average to the local gradient instead of replacing it"),
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='p.grad = None if total is None else (total / self.world_size).to(p.dtype)',
+           replace='p.grad = None if total is None else (total / self.world_size).to(p.dtype) + (p.grad if p.grad is not None else 0)',
+           why='adds the average to the local gradient instead of replacing it'),
     # ---------------------------------------------------------------- 4.5 PowerSGD
     Mutant("4.5", "lab4/powersgd.py", find="        buf.add_(state.error[index])",
            replace="        pass",
@@ -132,16 +125,15 @@ MUTANTS = [
 
 MUTANTS += [
     # ---------------------------------------------------------------- 4.4 compression + error feedback
-    Mutant("4.4", "lab4/compression.py", find="    scales = padded.abs().amax(dim=1) / 127",
-           replace="    scales = padded.abs().amax(dim=1) / 128",
+    Mutant('4.4', 'lab4/compression.py', find='if whole < n else flat.new_zeros(0)]) / 127',
+           replace='if whole < n else flat.new_zeros(0)]) / 128',
            why="divides the chunk's maximum by 128 (the int8 range's size), so the largest entry clips"),
-    Mutant("4.4", "lab4/compression.py",
-           find="    codes = (padded / safe[:, None]).round_().clamp_(-127, 127).to(torch.int8)",
-           replace="    codes = (padded / safe[:, None]).clamp_(-127, 127).to(torch.int8)",
-           why="truncates instead of rounding (the cast to int8 rounds toward zero)"),
-    Mutant("4.4", "lab4/compression.py", find="    scales = padded.abs().amax(dim=1) / 127",
-           replace="    scales = padded.abs().amax().expand(chunks) / 127",
-           why="one scale for the whole tensor, repeated per chunk"),
+    Mutant('4.4', 'lab4/compression.py', find='    codes = (flat / per_element).round_().clamp_(-127, 127).to(torch.int8)',
+           replace='    codes = (flat / per_element).clamp_(-127, 127).to(torch.int8)',
+           why='truncates instead of rounding (the cast to int8 rounds toward zero)'),
+    Mutant('4.4', 'lab4/compression.py', find='    scales = torch.cat([flat[:whole].view(-1, chunk).abs().amax(dim=1),\n                        flat[whole:].abs().amax().reshape(1) if whole < n else flat.new_zeros(0)]) / 127',
+           replace='    scales = flat.abs().amax().expand(-(-n // chunk)) / 127',
+           why='one scale for the whole tensor, repeated per chunk'),
     Mutant("4.4", "lab4/compression.py", find="    idx = x.detach().abs().topk(k, sorted=False).indices",
            replace="    idx = x.detach().topk(k, sorted=False).indices",
            why="takes the K largest values instead of the K largest magnitudes"),
@@ -224,30 +216,21 @@ INDEPENDENT = [
            find="        work = dist.all_reduce(flat, group=self.group, async_op=True)",
            replace=f"        dist.all_reduce(flat, group=self.group)\n        work = {_DONE}",
            why="a blocking all-reduce with a dummy handle (no overlap with backward)"),
-    Mutant("4.2", "lab4/bucketed_ddp.py",
-           find="""        self.bucket.append(param)
-        self.bucket_bytes += 4 * param.numel()
-        if self.bucket_bytes >= self.bucket_cap_bytes:
-            self._send_bucket()""",
-           replace="""        if self.bucket_bytes >= self.bucket_cap_bytes:
-            self._send_bucket()
-        self.bucket.append(param)
-        self.bucket_bytes += 4 * param.numel()""",
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='        self.ready.add(self.index[id(param)])\n        while (self.next_bucket < len(self.buckets)\n               and all(i in self.ready for i in self.buckets[self.next_bucket])):\n            self._send_bucket()\n',
+           replace='        while (self.next_bucket < len(self.buckets)\n               and all(i in self.ready for i in self.buckets[self.next_bucket])):\n            self._send_bucket()\n        self.ready.add(self.index[id(param)])\n',
            why="sends a full bucket only at the next gradient's hook (one gradient late)"),
-    Mutant("4.2", "lab4/bucketed_ddp.py",
-           find="        if self.bucket_bytes >= self.bucket_cap_bytes:",
-           replace="        if self.bucket_bytes > self.bucket_cap_bytes:",
-           why="a bucket exactly at the cap is not sent"),
-    Mutant("4.2", "lab4/bucketed_ddp.py", find="            flat /= self.world_size",
-           replace="            flat /= dist.get_world_size()",
-           why="averages over the whole world instead of the process group"),
-    Mutant("4.2", "lab4/bucketed_ddp.py", find="        self.bucket_bytes += 4 * param.numel()",
-           replace="        self.bucket_bytes += param.element_size() * param.numel()",
-           why="counts a bucket's bytes in the parameters' dtype, not fp32"),
-    Mutant("4.2", "lab4/bucketed_ddp.py",
-           find="p.grad.detach().reshape(-1).float() if p.grad is not None",
-           replace="p.grad.detach().reshape(-1) if p.grad is not None",
-           why="all-reduces 16-bit gradients in their own dtype (the sum rounds to bf16)"),
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='        while (self.next_bucket < len(self.buckets)\n',
+           replace='        if (self.next_bucket < len(self.buckets)\n',
+           why='sends at most one bucket per gradient (a bucket completed by an earlier one waits)'),
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='(total / self.world_size).to(p.dtype)',
+           replace='(total / dist.get_world_size()).to(p.dtype)',
+           why='averages over the whole world instead of the process group'),
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='flat = pack_bucket(params, self.reduce_dtype)',
+           replace='flat = pack_bucket(params, params[0].dtype)',
+           why="packs a bucket in the parameters' dtype, not the reduce dtype (a bf16 sum rounds to bf16)"),
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='        self.in_flight.append((work, flat, params))\n',
+           replace='        self.in_flight.append((work, flat, list(reversed(params))))\n',
+           why="remembers the bucket's parameters in another order than it packed them"),
     Mutant("4.2", "lab4/bucketed_ddp.py",
            find="        for p in self.params:\n            self.handles.append",
            replace="        for p in module.parameters():\n            self.handles.append",
@@ -260,47 +243,18 @@ INDEPENDENT = [
            find="            self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]",
            replace="            self.grad_shard[shard_start:shard_start + length] = output[offset:offset + length]",
            why="overwrites the shard instead of adding (a parameter sent twice loses a backward)"),
-    Mutant("4.3", "lab4/zero2.py",
-           find="        if any(p is param for p in self.bucket):\n            return  # a later backward added into the .grad that the bucket will send\n",
-           replace="",
-           why="re-adds a parameter still waiting in the bucket at the second backward (sent twice)"),
-    Mutant("4.3", "lab4/zero2.py", find='        if "master" in self.state:',
-           replace="        if False:",
-           why="updates a slice of the 16-bit parameters, ignoring the fp32 master"),
+    Mutant('4.3', 'lab4/zero2.py', find='        self.ready.add(self.index[id(param)])\n        while (self.next_bucket < len(self.buckets)\n               and all(i in self.ready for i in self.buckets[self.next_bucket])):\n            self._send_bucket()\n',
+           replace='        while (self.next_bucket < len(self.buckets)\n               and all(i in self.ready for i in self.buckets[self.next_bucket])):\n            self._send_bucket()\n        self.ready.add(self.index[id(param)])\n',
+           why='marks the parameter ready after looking at the buckets (a bucket is sent one gradient late)'),
+    Mutant('4.3', 'lab4/zero2.py', find='        mine = self.local_slice().to(self.dtype)  # (S,) the updated slice\n',
+           replace='        mine = torch.cat([p.detach().reshape(-1) for p in self.params] + [torch.zeros(self.padding, dtype=self.dtype)])[self.rank * self.shard_size:(self.rank + 1) * self.shard_size]\n',
+           why='gathers the 16-bit parameters instead of the updated fp32 master'),
     Mutant("4.3", "lab4/zero2.py",
            find="        work = dist.reduce_scatter(output, inputs, group=self.group, async_op=True)",
            replace=f"        dist.reduce_scatter(output, inputs, group=self.group)\n        work = {_DONE}",
            why="a blocking reduce-scatter with a dummy handle (no overlap with backward)"),
-    Mutant("4.3", "lab4/zero2.py",
-           find="""        self._finish_in_flight()
-        self.in_flight = (work, output, mine)
-        # END SOLUTION
-
-    def _finish_in_flight(self) -> None:
-        \"\"\"Wait for the reduce-scatter in flight, if any, add its output into ``grad_shard`` at
-        the places it stands for, and forget it (``self.in_flight = None``).\"\"\"
-        # BEGIN SOLUTION 4.3: wait for the one in flight and add its pieces into grad_shard
-        if self.in_flight is None:
-            return
-        work, output, mine = self.in_flight
-        work.wait()
-        offset = 0
-        for shard_start, length in mine:
-            self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]
-            offset += length
-        self.in_flight = None""",
-           replace="""        self.in_flight = (self.in_flight or []) + [(work, output, mine)]
-        # END SOLUTION
-
-    def _finish_in_flight(self) -> None:
-        # BEGIN SOLUTION 4.3: wait for the one in flight and add its pieces into grad_shard
-        for work, output, mine in self.in_flight or []:
-            work.wait()
-            offset = 0
-            for shard_start, length in mine:
-                self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]
-                offset += length
-        self.in_flight = None""",
+    Mutant('4.3', 'lab4/zero2.py', find='        self._finish_in_flight()\n        self.in_flight = (work, output, mine, positions)\n        self.next_bucket += 1\n        # END SOLUTION\n\n    def _finish_in_flight(self) -> None:\n        """Wait for the reduce-scatter in flight, if any, add its pieces into ``grad_shard`` at\n        the places they stand for and its presence counts into ``present``, and forget it\n        (``self.in_flight = None``)."""\n        # BEGIN SOLUTION 4.3: wait for the one in flight and add its pieces into grad_shard, its counts into present\n        if self.in_flight is None:\n            return\n        work, output, mine, positions = self.in_flight\n        work.wait()\n        offset = 0\n        for shard_start, length in mine:\n            self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]\n            offset += length\n        self.present[positions] += output[offset:]\n        self.in_flight = None',
+           replace='        self.in_flight = (self.in_flight or []) + [(work, output, mine, positions)]\n        self.next_bucket += 1\n        # END SOLUTION\n\n    def _finish_in_flight(self) -> None:\n        # BEGIN SOLUTION 4.3: wait for the one in flight and add its pieces into grad_shard, its counts into present\n        for work, output, mine, positions in self.in_flight or []:\n            work.wait()\n            offset = 0\n            for shard_start, length in mine:\n                self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]\n                offset += length\n            self.present[positions] += output[offset:]\n        self.in_flight = None',
            why="keeps every reduce-scatter's output until step() (2·4Ψ/N of gradients after backward)"),
     Mutant("4.3", "lab4/zero2.py", find="                if rank == self.rank:",
            replace="                if rank == dist.get_rank():",
@@ -311,12 +265,12 @@ INDEPENDENT = [
     Mutant("4.3", "lab4/zero2.py", find="                inputs[rank].append(g[start:start + length])",
            replace="                inputs[rank].append(g[:length])",
            why="sends each owner the start of the gradient, wrong for a parameter split between two shards"),
-    Mutant("4.3", "lab4/zero2.py", find="        if self.bucket_bytes >= self.bucket_cap_bytes:",
-           replace="        if self.bucket_bytes > self.bucket_cap_bytes:",
-           why="a bucket exactly at the cap waits for one more gradient"),
-    Mutant("4.3", "lab4/zero2.py", find="            g = p.grad.detach().reshape(-1).float() if p.grad is not None",
-           replace="            g = p.grad.detach().reshape(-1) if p.grad is not None",
-           why="reduce-scatters 16-bit gradients in their own dtype (the sum rounds to bf16)"),
+    Mutant('4.3', 'lab4/zero2.py', find='        while (self.next_bucket < len(self.buckets)\n',
+           replace='        if (self.next_bucket < len(self.buckets)\n',
+           why='sends at most one bucket per gradient (a bucket completed by an earlier one waits)'),
+    Mutant('4.3', 'lab4/zero2.py', find='        dtype, device = self.master_dtype, self.grad_shard.device\n',
+           replace='        dtype, device = self.dtype, self.grad_shard.device\n',
+           why='reduce-scatters 16-bit gradients in their own dtype (the sum rounds to bf16)'),
     # ---------------------------------------------------------------- 4.4 compression
     Mutant("4.4", "lab4/compression.py", find="bucket=index, step=step).to(g.device)",
            replace="bucket=index, step=0).to(g.device)",
@@ -324,10 +278,9 @@ INDEPENDENT = [
     Mutant("4.4", "lab4/compression.py", find="        state.error[index] = g.sub_(sent)",
            replace="        state.error[index] = g.sub_(total / world)",
            why="keeps as error what the average left out, not what this rank did not send"),
-    Mutant("4.4", "lab4/compression.py",
-           find="    codes = (padded / safe[:, None]).round_().clamp_(-127, 127).to(torch.int8)",
-           replace="    codes = (padded / safe[:, None]).clamp_(-127, 127).to(torch.int8)",
-           why="truncates to int8 instead of rounding to the nearest code"),
+    Mutant('4.4', 'lab4/compression.py', find='    codes = (flat / per_element).round_().clamp_(-127, 127).to(torch.int8)',
+           replace='    codes = (flat / per_element).floor_().clamp_(-127, 127).to(torch.int8)',
+           why='floors to int8 instead of rounding to the nearest code'),
     Mutant("4.4", "lab4/compression.py", find="    world = dist.get_world_size(group)",
            replace="    world = dist.get_world_size()",
            why="averages over the whole world instead of the hook's process group"),
@@ -394,28 +347,25 @@ INDEPENDENT += [
            find="            self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))",
            replace="            self.handles.append(p.register_hook(lambda g, p=p: self._on_grad_ready(p)))",
            why="hooks the gradient before it is accumulated into .grad (the bucket reads the old .grad)"),
-    Mutant("4.2", "lab4/bucketed_ddp.py", find="        self.bucket, self.bucket_bytes = [], 0\n",
-           replace="        self.bucket = []\n",
-           why="never resets the bucket's byte count (every later gradient is a bucket of its own)"),
+    Mutant('4.2', 'lab4/bucketed_ddp.py', find='        flat = pack_bucket(params, self.reduce_dtype)\n',
+           replace='        flat = pack_bucket(params, self.reduce_dtype)[:sum(p.numel() for p in params)].clone()\n',
+           why='drops the presence counts before the all-reduce'),
     # ---------------------------------------------------------------- 4.3 ZeRO-2
-    Mutant("4.3", "lab4/zero2.py", find="        denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(self.eps)",
-           replace="        denom = v.sqrt().add_(self.eps)",
-           why="forgets the second moment's bias correction"),
-    Mutant("4.3", "lab4/zero2.py", find="        denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(self.eps)",
-           replace="        denom = (v / (1 - beta2 ** t)).add_(self.eps).sqrt()",
-           why="adds eps under the square root (torch adds it to the root)"),
-    Mutant("4.3", "lab4/zero2.py", find="""        self._send_bucket()
-        self._finish_in_flight()
-        g = self.grad_shard / self.world_size""", replace="""        g = self.grad_shard / self.world_size
-        self._send_bucket()
-        self._finish_in_flight()""",
-           why="averages the shard before the last buckets are added into it"),
+    Mutant('4.3', 'lab4/zero2.py', find='has_grad = bool(self.present[pc.index] > 0)',
+           replace='has_grad = True',
+           why='gives a parameter no rank had a gradient for a zero gradient (Adam steps it and counts the step)'),
+    Mutant('4.3', 'lab4/zero2.py', find='piece.grad = g[pc.start_in_shard:pc.start_in_shard + pc.length] if has_grad else None',
+           replace='piece.grad = g[pc.start_in_param:pc.start_in_param + pc.length] if has_grad else None',
+           why='hands a piece the gradient at its offset in the parameter, not in the shard'),
+    Mutant('4.3', 'lab4/zero2.py', find='        self._finish_in_flight()\n        g = self.grad_shard / self.world_size',
+           replace='        g = self.grad_shard / self.world_size\n        self._finish_in_flight()',
+           why='averages the shard before the last buckets are added into it'),
     Mutant("4.3", "lab4/zero2.py", find="            if rank == self.rank:\n                    mine.append",
            replace="            if rank == self.rank and length > 1:\n                    mine.append",
            why="drops a piece of one element (a parameter whose last element starts a shard)"),
     # ---------------------------------------------------------------- 4.4 compression
-    Mutant("4.4", "lab4/compression.py", find="    scales = padded.abs().amax(dim=1) / 127",
-           replace="    scales = padded.amax(dim=1).clamp(min=0) / 127",
+    Mutant('4.4', 'lab4/compression.py', find='flat[:whole].view(-1, chunk).abs().amax(dim=1)',
+           replace='flat[:whole].view(-1, chunk).amax(dim=1).clamp(min=0)',
            why="int8 scale from the chunk's largest value, not its largest magnitude"),
     Mutant("4.4", "lab4/compression.py", find="    return x.detach()[idx], idx",
            replace="    return x.detach()[idx], idx.to(torch.int32)",
@@ -427,9 +377,9 @@ INDEPENDENT += [
            replace="    step = sum(state.step.values())",
            why="random-K's step counts every bucket's calls, not this bucket's"),
     # ---------------------------------------------------------------- 4.5 PowerSGD
-    Mutant("4.5", "lab4/powersgd.py", find="    return (n + m) * r < n * m",
-           replace="    return (n + m) * r <= n * m",
-           why="compresses a matrix whose factors are exactly as large as it"),
+    Mutant('4.5', 'lab4/powersgd.py', find='        g.copy_(flat[off:off + g.numel()].view_as(g))\n',
+           replace='        g.copy_(flat[:g.numel()].view_as(g))\n',
+           why='writes every averaged vector back from the start of the flat tensor'),
     Mutant("4.5", "lab4/powersgd.py", find="""        q_flat = torch.cat([q.reshape(-1) for q in qs])
         dist.all_reduce(q_flat, group=group)
         q_flat.div_(world)

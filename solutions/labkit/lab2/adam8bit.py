@@ -22,17 +22,22 @@ import torch
 
 from labkit import validate
 from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
+from labkit.optim_base import PerParameterOptimizer
+from labkit.optimizer_states import adam8bit_state_bytes  # noqa: F401  (the formula, for the lab)
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
 
-class Adam8bit(torch.optim.Optimizer):
+class Adam8bit(PerParameterOptimizer):
     """Adam whose two moments live as block-wise 8-bit codes with one fp32 absmax per block.
 
+    ``step(closure=None)`` (given, ``labkit.optim_base``) calls ``_update`` for every parameter
+    that has a gradient; a parameter without one is skipped and its step does not advance, as
+    in ``torch.optim.Adam``. ``load_state_dict`` keeps the codes uint8 and the scales fp32
+    (torch's loader would cast them to the parameter's dtype; bitsandbytes overrides it too).
     State of a parameter of n elements:
 
-    * ``"step"``: an int, the steps this parameter has taken (a parameter without a gradient
-      is skipped and its step does not advance, as in ``torch.optim.Adam``);
+    * ``"step"``: an int, the steps this parameter has taken;
     * ``"exp_avg"``: uint8 codes of m (the parameter's shape), ``"exp_avg_absmax"``: float32
       (ceil(n/B),), in the signed dynamic code ``self.code_m``;
     * ``"exp_avg_sq"``, ``"exp_avg_sq_absmax"``: the same for v, in the unsigned dynamic code
@@ -52,40 +57,28 @@ class Adam8bit(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, block_size: int = 256):
-        params = validate.params("params", params)
         validate.adam_args(lr=lr, betas=betas, eps=eps)
         block_size = validate.positive_int("block_size", block_size)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, block_size=block_size))
+        super().__init__(validate.params("params", params),
+                         dict(lr=lr, betas=tuple(betas), eps=eps, block_size=block_size))
         self.code_m = dynamic_code(signed=True)  # (256,) for m, which has a sign
         self.code_v = dynamic_code(signed=False)  # (256,) for v >= 0
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One Adam step for every parameter with a gradient, moments kept in 8 bits.
-
-        Contract, per parameter with a gradient: the parameter moves as ``torch.optim.Adam``
-        (same lr, betas, eps, bias correction) would move it from the moments that were
-        stored, the only difference being the moments' rounding to 8 bits; afterwards
-        ``state`` holds this step's m and v quantized block-wise (blocks of B, ``code_m`` for m,
-        ``code_v`` for v, as ``labkit.lab2.quantize8bit`` does), the fp32 moments being temporaries
-        of this parameter's update only, every state tensor on the parameter's device; and a v
-        that is not zero is never stored as the code's 0 (it would leave ε alone under m). The
-        bias corrections use this parameter's own step count (``state["step"]``).
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, p.grad, self.state[p], group)
-        return loss
 
     # ==== exercise 2.3: your code ====
 
     def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
-        """One 8-bit Adam step of parameter ``p`` (see ``step``); creates its state on first use."""
+        """One 8-bit Adam step of parameter ``p`` with its gradient ``grad``; creates its state on
+        first use.
+
+        Contract: ``p`` moves as ``torch.optim.Adam`` (the group's lr, betas, eps, bias
+        correction) would move it from the moments that were stored, the only difference being
+        the moments' rounding to 8 bits; afterwards ``state`` holds this step's m and v quantized
+        block-wise (blocks of B, ``code_m`` for m, ``code_v`` for v, as
+        ``labkit.lab2.quantize8bit`` does), the fp32 moments being temporaries of this
+        parameter's update only, every state tensor on the parameter's device; and a v that is
+        not zero is never stored as the code's 0 (it would leave ε alone under m). The bias
+        corrections use this parameter's own step count (``state["step"]``).
+        """
         # BEGIN SOLUTION 2.3: create the uint8 codes and absmax scales on first use; dequantize m and v, take one Adam step in fp32, quantize them back
         beta1, beta2 = group["betas"]
         lr, eps, block_size = group["lr"], group["eps"], group["block_size"]
@@ -111,17 +104,3 @@ class Adam8bit(torch.optim.Optimizer):
         state["exp_avg_sq"] = codes_v.masked_fill_((codes_v == 0) & (v > 0), 1)
         # END SOLUTION
 
-
-# ==== given: the course's code — read it, call it, don't change it ====
-
-
-def adam8bit_state_bytes(numels, block_size: int = 256) -> int:
-    """State bytes of ``Adam8bit`` for parameters of these sizes: Σ 2·n + 8·ceil(n/B)."""
-    block_size = validate.positive_int("block_size", block_size)
-    if isinstance(numels, (int, torch.Tensor)):
-        raise TypeError("numels must be an iterable of ints (parameter sizes), e.g. [p.numel() for p in params]")
-    numels = list(numels)
-    for n in numels:
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"numels must hold ints >= 0, got {n!r}")
-    return sum(2 * n + 8 * math.ceil(n / block_size) for n in numels)

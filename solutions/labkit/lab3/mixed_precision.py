@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from labkit.optim_base import Optimizer, run_closure
 from labkit.validate import adam_args, params as check_params
 
 __all__ = ["MixedPrecisionAdam"]
@@ -26,14 +27,16 @@ SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 
 # ==== exercise 3.2: your code ====
-class MixedPrecisionAdam(torch.optim.Optimizer):
+class MixedPrecisionAdam(Optimizer):
     """Adam for 16-bit parameters with fp32 master weights and fp32 moments.
 
     ``self.state[p]`` holds, after the first step of p, exactly three float32 tensors of p's
     shape: ``"master"`` (the fp32 copy of p the updates go into), ``"exp_avg"`` and
     ``"exp_avg_sq"`` (Adam's moments), and the Python int ``"step"`` (p's own count of steps:
     a parameter without a gradient is skipped and its count does not advance, as in torch's
-    Adam). So the state is 12 bytes per parameter.
+    Adam). So the state is 12 bytes per parameter. ``load_state_dict`` (given,
+    ``labkit.optim_base``) keeps the three tensors fp32: torch's loader would cast them to the
+    parameter's 16-bit dtype.
 
     Args:
         params: parameters of dtype float16 or bfloat16 (anything else → ValueError), or param
@@ -65,10 +68,7 @@ class MixedPrecisionAdam(torch.optim.Optimizer):
         with the gradient cast to fp32; then the 16-bit parameter becomes the master rounded to
         its dtype. ``closure`` (optional) re-evaluates the model and returns the loss, as for
         torch's optimizers: it is called first, with gradients enabled, and its loss returned."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         for group in self.param_groups:
             lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
             params = [p for p in group["params"] if p.grad is not None]

@@ -9,9 +9,13 @@ layers overlaps the backward of the early ones. Small buckets start sending soon
 per-call latency many times; one bucket of everything cannot overlap at all.
 
 This module keeps only the mechanism: parameters broadcast from rank 0 at the start (every
-replica begins equal), a post-accumulate-grad hook per parameter, a byte cap per bucket,
-``async_op=True`` all-reduces, and ``finish()`` that waits for all of them and writes the
-averages back into ``.grad`` before the optimizer step.
+replica begins equal), buckets fixed once and sent in the same order on every rank (a
+collective is matched by its place in each rank's sequence: ``labkit.buckets``), a
+post-accumulate-grad hook per parameter, ``async_op=True`` all-reduces, and ``finish()`` that
+waits for all of them and writes the averages back into ``.grad`` before the optimizer step. A
+parameter that one rank's backward did not reach (conditional computation) is sent as zeros
+with a presence count of 0, so the ranks still send the same buckets and the result is what
+``DistributedDataParallel(find_unused_parameters=True)`` gives.
 
 Chapter 4 (book/04_gradients.md); Lab 4, exercise 4.2 (labs/04_gradients.ipynb).
 """
@@ -20,53 +24,47 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit.validate import positive_int
+from labkit.buckets import BucketedModule, pack_bucket, unpack_bucket
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
 
-class BucketedDDP(torch.nn.Module):
+class BucketedDDP(BucketedModule):
     """Wrap ``module`` for data parallelism over a process group, with bucketed overlap.
+
+    Given (``labkit.buckets.BucketedModule``): the checks, ``self.module``, ``self.params`` (the
+    trainable parameters), ``self.group``, ``self.world_size``, ``self.reduce_dtype`` (fp32; fp64
+    for fp64 parameters), ``forward``, ``no_sync()``, and the fixed buckets ``self.buckets``
+    (lists of positions into ``self.params``, the same on every rank: the parameters in reverse
+    order, a bucket closing when its bytes in ``reduce_dtype`` reach ``bucket_cap_bytes``), with
+    ``self.index`` (id(parameter) → position), ``self.ready`` (positions ready in this
+    backward), ``self.next_bucket`` (whose turn it is), ``self.in_flight``,
+    ``self.buckets_sent``, ``self.handles``; ``_end_of_backward`` (autograd runs it when a
+    backward ends) sends the buckets not sent yet, in order.
 
     Contract:
         * At construction every parameter is replaced by the value of the group's first rank
           (a broadcast; in a subgroup, ``dist.broadcast``'s ``src`` is that rank's global
           number), and a post-accumulate-grad hook ``self._on_grad_ready`` is registered on each
-          parameter that requires a gradient (handles kept in ``self.handles``; frozen ones are skipped).
-        * During backward, gradients join the current bucket in the order they become ready;
-          a bucket whose fp32 bytes reach ``bucket_cap_bytes`` starts one asynchronous
-          all-reduce (``async_op=True``) of its gradients at once, as one flat fp32 tensor, from
-          inside the hook of the gradient that brought it to the cap (not one gradient later).
-        * ``finish()``, called after backward and before the optimizer step, sends the last
-          bucket, waits for every all-reduce, and leaves in each ``.grad`` the average over the
-          ranks (what ``DistributedDataParallel`` leaves).
+          parameter that requires a gradient (handles kept in ``self.handles``).
+        * During backward, bucket k is sent once all its parameters are ready and buckets
+          0..k−1 have been sent: one asynchronous all-reduce (``async_op=True``) of
+          ``labkit.buckets.pack_bucket(...)`` (its gradients as one flat tensor in
+          ``self.reduce_dtype`` plus one presence count per parameter), from inside the hook of
+          the gradient that makes it sendable; so every rank sends every bucket once per
+          backward, in the same order.
+        * ``finish()``, called after backward and before the optimizer step, waits for every
+          all-reduce and leaves in each ``.grad`` the average over the ranks, a rank that had no
+          gradient for it counting as zeros, and None where no rank had one: what
+          ``DistributedDataParallel(find_unused_parameters=True)`` leaves.
         * ``self.buckets_sent`` counts the all-reduces started since the last ``finish()``.
 
     Args:
         module: the model; the same architecture on every rank.
-        bucket_cap_bytes: int > 0, fp32 bytes of gradients per bucket (DDP's default,
-            ``torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB`` = 25 MiB).
+        bucket_cap_bytes: int > 0, bytes of gradients per bucket, counted in ``reduce_dtype``;
+            DDP's default is ``torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB`` = 25 MiB.
         group: the process group (None: the default group).
     """
-
-    def __init__(self, module: torch.nn.Module, *, bucket_cap_bytes: int = 25 * 2**20, group=None):
-        super().__init__()
-        if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        bucket_cap_bytes = positive_int("bucket_cap_bytes", bucket_cap_bytes)
-        self.module = module
-        self.bucket_cap_bytes, self.group = bucket_cap_bytes, group
-        self.world_size = dist.get_world_size(group)
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        self.bucket: list[torch.nn.Parameter] = []
-        self.bucket_bytes = 0
-        self.in_flight: list[tuple] = []  # (work, flat buffer, [params])
-        self.buckets_sent = 0
-        self.handles = []
-        self._setup()
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
 
     # ==== exercise 4.2: your code ====
 
@@ -83,43 +81,38 @@ class BucketedDDP(torch.nn.Module):
         # END SOLUTION
 
     def _on_grad_ready(self, param: torch.nn.Parameter) -> None:
-        """Autograd calls this once ``param.grad`` is complete."""
-        # BEGIN SOLUTION 4.2: add the parameter to the bucket; once the bucket reaches the cap, start its all-reduce without waiting
-        self.bucket.append(param)
-        self.bucket_bytes += 4 * param.numel()
-        if self.bucket_bytes >= self.bucket_cap_bytes:
+        """Autograd calls this once ``param.grad`` is complete: mark it ready, then send every
+        bucket whose turn has come and whose parameters are all ready (``_send_bucket``)."""
+        if not self.require_sync:
+            return  # inside no_sync(): the gradient only adds up in .grad
+        self.backward_end.arm()  # _end_of_backward runs when this backward ends
+        # BEGIN SOLUTION 4.2: mark the parameter ready; while the bucket whose turn it is has all its parameters ready, send it
+        self.ready.add(self.index[id(param)])
+        while (self.next_bucket < len(self.buckets)
+               and all(i in self.ready for i in self.buckets[self.next_bucket])):
             self._send_bucket()
         # END SOLUTION
 
     def _send_bucket(self) -> None:
-        """Start the asynchronous all-reduce of the current bucket (nothing if it is empty)."""
-        # BEGIN SOLUTION 4.2: flatten the bucket's gradients (fp32) into one tensor, start its all-reduce asynchronously, remember it, empty the bucket
-        if not self.bucket:
-            return
-        flat = torch.cat([p.grad.detach().reshape(-1).float() if p.grad is not None
-                          else torch.zeros(p.numel(), device=p.device) for p in self.bucket])
+        """Start the asynchronous all-reduce of bucket ``self.next_bucket`` and move on to the next."""
+        # BEGIN SOLUTION 4.2: pack the bucket's gradients and presence counts into one tensor, start its all-reduce asynchronously, remember it, count it, move to the next bucket
+        params = [self.params[i] for i in self.buckets[self.next_bucket]]
+        flat = pack_bucket(params, self.reduce_dtype)
         work = dist.all_reduce(flat, group=self.group, async_op=True)
-        self.in_flight.append((work, flat, self.bucket))
+        self.in_flight.append((work, flat, params))
         self.buckets_sent += 1
-        self.bucket, self.bucket_bytes = [], 0
+        self.next_bucket += 1
         # END SOLUTION
 
     @torch.no_grad()
     def finish(self) -> None:
-        """After backward: send the last bucket, wait for all, write the averages into .grad."""
-        # BEGIN SOLUTION 4.2: send what is left, wait for every all-reduce, copy each average back into its .grad
-        self._send_bucket()
+        """After backward: wait for every all-reduce, write the averages into .grad (None where
+        no rank had a gradient)."""
+        # BEGIN SOLUTION 4.2: wait for every all-reduce, copy each average back into its .grad (None where no rank had one), reset in_flight and buckets_sent
         for work, flat, params in self.in_flight:
             work.wait()
-            flat /= self.world_size
-            offset = 0
-            for p in params:
-                piece = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)
-                if p.grad is None:
-                    p.grad = piece.clone()
-                else:
-                    p.grad.copy_(piece)
-                offset += p.numel()
+            for p, total in unpack_bucket(flat, params):
+                p.grad = None if total is None else (total / self.world_size).to(p.dtype)
         self.in_flight = []
         self.buckets_sent = 0
         # END SOLUTION

@@ -11,103 +11,23 @@ weights) would not shrink and are all-reduced as they are.
 
 ``powersgd_hook(state, bucket)`` has the signature of a ``DistributedDataParallel``
 communication hook (``ddp.register_comm_hook(state, powersgd_hook)``), like PyTorch's
-``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.powerSGD_hook``.
+``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.powerSGD_hook``. Like it, it keeps
+its error and Q per bucket, so it all-reduces plainly until ``state.start_iter`` (PyTorch's
+``start_powerSGD_iter``, 2 by default): DDP rebuilds its buckets after the first iteration.
+``PowerSGDState``, ``should_compress``, ``initial_qs`` and ``orthogonalize_`` are given
+(``labkit.comm_hooks``).
 
 Chapter 4 (book/04_gradients.md); Lab 4, exercise 4.5 (labs/04_gradients.ipynb).
 """
-import numpy as np
+# no `from __future__ import annotations`: DDP's register_comm_hook reads the hook's
+# annotations and wants the classes themselves (dist.GradBucket), not strings
 import torch
 import torch.distributed as dist
 
-from labkit.validate import non_negative_int, number, positive_int, tensor
+from labkit.comm_hooks import (PowerSGDState, allreduce_mean, check_powersgd_state, done,
+                               initial_qs, orthogonalize_, should_compress)
 
-# ==== given: the course's code — read it, call it, don't change it ====
-
-
-class PowerSGDState:
-    """What PowerSGD keeps between steps, per bucket of a DDP model.
-
-    Args:
-        rank: int ≥ 1, the rank r of the approximation (capped at min(n, m) per matrix).
-        process_group: the group to all-reduce over (None: the default group).
-        seed: int ≥ 0, seeds the random starting Q (the same on every rank).
-
-    Attributes the hook uses: ``rank``, ``process_group``, ``error`` (bucket index → flat tensor
-    of the error left by the last step), ``q`` (bucket index → list of the last Q of each
-    compressed matrix, for the warm start), ``rng`` (NumPy RandomState; see ``initial_qs``).
-    """
-
-    def __init__(self, rank: int, process_group=None, *, seed: int = 0):
-        rank = positive_int("rank", rank)  # the rank r of the approximation
-        seed = non_negative_int("seed", seed)
-        self.rank, self.process_group, self.seed = rank, process_group, seed
-        self.error: dict[int, torch.Tensor] = {}
-        self.q: dict[int, list[torch.Tensor]] = {}
-        self.rng = np.random.RandomState(seed)
-
-
-def should_compress(n: int, m: int, r: int) -> bool:
-    """True when the factors of an n×m matrix at rank r are smaller than the matrix: (n+m)·r < n·m.
-
-    A vector (m = 1) never is, so biases and norm weights go uncompressed.
-    """
-    n, m, r = positive_int("n", n), positive_int("m", m), positive_int("r", r)
-    return (n + m) * r < n * m
-
-
-def initial_qs(state: PowerSGDState, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
-    """The random starting Q (m×r, fp32, standard normal, not yet orthogonalised) of each matrix.
-
-    ``shapes`` are the (n, m) of the matrices to compress, in bucket order, r = min(n, m, rank).
-    Draws exactly as PyTorch's PowerSGD hook does (one seed per call from ``state.rng``, then the
-    matrices grouped by shape in order of first appearance), so that both start from the same Q.
-    Every rank draws the same numbers.
-    """
-    if not isinstance(state, PowerSGDState):
-        raise TypeError(f"state must be a PowerSGDState, got {type(state).__name__}")
-    shapes = [tuple(s) for s in shapes]
-    for shape in shapes:
-        if len(shape) != 2 or not all(isinstance(d, int) and d >= 1 for d in shape):
-            raise ValueError(f"shapes must be (n, m) pairs of ints >= 1, got {shape!r}")
-    order: dict[tuple[int, int], list[int]] = {}
-    for i, shape in enumerate(shapes):
-        order.setdefault(tuple(shape), []).append(i)
-    qs: list[torch.Tensor | None] = [None] * len(shapes)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(state.rng.randint(1_000_000_000))
-        for (n, m), idx in order.items():
-            r = min(n, m, state.rank)
-            for i in idx:
-                qs[i] = torch.randn(m, r, dtype=torch.float32)
-    return qs
-
-
-def orthogonalize_(a: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
-    """Orthonormalise the columns of the n×r matrix ``a`` in place (Gram–Schmidt); returns ``a``.
-
-    ``a``: a 2-D floating-point tensor; ``eps`` ≥ 0 is added to each column's norm before the
-    division (PyTorch's hook uses 0: a zero column then gives NaN, as it does there)."""
-    tensor("a", a, floating=True, ndim=2)
-    eps = number("eps", eps, low=0)
-    for i in range(a.shape[1]):
-        col = a[:, i:i + 1]
-        col /= torch.linalg.vector_norm(col) + eps
-        if i + 1 < a.shape[1]:
-            rest = a[:, i + 1:]
-            rest -= (col * rest).sum(dim=0, keepdim=True) * col
-    return a
-
-
-def _done(value):
-    """A completed ``torch.futures.Future`` holding ``value`` (what a comm hook returns)."""
-    fut = torch.futures.Future()
-    fut.set_result(value)
-    return fut
-
-
-def _check_state(state) -> None:
-    if not isinstance(state, PowerSGDState):
-        raise TypeError(f"state must be a PowerSGDState, got {type(state).__name__}")
+__all__ = ["PowerSGDState", "should_compress", "initial_qs", "orthogonalize_", "powersgd_hook"]
 
 
 # ==== exercise 4.5: your code ====
@@ -131,9 +51,14 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
           buffer and Q is kept in ``state.q[index]``.
         * Communication: one all-reduce of the uncompressed gradients, one of all the P's, one of
           all the Q's (each a single flat fp32 tensor): (n + m)·r·4 bytes per compressed matrix.
-        * Returns a completed ``torch.futures.Future`` whose value is ``bucket.buffer()``.
+        * Returns a completed ``torch.futures.Future`` whose value is ``bucket.buffer()`` (``done``).
+
+    The first lines (given) are DDP's plain all-reduce until ``state.start_iter``, as in PyTorch's
+    hook: no state is kept before DDP rebuilds its buckets.
     """
-    _check_state(state)
+    check_powersgd_state(state)
+    if not state.compressing(bucket):
+        return allreduce_mean(bucket, state.process_group)
     # BEGIN SOLUTION 4.5: error feedback, split compressed/uncompressed, one power-iteration step with the warm-started Q, three all-reduces, new error and Q
     group = state.process_group
     world = dist.get_world_size(group)
@@ -186,5 +111,5 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
         state.q[index] = qs
 
     state.error[index] = before - buf
-    return _done(buf)
+    return done(buf)
     # END SOLUTION

@@ -58,8 +58,9 @@ def train_data_parallel(rank: int, world_size: int, model: torch.nn.Module, batc
         frozen: names of parameters to freeze (``requires_grad=False``).
         dp_groups (zero1): split the world into this many groups of consecutive ranks, each a
             data-parallel group of its own (ZeRO-1 inside a subgroup, as lab 7 runs it).
-        drop_grads (zero1): ``(step, name)`` pairs: that parameter's ``.grad`` is set to None
-            after backward at that step, on every rank (a parameter the step did not use).
+        drop_grads (zero1): ``(step, name, ranks)``: that parameter's ``.grad`` is set to None
+            after backward at that step on those global ranks (None: every rank) — a parameter
+            the step did not use there.
 
     Returns:
         ``{"params": [tensors], "losses": [floats], "state_bytes": this rank's optimizer
@@ -77,7 +78,7 @@ def train_data_parallel(rank: int, world_size: int, model: torch.nn.Module, batc
     batches = reference.check_run_args(world_size, batches, optimizer_class=optimizer_class,
                                        lr=lr, dtype=dtype)
     names = dict(model.named_parameters())
-    for step, name in drop_grads:
+    for step, name, _ in drop_grads:
         if name not in names:
             raise ValueError(f"drop_grads names an unknown parameter {name!r}")
     group = _contiguous_groups(world_size, dp_groups) if dp_groups != 1 else None
@@ -88,8 +89,8 @@ def train_data_parallel(rank: int, world_size: int, model: torch.nn.Module, batc
                 lr=lr, **options)
 
     def before_step(step: int) -> None:
-        for s, name in drop_grads:
-            if s == step:
+        for s, name, ranks in drop_grads:
+            if s == step and (ranks is None or rank in ranks):
                 names[name].grad = None
 
     losses, comm = reference.run_steps(model, opt, batches, rank, before_step=before_step)

@@ -33,7 +33,7 @@ from labkit.comm_count import count_comm
 from labkit.measure import Tracker
 from labkit.reference.lab4 import (
     ddp_adam_steps, ddp_backward, ddp_sgd_steps, grad_bytes, master_adam_steps, pair_groups,
-    settle_buckets, torch_powersgd_steps)
+    torch_powersgd_steps)
 
 __all__ = ["EventLog", "accumulate_with_ddp", "compare_with_ddp", "train_zero2", "hook_worker",
            "train_worker", "compare_with_torch"]
@@ -275,6 +275,7 @@ def _recording_hook(rec, bucket):
 
     state, log = rec
     before = bucket.buffer().detach().clone()
+    iteration = state.iteration
     with count_comm() as counts:
         fut = compression_hook(state, bucket)
 
@@ -284,7 +285,8 @@ def _recording_hook(rec, bucket):
         err = state.error.get(bucket.index())
         log.append({"bucket": bucket.index(), "input": before, "output": out.detach().clone(),
                     "error": None if err is None else err.detach().clone(),
-                    "bytes": dict(counts.bytes_sent), "calls": dict(counts.calls)})
+                    "bytes": dict(counts.bytes_sent), "calls": dict(counts.calls),
+                    "iteration": iteration})
         return out
 
     return fut.then(record)
@@ -292,15 +294,17 @@ def _recording_hook(rec, bucket):
 
 def hook_worker(rank: int, world_size: int, model, batches, configs: dict, *,
                 group_size: int | None = None):
-    """Per entry of ``configs`` (label → ``CompressionState`` keyword arguments), a DDP of a copy
-    of ``model`` (one bucket, over this rank's group) with ``compression_hook``; returns
-    ``{label: log}`` (and ``"ranks"``: this rank's group).
+    """Per entry of ``configs`` (label → ``CompressionState`` keyword arguments), a fresh DDP of
+    a copy of ``model`` (one bucket, over this rank's group) with ``compression_hook`` registered
+    at once; returns ``{label: log}`` (and ``"ranks"``: this rank's group).
 
     ``batches[s][rank]`` is this rank's (x, y) at step s; the loss is the mean squared error of
     ``model(x)`` and ``y``; no update between steps (only the gradients matter). One log entry
     per call of the hook: the buffer before it (``input``), the buffer it returned
-    (``output``), ``state.error`` of the bucket after it (``error``, or None) and the bytes and
-    calls per collective that ``labkit.comm_count.count_comm`` counted during the call.
+    (``output``), ``state.error`` of the bucket after it (``error``, or None), the bytes and
+    calls per collective that ``labkit.comm_count.count_comm`` counted during the call, and
+    ``iteration`` (from 0; the hook compresses from ``state.start_iter``, 2 by default: the
+    iterations before are DDP's plain all-reduce, across its bucket rebuild).
     """
     from labkit.lab4.compression import CompressionState
 
@@ -309,7 +313,6 @@ def hook_worker(rank: int, world_size: int, model, batches, configs: dict, *,
     out = {"ranks": ranks}
     for label, kwargs in configs.items():
         ddp = DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=1024, process_group=group)
-        settle_buckets(ddp, batches[0][rank], mse)
         log: list[dict] = []
         ddp.register_comm_hook((CompressionState(**kwargs, process_group=group), log),
                                _recording_hook)
@@ -348,14 +351,15 @@ def compare_with_torch(rank: int, world_size: int, model, batches, r: int, seed:
     """DDP + ``powersgd_hook`` next to DDP + PyTorch's hook (``labkit.reference.lab4
     .torch_powersgd_steps``), in this rank's group.
 
-    Both wrap copies of ``model`` in one bucket, take one uncompressed step on ``batches[0]``
-    (DDP settles its bucket order), then register the hooks, which compress from their first
-    step on, with the same seed. The loss is ``model(x, y)`` if ``model_computes_loss`` (the
+    Both wrap copies of ``model`` in a fresh DDP (one bucket) with the hook registered at once,
+    the same seed, and start compressing at the same iteration (``start_iter`` /
+    ``start_powerSGD_iter`` = 2: iterations 0 and 1 are plain all-reduces, across DDP's bucket
+    rebuild). The loss is ``model(x, y)`` if ``model_computes_loss`` (the
     course's GPT), else the mean squared error of ``model(x)`` and ``y``; ``batches[s][rank]`` is
     this rank's (x, y) at step s. Returns, per step, both models' gradients (name → tensor),
-    both hooks' kept errors (``"error"``: ours and torch's, bucket index → tensor) and the
+    both hooks' kept errors (``"error"``: ours and torch's, bucket index → tensor), the
     communication of the step with ``powersgd_hook`` (calls and bytes of all-reduce, as
-    ``count_comm`` counts them).
+    ``count_comm`` counts them) and whether it compressed (``"compressed"``).
     """
     from labkit.lab4.powersgd import PowerSGDState, powersgd_hook
 
@@ -366,7 +370,6 @@ def compare_with_torch(rank: int, world_size: int, model, batches, r: int, seed:
     theirs = torch_powersgd_steps(model, steps, r=r, seed=seed, loss_fn=loss_fn, group=group,
                                   errors=their_errors)
     ours = DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=1024, process_group=group)
-    settle_buckets(ours, steps[0], loss_fn)
     state = PowerSGDState(r, group, seed=seed)
     ours.register_comm_hook(state, powersgd_hook)
     out = []
@@ -377,6 +380,7 @@ def compare_with_torch(rank: int, world_size: int, model, batches, r: int, seed:
         out.append({"ours": {n: p.grad.clone() for n, p in ours.module.named_parameters()},
                     "torch": want, "error": {"ours": {i: e.clone() for i, e in state.error.items()},
                                              "torch": their_error},
-                    "calls": counts.calls["all_reduce"], "bytes": counts.bytes_sent["all_reduce"]})
+                    "calls": counts.calls["all_reduce"], "bytes": counts.bytes_sent["all_reduce"],
+                    "compressed": state.iteration > state.start_iter})
         ours.zero_grad(set_to_none=True)
     return out

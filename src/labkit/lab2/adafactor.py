@@ -19,22 +19,28 @@ from __future__ import annotations
 import torch
 
 from labkit import validate
+from labkit.optim_base import PerParameterOptimizer
+from labkit.optimizer_states import factored_state_bytes  # noqa: F401  (the formula, for the lab)
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
 
-class Adafactor(torch.optim.Optimizer):
+class Adafactor(PerParameterOptimizer):
     """Adafactor with a factored second moment for ≥2-D weights and a full one for vectors.
 
-    State of a parameter (the same keys and shapes as ``torch.optim.Adafactor``):
+    ``step(closure=None)`` (given, ``labkit.optim_base``) calls ``_update`` for every parameter
+    that has a gradient (a parameter without one keeps its state and its step count), as
+    ``torch.optim.Adafactor`` does; an empty parameter is left alone. State of a parameter (the
+    same keys and shapes as ``torch.optim.Adafactor``):
 
-    * ``"step"``: a float32 scalar tensor, the number of steps taken;
+    * ``"step"``: a float32 scalar tensor, the number of steps this parameter has taken;
     * ``"row_var"`` of shape ``(..., m, 1)`` and ``"col_var"`` of shape ``(..., 1, n)`` for a
       weight of shape ``(..., m, n)``: running means of G² over its last and its
       second-to-last dimension;
     * ``"variance"``, the shape of the parameter, for a 1-D parameter.
 
-    State bytes: 4·(m + n) + 4 for an m×n fp32 weight, 4·n + 4 for a vector of n.
+    The state lives in the parameter's dtype (as torch's). State bytes: 4·(m + n) + 4 for an
+    m×n fp32 weight, 4·n + 4 for a vector of n (``factored_state_bytes``).
 
     Args:
         params: the parameters, or parameter groups (dicts with "params" and any of the
@@ -47,72 +53,31 @@ class Adafactor(torch.optim.Optimizer):
         weight_decay: decoupled weight decay λ: θ ← θ·(1 − lr·λ) before the update.
     """
 
+    skip_empty = True  # torch.optim.Adafactor divides by an empty tensor's numel and raises
+
     def __init__(self, params, lr: float = 1e-2, beta2_decay: float = -0.8,
                  eps: tuple[float | None, float] = (None, 1e-3), d: float = 1.0,
                  weight_decay: float = 0.0):
-        params = validate.params("params", params)
-        validate.non_negative_number("lr", lr)
-        validate.number("beta2_decay", beta2_decay, high=0)
-        if not (isinstance(eps, (tuple, list)) and len(eps) == 2):
-            raise ValueError(f"eps must be a pair (eps1 >= 0 or None, eps2 >= 0), got {eps!r}")
-        if eps[0] is not None:
-            validate.non_negative_number("eps[0] (ε₁)", eps[0])
-        validate.non_negative_number("eps[1] (ε₂)", eps[1])
-        validate.number("d (the clipping threshold)", d, low=1)
-        validate.non_negative_number("weight_decay", weight_decay)
-        defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=tuple(eps), d=d,
-                        weight_decay=weight_decay)
-        super().__init__(params, defaults)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        """Take one Adafactor step for every parameter that has a gradient.
-
-        Contract: after each call, every parameter with a gradient and its state equal what
-        ``torch.optim.Adafactor`` (same options) gives, to rounding: the same relative step
-        (capped by ``lr``, scaled by the parameter's RMS but never below ε₂), the same decoupled
-        weight decay, the same β̂₂ schedule for the running means of G², the same variance
-        estimate rebuilt from the row and column factors (≥2-D) or kept whole (1-D), and the
-        same update clipping at ``d``. The state holds only the factors (or the vector's
-        variance) and the step counter; the full estimate V̂ is a temporary. The lab and the
-        chapter derive each piece.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None or p.numel() == 0:  # an empty tensor has nothing to update
-                    continue  # (torch.optim.Adafactor divides by its numel and raises)
-                self._update(p, p.grad, self.state[p], group)
-        return loss
+        validate.adafactor_args(lr=lr, beta2_decay=beta2_decay, eps=eps, d=d,
+                                weight_decay=weight_decay)
+        super().__init__(validate.params("params", params),
+                         dict(lr=lr, beta2_decay=beta2_decay, eps=tuple(eps), d=d,
+                              weight_decay=weight_decay))
 
     # ==== exercise 2.1: your code ====
 
     def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
-        """One Adafactor step of parameter ``p`` (see ``step``); creates its state on first use."""
+        """One Adafactor step of parameter ``p`` with its gradient ``grad``; creates its state on
+        first use.
+
+        Contract: afterwards ``p`` and its state equal what ``torch.optim.Adafactor`` (the
+        group's options) gives, to rounding: the same relative step (capped by ``lr``, scaled by
+        the parameter's RMS but never below ε₂, so that a parameter that starts at zero moves),
+        the same decoupled weight decay, the same β̂₂ schedule for the running means of G² (t is
+        this parameter's own step count), the same variance estimate rebuilt from the row and
+        column factors (≥2-D) or kept whole (1-D), and the same update clipping at ``d``. The
+        state holds only the factors (or the vector's variance) and the step counter; the full
+        estimate V̂ is a temporary. The lab and the chapter derive each piece.
+        """
         raise NotImplementedError("exercise 2.1: create this parameter's state on first use (the class docstring lists it), then take one step that meets the contract of step() (labs/02_optimizer_states.ipynb)")
 
-
-# ==== given: the course's code — read it, call it, don't change it ====
-
-
-def factored_state_bytes(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
-    """Bytes of Adafactor's state for one parameter of ``shape``, by the formula.
-
-    ≥2-D (..., m, n): (prod(...)·(m + n)) elements; 1-D (n,): n elements; plus a 4-byte float32
-    step counter. Compare Adam's 2·numel elements.
-    """
-    if (not isinstance(shape, (tuple, list, torch.Size)) or len(shape) < 1
-            or any(not validate.is_int(s) or s < 1 for s in shape)):
-        raise ValueError(f"shape must be a non-empty tuple of positive ints, got {shape!r}")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
-    item = torch.empty((), dtype=dtype).element_size()
-    if len(shape) == 1:
-        return item * shape[0] + 4
-    lead = 1
-    for s in shape[:-2]:
-        lead *= s
-    return item * lead * (shape[-2] + shape[-1]) + 4

@@ -9,229 +9,64 @@ updates them, and writes them back, while the next group is already being read (
 read-ahead, so the drive's latency hides behind the update). Host memory holds only the
 read-ahead window, never the whole state.
 
-Here a group is one parameter tensor and its state is one file ``group_XXXX.bin`` of K·n fp32
-numbers: [master (16-bit parameters only), m, v], K = 12 bytes an element for 16-bit
-parameters, 8 for fp32 ones (the parameter itself is the master); ``step.json`` holds the step
-counts: each parameter's own, as ``torch.optim.Adam`` keeps them (a parameter without a gradient
-is skipped and its count does not advance, so its bias corrections start at its first gradient). The files are read and written explicitly (``read_group`` / ``write_group``), not
-memory-mapped: an mmap's pages are resident at the kernel's discretion, while an explicit read
-makes "resident bytes" a number we can count. Per step the files give K·Ψ bytes and take K·Ψ
-back; the resident state is at most the window, K × (the largest read_ahead + 1 consecutive
-groups).
+Here a group is one parameter tensor and its state is one file ``group_XXXX.bin``: [master
+(16-bit parameters only), m, v] in fp32, K = 12 bytes an element for 16-bit parameters, 8 for
+fp32 ones (the parameter itself is the master; an fp64 parameter keeps fp64 moments, K = 16);
+``step.json`` holds the step counts: each parameter's own, as ``torch.optim.Adam`` keeps them (a
+parameter without a gradient is skipped and its count does not advance, so its bias corrections
+start at its first gradient). The files, their reads and writes and the count of every byte are
+given (``labkit.nvme_files.StateFiles``); the directory is the checkpoint: a new ``NVMeAdam`` on
+it resumes. Per step the files give K·Ψ bytes and take K·Ψ back; the resident state is at most
+the window, K × (the largest read_ahead + 1 consecutive groups).
 
 Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.7 (labs/02_optimizer_states.ipynb).
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import threading
-import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from labkit import validate
+from labkit.nvme_files import StateFiles
+from labkit.optim_base import run_closure
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
-LAYOUT = "labkit.lab2.nvme_offload/2"
-ADAM_OPTIONS = ("lr", "betas", "eps", "weight_decay")
 
-
-class Prefetch:
-    """A read in flight. ``result()`` waits for it and hands the group's state over, once: the
-    handle keeps no reference afterwards, so the buffers live exactly as long as the caller
-    keeps them."""
-
-    def __init__(self, future: Future, box: list):
-        self._future, self._box = future, box
-
-    def result(self) -> dict[str, torch.Tensor]:
-        self._future.result()  # waits; re-raises an error of the read
-        state, self._box[0] = self._box[0], None
-        if state is None:
-            raise RuntimeError("this prefetch's state was already taken: call result() once")
-        return state
-
-
-class NVMeAdam:
-    """Adam (``torch.optim.Adam``'s update) whose fp32 state lives in files under ``directory``.
+class NVMeAdam(StateFiles):
+    """Adam (``torch.optim.Adam``'s update) whose state lives in files under ``directory``.
 
     A new directory is filled with the initial state (master = the parameters, m = v = 0); a
     directory that already holds this layout (same tensor sizes and dtypes) is *resumed*: its
-    master weights, moments and step count continue where they were written.
+    master weights, moments and step counts continue where they were written.
 
-    Infrastructure (given; the exercise uses it):
-        groups: the parameters, one tensor per group; ``K``: state bytes per element (8 or 12).
-        options[i]: group i's Adam options, ``{"lr", "betas", "eps", "weight_decay"}`` (the
-            keyword arguments, or the parameter group's own where ``params`` has groups).
+    Given by ``labkit.nvme_files.StateFiles`` (the exercise uses it):
+        groups: the parameters, one tensor per group; ``K[i]``: state bytes per element.
+        options[i]: group i's Adam options, ``{"lr", "betas", "eps", "weight_decay"}``.
         steps[i]: the steps group i has taken (its own count, for its bias corrections).
         prefetch(i): start reading group i's state on the I/O thread; returns a ``Prefetch``
             whose ``result()`` waits and hands over ``{"master"?, "exp_avg", "exp_avg_sq"}``
-            (fp32 tensors of the parameter's shape; "master" only for 16-bit parameters), once.
+            (tensors of the parameter's shape in ``state_dtype[i]``, fp32 here unless the
+            parameter is fp64; "master" only for 16-bit parameters), once.
         write_group(i, state): write that dict back to group i's file.
         write_steps(): record ``step_count`` and ``steps`` in ``step.json``.
-        bytes_read, bytes_written: state bytes moved so far (counted by read/write).
-        resident_bytes, peak_resident_bytes: bytes of state buffers read and still alive in
-            host memory, now and at most (each buffer is counted until it is garbage).
-        events: ``("read", i)`` when a prefetch is issued, ``("write", i)`` when a write ends.
-        step_count: calls of ``step()`` so far (read from ``step.json`` on resume).
+        step_count: calls of ``step()`` so far; ``bytes_read``, ``bytes_written``,
+            ``resident_bytes``, ``peak_resident_bytes``, ``events``: what the graders count.
+        zero_grad(), close().
 
     Args:
-        params: the parameters (each tensor once), or parameter groups (dicts with "params" and
-            any of lr, betas, eps, weight_decay), as for ``torch.optim.Adam``.
+        params: the parameters, or parameter groups (dicts with "params" and any of lr, betas,
+            eps, weight_decay), as for ``torch.optim.Adam``.
         directory: where the state files live (created if missing).
         lr, betas, eps, weight_decay: ``torch.optim.Adam``'s (L2 weight decay, added to the
             gradient).
         read_ahead: how many groups beyond the one being updated may be read at once (≥ 0).
     """
 
-    def __init__(self, params, directory, *, lr: float = 1e-3, betas=(0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, read_ahead: int = 1):
-        items = validate.params("params", params)
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        validate.adam_args(**defaults)
-        groups = items if isinstance(items[0], dict) else [{"params": items}]
-        if not all(isinstance(g, dict) for g in groups):
-            raise TypeError("params must hold only tensors or only param-group dicts, not both")
-        params, self.options = [], []
-        for k, g in enumerate(groups):
-            unknown = set(g) - {"params", *ADAM_OPTIONS}
-            if unknown:
-                raise ValueError(f"params: group {k} has unknown options {sorted(unknown)}; "
-                                 f"allowed: {list(ADAM_OPTIONS)}")
-            options = {**defaults, **{o: g[o] for o in ADAM_OPTIONS if o in g}}
-            validate.adam_args(**options)
-            ps = [g["params"]] if isinstance(g["params"], torch.Tensor) else list(g["params"])
-            params += ps
-            self.options += [{**options, "betas": tuple(options["betas"])} for _ in ps]
-        if not params or not all(isinstance(p, torch.Tensor) and p.is_floating_point() for p in params):
-            raise ValueError("params must be a non-empty iterable of floating-point tensors")
-        if len({id(p) for p in params}) != len(params):
-            raise ValueError("params must list each tensor once")
-        if not isinstance(directory, (str, os.PathLike)):
-            raise TypeError(f"directory must be a path (str or os.PathLike), got {type(directory).__name__}")
-        if os.path.exists(directory) and not os.path.isdir(directory):
-            raise ValueError(f"directory must be a directory (existing or new), got the file {os.fspath(directory)!r}")
-        self.read_ahead = validate.non_negative_int("read_ahead", read_ahead)
-        self.groups = params
-        self.directory = os.fspath(directory)
-        self.has_master = [p.dtype != torch.float32 for p in params]
-        self.K = [4 * (3 if m else 2) for m in self.has_master]  # state bytes per element
-        self.bytes_read = self.bytes_written = 0
-        self.resident_bytes = self.peak_resident_bytes = 0
-        self.events: list[tuple[str, int]] = []
-        self._lock = threading.Lock()
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvme-io")
-        self._finalizer = weakref.finalize(self, self._io.shutdown, wait=False)
-        os.makedirs(self.directory, exist_ok=True)
-        layout = {"layout": LAYOUT, "groups": [[list(p.shape), str(p.dtype)] for p in params]}
-        meta_path = os.path.join(self.directory, "step.json")
-        if os.path.exists(meta_path):
-            with open(meta_path) as f:
-                meta = json.load(f)
-            if {k: meta.get(k) for k in layout} != layout:
-                raise ValueError(f"directory {self.directory!r} holds the state of other parameters "
-                                 "(shapes or dtypes differ): use a new directory")
-            self.step_count = int(meta["step"])
-            self.steps = [int(s) for s in meta["steps"]]
-        else:
-            for i, p in enumerate(params):
-                state = {"exp_avg": torch.zeros(p.shape), "exp_avg_sq": torch.zeros(p.shape)}
-                if self.has_master[i]:
-                    state["master"] = p.detach().float().cpu()
-                self._write(i, state)
-            self.step_count = 0
-            self.steps = [0] * len(params)
-            self.write_steps()
-        self._layout = layout
-
-    def path(self, i: int) -> str:
-        """The file of group i."""
-        return os.path.join(self.directory, f"group_{i:04d}.bin")
-
-    def _keys(self, i: int) -> list[str]:
-        return (["master"] if self.has_master[i] else []) + ["exp_avg", "exp_avg_sq"]
-
-    def _read(self, i: int) -> dict[str, torch.Tensor]:
-        p = self.groups[i]
-        n = p.numel()
-        flat = torch.empty(len(self._keys(i)) * n, dtype=torch.float32)
-        with self._lock:  # resident from allocation until the last view of it is garbage
-            self.resident_bytes += flat.nbytes
-            self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
-        weakref.finalize(flat, self._release, flat.nbytes)  # views keep their base alive
-        with open(self.path(i), "rb") as f:
-            got = f.readinto(flat.numpy())
-        if got != flat.nbytes:
-            raise OSError(f"{self.path(i)}: read {got} bytes, expected {flat.nbytes}")
-        with self._lock:
-            self.bytes_read += got
-        return {k: flat[j * n:(j + 1) * n].view(p.shape) for j, k in enumerate(self._keys(i))}
-
-    def _release(self, nbytes: int) -> None:
-        with self._lock:
-            self.resident_bytes -= nbytes
-
-    def _write(self, i: int, state: dict[str, torch.Tensor]) -> int:
-        keys = self._keys(i)
-        if not isinstance(state, dict) or set(state) != set(keys):
-            raise ValueError(f"state of group {i} must be a dict with keys {keys}, got "
-                             f"{sorted(state) if isinstance(state, dict) else type(state).__name__}")
-        flat = torch.cat([state[k].detach().reshape(-1).float().cpu() for k in keys])
-        path = self.path(i)
-        # overwrite in place ("r+b"): truncating and regrowing a file costs far more than writing it
-        with open(path, "r+b" if os.path.exists(path) else "wb") as f:
-            f.write(memoryview(flat.numpy()))
-        return flat.nbytes
-
-    def prefetch(self, i: int) -> "Prefetch":
-        """Start reading group i's state on the I/O thread (see the class docstring)."""
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.groups):
-            raise ValueError(f"i must be a group index in [0, {len(self.groups)}), got {i!r}")
-        self.events.append(("read", i))
-        box: list = [None]
-
-        def read() -> None:  # the pool's Future holds None: only the handle holds the buffers
-            box[0] = self._read(i)
-
-        return Prefetch(self._io.submit(read), box)
-
-    def write_group(self, i: int, state: dict[str, torch.Tensor]) -> None:
-        """Write group i's updated state back to its file (blocking)."""
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.groups):
-            raise ValueError(f"i must be a group index in [0, {len(self.groups)}), got {i!r}")
-        nbytes = self._write(i, state)
-        with self._lock:
-            self.bytes_written += nbytes
-        self.events.append(("write", i))
-
-    def write_steps(self) -> None:
-        """Record ``step_count`` and every group's ``steps`` (with the layout) in ``step.json``,
-        atomically."""
-        meta_path = os.path.join(self.directory, "step.json")
-        with open(meta_path + ".tmp", "w") as f:
-            json.dump({"layout": LAYOUT, "groups": [[list(p.shape), str(p.dtype)] for p in self.groups],
-                       "step": int(self.step_count), "steps": [int(s) for s in self.steps]}, f)
-        os.replace(meta_path + ".tmp", meta_path)
-
-    def window_bytes(self) -> int:
-        """The most state bytes the read-ahead window can hold: K·numel over the largest
-        ``read_ahead + 1`` consecutive groups."""
-        sizes = [k * p.numel() for k, p in zip(self.K, self.groups)]
-        w = min(self.read_ahead + 1, len(sizes))
-        return max(sum(sizes[i:i + w]) for i in range(len(sizes) - w + 1))
-
-    def state_bytes_formula(self) -> int:
-        """K·Ψ: the bytes one step reads (and writes): Σ K·numel over the groups."""
-        return sum(k * p.numel() for k, p in zip(self.K, self.groups))
-
     # ==== exercise 2.7: your code ====
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, closure=None):
         """One Adam step of every parameter that has a gradient, streaming the state from files.
 
         Contract: afterwards each parameter (and, for 16-bit parameters, its fp32 master)
@@ -240,20 +75,12 @@ class NVMeAdam:
         taken from the fp32 master); a parameter without a gradient is skipped and its own step
         count ``steps[i]`` does not advance (its bias corrections use its count, as Adam's do);
         ``step_count`` counts the calls; every group's file and ``step.json`` hold the new state,
-        so a new ``NVMeAdam`` on this directory continues identically. Each group's state is read once (``prefetch``) and written once
-        (``write_group``), the read of the next groups is issued before the current group is
+        so a new ``NVMeAdam`` on this directory continues identically. Each group's state is
+        read once (``prefetch``) and written once (``write_group``), the read of the next groups is issued before the current group is
         updated, and at no moment are more than ``read_ahead`` groups beyond the current one
-        read and alive in memory (drop each group's buffers once written).
+        read and alive in memory (drop each group's buffers once written). ``closure``
+        (optional, given) runs first, as for ``torch.optim``; its loss is returned.
         """
+        loss = run_closure(closure)
         raise NotImplementedError("exercise 2.7: stream the groups with a gradient through a window of read_ahead prefetches; for each: Adam on its state with its options and its own step count (master for 16-bit), write it back, free it; then record the steps (labs/02_optimizer_states.ipynb)")
-
-    # ==== given: the course's code — read it, call it, don't change it ====
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Release the parameters' gradients (as ``torch.optim.Optimizer.zero_grad`` does)."""
-        for p in self.groups:
-            p.grad = None
-
-    def close(self) -> None:
-        """Stop the I/O thread (the files stay)."""
-        self._io.shutdown(wait=True)
+        return loss

@@ -29,72 +29,41 @@ from __future__ import annotations
 
 import torch
 
-from labkit.validate import adam_args as check_adam_args
+from labkit.host_offload import HostOffload
+from labkit.optim_base import run_closure
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
 
-class ZeROOffload:
-    """Adam for a model on the device, with its fp32 master weights, m, v and step on the host.
+class ZeROOffload(HostOffload):
+    """Adam for a model on the device, with its master weights, m, v and step on the host.
 
-    Use it in place of an optimizer; one backward per step (no gradient accumulation)::
+    Use it in place of an optimizer; several backward passes before one ``step()`` add up, as
+    ``.grad`` would::
 
         offload = ZeROOffload(model, lr=1e-3)
         loss = model(x, y); loss.backward()   # gradients leave the device during backward
         offload.step()                        # Adam on the host, weights copied back
 
-    Attributes (set up here, used by the exercise):
+    Set up by ``labkit.host_offload.HostOffload`` (given), and used by the exercise:
         params, names: the model's trainable parameters (a tied weight once) and their names.
-        master: fp32 host copies of the parameters (pinned on CUDA); ``optim``, a
-            ``torch.optim.Adam`` over them: its m, v and step counters are host tensors.
+        master: host copies of the parameters (fp32; fp64 for fp64 parameters; pinned on CUDA);
+            ``optim``, a ``torch.optim.Adam`` over them: its m, v and step counters are host
+            tensors.
         host_grads: one host buffer per parameter, in the parameter's dtype (pinned on CUDA):
             the 16-bit gradient is what crosses the link.
         stream: the side CUDA stream for the copies (None on a CPU); ``copied``: per parameter,
             the CUDA event that ends its copy (None on a CPU).
-        arrived: indices of the parameters whose gradient reached the host since the last step.
+        arrived: indices of the parameters whose gradient reached the host since the last step
+            (``zero_grad()`` empties it).
         events: ``("grad to host", name)`` appended after each gradient's hook returns (a test or
             the lab may append its own events, e.g. the start of each block's backward).
+    ``zero_grad``, ``state_dict``/``load_state_dict`` and ``remove`` are given too.
 
     Args:
         model: the module to train (on a CPU or one CUDA device).
         lr, betas, eps, weight_decay: ``torch.optim.Adam``'s.
     """
-
-    def __init__(self, model: torch.nn.Module, *, lr: float = 1e-3, betas=(0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0):
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        check_adam_args(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)  # before anything moves
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        if not named:
-            raise ValueError("model must have at least one parameter that requires grad")
-        devices = {p.device for _, p in named}
-        if len(devices) != 1:
-            raise ValueError(f"model's parameters must be on one device, got {sorted(map(str, devices))}")
-        self.device = devices.pop()
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        self.index = {id(p): i for i, p in enumerate(self.params)}
-        cuda = self.device.type == "cuda"
-        host = torch.device("cpu")
-        self.master = [p.detach().to(host, torch.float32, copy=True) for p in self.params]
-        self.host_grads = [torch.empty(p.shape, dtype=p.dtype, device=host) for p in self.params]
-        if cuda:  # page-locked host memory: the DMA engine copies while the GPU computes
-            self.master = [m.pin_memory() for m in self.master]
-            self.host_grads = [g.pin_memory() for g in self.host_grads]
-        # fused: one vectorized kernel over all the tensors, PyTorch's CPU counterpart of
-        # DeepSpeed's CPU-Adam (supported for fp32 CPU tensors since torch 2.4)
-        self.optim = torch.optim.Adam(self.master, lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay, fused=True)
-        self.stream = torch.cuda.Stream(self.device) if cuda else None
-        self.copied: list = [None] * len(self.params)
-        self.arrived: set[int] = set()
-        self.events: list[tuple[str, str]] = []
-        self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
-
-    def _on_grad(self, param: torch.Tensor) -> None:
-        self._offload_grad(param)
-        self.events.append(("grad to host", self.names[self.index[id(param)]]))
 
     # ==== exercise 2.6: your code ====
 
@@ -106,30 +75,25 @@ class ZeROOffload:
         device gradient itself would leave it on the GPU; on CUDA: copied
         on ``self.stream`` without racing the compute stream that wrote it, and ``self.copied``
         holds an event that marks the end of the copy; the device memory must not be reused
-        before the copy has read it), the parameter's index is added to ``self.arrived``, and
-        the device gradient is released before this returns (``param.grad`` is None).
+        before the copy has read it); if this parameter's gradient already arrived since the
+        last step (a second backward before ``step()``), the buffer ends up holding the sum, as
+        ``.grad`` would; the parameter's index is added to ``self.arrived``, and the device
+        gradient is released before this returns (``param.grad`` is None).
         """
-        raise NotImplementedError("exercise 2.6: move this parameter's finished gradient into its host buffer (CUDA: side stream, event, no race), note that it arrived, release the device gradient (labs/02_optimizer_states.ipynb)")
+        raise NotImplementedError("exercise 2.6: move this parameter's finished gradient into its host buffer (CUDA: side stream, event, no race), or add it to what arrived earlier, note that it arrived, release the device gradient (labs/02_optimizer_states.ipynb)")
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, closure=None):
         """Adam on the host for every parameter whose gradient arrived since the last step.
 
         Contract: after it returns, each such parameter (on the device, in its own dtype) equals
-        its fp32 master weight after one ``torch.optim.Adam`` step on the gradient it received,
-        rounded to the parameter's dtype, exactly as on-device mixed-precision Adam would
-        leave it; parameters without a gradient this step are not touched (Adam skips them);
-        the optimizer's state stays on the host; ``arrived`` is empty again.
+        its master weight after one ``torch.optim.Adam`` step on the gradient it received (cast
+        to the master's dtype), rounded to the parameter's dtype, exactly as on-device
+        mixed-precision Adam would leave it; parameters without a gradient this step are not
+        touched (Adam skips them, and their step counts do not advance); the optimizer's state
+        stays on the host; ``arrived`` is empty again. ``closure`` (optional, given) runs first,
+        as for ``torch.optim``; its loss is returned.
         """
+        loss = run_closure(closure)
         raise NotImplementedError("exercise 2.6: wait for the copies, step the host optimizer on the arrived gradients (fp32), write the rounded master weights back to the device, reset arrived (labs/02_optimizer_states.ipynb)")
-
-    # ==== given: the course's code — read it, call it, don't change it ====
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Nothing to do: every device gradient was released during backward."""
-
-    def remove(self) -> None:
-        """Remove the hooks: backward goes back to leaving gradients in ``.grad``."""
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+        return loss

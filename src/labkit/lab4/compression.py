@@ -18,94 +18,24 @@ Whatever a rank did not send this step is kept in an **error-feedback** memory a
 next gradient (Seide et al. 2014, 1-bit SGD; Stich et al. 2018, arXiv 1809.07599; Karimireddy
 et al. 2019, arXiv 1901.09847): nothing is lost, only delayed.
 
+The memory is kept per bucket, and DDP rebuilds its buckets after the first iteration; so, as
+PyTorch's ``powerSGD_hook`` does, the hook compresses from ``state.start_iter`` (2 by default)
+and is DDP's plain all-reduce before it (given: ``labkit.comm_hooks``).
+
 Chapter 4 (book/04_gradients.md); Lab 4, exercise 4.4 (labs/04_gradients.ipynb).
 """
 
-import math
-
+# no `from __future__ import annotations`: DDP's register_comm_hook reads the hook's
+# annotations and wants the classes themselves (dist.GradBucket), not strings
 import torch
 import torch.distributed as dist
 
-from labkit.validate import boolean, is_int, non_negative_int, number, one_of, positive_int, tensor
+from labkit.comm_hooks import (SCHEMES, CompressionState, allreduce_mean, check_compression_state,
+                               check_flat, check_k, done, keep_count, random_indices)
+from labkit.validate import positive_int, tensor
 
-# ==== given: the course's code — read it, call it, don't change it ====
-
-SCHEMES = ("int8", "topk", "randomk")
-
-
-class CompressionState:
-    """What ``compression_hook`` keeps between steps, per bucket of a DDP model.
-
-    Args:
-        scheme: ``"int8"``, ``"topk"`` or ``"randomk"``.
-        density: float in (0, 1], the fraction of a bucket's entries top-K and random-K send
-            (K = ``keep_count(numel, density)``).
-        chunk: int ≥ 1, the number of consecutive elements that share one int8 scale.
-        error_feedback: keep what was not sent and add it to the next step's gradient.
-        seed: int ≥ 0, seeds random-K's indices (the same on every rank).
-        process_group: the group to communicate over (None: the default group).
-
-    Attributes the hook uses: the arguments, ``error`` (bucket index → flat fp32 tensor of what
-    this rank has not sent yet) and ``step`` (bucket index → number of earlier calls for that
-    bucket).
-    """
-
-    def __init__(self, scheme: str, *, density: float = 0.01, chunk: int = 256,
-                 error_feedback: bool = True, seed: int = 0, process_group=None):
-        one_of("scheme", scheme, SCHEMES)
-        density = number("density", density, low=0, high=1, low_open=True)  # the fraction sent
-        chunk = positive_int("chunk", chunk)  # elements per int8 scale
-        boolean("error_feedback", error_feedback)
-        seed = non_negative_int("seed", seed)
-        self.scheme, self.density, self.chunk = scheme, density, chunk
-        self.error_feedback, self.seed, self.process_group = error_feedback, seed, process_group
-        self.error: dict[int, torch.Tensor] = {}
-        self.step: dict[int, int] = {}
-
-
-def keep_count(numel: int, density: float) -> int:
-    """K, the number of entries top-K and random-K send of a bucket of ``numel`` ≥ 1 elements:
-    ⌈density · numel⌉ for a density in (0, 1] (at least 1, at most numel)."""
-    numel = positive_int("numel", numel)
-    density = number("density", density, low=0, high=1, low_open=True)
-    return max(1, min(numel, math.ceil(density * numel)))
-
-
-def _check_k(k, numel: int) -> None:
-    if not (is_int(k) and 0 < int(k) <= numel):
-        raise ValueError(f"k must be an int in (0, numel] = (0, {numel}], got {k!r}")
-
-
-def random_indices(numel: int, k: int, *, seed: int, bucket: int, step: int) -> torch.Tensor:
-    """The K distinct indices random-K sends for bucket ``bucket`` at its call number ``step``.
-
-    The same on every rank (drawn from a generator seeded by ``seed``, ``bucket`` and ``step``
-    only), so no rank has to send them. int64, in no particular order.
-    """
-    numel = positive_int("numel", numel)
-    _check_k(k, numel)
-    for name, value in (("seed", seed), ("bucket", bucket), ("step", step)):
-        non_negative_int(name, value)
-    g = torch.Generator().manual_seed(seed * 1_000_003 + bucket * 10_007 + step)
-    return torch.randperm(numel, generator=g)[:k]
-
-
-def _check_flat(x, name: str = "x") -> None:
-    tensor(name, x, floating=True)
-    if x.dim() != 1:
-        raise TypeError(f"{name} must be a 1-D floating-point tensor, got shape {tuple(x.shape)}")
-
-
-def _done(value):
-    """A completed ``torch.futures.Future`` holding ``value`` (what a comm hook returns)."""
-    fut = torch.futures.Future()
-    fut.set_result(value)
-    return fut
-
-
-def _check_state(state) -> None:
-    if not isinstance(state, CompressionState):
-        raise TypeError(f"state must be a CompressionState, got {type(state).__name__}")
+__all__ = ["SCHEMES", "CompressionState", "keep_count", "random_indices", "quantize_int8",
+           "dequantize_int8", "topk", "compression_hook"]
 
 
 # ==== exercise 4.4: your code ====
@@ -124,7 +54,7 @@ def quantize_int8(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tens
           A chunk of zeros has scale 0 and codes 0.
         * Returns ``(codes, scales)``: int8 of x's numel, fp32 of ⌈numel / chunk⌉.
     """
-    _check_flat(x)
+    check_flat(x)
     chunk = positive_int("chunk", chunk)
     raise NotImplementedError("exercise 4.4: split into chunks; one scale per chunk; round to int8 codes (labs/04_gradients.ipynb)")
 
@@ -154,8 +84,8 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     (ValueError naming ``k`` otherwise), checked before any work. Returns ``(values, indices)``:
     the K values (x's dtype, signs kept) and their int64 indices into x, in any order.
     """
-    _check_flat(x)
-    _check_k(k, x.numel())
+    check_flat(x)
+    check_k(k, x.numel())
     raise NotImplementedError("exercise 4.4: find the K largest magnitudes; return their values and indices (labs/04_gradients.ipynb)")
 
 
@@ -180,8 +110,13 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
           ĝ from what it received); the same on every rank.
         * With error feedback, afterwards ``state.error[index]`` = g − ĝ (this rank's own ĝ:
           exactly what it did not send); without, ``state.error`` stays empty.
-        * ``state.step[index]`` counts the calls for this bucket.
-        * Returns a completed ``torch.futures.Future`` whose value is ``bucket.buffer()``.
+        * ``state.step[index]`` counts the calls for this bucket (those that compress).
+        * Returns a completed ``torch.futures.Future`` whose value is ``bucket.buffer()`` (``done``).
+
+    The first lines (given) are DDP's plain all-reduce until ``state.start_iter``, so that no
+    state is kept before DDP rebuilds its buckets.
     """
-    _check_state(state)
+    check_compression_state(state)
+    if not state.compressing(bucket):
+        return allreduce_mean(bucket, state.process_group)
     raise NotImplementedError("exercise 4.4: add the kept error; compress by scheme; send; rebuild and average every rank's part; keep the new error (labs/04_gradients.ipynb)")

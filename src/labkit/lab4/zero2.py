@@ -4,15 +4,16 @@ ZeRO-1 (lab 2) shards the optimizer states but still all-reduces a full gradient
 rank: 2Ψ bytes of 16-bit gradients (4Ψ in fp32) per rank at the end of backward. Yet a rank
 only updates its own slice of the flat parameter vector, so it only needs the reduced gradient
 of that slice. ZeRO-2 (Rajbhandari et al. 2019, arXiv 1910.02054) therefore replaces the
-all-reduce by a reduce-scatter, and does it during backward: gradients are grouped into buckets
-in the order they become ready; when a bucket is full, one reduce-scatter sends each rank the
-sum of the pieces it owns, and the full gradients of the bucket are freed at once. When the next
-bucket is sent, the previous reduce-scatter (which had a whole bucket of backward to finish) is
-waited for and its output added into the rank's gradient shard, so at most one is in flight. A
+all-reduce by a reduce-scatter, and does it during backward: gradients are grouped into fixed
+buckets sent in the same order on every rank (``labkit.buckets``, as BucketedDDP); once a
+bucket's gradients are all ready, one reduce-scatter sends each rank the sum of the pieces it
+owns, and the full gradients of the bucket are freed at once. When the next bucket is sent, the
+previous reduce-scatter (which had a whole bucket of backward to finish) is waited for and its
+output added into the rank's gradient shard, so at most one is in flight. A
 rank then holds its gradient shard (S = ceil(Ψ/N) elements, 4Ψ/N bytes in fp32), the bucket that
 is filling and the one in flight; never the whole gradient. After backward: Adam on the owned
-slice (as ZeRO-1), then one all-gather of the updated slices. Per GPU in mixed precision:
-2Ψ + (2 + 12)Ψ/N bytes.
+slice (``torch.optim.Adam`` over the slice's pieces, ``labkit.sharding``, as ZeRO-1), then one
+all-gather of the updated slices. Per GPU in mixed precision: 2Ψ + (2 + 12)Ψ/N bytes.
 
 Communication: reduce-scatter Ψ + all-gather Ψ elements per step, what one all-reduce (DDP)
 costs — the gradient memory is saved for free.
@@ -23,145 +24,70 @@ parameter i occupies ``[offset_i, offset_i + n_i)`` of a vector padded to N·S; 
 ``[r·S, (r+1)·S)``. A bucket's parameters need not be contiguous, so a bucket is reduced with
 ``dist.reduce_scatter(output, input_list)``: input i holds, concatenated in bucket order, the
 pieces of the bucket's gradients that rank i owns (possibly none; the sizes differ between
-ranks, which gloo and NCCL accept).
+ranks, which gloo and NCCL accept), then one presence count per parameter of the bucket (1 where
+this rank has its gradient): a parameter no rank had a gradient for is left alone, as Adam
+leaves it under ``DistributedDataParallel(find_unused_parameters=True)``.
 
 Chapter 4 (book/04_gradients.md); Lab 4, exercise 4.3 (labs/04_gradients.ipynb).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 
-from labkit.flat_params import copy_from_flat, flatten_padded, partition, shard_range
-from labkit.validate import adam_args, non_negative_int, params as check_params, positive_int
+from labkit.flat_params import copy_from_flat
+from labkit.optim_base import run_closure
+from labkit.sharding import BucketedShardedAdam, owned_pieces
+
+__all__ = ["ZeRO2Adam", "owned_pieces"]
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
 
-def owned_pieces(offset: int, numel: int, shard_size: int, world_size: int):
-    """Where a parameter at ``[offset, offset + numel)`` of the flat vector meets each shard.
-
-    Returns a list of ``(rank, start_in_param, start_in_shard, length)``, one per rank whose
-    slice ``[rank·S, (rank+1)·S)`` overlaps the parameter, in rank order.
-    """
-    offset, numel = non_negative_int("offset", offset), non_negative_int("numel", numel)
-    shard_size = positive_int("shard_size", shard_size)
-    world_size = positive_int("world_size", world_size)
-    pieces = []
-    for rank in range(world_size):
-        lo = max(offset, rank * shard_size)
-        hi = min(offset + numel, (rank + 1) * shard_size)
-        if hi > lo:
-            pieces.append((rank, lo - offset, lo - rank * shard_size, hi - lo))
-    return pieces
-
-
-def _trainable(params) -> list[torch.Tensor]:
-    """The distinct parameters that require a gradient, in order (refusing what is not one)."""
-    items = check_params("params", params)
-    if any(isinstance(p, dict) for p in items):
-        raise TypeError("params: ZeRO2Adam takes one list of parameters, not param groups "
-                        "(dicts); every parameter shares lr, betas and eps")
-    seen, out = set(), []
-    for p in items:
-        if id(p) not in seen:  # a tied weight listed twice is one parameter
-            seen.add(id(p))
-            if p.requires_grad:
-                out.append(p)
-    if not out:
-        raise ValueError("params has no trainable parameter (all have requires_grad=False)")
-    dtypes = {p.dtype for p in out}
-    if len(dtypes) != 1 or not out[0].is_floating_point():
-        raise ValueError(f"trainable params must share one floating dtype, got {sorted(map(str, dtypes))}")
-    if len({p.device for p in out}) != 1:
-        raise ValueError("trainable params must be on one device")
-    return out
-
-
-class ZeRO2Adam:
+class ZeRO2Adam(BucketedShardedAdam):
     """Adam with ZeRO stage 2 over a process group: 1/N of the gradients and states per rank.
 
     Every rank builds it with the same parameters (same order, same shapes) *before* backward:
     the constructor registers a post-accumulate-grad hook on every trainable parameter. During
-    backward the hooks fill a bucket, in the order the gradients become ready, with gradients of
-    up to ``bucket_cap_bytes`` (fp32 bytes, 4 per element); a bucket that reaches the cap is
-    reduce-scattered at once (``async_op=True``), the full gradients in it are set to None, and
-    the previous bucket's reduce-scatter is waited for and its output added into ``grad_shard``
-    (at most one in flight). ``step()`` sends the last, partial bucket, waits for the one in
-    flight, averages over the ranks, runs Adam (exactly ``torch.optim.Adam``, no weight decay) on
-    this rank's slice and all-gathers the updated parameters. Several backward passes before one
-    ``step()`` add up, as ``.grad`` would, for any bucket size.
+    backward the hooks send the fixed buckets ``self.buckets`` (``labkit.buckets.plan_buckets``:
+    positions into ``self.params``, in reverse order, up to ``bucket_cap_bytes`` each) in order,
+    each as soon as its gradients are ready: one reduce-scatter (``async_op=True``), the full
+    gradients in it set to None, and the previous bucket's reduce-scatter waited for and its
+    output added into ``grad_shard`` and ``present`` (at most one in flight). At the end of each
+    backward the buckets not sent yet are sent (given, ``_end_of_backward``). ``step()`` waits
+    for the one in flight, averages over the ranks, runs ``torch.optim.Adam`` (``self.optim``,
+    over this rank's pieces: each parameter skipped and counted as Adam would) and all-gathers the
+    updated parameters. Several backward passes before one ``step()`` add up, as ``.grad`` would;
+    inside ``with opt.no_sync():`` a backward only accumulates ``.grad`` locally.
 
-    Memory after backward: ``grad_shard`` (4Ψ/N bytes) + the bucket that is filling + the one
-    in flight (its fp32 input and this rank's output).
+    Memory after backward: ``grad_shard`` (4Ψ/N bytes) + the bucket in flight (its input and
+    this rank's output).
 
-    Attributes a grader reads:
-        grad_shard: float32 (S,) — the sum over ranks of this rank's slice of the gradient, as
-            received so far (zeros after ``step()``).
-        state: ``"exp_avg"``, ``"exp_avg_sq"`` (float32, S each) and ``"master"`` (fp32 slice)
-            for 16-bit parameters.
-        offsets: the flat offset of each trainable parameter (``self.params``).
+    Given (``labkit.sharding.BucketedShardedAdam``: the constructor, ``state``, ``zero_grad``,
+    ``remove``, ``no_sync()``, ``_end_of_backward``) and used by the exercise:
+        params, index (parameter → position), layout (``offsets``, ``shard_size`` S, ``rank``,
+            ``world_size``), pieces (one tensor per ``layout.pieces`` entry: a view of the fp32
+            master slice ``master`` for 16-bit parameters, else of the parameter),
+            ``local_slice()`` (the slice as one (S,) tensor), optim (``torch.optim.Adam`` over
+            the pieces).
+        grad_shard: (S,) in ``master_dtype`` — the sum over ranks of this rank's slice of the
+            gradient, as received so far (zeros after ``step()``).
+        present: (P,) — per parameter, the presence counts received so far (zeros after step()).
+        buckets, ready (positions ready in this backward), next_bucket (whose turn it is),
+            in_flight (``(work, output buffer, [(start_in_shard, length)], [positions])`` or
+            None), backward_end (``arm()`` it in every hook).
+        state: ``"exp_avg"``, ``"exp_avg_sq"`` ((S,) each: Adam's states of the pieces are views
+            of them) and ``"master"`` (the slice) for 16-bit parameters.
 
     Args:
-        params: the model's parameters (a list; frozen ones are skipped); one floating dtype
-            and one device for the trainable ones.
-        lr, betas, eps: as ``torch.optim.Adam`` (refused where it refuses them).
-        bucket_cap_bytes: int > 0, fp32 bytes of gradients per bucket.
+        params: the model's parameters (a list, or parameter groups with their own lr, betas,
+            eps, weight_decay; frozen ones are skipped); one floating dtype and one device for
+            the trainable ones.
+        lr, betas, eps, weight_decay: as ``torch.optim.Adam`` (refused where it refuses them).
+        bucket_cap_bytes: int > 0, bytes of gradients per bucket (in ``master_dtype``: fp32 for
+            fp32 and 16-bit parameters, fp64 for fp64 ones).
         group: the data-parallel process group (None: the default group).
     """
-
-    def __init__(self, params, *, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, bucket_cap_bytes: int = 25 * 2**20, group=None):
-        self.params = _trainable(params)
-        adam_args(lr=lr, betas=betas, eps=eps)
-        self.bucket_cap_bytes = positive_int("bucket_cap_bytes", bucket_cap_bytes)
-        if not dist.is_available() or not dist.is_initialized():
-            raise ValueError("ZeRO2Adam needs an initialised process group (run it inside "
-                             "labkit.ranks.launch)")
-        self.lr, self.betas, self.eps, self.group = float(lr), tuple(betas), float(eps), group
-        self.dtype = self.params[0].dtype
-        self.world_size = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
-        self.numel = sum(p.numel() for p in self.params)
-        self.shard_size, self.padding = partition(self.numel, self.world_size)
-        self.offsets, offset = [], 0
-        for p in self.params:
-            self.offsets.append(offset)
-            offset += p.numel()
-        self.index = {p: i for i, p in enumerate(self.params)}  # parameter -> position
-        device = self.params[0].device
-        self.grad_shard = torch.zeros(self.shard_size, dtype=torch.float32, device=device)
-        self.state: dict[str, torch.Tensor] = {
-            "exp_avg": torch.zeros(self.shard_size, dtype=torch.float32, device=device),
-            "exp_avg_sq": torch.zeros(self.shard_size, dtype=torch.float32, device=device),
-        }
-        if self.dtype != torch.float32:  # 16-bit parameters: keep the fp32 master slice
-            flat = flatten_padded(self.params, self.padding, torch.float32)
-            self.state["master"] = flat[shard_range(self.rank, self.shard_size)].clone()
-        self.step_count = 0
-        self.bucket: list[torch.nn.Parameter] = []  # parameters whose gradient waits in the bucket
-        self.bucket_bytes = 0
-        self.in_flight = None  # (work, output buffer, [(start_in_shard, length)]) or None
-        self.handles = []
-        self._register_hooks()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Discard every gradient since the last ``step()``: the full ``.grad`` still held, the
-        bucket, the reduce-scatter in flight (waited for, so every rank's collectives still
-        match) and ``grad_shard``."""
-        self._finish_in_flight()
-        self.bucket, self.bucket_bytes = [], 0
-        self.grad_shard.zero_()
-        for p in self.params:
-            p.grad = None
-
-    def remove(self) -> None:
-        """Unregister the hooks."""
-        for h in self.handles:
-            h.remove()
-        self.handles = []
 
     # ==== exercise 4.3: your code ====
 
@@ -171,30 +97,36 @@ class ZeRO2Adam:
         raise NotImplementedError("exercise 4.3: register self._on_grad_ready on every trainable parameter (keep the handles) (labs/04_gradients.ipynb)")
 
     def _on_grad_ready(self, param: torch.nn.Parameter) -> None:
-        """Called by autograd once ``param.grad`` is complete: add it to the bucket; send the
-        bucket (``self._send_bucket()``) as soon as it holds ``bucket_cap_bytes`` or more.
-
-        A second backward before ``step()`` calls this again for a parameter that may still wait
-        in the bucket: its ``.grad`` already holds the sum, and the bucket must send it once."""
-        raise NotImplementedError("exercise 4.3: add param to the bucket unless it already waits there; send the bucket once it reaches the cap (labs/04_gradients.ipynb)")
+        """Called by autograd once ``param.grad`` is complete: mark it ready, then send every
+        bucket whose turn has come and whose parameters are all ready (``self._send_bucket()``)."""
+        if not self.require_sync:
+            return  # inside no_sync(): the gradient only adds up in .grad
+        self.backward_end.arm()  # _end_of_backward runs when this backward ends
+        raise NotImplementedError("exercise 4.3: mark the parameter ready; while the bucket whose turn it is has all its parameters ready, send it (labs/04_gradients.ipynb)")
 
     def _send_bucket(self) -> None:
-        """Start one asynchronous reduce-scatter of the bucket's gradients (fp32): rank i
-        receives the sum over ranks of the pieces it owns, in bucket order; set the bucket's
-        ``.grad`` to None and empty the bucket; then finish the reduce-scatter sent before
-        (``self._finish_in_flight()``) and keep the new one (its work, output buffer and where
-        its pieces go in ``grad_shard``) in ``self.in_flight``. A parameter without a gradient
-        counts as zeros. Nothing to do for an empty bucket."""
-        raise NotImplementedError("exercise 4.3: one async reduce-scatter of the bucket's pieces per owner rank, free the full gradients, finish the previous one, keep this one in flight (labs/04_gradients.ipynb)")
+        """Start one asynchronous reduce-scatter of bucket ``self.next_bucket`` (in
+        ``master_dtype``): input i holds the pieces of the bucket's gradients that rank i owns
+        (``owned_pieces``), in bucket order, then one presence count per parameter of the bucket
+        (1 where this rank has its ``.grad``; a missing gradient's pieces are zeros); set the
+        bucket's ``.grad`` to None; then finish the reduce-scatter sent before
+        (``self._finish_in_flight()``), keep the new one in ``self.in_flight`` and move on to the
+        next bucket."""
+        raise NotImplementedError("exercise 4.3: one async reduce-scatter of the bucket's pieces (and presence counts) per owner rank, free the full gradients, finish the previous one, keep this one in flight, next bucket (labs/04_gradients.ipynb)")
 
     def _finish_in_flight(self) -> None:
-        """Wait for the reduce-scatter in flight, if any, add its output into ``grad_shard`` at
-        the places it stands for, and forget it (``self.in_flight = None``)."""
-        raise NotImplementedError("exercise 4.3: wait for the one in flight and add its pieces into grad_shard (labs/04_gradients.ipynb)")
+        """Wait for the reduce-scatter in flight, if any, add its pieces into ``grad_shard`` at
+        the places they stand for and its presence counts into ``present``, and forget it
+        (``self.in_flight = None``)."""
+        raise NotImplementedError("exercise 4.3: wait for the one in flight and add its pieces into grad_shard, its counts into present (labs/04_gradients.ipynb)")
 
     @torch.no_grad()
-    def step(self) -> None:
-        """Send the last bucket and finish the reduce-scatter in flight; average ``grad_shard``
-        over the ranks; Adam on this rank's slice; all-gather the updated slices (in the
-        parameters' dtype) into the parameters; zero ``grad_shard``."""
-        raise NotImplementedError("exercise 4.3: flush and finish, average the shard, Adam on the slice, all-gather the parameters, reset the shard (labs/04_gradients.ipynb)")
+    def step(self, closure=None):
+        """Finish the reduce-scatter in flight; average ``grad_shard`` over the ranks; give each
+        piece its slice of it (None for a parameter no rank had a gradient for: Adam skips it);
+        step ``self.optim``; all-gather the updated slices (in the parameters' dtype) into the
+        parameters; zero ``grad_shard`` and ``present``. ``closure`` (optional, given) runs
+        first, as for ``torch.optim``; its loss is returned."""
+        loss = run_closure(closure)
+        raise NotImplementedError("exercise 4.3: finish, average the shard, hand the pieces their gradients, Adam, all-gather the parameters, reset the shard and the counts (labs/04_gradients.ipynb)")
+        return loss

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from labkit.comm_count import count_comm
 from labkit.validate import positive_int
 
-__all__ = ["grad_bytes", "pair_groups", "settle_buckets", "ddp_backward", "ddp_adam_steps",
+__all__ = ["grad_bytes", "pair_groups", "ddp_backward", "ddp_adam_steps",
            "master_adam_steps", "ddp_sgd_steps", "torch_powersgd_steps"]
 
 
@@ -66,14 +66,6 @@ def pair_groups(rank: int, world_size: int, group_size: int | None):
 def _loss(model, batch, loss_fn):
     x, y = batch
     return model(x, y) if loss_fn is None else loss_fn(model(x), y)
-
-
-def settle_buckets(ddp: DistributedDataParallel, batch, loss_fn=None) -> None:
-    """One backward without a hook and without an update: DDP rebuilds its buckets after its
-    first backward, in the order the gradients became ready, which would shuffle the entries
-    under a hook's kept state. The parameters do not change."""
-    _loss(ddp, batch, loss_fn).backward()
-    ddp.zero_grad(set_to_none=True)
 
 
 def ddp_backward(model: torch.nn.Module, batch, *, group=None) -> dict:
@@ -173,14 +165,14 @@ def master_adam_steps(model: torch.nn.Module, steps, *, lr: float, group=None) -
 def ddp_sgd_steps(model: torch.nn.Module, steps, *, lr: float, hook=None, hook_state=None,
                   eval_batch=None, group=None) -> dict:
     """Train a copy of ``model`` (its loss is ``model(x, y)``) with DDP over ``group`` (one
-    bucket) and SGD; with ``hook``, ``ddp.register_comm_hook(hook_state, hook)`` after one
-    settling backward. ``steps[s]`` is this rank's ``(x, y)`` of step s.
+    bucket) and SGD; with ``hook``, ``ddp.register_comm_hook(hook_state, hook)`` on the fresh
+    DDP (a hook state keeps no state before DDP's bucket rebuild: its ``start_iter``).
+    ``steps[s]`` is this rank's ``(x, y)`` of step s.
 
     Returns ``{"losses"`` (the mean over the group's ranks, per step), ``"eval"`` (the loss on
     ``eval_batch`` after training, or None), ``"bytes"``, ``"ring_bytes"`` (what this rank sent
     in the last step's backward, per collective)``}``."""
     ddp = DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=1024, process_group=group)
-    settle_buckets(ddp, steps[0])
     if hook is not None:
         ddp.register_comm_hook(hook_state, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
@@ -205,21 +197,20 @@ def ddp_sgd_steps(model: torch.nn.Module, steps, *, lr: float, hook=None, hook_s
 
 def torch_powersgd_steps(model: torch.nn.Module, steps, *, r: int, seed: int = 0,
                          loss_fn=None, group=None, errors: list | None = None) -> list[dict]:
-    """DDP (one bucket, over ``group``) with PyTorch's ``powerSGD_hook`` at rank ``r``: error
-    feedback and warm start on, ``min_compression_rate=1`` (a matrix is compressed when its
-    factors are smaller), compressing from its first step (after one settling backward on
-    ``steps[0]``), the starting Q drawn from ``seed``. ``steps[s]`` is this rank's ``(x, y)``;
-    the loss is ``model(x, y)``, or ``loss_fn(model(x), y)``. Returns per step the gradients
-    (parameter name → tensor); ``errors`` (a list) receives per step a copy of the hook's
-    ``error_dict`` (bucket index → the error it keeps for the next step)."""
+    """A fresh DDP (one bucket, over ``group``) with PyTorch's ``powerSGD_hook`` at rank ``r``:
+    error feedback and warm start on, ``min_compression_rate=1`` (a matrix is compressed when
+    its factors are smaller), ``start_powerSGD_iter=2`` (its smallest: iterations 0 and 1 are
+    plain all-reduces, across DDP's bucket rebuild), the starting Q drawn from ``seed``.
+    ``steps[s]`` is this rank's ``(x, y)``; the loss is ``model(x, y)``, or ``loss_fn(model(x),
+    y)``. Returns per step the gradients (parameter name → tensor); ``errors`` (a list)
+    receives per step a copy of the hook's ``error_dict`` (bucket index → the error it keeps for
+    the next step)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ref
 
     ddp = DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=1024, process_group=group)
-    settle_buckets(ddp, steps[0], loss_fn)
     state = ref.PowerSGDState(group, matrix_approximation_rank=r, start_powerSGD_iter=2,
                               min_compression_rate=1, use_error_feedback=True, warm_start=True,
                               random_seed=seed)
-    state.iter = state.start_powerSGD_iter  # compress from the first step
     ddp.register_comm_hook(state, ref.powerSGD_hook)
     out = []
     for batch in steps:

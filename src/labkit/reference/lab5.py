@@ -14,12 +14,12 @@ move a value a grade is decided against.
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from labkit.attention_blocks import attention_with_lse
 from labkit.comm_count import count_comm
 from labkit.measure import peak_bytes
 from labkit.validate import positive_int
@@ -46,21 +46,10 @@ def ring_bytes_per_rank(batch: int, heads: int, seq_len: int, head_dim: int, wor
 
 def plain_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                              causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q kᵀ/√D) v and the log-sum-exp of each score row, on one device.
-
-    fp32/fp64 on a CPU without gradients: PyTorch's fused kernel (no (S × S) matrix, as a fused
-    attention on a GPU); otherwise the plain computation with the whole score matrix.
-    """
-    if (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-            and not (q.requires_grad or k.requires_grad or v.requires_grad)):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
-        return out, lse
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Sq, Sk)
-    if causal:
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # (B, H, Sq)
-    return torch.exp(scores - lse[..., None]) @ v, lse
+    """softmax(q kᵀ/√D) v and the log-sum-exp of each score row, on one device: the toolkit's
+    ``labkit.attention_blocks.attention_with_lse`` over the whole sequence (PyTorch's fused CPU
+    kernel where it applies, the plain computation with the whole score matrix otherwise)."""
+    return attention_with_lse(q, k, v, causal=causal)
 
 
 def single_device_peak_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

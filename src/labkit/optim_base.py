@@ -1,0 +1,168 @@
+"""What every optimizer of the course shares with ``torch.optim``, so that an exercise module holds
+only its update.
+
+* :func:`run_closure`: ``step(closure)`` as ``torch.optim`` defines it — the closure re-evaluates
+  the model with gradients enabled and its loss is what ``step`` returns.
+* :class:`Optimizer`: ``torch.optim.Optimizer`` whose ``load_state_dict`` keeps every state
+  tensor in the dtype it was saved in. torch's loader casts each floating-point parameter's
+  state tensors to the parameter's dtype (its rule for Adam's moments, which live in that dtype):
+  an fp32 master weight or fp32 moments of a bf16 parameter would come back in bf16, and uint8
+  codes of an 8-bit state as floats. bitsandbytes overrides ``load_state_dict`` for the same
+  reason. Only the device follows the parameter, as in torch.
+* :class:`PerParameterOptimizer`: an optimizer whose step updates each parameter on its own;
+  ``step`` visits, group by group, every parameter that has a gradient and calls
+  ``self._update(param, grad, state, group)``: a parameter without a gradient is skipped and its
+  state (its step count too) is left as it was, exactly as in ``torch.optim``.
+* :func:`param_groups`: ``params`` as ``torch.optim`` takes it, as a list of groups with their
+  options filled in, for the optimizers that are not ``torch.optim.Optimizer`` subclasses
+  (LOMO, NVMe Adam, the ZeRO wrappers).
+* :class:`UpdateInBackward`: the given half of LOMO (the update inside backward's hooks).
+
+Used by the optimizers of Lab 2, Lab 3 (mixed-precision Adam, ZeRO-3) and Lab 4 (ZeRO-2).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from labkit import validate
+
+__all__ = ["run_closure", "param_groups", "Optimizer", "PerParameterOptimizer", "UpdateInBackward"]
+
+
+def run_closure(closure):
+    """Call ``closure`` (if not None) with gradients enabled and return its loss, as
+    ``torch.optim.Optimizer.step(closure)`` does before it updates."""
+    if closure is None:
+        return None
+    if not callable(closure):
+        raise TypeError(f"closure must be None or a callable that returns the loss, got "
+                        f"{type(closure).__name__}")
+    with torch.enable_grad():
+        return closure()
+
+
+class Optimizer(torch.optim.Optimizer):
+    """``torch.optim.Optimizer`` whose ``load_state_dict`` keeps each state tensor's saved dtype
+    (moved to its parameter's device): a checkpoint resumes exactly where it was written."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise ValueError("state_dict must be what state_dict() returned: a dict with "
+                             "'state' and 'param_groups'")
+        saved = state_dict["state"]
+        # torch checks the groups and restores the options; the state is restored below
+        super().load_state_dict({**state_dict, "state": {}})
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(ids, params):
+            if i in saved:
+                self.state[p] = {k: v.to(p.device, copy=True) if isinstance(v, torch.Tensor)
+                                 else copy.deepcopy(v) for k, v in saved[i].items()}
+
+
+class PerParameterOptimizer(Optimizer):
+    """An optimizer that updates each parameter with a gradient on its own: subclasses write
+    ``_update(param, grad, state, group)`` (``state`` is ``self.state[param]``, empty before the
+    parameter's first step). ``skip_empty``: leave parameters with no elements alone;
+    ``grad_dtype``: the dtype ``grad`` is handed over in (None: the gradient's own)."""
+
+    skip_empty = False
+    grad_dtype: torch.dtype | None = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Call the closure (if any), then ``_update`` every parameter that has a gradient."""
+        loss = run_closure(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None or (self.skip_empty and p.numel() == 0):
+                    continue
+                grad = p.grad if self.grad_dtype is None else p.grad.to(self.grad_dtype)
+                self._update(p, grad, self.state[p], group)
+        return loss
+
+    def _update(self, param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
+        raise NotImplementedError  # pragma: no cover - every subclass writes it
+
+
+def param_groups(params, defaults: dict, *, allowed=None, check=None,
+                 name: str = "params") -> list[dict]:
+    """``params`` as ``torch.optim`` takes it (tensors, or dicts with "params" and options) →
+    a list of groups ``{"params": [tensors], **options}``, every option the group's own or the
+    default's; each parameter once (a tied weight listed twice, in groups with the same options,
+    is one parameter).
+
+    Refuses, naming ``name``: a mix of tensors and dicts; a group option not in ``allowed``
+    (when given); a parameter in two groups with different options. ``check(options)`` (when
+    given) validates each group's options.
+    """
+    items = validate.params(name, params)
+    n_dicts = sum(isinstance(i, dict) for i in items)
+    if 0 < n_dicts < len(items):
+        raise TypeError(f"{name} must hold only tensors or only param-group dicts, not both")
+    groups, options_of, where = [], [], {}  # where: id(param) -> index of its group
+    for k, g in enumerate(items if n_dicts else [{"params": items}]):
+        unknown = set(g) - {"params"} - (set(allowed) if allowed is not None else set(g))
+        if unknown:
+            raise ValueError(f"{name}: group {k} has options {sorted(unknown)}; allowed: "
+                             f"{sorted(allowed)}")
+        options = {**defaults, **{o: v for o, v in g.items() if o != "params"}}
+        if check is not None:
+            check(options)
+        ps = [g["params"]] if isinstance(g["params"], torch.Tensor) else list(g["params"])
+        mine = []
+        for p in ps:
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"{name} must hold tensors, got {type(p).__name__}")
+            if id(p) in where:
+                if where[id(p)] != k and options_of[where[id(p)]] != options:
+                    raise ValueError(f"{name}: a parameter appears in two groups with different "
+                                     "options")
+                continue
+            where[id(p)] = k
+            mine.append(p)
+        groups.append({"params": mine, **options})
+        options_of.append(options)
+    return groups
+
+
+class UpdateInBackward:
+    """The given half of an optimizer whose update runs inside backward (LOMO, Lab 2 exercise
+    2.4): the parameters and each one's learning rate from ``params`` as ``torch.optim.SGD``
+    takes it (groups with their own "lr"; frozen parameters accepted and left alone), the hooks'
+    handles, ``zero_grad`` (nothing left to forget) and ``remove``; it calls the subclass's
+    ``_attach()``.
+
+    Attributes: ``lr`` (the default), ``params`` (the parameters that require grad, each once),
+    ``lr_of(param)``, ``handles``.
+    """
+
+    def __init__(self, params, lr: float):
+        self.lr = validate.non_negative_number("lr", lr)
+        groups = param_groups(params, {"lr": self.lr}, allowed={"lr"},
+                              check=lambda o: validate.non_negative_number("lr", o["lr"]))
+        self._lr = {id(p): g["lr"] for g in groups for p in g["params"]}  # id(param) -> its lr
+        self.params = [p for g in groups for p in g["params"] if p.requires_grad]
+        if not self.params:
+            raise ValueError("params has no parameter that requires grad: nothing to train")
+        self.handles = []
+        self._attach()
+
+    def lr_of(self, param: torch.Tensor) -> float:
+        """The learning rate of ``param``'s group."""
+        return self._lr[id(param)]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to forget: every gradient was used and released inside backward (so that the
+        optimizer stands where an optimizer's ``zero_grad()`` is called)."""
+
+    def remove(self) -> None:
+        """Remove the hooks: backward goes back to only computing gradients."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _attach(self) -> None:
+        raise NotImplementedError  # pragma: no cover - the exercise

@@ -1,0 +1,561 @@
+"""Conformance of every optimizer the course builds: one battery, run against ``torch.optim``.
+
+In the spirit of PyTorch's own ``OptimizerInfo`` / ``optim_db`` tests: every optimizer is
+registered once in ``REGISTRY`` (a test fails when a lab module defines an optimizer — a class
+with ``zero_grad`` that is not a module — that is not registered, so a new one cannot skip the
+battery), with what it promises to equal and its documented deviations. The battery, for each:
+
+* **its reference, in each dtype**: fp64 and fp32 parameters trained exactly as the reference
+  trains them; 16-bit parameters through an fp32 master (the reference: the torch optimizer on
+  an fp32 copy, the parameter its rounding) — or a clear refusal naming the dtype;
+* **a parameter without a gradient** is not stepped and its step count does not advance: a
+  parameter first used at step k moves from then on exactly as under a fresh optimizer started
+  at step k (its bias correction counts its own steps); frozen parameters never move;
+* **parameter groups** with their own options equal one optimizer per group (and the reference
+  with the same groups) — or a clear refusal;
+* **several backwards before one step** equal one step on the summed gradient;
+* **state_dict → load_state_dict → step** equals never having stopped (bit for bit);
+* **zero_grad()** discards every gradient since the last step, and
+  ``zero_grad(set_to_none=False)`` leaves a zero gradient wherever there was one, which the next
+  step applies as torch's does; **step(closure)** calls the closure with gradients enabled and
+  returns its loss;
+* the distributed ones (ZeRO-1, ZeRO-2, ZeRO-3) inside real gloo ranks, on the world (4 ranks)
+  and on two subgroups of 2, against ``DistributedDataParallel(find_unused_parameters=True)`` +
+  ``torch.optim.Adam`` (a parameter used on some ranks only gets the average with zeros; one
+  used on none is skipped), written plainly (``tests/_conformance_helpers.py``).
+
+The gradients come from backward through a toy model whose loss is linear in its parameters
+(``tests/_conformance_helpers.py``): each parameter's gradient is exactly what the test chose,
+so every reference is computed without a model.
+
+What each optimizer conforms to, and its documented deviations:
+
+* ``Adafactor`` (2.1) — ``torch.optim.Adafactor``, in every dtype (its state in the parameter's
+  dtype, as torch's).
+* ``Adam8bit`` (2.3) — ``torch.optim.Adam`` up to the 8-bit rounding of its moments.
+  Deviation: Adam8bit keeps its moments as 8-bit codes: compared with Adam at a tolerance of the
+  rounding, and with itself exactly. Deviation: Adam8bit updates a 16-bit parameter in its own
+  dtype (no fp32 master), as bitsandbytes does.
+* ``CAME`` (2.8) — the paper's Algorithm 1 (its grader has the plain computation).
+  Deviation: CAME has no torch reference: the battery checks it against itself (one optimizer
+  per group, a fresh optimizer for a late parameter, the summed gradient). Deviation: CAME
+  updates a 16-bit parameter in its own dtype (fp32 state, no master).
+* ``LOMO`` (2.4) — ``torch.optim.SGD``. Deviation: LOMO has no step(): each backward is an SGD
+  step, so several backwards are several steps and there is no closure. Deviation: LOMO keeps
+  no state: a new LOMO on the same parameters continues exactly.
+* ``ZeRO1`` (2.5) — DDP + the wrapped ``torch.optim`` optimizer (Adam here). Deviation: ZeRO1
+  wraps elementwise optimizers only (each rank updates a flat slice). Deviation: the state_dict
+  of a ZeRO wrapper is its rank's: resume on the same ranks.
+* ``ZeROOffload`` (2.6) — ``torch.optim.Adam`` on a master copy in host memory. Deviation:
+  ZeROOffload takes a model: one set of options, no parameter groups.
+* ``NVMeAdam`` (2.7) — ``torch.optim.Adam``. Deviation: NVMeAdam's checkpoint is its directory:
+  a new NVMeAdam on it resumes (no state_dict).
+* ``MixedPrecisionAdam`` (3.2) — ``torch.optim.Adam`` on an fp32 master. Deviation:
+  MixedPrecisionAdam refuses fp32 and fp64 parameters (it exists for 16-bit ones).
+* ``ZeRO3`` (3.7) — DDP + ``torch.optim.Adam``. Deviation: ZeRO3 takes a model: one set of
+  options, no parameter groups. Deviation: ZeRO3 needs every rank to run the same units (FSDP's
+  rule: the forward's all-gathers are collectives); a parameter used on some ranks only inside
+  a unit that runs everywhere is handled as DDP handles it.
+* ``ZeRO2Adam`` (4.3) — DDP + ``torch.optim.Adam``. Deviation: ZeRO2Adam takes its gradients
+  from backward (hooks), not from a .grad set by hand.
+
+Tolerances: against a reference, fp64 at rtol 1e-9 / atol 1e-12 (the same formula with
+reductions in another order: ulps of 1e-16), fp32 at rtol 1e-5 / atol 1e-6 (a few ulps of
+parameters of order 1), 16-bit at one bf16 ulp (rtol 2⁻⁷, and atol 2⁻⁸: one ulp of the
+operands below 1, where a step that cancels most of a parameter leaves their rounding).
+Self-consistency (the same code on the same values) is compared at fp64's 1e-12, checkpoints
+bit for bit. Adam8bit against Adam: see ``ADAM8BIT_TOL``.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import inspect
+import pkgutil
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable
+
+import pytest
+import torch
+
+from _conformance_helpers import (ALL, Toy, assert_histories_close, dp_plans, gradients, group_of,
+                                  plan_of, reference_run, run, with_zeros)
+
+F64 = dict(rtol=1e-9, atol=1e-12)
+F32 = dict(rtol=1e-5, atol=1e-6)
+B16 = dict(rtol=2 ** -7, atol=2 ** -8)
+SAME = dict(rtol=1e-10, atol=1e-12)
+LR = 0.05
+# 8-bit moments: each step's update lr·m̂/(√v̂+ε) is off by the relative rounding of the codes,
+# at most ~2% of lr per step for the dynamic code near the block's absmax; 3 steps: 3·0.02·lr.
+ADAM8BIT_TOL = dict(rtol=0, atol=3 * 0.02 * LR)
+
+
+@dataclass(frozen=True)
+class OptimizerInfo:
+    """One registered optimizer: how to build it, what it conforms to, how it deviates."""
+    name: str  # the class name, as the lab module defines it
+    exercise: str
+    build: Callable  # build(model, params_or_groups, ctx) -> optimizer
+    reference: Callable | None  # reference(params_or_groups) -> torch optimizer, same options
+    dtypes: dict  # dtype -> "reference" | "master" | "refused"
+    group_options: dict | None = None  # a second group's options; None: no groups (a model)
+    accumulates: bool = True  # False: each backward is a step (LOMO)
+    checkpoint: str = "state_dict"  # | "directory" | "stateless"
+    distributed: bool = False
+    has_closure: bool = True
+    tol32: dict = field(default_factory=lambda: F32)
+    deviations: tuple[str, ...] = ()
+
+
+def _lab(module: str):
+    return importlib.import_module(f"labkit.{module}")
+
+
+class _Fused:
+    """LOMO behind an optimizer's face: ``step`` has nothing to do (backward stepped)."""
+
+    def __init__(self, lomo):
+        self.lomo = lomo
+
+    def step(self, closure=None):
+        return None if closure is None else closure()
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.lomo.zero_grad(set_to_none)
+
+
+REGISTRY = [
+    OptimizerInfo(
+        "Adafactor", "2.1",
+        build=lambda m, ps, ctx: _lab("lab2.adafactor").Adafactor(ps, lr=LR),
+        reference=lambda ps: torch.optim.Adafactor(ps, lr=LR),
+        dtypes={torch.float64: "reference", torch.float32: "reference", torch.bfloat16: "reference"},
+        group_options=dict(lr=0.02, beta2_decay=-0.6, weight_decay=0.1),
+        tol32=dict(rtol=1e-5, atol=1e-5)),  # RMS and norms reduced in another order
+    OptimizerInfo(
+        "Adam8bit", "2.3",
+        build=lambda m, ps, ctx: _lab("lab2.adam8bit").Adam8bit(ps, lr=LR),
+        reference=lambda ps: torch.optim.Adam(ps, lr=LR),
+        dtypes={torch.float64: "reference", torch.float32: "reference", torch.bfloat16: "reference"},
+        group_options=dict(lr=0.02, betas=(0.8, 0.99), eps=1e-6),
+        tol32=ADAM8BIT_TOL,
+        deviations=("Adam8bit keeps its moments as 8-bit codes",
+                    "Adam8bit updates a 16-bit parameter in its own dtype")),
+    OptimizerInfo(
+        "CAME", "2.8",
+        build=lambda m, ps, ctx: _lab("lab2.came").CAME(ps, lr=LR),
+        reference=None,
+        dtypes={torch.float64: "self", torch.float32: "self", torch.bfloat16: "self"},
+        group_options=dict(lr=0.02, betas=(0.8, 0.99, 0.999), weight_decay=0.1),
+        deviations=("CAME has no torch reference", "CAME updates a 16-bit parameter in its own dtype")),
+    OptimizerInfo(
+        "LOMO", "2.4",
+        build=lambda m, ps, ctx: _Fused(_lab("lab2.lomo").LOMO(ps, lr=LR)),
+        reference=lambda ps: torch.optim.SGD(ps, lr=LR),
+        dtypes={torch.float64: "reference", torch.float32: "reference", torch.bfloat16: "reference"},
+        group_options=dict(lr=0.02), accumulates=False, checkpoint="stateless", has_closure=False,
+        deviations=("LOMO has no step()", "LOMO keeps no state")),
+    OptimizerInfo(
+        "ZeRO1", "2.5",
+        build=lambda m, ps, ctx: _lab("lab2.zero1").ZeRO1(ps, torch.optim.Adam, group=ctx.group, lr=LR),
+        reference=lambda ps: torch.optim.Adam(ps, lr=LR),
+        dtypes={torch.float64: "reference", torch.float32: "reference", torch.bfloat16: "master"},
+        group_options=dict(lr=0.02, betas=(0.8, 0.99), weight_decay=0.1), distributed=True,
+        deviations=("ZeRO1 wraps elementwise optimizers only",
+                    "the state_dict of a ZeRO wrapper is its rank's")),
+    OptimizerInfo(
+        "ZeROOffload", "2.6",
+        build=lambda m, ps, ctx: _lab("lab2.zero_offload").ZeROOffload(m, lr=LR),
+        reference=lambda ps: torch.optim.Adam(ps, lr=LR),
+        dtypes={torch.float64: "reference", torch.float32: "reference", torch.bfloat16: "master"},
+        deviations=("ZeROOffload takes a model",)),
+    OptimizerInfo(
+        "NVMeAdam", "2.7",
+        build=lambda m, ps, ctx: _lab("lab2.nvme_offload").NVMeAdam(ps, ctx.directory, lr=LR),
+        reference=lambda ps: torch.optim.Adam(ps, lr=LR),
+        dtypes={torch.float64: "reference", torch.float32: "reference", torch.bfloat16: "master"},
+        group_options=dict(lr=0.02, betas=(0.8, 0.99), weight_decay=0.1), checkpoint="directory",
+        deviations=("NVMeAdam's checkpoint is its directory",)),
+    OptimizerInfo(
+        "MixedPrecisionAdam", "3.2",
+        build=lambda m, ps, ctx: _lab("lab3.mixed_precision").MixedPrecisionAdam(ps, lr=LR),
+        reference=lambda ps: torch.optim.Adam(ps, lr=LR),
+        dtypes={torch.float64: "refused", torch.float32: "refused", torch.bfloat16: "master",
+                torch.float16: "master"},
+        group_options=dict(lr=0.02, betas=(0.8, 0.99), eps=1e-6),
+        deviations=("MixedPrecisionAdam refuses fp32 and fp64 parameters",)),
+    OptimizerInfo(
+        "ZeRO3", "3.7",
+        build=lambda m, ps, ctx: _lab("lab3.zero3").ZeRO3(m, lr=LR, group=ctx.group),
+        reference=lambda ps: torch.optim.Adam(ps, lr=LR),
+        dtypes={torch.float64: "reference", torch.float32: "reference", torch.bfloat16: "master"},
+        distributed=True,
+        deviations=("ZeRO3 takes a model", "ZeRO3 needs every rank to run the same units",
+                    "the state_dict of a ZeRO wrapper is its rank's")),
+    OptimizerInfo(
+        "ZeRO2Adam", "4.3",
+        build=lambda m, ps, ctx: _lab("lab4.zero2").ZeRO2Adam(ps, lr=LR, group=ctx.group,
+                                                              bucket_cap_bytes=64),
+        reference=lambda ps: torch.optim.Adam(ps, lr=LR),
+        dtypes={torch.float64: "reference", torch.float32: "reference", torch.bfloat16: "master"},
+        group_options=dict(lr=0.02, betas=(0.8, 0.99), weight_decay=0.1), distributed=True,
+        deviations=("ZeRO2Adam takes its gradients from backward",
+                    "the state_dict of a ZeRO wrapper is its rank's")),
+]
+BY_NAME = {info.name: info for info in REGISTRY}
+LOCAL = [i for i in REGISTRY if not i.distributed]
+DISTRIBUTED = [i for i in REGISTRY if i.distributed]
+ids = lambda info: info.name  # noqa: E731
+
+
+# ---------------------------------------------------------------- the registry itself
+
+def lab_optimizers() -> dict[str, str]:
+    """Every optimizer a lab module defines: a class with ``zero_grad`` that is not a module."""
+    found = {}
+    for n in range(1, 8):
+        pkg = importlib.import_module(f"labkit.lab{n}")
+        for m in pkgutil.iter_modules(pkg.__path__):
+            mod = importlib.import_module(f"labkit.lab{n}.{m.name}")
+            for name, obj in vars(mod).items():
+                if (inspect.isclass(obj) and obj.__module__ == mod.__name__
+                        and hasattr(obj, "zero_grad") and not issubclass(obj, torch.nn.Module)):
+                    found[name] = mod.__name__
+    return found
+
+
+def test_every_optimizer_of_the_labs_is_registered():
+    """A new optimizer in a lab module cannot skip the battery: it must be in REGISTRY."""
+    missing = sorted(set(lab_optimizers()) - set(BY_NAME))
+    assert not missing, (f"optimizers {missing} are defined in the labs but not registered in "
+                         "tests/test_conformance_optimizers.py's REGISTRY (with what they conform "
+                         "to and their deviations)")
+
+
+def test_every_deviation_is_named_in_the_docstring():
+    doc = " ".join(__doc__.split())
+    for info in REGISTRY:
+        assert f"``{info.name}`` ({info.exercise})" in doc, info.name
+        for text in info.deviations:
+            assert text in doc, f"{info.name}'s deviation {text!r} is not in the module docstring"
+
+
+# ---------------------------------------------------------------- the local battery
+
+def _ctx(tmp_path, name="a"):
+    return SimpleNamespace(directory=tmp_path / name, group=None)
+
+
+def _trainable(model):
+    return [p for p in model.parameters()]  # frozen ones included: an optimizer must skip them
+
+
+def _train(info, model, G, ctx, *, groups=None, closure=False, junk=None, set_to_none=True):
+    params = _trainable(model) if groups is None else groups(model)
+    opt = info.build(model, params, ctx)
+    return run(model, opt, G, closure=closure, junk=junk, set_to_none=set_to_none), opt
+
+
+def _tol(info, dtype, kind):
+    if kind == "master" or dtype in (torch.bfloat16, torch.float16):
+        if info.name == "Adam8bit":  # both roundings at once
+            return dict(rtol=B16["rtol"], atol=B16["atol"] + ADAM8BIT_TOL["atol"])
+        return B16
+    return F64 if dtype == torch.float64 and info.name != "Adam8bit" else info.tol32
+
+
+def _cases(infos, kinds=("reference", "master", "refused", "self")):
+    return [pytest.param(info, dtype, id=f"{info.name}-{str(dtype)[6:]}")
+            for info in infos for dtype, kind in info.dtypes.items() if kind in kinds]
+
+
+@pytest.mark.parametrize("info,dtype", _cases(LOCAL))
+def test_conforms_to_its_reference_in_each_dtype(info, dtype, tmp_path):
+    """Three steps of every trainable parameter against the reference in this dtype (fp32
+    master for 16-bit parameters where the optimizer promises one), or a clear refusal."""
+    kind = info.dtypes[dtype]
+    model = Toy(dtype)
+    if kind == "refused":
+        with pytest.raises((ValueError, TypeError), match=str(dtype).split(".")[-1]):
+            info.build(model, _trainable(model), _ctx(tmp_path))
+        return
+    G = gradients(plan_of(3), dtype)
+    want = reference_run(model, info.reference, G, 1, master=kind == "master") if info.reference else None
+    got, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path))
+    for s in got:
+        for name, p in s.items():
+            assert p.dtype == dtype, f"{info.name}: {name} became {p.dtype}, expected {dtype}"
+            assert torch.isfinite(p.double()).all(), f"{info.name}: {name} is not finite"
+    assert torch.equal(got[-1]["frozen"], model.frozen), f"{info.name} moved a frozen parameter"
+    if want is not None:
+        assert_histories_close(got, want, f"{info.name} in {dtype} vs {kind}", **_tol(info, dtype, kind))
+
+
+@pytest.mark.parametrize("info", LOCAL, ids=ids)
+def test_a_parameter_without_gradient_is_skipped_and_counts_its_own_steps(info, tmp_path):
+    """Block h.1 gets no gradient at step 1 (its block does not even run), then one at steps 2
+    and 3: it must not move at step 1, and from then on move exactly as under a fresh optimizer
+    that starts at step 2 (its bias correction counts its own steps, not the optimizer's)."""
+    dtype = _own_dtype(info)
+    plan = plan_of(3)
+    plan[0] = [[set(ALL) - {"h.1.weight", "h.1.bias"}]]
+    G = gradients(plan, dtype)
+    model = Toy(dtype)
+    got, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "late"))
+    for name in ("h.1.weight", "h.1.bias"):
+        assert torch.equal(got[0][name], dict(model.named_parameters())[name]), (
+            f"{info.name} moved {name} at a step where it had no gradient")
+    fresh, _ = _train(info, copy.deepcopy(model), G[1:], _ctx(tmp_path, "fresh"))
+    for s in range(2):
+        for name in ("h.1.weight", "h.1.bias"):
+            torch.testing.assert_close(got[s + 1][name], fresh[s][name], **SAME, msg=lambda m, s=s, name=name: (
+                f"{info.name}: {name} first used at step 2, after step {s + 2}, differs from a fresh "
+                f"optimizer's (does its step count advance while it has no gradient?): {m}"))
+    if info.reference is not None:
+        want = reference_run(model, info.reference, G, 1, master=info.dtypes[dtype] == "master")
+        assert_histories_close(got, want, f"{info.name}, a parameter first used at step 2",
+                               **_tol(info, dtype, info.dtypes[dtype]))
+
+
+def _own_dtype(info):
+    """fp64 where the optimizer trains it like its reference (exact comparisons), else bf16."""
+    return torch.float64 if info.dtypes.get(torch.float64) in ("reference", "self") else torch.bfloat16
+
+
+def _split_groups(info):
+    first = ["h.0.weight", "h.0.bias", "head"]
+
+    def groups(model):
+        named = dict(model.named_parameters())
+        return [{"params": [named[n] for n in first]},
+                {"params": [named["h.1.weight"], named["h.1.bias"], named["frozen"]],
+                 **info.group_options}]
+    return first, groups
+
+
+@pytest.mark.parametrize("info", [i for i in LOCAL if i.group_options is not None], ids=ids)
+def test_parameter_groups_apply_their_own_options(info, tmp_path):
+    """Two groups, the second with its own options: equal to one optimizer per group (and to the
+    reference with the same groups)."""
+    dtype = _own_dtype(info)
+    first, groups = _split_groups(info)
+    G = gradients(plan_of(3), dtype)
+    model = Toy(dtype)
+    got, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "g"), groups=groups)
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    named_a, named_b = dict(a.named_parameters()), dict(b.named_parameters())
+    alone_a, _ = _train(info, a, G, _ctx(tmp_path, "a"), groups=lambda m: [named_a[n] for n in first])
+    second = [named_b["h.1.weight"], named_b["h.1.bias"]]
+    opt_b = _build_with(info, b, second, info.group_options, _ctx(tmp_path, "b"))
+    alone_b = run(b, opt_b, G)
+    for s in range(3):
+        for name in first:
+            torch.testing.assert_close(got[s][name], alone_a[s][name], **SAME)
+        for name in ("h.1.weight", "h.1.bias"):
+            torch.testing.assert_close(got[s][name], alone_b[s][name], **SAME, msg=lambda m, name=name: (
+                f"{info.name}: {name} in a group with its own options {info.group_options} moved "
+                f"unlike an optimizer built with those options: {m}"))
+    if info.reference is not None:
+        want = reference_run(model, info.reference, G, 1, master=info.dtypes[dtype] == "master",
+                             groups=[(first, {}), (["h.1.weight", "h.1.bias"], info.group_options)])
+        assert_histories_close(got, want, f"{info.name} with two groups", **_tol(info, dtype, info.dtypes[dtype]))
+
+
+def _build_with(info, model, params, options, ctx):
+    """``info``'s optimizer over ``params`` with ``options`` instead of the battery's defaults."""
+    return info.build(model, [{"params": params, **options}], ctx)
+
+
+@pytest.mark.parametrize("info", LOCAL, ids=ids)
+def test_several_backwards_before_a_step_add_up(info, tmp_path):
+    """Two backwards before each step (the second through part of the model) equal one backward
+    of the summed gradient; LOMO, whose backward is the step, makes two steps."""
+    dtype = _own_dtype(info)
+    plan = [[[set(ALL), {"h.0.weight", "head"}]] for _ in range(2)]
+    G = gradients(plan, dtype)
+    summed = [[[{n: sum(bw[n].double() for bw in step[0] if n in bw).to(dtype) for n in ALL}]]
+              for step in G]
+    model = Toy(dtype)
+    got, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "two"))
+    if not info.accumulates:
+        split = [[[bw]] for step in G for bw in step[0]]
+        want, _ = _train(info, copy.deepcopy(model), split, _ctx(tmp_path, "split"))
+        want = want[1::2]
+    else:
+        want, _ = _train(info, copy.deepcopy(model), summed, _ctx(tmp_path, "one"))
+    assert_histories_close(got, want, f"{info.name}, two backwards per step", **SAME)
+
+
+@pytest.mark.parametrize("info", LOCAL, ids=ids)
+def test_state_dict_round_trip_resumes_exactly(info, tmp_path):
+    """Two steps, a checkpoint (state_dict → a new optimizer on a copy of the model →
+    load_state_dict; NVMeAdam: a new one on its directory; LOMO: a new one), one more step:
+    bit for bit what three uninterrupted steps give."""
+    dtype = _own_dtype(info)
+    G = gradients(plan_of(3), dtype)
+    model = Toy(dtype)
+    straight, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "straight"))
+    first = copy.deepcopy(model)
+    _, opt = _train(info, first, G[:2], _ctx(tmp_path, "resumed"))
+    second = copy.deepcopy(model)  # a new model holding what the first one learned (no hooks)
+    with torch.no_grad():
+        for p, q in zip(second.parameters(), first.parameters()):
+            p.copy_(q)
+    if info.checkpoint == "state_dict":
+        saved = copy.deepcopy(opt.state_dict())
+        again = info.build(second, _trainable(second), _ctx(tmp_path, "unused"))
+        again.load_state_dict(saved)
+    else:  # a new one on the same directory (NVMe) or with no state at all (LOMO)
+        if hasattr(opt, "close"):
+            opt.close()
+        again = info.build(second, _trainable(second), _ctx(tmp_path, "resumed"))
+    resumed = run(second, again, G[2:])
+    for name, want in straight[2].items():
+        assert torch.equal(resumed[0][name], want), (
+            f"{info.name}: {name} after a checkpoint and one step differs from never having "
+            f"stopped (max |diff| {(resumed[0][name] - want).abs().max():.3g}): does "
+            "load_state_dict keep every state tensor's dtype?")
+
+
+@pytest.mark.parametrize("info", LOCAL, ids=ids)
+def test_zero_grad_discards_and_step_calls_the_closure(info, tmp_path):
+    """A backward whose gradients ``zero_grad()`` discards before each step changes nothing;
+    ``step(closure)`` (where there is one) gives what backward then ``step()`` give, and returns
+    the closure's loss; ``zero_grad(set_to_none=False)`` leaves every parameter a zero gradient
+    that the next step applies, as torch's, even to a parameter the next backward misses."""
+    dtype = _own_dtype(info)
+    G = gradients(plan_of(2), dtype)
+    junk = gradients(plan_of(2), dtype, seed=7)
+    model = Toy(dtype)
+    plain, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "plain"))
+    if info.accumulates:  # LOMO's junk backward would be a step: zero_grad cannot undo it
+        cleared, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "junk"), junk=junk)
+        assert_histories_close(cleared, plain, f"{info.name}: gradients before zero_grad()", **SAME)
+    if info.has_closure:
+        closed, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "closure"), closure=True)
+        assert_histories_close(closed, plain, f"{info.name}: step(closure)", **SAME)
+    # zero_grad(set_to_none=False) leaves a zero gradient, which torch's next step applies (its
+    # step count advances), also to a parameter that the next backward does not reach
+    partial = [[[set(ALL)]], [[set(ALL) - {"h.1.weight", "h.1.bias"}]], [[set(ALL) - {"head"}]]]
+    G = gradients(partial, dtype)
+    kept, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "kept"), set_to_none=False)
+    zeros, _ = _train(info, copy.deepcopy(model), with_zeros(G), _ctx(tmp_path, "zeros"))
+    assert_histories_close(kept, zeros, f"{info.name}: zero_grad(set_to_none=False), then a "
+                           "backward that misses some parameters (they keep a zero gradient)", **SAME)
+
+
+# ---------------------------------------------------------------- the distributed battery
+
+def _dp_plan(ranks):
+    """The plan of ``tests/_conformance_helpers.dp_plans``' "units": no unit ever runs on some
+    ranks only (ZeRO-3's rule)."""
+    return dp_plans(ranks)["units"]
+
+
+def _snapshot_run(info, model, opt, G, rank, **kwargs):
+    snapshot = (lambda: _full(info, model, opt)) if info.name == "ZeRO3" else None
+    return run(model, opt, G, rank, snapshot=snapshot, **kwargs)
+
+
+def _full(info, model, opt):
+    if info.name == "ZeRO3":
+        return dict(zip([n for n, _ in model.named_parameters()], opt.full_parameters()))
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _dp_battery(rank, world_size, name):
+    """Inside each rank: the battery on the world and on this rank's subgroup of 2."""
+    info = BY_NAME[name]
+    out = {}
+    for where, (group, ranks) in (("world", (None, list(range(world_size)))),
+                                  ("subgroup", group_of(rank, world_size, 2))):
+        me = ranks.index(rank)
+        ctx = SimpleNamespace(group=group, directory=None)
+        res = out[where] = {"ranks": ranks}
+        for dtype in (torch.float64, torch.float32, torch.bfloat16):
+            G = gradients(_dp_plan(world_size) if dtype == torch.float64 else plan_of(2, world_size),
+                          dtype)
+            G = [[step[r] for r in ranks] for step in G]  # this group's ranks' own data
+            model = Toy(dtype)
+            res[dtype] = _snapshot_run(info, model, info.build(model, list(model.parameters()), ctx), G, me)
+        G = [[step[r] for r in ranks] for step in gradients(_dp_plan(world_size), torch.float64)]
+        if info.group_options is not None:
+            first, groups = _split_groups(info)
+            model = Toy(torch.float64)
+            res["groups"] = run(model, info.build(model, groups(model), ctx), G, me)
+        model = Toy(torch.float64)
+        res["junk"] = _snapshot_run(info, model, info.build(model, list(model.parameters()), ctx), G, me,
+                                    junk=[[step[r] for r in ranks] for step in
+                                          gradients(_dp_plan(world_size), torch.float64, seed=7)])
+        model = Toy(torch.float64)
+        res["closure"] = _snapshot_run(info, model, info.build(model, list(model.parameters()), ctx), G, me,
+                                       closure=True)
+        model = Toy(torch.float64)
+        res["kept zeros"] = _snapshot_run(info, model, info.build(model, list(model.parameters()), ctx), G,
+                                          me, set_to_none=False)
+        model = Toy(torch.float64)
+        res["explicit zeros"] = _snapshot_run(info, model, info.build(model, list(model.parameters()), ctx),
+                                              with_zeros(G), me)
+        model = Toy(torch.float64)  # a checkpoint after two steps, then two more
+        opt = info.build(model, list(model.parameters()), ctx)
+        _snapshot_run(info, model, opt, G[:2], me)
+        saved, params = copy.deepcopy(opt.state_dict()), _full(info, model, opt)
+        again = Toy(torch.float64)
+        with torch.no_grad():
+            for n, p in again.named_parameters():
+                p.copy_(params[n])
+        res["resumed"] = _snapshot_run(info, again, _loaded(info, again, ctx, saved), G[2:], me)
+    return out
+
+
+def _loaded(info, model, ctx, saved):
+    opt = info.build(model, list(model.parameters()), ctx)
+    opt.load_state_dict(saved)
+    return opt
+
+
+@functools.lru_cache(maxsize=None)
+def dp_results(name):
+    from labkit.ranks import launch
+
+    return launch(_dp_battery, 4, name, timeout=180)
+
+
+@pytest.mark.parametrize("info", DISTRIBUTED, ids=ids)
+def test_distributed_optimizers_conform_on_the_world_and_on_subgroups(info):
+    """ZeRO-1/2/3 on 4 ranks and on two subgroups of 2 ({0, 1} and {2, 3}, each on its own data):
+    every rank's parameters after every step equal DDP(find_unused_parameters=True) + Adam —
+    a parameter used on no rank skipped (step 1), one used on some ranks only averaged with
+    zeros (step 2), several backwards added (step 3); in fp64 and fp32 as Adam trains them,
+    in bf16 through an fp32 master; two parameter groups with their own options; gradients
+    discarded by zero_grad(); zero_grad(set_to_none=False) keeping zero gradients (as explicit
+    zero gradients); step(closure); a checkpoint resumed bit for bit."""
+    results = dp_results(info.name)
+    for rank, out in enumerate(results):
+        for where, res in out.items():
+            ranks = res["ranks"]
+            what = f"{info.name}, rank {rank} on {where} {ranks}"
+            for dtype in (torch.float64, torch.float32, torch.bfloat16):
+                plan = _dp_plan(4) if dtype == torch.float64 else plan_of(2, 4)
+                G = [[step[r] for r in ranks] for step in gradients(plan, dtype)]
+                kind = info.dtypes[dtype]
+                want = reference_run(Toy(dtype), info.reference, G, len(ranks), master=kind == "master")
+                assert_histories_close(res[dtype], want, f"{what}, {dtype}", **_tol(info, dtype, kind))
+            G = [[step[r] for r in ranks] for step in gradients(_dp_plan(4), torch.float64)]
+            want = reference_run(Toy(torch.float64), info.reference, G, len(ranks))
+            if "groups" in res:
+                first, _ = _split_groups(info)
+                grouped = reference_run(Toy(torch.float64), info.reference, G, len(ranks),
+                                        groups=[(first, {}), (["h.1.weight", "h.1.bias"], info.group_options)])
+                assert_histories_close(res["groups"], grouped, f"{what}, two groups", **F64)
+            assert_histories_close(res["junk"], want, f"{what}, gradients before zero_grad()", **F64)
+            assert_histories_close(res["closure"], want, f"{what}, step(closure)", **F64)
+            assert_histories_close(res["kept zeros"], res["explicit zeros"],
+                                   f"{what}, zero_grad(set_to_none=False) keeps zero gradients", **SAME)
+            for name, w in res[torch.float64][3].items():
+                assert torch.equal(res["resumed"][1][name], w), (
+                    f"{what}: {name} after a checkpoint at step 2 and two more steps differs from "
+                    f"never having stopped (max |diff| {(res['resumed'][1][name] - w).abs().max():.3g})")
