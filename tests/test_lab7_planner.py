@@ -93,6 +93,14 @@ def test_layouts_match_brute_force():
             f"{extra[:4]}: check D·T·P·C = GPUs, T ≤ GPUs per node, T | heads, P | layers, "
             f"C | seq_len, D | batch, E | D and E | experts (E = 1 for a dense model)")
         assert got == want, f"{describe(model, cluster, batch)}: layouts are right but not in ascending order: {got[:6]}…"
+    # an MoE model on 12 GPUs: D = 12, 6, 4, 3, … with 8 experts takes E = 1, 2, 4 at D = 12 and 4
+    # but only E = 1, 2 at D = 6 (E | D and E | experts)
+    moe = cost_model.ModelSpec(1e9, 3, 256, 4, 256, "MoE on 12", n_expert=8, top_k=2)
+    cluster = cost_model.Cluster(12, gpus_per_node=4)
+    got, want = planner.layouts(moe, cluster, 12), brute_layouts(moe, cluster, 12)
+    assert sorted(set(got)) == want and got == want, (
+        f"{describe(moe, cluster, 12)}: layouts missing {sorted(set(want) - set(got))[:4]}, invalid ones "
+        f"listed {sorted(set(got) - set(want))[:4]}: E must divide D and the 8 experts")
 
 
 @pytest.mark.exercise("7.1", points=8)

@@ -60,11 +60,9 @@ def layouts(model: ModelSpec, cluster: Cluster, global_batch: int) -> list[tuple
                 if model.seq_len % cp or N % (tp * pp * cp):
                     continue
                 dp = N // (tp * pp * cp)
-                if global_batch % dp:
-                    continue
-                for ep in range(1, dp + 1):
-                    if dp % ep == 0 and experts % ep == 0:
-                        out.append((dp, tp, pp, cp, ep))
+                if global_batch % dp == 0:
+                    out += [(dp, tp, pp, cp, ep) for ep in range(1, dp + 1)
+                            if dp % ep == 0 and experts % ep == 0]
     return sorted(out)
     # END SOLUTION
 
