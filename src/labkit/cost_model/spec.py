@@ -157,7 +157,8 @@ class ModelSpec:
     @property
     def block_weights(self) -> float:
         """The weight matrices of the L layers (no biases, norms or embeddings): Q and the
-        output projection h², K and V h²·g/a each, the MLP 2·h·f (3·h·f gated)."""
+        output projection h², K and V h²·g/a each, the MLP 2·h·f (3·h·f gated); an MoE layer
+        holds, in place of its MLP, the router (h·n_expert) and every routed and shared expert."""
         h, a, g, f = self.hidden, self.n_head, self.kv_heads, self.ffn
         if self.n_expert is None:
             return float(self.n_layer * (2 * h * h + 2 * h * h * g // a + (3 if self.gated_mlp else 2) * h * f))
