@@ -1,7 +1,8 @@
 """What lab 7's planner tests share (not collected): a search without pruning, written plainly.
 
 ``brute_force`` enumerates every configuration the docstring of ``labkit.lab7.planner.plan``
-describes — every (dp, tp, pp) in 1..N with cp = N/(dp·tp·pp), every micro-batch size in
+describes — every (dp, tp, pp) in 1..N with cp = N/(dp·tp·pp) and every expert-parallel ep in
+1..dp (dividing dp and the routed experts; 1 for a dense model), every micro-batch size in
 1..global_batch, every recipe, optimizer, ZeRO stage (ZeRO-3 with and without re-sharding after
 forward), offload flag, attention kernel, recomputation, sequence parallelism and number of
 virtual pipeline stages — filtered by the rules stated there, scored with the course's
@@ -30,7 +31,9 @@ def brute_layouts(model, cluster, global_batch):
             continue
         if (tp <= cluster.gpus_per_node and model.n_head % tp == 0 and model.n_layer % pp == 0
                 and model.seq_len % cp == 0 and global_batch % dp == 0):
-            out.append((dp, tp, pp, cp))
+            for ep in range(1, dp + 1):
+                if dp % ep == 0 and (model.n_expert or 1) % ep == 0:
+                    out.append((dp, tp, pp, cp, ep))
     return sorted(out)
 
 
@@ -41,7 +44,7 @@ def brute_configs(model, cluster, global_batch, space):
             space["attention"], space["checkpointing"]):
         if (off and zero == 0) or (ckpt == "selective" and attn == "fused"):
             continue
-        for dp, tp, pp, cp in brute_layouts(model, cluster, global_batch):
+        for dp, tp, pp, cp, ep in brute_layouts(model, cluster, global_batch):
             if cp > 1 and attn != "fused":
                 continue
             per_stage = model.n_layer // pp
@@ -54,7 +57,7 @@ def brute_configs(model, cluster, global_batch, space):
                 if global_batch % (dp * b):
                     continue
                 yield cost_model.Config(recipe, opt, zero, off, dp, tp, pp, cp, ckpt, b,
-                                        global_batch // (dp * b), attn, sp, v, reshard)
+                                        global_batch // (dp * b), attn, sp, v, reshard, ep)
 
 
 def brute_force(model, cluster, global_batch, margin=0.1, **space):
@@ -67,6 +70,8 @@ def brute_force(model, cluster, global_batch, margin=0.1, **space):
 
 
 def describe(model, cluster, batch):
+    moe = (f", {model.n_expert} experts, top-{model.top_k}, {model.n_moe_layers} MoE layers"
+           if model.is_moe else "")
     return (f"{model.name} (Ψ={model.n_params:.3g}, L={model.n_layer}, h={model.hidden}, "
-            f"a={model.n_head}, s={model.seq_len}) on {cluster.n_gpus} GPUs "
+            f"a={model.n_head}, s={model.seq_len}{moe}) on {cluster.n_gpus} GPUs "
             f"({cluster.gpus_per_node}/node, {cluster.memory_bytes / GB:.3g} GB), batch {batch}")

@@ -16,6 +16,13 @@ configuration its framework offered. What is checked, and how tight (the bounds 
 * each published layout among the planner's first 10 for its cluster, or within 5% of its
   best. Four rows miss it, each for a term of the model named in its ``xfail`` reason: strict,
   so a change of the model that closes the gap shows here.
+* DeepSeek-V3's pre-training (an MoE run, 64-way expert parallelism across 8 nodes): the model
+  leaves out what the run is known for — DualPipe's overlap of the all-to-all with computation
+  and FP8 (GEMMs and cached activations, without which the model needs full recomputation) —
+  so its throughput is a strict ``xfail`` of the band, and what is checked instead is the term
+  that decides: its all-to-all against its compute, which DeepSeek-AI put at "approximately
+  1:1", and that the published throughput lies between the model's estimate as it charges the
+  run and the same estimate with the all-to-all hidden and no recomputation.
 """
 from __future__ import annotations
 
@@ -29,7 +36,13 @@ from labkit.reference import lab7 as published
 
 GB = 10**9
 RUNS = {run.name: run for run in published.published_runs()}
-BAND = {"Megatron": 0.20, "BLOOM": 0.30, "Llama": 0.30}
+BAND = {"Megatron": 0.20, "BLOOM": 0.30, "Llama": 0.30, "DeepSeek": 0.30}
+DEEPSEEK = "DeepSeek-V3 671B"
+OFF_BAND = {  # an MoE run whose published throughput rests on what the model leaves out
+    DEEPSEEK: "the model charges the 64-way all-to-all across 8 nodes in full (DualPipe hides it) "
+              "and needs full recomputation to fit its 16-bit activations (FP8 caching let the run "
+              "skip it): 0.42 of the published throughput",
+}
 MISSES = {  # the term of the model that decides each (chapter 7 prints the margins)
     "Megatron-LM 18.4B": "T = 8's all-reduces, charged in full, cost more than the interleaved bubble "
                          "of T = 2 with 4 stages",
@@ -40,6 +53,8 @@ MISSES = {  # the term of the model that decides each (chapter 7 prints the marg
                                     "T4·C4 with ZeRO-1 needs neither recomputation nor T = 8's all-reduces",
     "Llama 3 405B, 16,384 GPUs, 128K": "P = 16 with 16 micro-batches idles more than P = 4 with ZeRO-3 "
                                        "over 512 ranks",
+    DEEPSEEK: "the cross-node all-to-all charged in full and full recomputation make E = 64 slower than "
+              "E = 4 inside a node with T = 2",
 }
 
 
@@ -84,7 +99,8 @@ def test_published_layout_fits_as_it_ran(name):
             f"{name}: the model counts {e.memory['total'] / GB:.1f} GB, more than the run used")
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=OFF_BAND[n]))
+                                  if n in OFF_BAND else n for n in RUNS])
 def test_predicted_throughput_within_band(name):
     """The paper's FLOPs per step over the model's step time, against the published TFLOP/s."""
     run, e = RUNS[name], scored(name)
@@ -107,3 +123,35 @@ def test_published_layout_ranks_near_the_top(name):
     assert place <= 10 or gap <= 0.05, (
         f"{name}: the published layout is #{place} of {len(order)}, {gap:.1%} slower than the "
         f"planner's best {order[0].config.label()}")
+
+
+def test_deepseek_v3_all_to_all_is_about_its_compute():
+    """DeepSeek-AI 2024, §3.2.1: cross-node expert parallelism gives DeepSeek-V3 "an inefficient
+    computation-to-communication ratio of approximately 1:1". The model's all-to-all over its
+    compute for the run's layout must be at least that (it sends each token's k = 8 copies in
+    16 bits, where the run sent at most 4 nodes' worth, half the calls in FP8: its bytes are at
+    least theirs, its bf16 compute no faster than their FP8) and at most 1 / (4/7 · 3/4) = 2.33
+    times it (the fewest bytes those two savings leave: 4 of the 7 copies that cross nodes, the
+    average of 1 and 2 bytes over the four calls)."""
+    e = scored(DEEPSEEK)
+    ratio = e.time.comm["ep"] / e.time.compute
+    assert 1 <= ratio <= 1 / (4 / 7 * 3 / 4), (
+        f"DeepSeek-V3 as the model charges it ({e.config.label()}): all-to-all {e.time.comm['ep']:.3g} s "
+        f"over compute {e.time.compute:.3g} s = {ratio:.2f}, against the published ~1:1")
+
+
+def test_deepseek_v3_published_throughput_between_the_models_bounds():
+    """The run's 1,543 tokens per second per GPU lie between the model's estimate as it charges
+    the run (the all-to-all exposed, full recomputation) and the same layout with what the run
+    is known to have done instead: the all-to-all hidden (DualPipe, §3.2.1) and no recomputation
+    (FP8 activation caching, §3.3.3) — the step's compute, bubble and other traffic alone."""
+    from dataclasses import replace
+
+    run, e = RUNS[DEEPSEEK], scored(DEEPSEEK)
+    tokens = run.global_batch * run.model.seq_len / run.cluster.n_gpus
+    low = tokens / e.time.total
+    hidden = cost_model.step_time(run.model, run.cluster, replace(e.config, checkpointing="none"), run.global_batch)
+    high = tokens / (hidden.total - hidden.comm["ep"])
+    assert low < run.notes["tokens_per_s"] < high, (
+        f"DeepSeek-V3: the model's bounds {low:.0f} and {high:.0f} tokens/s per GPU, published "
+        f"{run.notes['tokens_per_s']:.0f}")

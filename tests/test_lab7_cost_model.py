@@ -332,3 +332,106 @@ def test_memory_agrees_with_chapter_6_where_exercise_6_4_is_written():
             pytest.skip("exercise 6.4 not written")
         got = cm.memory_estimate(model, cfg)
         assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-12), extra
+
+
+# ------------------------------------------------------------------------------------ experts
+
+def moe_config(**kw):
+    return config(**{**dict(attention="fused", checkpointing="none"), **kw})
+
+
+@pytest.mark.parametrize("published", ["Mixtral 8x7B", "DeepSeek-V3"])
+def test_expert_static_state_is_chapter_6s(published):
+    """The static bytes of an MoE model under D × T × P with E carved out of D equal chapter 6's
+    ``moe_memory.per_gpu_static_bytes`` (written independently): experts over E·T·P, ZeRO over
+    D for the rest and D/E for the experts."""
+    from labkit import moe_memory
+    m = moe_memory.MODELS[published]
+    spec = cm.ModelSpec.from_moe(m, 4096, 32, 8)
+    for dp, ep, tp, pp, zero in [(8, 8, 1, 1, 1), (16, 4, 2, 2, 2), (4, 2, 1, 1, 3), (8, 1, 1, 1, 0)]:
+        got = memory.static_bytes(spec, moe_config(dp=dp, ep=ep, tp=tp, pp=pp, zero_stage=zero))
+        want = moe_memory.per_gpu_static_bytes(m, dp=dp, ep=ep, tp=tp, pp=pp, zero_stage=zero)
+        assert got == pytest.approx(want, rel=1e-12), (dp, ep, tp, pp, zero)
+    assert spec.n_params == moe_memory.param_counts(m)["total"]
+    assert spec.active_params == pytest.approx(moe_memory.param_counts(m)["active"], rel=1e-12)
+
+
+def test_moe_layer_activations_are_chapter_6s():
+    """One MoE layer without tensor parallelism keeps the dense layer's attention and norms, and in
+    place of the MLP's first matmul input and f-wide tensors ``moe_memory.layer_activation_bytes``
+    for the rank's s·b/C tokens; E does not change a rank's buffers."""
+    from labkit import moe_memory
+    spec = cm.ModelSpec.from_moe(moe_memory.MIXTRAL_8X7B, 4096, 32, 8, capacity_factor=1.25)
+    dense = dataclasses.replace(spec, n_expert=None, top_k=1, expert_ffn=None, moe_layers=None,
+                                capacity_factor=1.0, ffn_hidden=14336)
+    for cp, b in [(1, 1), (2, 2)]:
+        cfg = moe_config(cp=cp, micro_batch=b, dp=8, ep=8)
+        parts = moe_memory.layer_activation_bytes(moe_memory.MIXTRAL_8X7B, 4096 // cp * b, 1.25)
+        mlp = 2 * 4096 // cp * b * 4096 + 3 * 2 * 4096 // cp * b * 14336  # first matmul input, SwiGLU
+        want = memory.activation_bytes_per_layer(dense, cfg) - mlp + sum(parts.values())
+        assert memory.moe_activation_bytes_per_layer(spec, cfg) == pytest.approx(want, rel=1e-12)
+        assert memory.moe_activation_bytes_per_layer(spec, dataclasses.replace(cfg, ep=1)) == \
+            memory.moe_activation_bytes_per_layer(spec, cfg)
+
+
+def test_moe_gemms_do_the_active_parameters_flops(monkeypatch):
+    """With capacity factor 1 and tokens·k a multiple of the experts, an MoE layer's forward GEMMs
+    do 2·tokens·(its active weights) FLOPs whatever E — attention, router, k routed experts —
+    the routed ones as one grouped GEMM of n_expert/E experts on E·C rows each."""
+    calls = []
+    real = kernels.gemm_seconds
+
+    def counting(cluster, rows, cols, inner, e, batch=1, rate=None):
+        calls.append((batch, round(rows), round(cols), round(inner)))
+        return real(cluster, rows, cols, inner, e, batch, rate)
+
+    monkeypatch.setattr(kernels, "gemm_seconds", counting)
+    m = cm.ModelSpec.llama(1e11, 4, 4096, 32, 8, 14336, 4096, "8 experts", vocab_size=32000)
+    m = dataclasses.replace(m, n_expert=8, top_k=2, n_params=4 * (m.block_weights / 4 - 3 * 4096 * 14336)
+                            + 4 * (8 * 3 * 4096 * 14336 + 4096 * 8) + 32000 * 4096)
+    layer_active = (m.active_params - 32000 * 4096) / 4
+    for ep in (1, 2, 8):
+        calls.clear()
+        kernels._micro_batch_time.cache_clear()
+        kernels.micro_batch_time(m, cm.Cluster(8), moe_config(dp=8, ep=ep))
+        # (forward, backward, backward) triples: the dense layer's QKV, projection and MLP, the
+        # output layer, then the MoE layer's router and its two grouped expert GEMMs
+        qkv, proj, router, up, down = (calls[3 * k] for k in (0, 1, 5, 6, 7))
+        fwd = sum(2 * b * r * c * i for b, r, c, i in (qkv, proj, router, up, down))
+        assert fwd == pytest.approx(2 * 4096 * layer_active, rel=1e-12), ep
+        assert up == (8 // ep, ep * 1024, 2 * 14336, 4096) and down == (8 // ep, ep * 1024, 4096, 14336)
+
+
+def test_all_to_all_traffic():
+    """Four all-to-alls of the n_expert·C·h buffer per MoE layer and micro-batch (six with full
+    recomputation), (E − 1)/E of it leaving the GPU: over NVLink when the group fits in a node;
+    across nodes, the node's share over NVLink and the rest over the network at once. None for E = 1."""
+    from labkit.moe_memory import all_to_all_bytes
+    m = cm.ModelSpec.llama(5e10, 8, 4096, 32, 8, 14336, 4096, "moe")
+    m = dataclasses.replace(m, n_expert=16, top_k=2, n_params=1e12)
+    m = dataclasses.replace(m, n_params=m.block_weights)
+    buf = all_to_all_bytes(4096, 16, 2, 1.0, 4096, 2)
+    c = cm.Cluster(64, overlap_share=0.0)
+    inside = cm.step_time(m, c, moe_config(dp=16, ep=8, pp=4, n_micro=8), 128)
+    assert inside.comm["ep"] == pytest.approx(8 * 2 * 4 * (7 / 8 * buf / c.intra_bw + 7 * c.intra_latency), rel=1e-12)
+    across = cm.step_time(m, c, moe_config(dp=16, ep=16, pp=4, n_micro=8, checkpointing="full"), 128)
+    one = max(7 / 16 * buf / c.intra_bw, 8 / 16 * buf / c.inter_bw) + 15 * c.inter_latency
+    assert across.comm["ep"] == pytest.approx(8 * 2 * 6 * one, rel=1e-12)
+    assert cm.step_time(m, c, moe_config(dp=16, pp=4, n_micro=8), 128).comm["ep"] == 0
+    dense = cm.step_time(cm.ModelSpec(**SEED_100B), cm.Cluster(64), config(tp=8, pp=8, n_micro=8), 64)
+    assert dense.comm["ep"] == 0
+
+
+@pytest.mark.parametrize("make,name", [
+    (lambda: cm.ModelSpec(1e9, 2, 64, 2, 128, top_k=2), "n_expert"),
+    (lambda: cm.ModelSpec(1e9, 2, 64, 2, 128, n_expert=4, top_k=8), "top_k"),
+    (lambda: cm.ModelSpec(1e6, 2, 64, 2, 128, n_expert=64, expert_ffn=4096), "n_params"),
+    (lambda: cm.ModelSpec(1e9, 2, 64, 2, 128, n_expert=4, moe_layers=3), "moe_layers"),
+    (lambda: cm.ModelSpec(1e9, 2, 64, 2, 128, n_expert=4, capacity_factor=0), "capacity_factor"),
+    (lambda: cm.memory_estimate(cm.ModelSpec(1e9, 2, 64, 2, 128), moe_config(dp=4, ep=2)), "ep"),
+    (lambda: cm.memory_estimate(cm.ModelSpec(1e9, 2, 64, 2, 128, n_expert=4), moe_config(dp=6, ep=3)), "ep"),
+    (lambda: cm.step_time(cm.ModelSpec(1e9, 2, 64, 2, 128, n_expert=4), cm.Cluster(4), moe_config(dp=2, ep=4), 4), "ep"),
+])
+def test_bad_expert_arguments_are_named(make, name):
+    with pytest.raises(ValueError, match=name):
+        make()

@@ -16,6 +16,7 @@ The seed's worked numbers: Ψ = 100B in mixed-precision Adam is 16Ψ = 1.6 TB of
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 
@@ -41,6 +42,14 @@ def random_case(i):
     model = cost_model.ModelSpec(12.0 * n_layer * hidden**2 + 1000 * hidden, n_layer, hidden, n_head,
                                  seq_len, f"case {i}", n_kv_head=kv, ffn_hidden=3 * hidden if llama else None,
                                  gated_mlp=llama, dropout=not llama)
+    moe = random.Random(5000 + i)  # a third of the cases a mixture of experts (its own draws)
+    if moe.random() < 1 / 3:
+        experts = moe.choice([2, 4, 8])
+        model = dataclasses.replace(
+            model, n_expert=experts, top_k=moe.choice([k for k in (1, 2) if k <= experts]),
+            expert_ffn=moe.choice([hidden, 2 * hidden]), n_shared=moe.choice([0, 1]),
+            moe_layers=moe.randint(1, n_layer), capacity_factor=moe.choice([1.0, 1.25]), n_params=1.0e12)
+        model = dataclasses.replace(model, n_params=model.block_weights + 1000 * hidden)
     n_gpus = rng.choice([1, 2, 4, 6, 8, 12, 16])
     global_batch = rng.choice([1, 2, 4, 6, 8, 12, 16])
     space = dict(recipes=tuple(rng.sample(sorted(memory_model.RECIPES), rng.choice([1, 2]))),
@@ -74,7 +83,7 @@ def case(i):
 
 @pytest.mark.exercise("7.1", points=4)
 def test_layouts_match_brute_force():
-    """Check that layouts() lists exactly the valid (dp, tp, pp, cp), sorted, on 10 random clusters."""
+    """Check that layouts() lists exactly the valid (dp, tp, pp, cp, ep), sorted, on 10 random clusters."""
     for i in range(0, 20, 2):
         model, cluster, batch, _, _ = case(i)
         got, want = planner.layouts(model, cluster, batch), brute_layouts(model, cluster, batch)
@@ -82,8 +91,16 @@ def test_layouts_match_brute_force():
         assert not missing and not extra, (
             f"{describe(model, cluster, batch)}: layouts missing {missing[:4]}, invalid ones listed "
             f"{extra[:4]}: check D·T·P·C = GPUs, T ≤ GPUs per node, T | heads, P | layers, "
-            f"C | seq_len, D | batch")
+            f"C | seq_len, D | batch, E | D and E | experts (E = 1 for a dense model)")
         assert got == want, f"{describe(model, cluster, batch)}: layouts are right but not in ascending order: {got[:6]}…"
+    # an MoE model on 12 GPUs: D = 12, 6, 4, 3, … with 8 experts takes E = 1, 2, 4 at D = 12 and 4
+    # but only E = 1, 2 at D = 6 (E | D and E | experts)
+    moe = cost_model.ModelSpec(1e9, 3, 256, 4, 256, "MoE on 12", n_expert=8, top_k=2)
+    cluster = cost_model.Cluster(12, gpus_per_node=4)
+    got, want = planner.layouts(moe, cluster, 12), brute_layouts(moe, cluster, 12)
+    assert sorted(set(got)) == want and got == want, (
+        f"{describe(moe, cluster, 12)}: layouts missing {sorted(set(want) - set(got))[:4]}, invalid ones "
+        f"listed {sorted(set(got) - set(want))[:4]}: E must divide D and the 8 experts")
 
 
 @pytest.mark.exercise("7.1", points=8)
@@ -101,8 +118,8 @@ def test_plan_best_matches_brute_force():
             f"{describe(model, cluster, batch)}, space {space}: plan chose {got.config.label()} "
             f"({got.time.total:.4g} s, {got.memory['total'] / GB:.4g} GB), the brute-force search "
             f"{want.config.label()} ({want.time.total:.4g} s, {want.memory['total'] / GB:.4g} GB): "
-            f"does the search skip part of the space (micro-batch sizes, offload, a layout, "
-            f"sequence parallelism, virtual stages, re-sharding) or prune something that fits?")
+            f"does the search skip part of the space (micro-batch sizes, offload, a layout, expert "
+            f"parallelism, sequence parallelism, virtual stages, re-sharding) or prune something that fits?")
 
 
 @pytest.mark.exercise("7.1", points=4)
@@ -241,6 +258,31 @@ def test_plan_searches_sequence_parallelism_virtual_stages_and_resharding():
             f"{describe(model, cluster, batch)}: plan chose {[e.config.label() for e in [got.best] + got.runners_up]}, "
             f"the brute-force search {[e.config.label() for e in want]}: is {what} searched "
             f"(every choice ``combinations`` yields for the layout)?")
+
+
+@pytest.mark.exercise("7.1", points=2)
+def test_plan_searches_expert_parallelism():
+    """Check E, the fifth axis: an MoE model (8 layers of 16 experts, top-2) on one node of 8 GPUs
+    of 24 GB under ZeRO-1, whose experts' 16-bit parameters and gradients the data-parallel ranks
+    would each hold whole. Splitting them over E ranks of the node (an all-to-all over NVLink)
+    beats cutting every matrix with T (an all-reduce per layer) — the planner must list the
+    layouts with E and search them."""
+    base = cost_model.ModelSpec(1e12, 8, 2048, 16, 2048, "MoE 16×top-2", ffn_hidden=8192, gated_mlp=True,
+                                dropout=False, n_expert=16, top_k=2)
+    model = dataclasses.replace(base, n_params=base.block_weights + 32000 * 2048)
+    cluster = cost_model.Cluster(8, memory_bytes=24 * GB)
+    space = dict(zero_stages=(1,), checkpointing=("full",), attention=("fused",), sequence_parallel=(True,),
+                 interleave=(False,))
+    fitting, _ = brute_force(model, cluster, 16, **space)
+    without = next(e for e in fitting if e.config.ep == 1)
+    assert fitting[0].config.ep > 1 and without.time.total > 1.05 * fitting[0].time.total, (
+        f"test set-up: expert parallelism was meant to win by more than 5%, brute force: "
+        f"{fitting[0].config.label()} vs {without.config.label()}")
+    got = planner.plan(model, cluster, 16, n_runners_up=2, **space)
+    assert [e.config for e in [got.best] + got.runners_up] == [e.config for e in fitting[:3]], (
+        f"{describe(model, cluster, 16)}: plan chose {[e.config.label() for e in [got.best] + got.runners_up]}, "
+        f"the brute-force search {[e.config.label() for e in fitting[:3]]}: are the layouts with "
+        f"E > 1 (E | D, E | experts) listed, and is ep passed to Config?")
 
 
 @pytest.mark.exercise("7.1", points=2)

@@ -3,9 +3,10 @@
 Chapters 1–6 each bought memory with one technique; a real run combines them. For a model, a
 cluster and a global batch, the planner searches precision × optimizer × ZeRO stage (and ZeRO-3's
 re-sharding) × offload × the layout D × T × P × C (data, tensor, pipeline, context parallel;
-D·T·P·C = GPUs) × recomputation × attention kernel × sequence parallelism × the pipeline's
-virtual stages × micro-batch size, keeps the configurations whose busiest GPU (and its node's
-host memory) fits, and returns the fastest, with the runners-up and the reason each lost.
+D·T·P·C = GPUs) and, for a mixture of experts, the expert-parallel E carved out of D ×
+recomputation × attention kernel × sequence parallelism × the pipeline's virtual stages ×
+micro-batch size, keeps the configurations whose busiest GPU (and its node's host memory) fits,
+and returns the fastest, with the runners-up and the reason each lost.
 
 What a configuration costs is the course's cost model, ``labkit.cost_model`` (read its module
 docstrings: the planner's answer is only as good as they are): ``evaluate(model, cluster, config,
@@ -34,17 +35,20 @@ GB = 10**9
 
 # ==== exercise 7.1: your code ====
 
-def layouts(model: ModelSpec, cluster: Cluster, global_batch: int) -> list[tuple[int, int, int, int]]:
-    """Every layout (dp, tp, pp, cp) the planner may use, in ascending order.
+def layouts(model: ModelSpec, cluster: Cluster, global_batch: int) -> list[tuple[int, int, int, int, int]]:
+    """Every layout (dp, tp, pp, cp, ep) the planner may use, in ascending order.
 
     A layout is valid when dp·tp·pp·cp = ``cluster.n_gpus``, tp ≤ ``cluster.gpus_per_node``
     (tensor parallelism stays inside a node), tp divides ``model.n_head``, pp divides
     ``model.n_layer``, cp divides ``model.seq_len`` and dp divides ``global_batch`` (every
-    data-parallel rank gets whole sequences).
+    data-parallel rank gets whole sequences). ep, the expert-parallel size, is carved out of the
+    data-parallel ranks (it does not multiply the GPUs): it divides dp and the model's routed
+    experts ``model.n_expert``; a dense model (``model.n_expert is None``) has only ep = 1.
     """
-    # BEGIN SOLUTION 7.1: list every valid (dp, tp, pp, cp), sorted
+    # BEGIN SOLUTION 7.1: list every valid (dp, tp, pp, cp, ep), sorted
     N = cluster.n_gpus
     divisors = [k for k in range(1, N + 1) if N % k == 0]
+    experts = model.n_expert or 1
     out = []
     for tp in divisors:
         if tp > cluster.gpus_per_node or model.n_head % tp:
@@ -57,7 +61,8 @@ def layouts(model: ModelSpec, cluster: Cluster, global_batch: int) -> list[tuple
                     continue
                 dp = N // (tp * pp * cp)
                 if global_batch % dp == 0:
-                    out.append((dp, tp, pp, cp))
+                    out += [(dp, tp, pp, cp, ep) for ep in range(1, dp + 1)
+                            if dp % ep == 0 and experts % ep == 0]
     return sorted(out)
     # END SOLUTION
 
@@ -69,10 +74,10 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, recipes=("mix
          margin: float = DEFAULT_MARGIN, n_runners_up: int = 5) -> PlanResult:
     """The fastest configuration that fits, and the runners-up.
 
-    The space: every recipe in ``recipes``, optimizer in ``optimizers``, layout from ``layouts``,
-    and for each layout every choice ``combinations(space, model, tp, pp, cp)`` yields (``space``:
-    what ``check_space`` returns), and every micro-batch size b dividing global_batch/dp (then
-    n_micro = global_batch/(dp·b)). A configuration fits when ``evaluate(...).fits`` (with
+    The space: every recipe in ``recipes``, optimizer in ``optimizers``, layout (dp, tp, pp, cp,
+    ep) from ``layouts`` (``ep`` is ``Config``'s last field), and for each layout every choice
+    ``combinations(space, model, tp, pp, cp)`` yields (``space``: what ``check_space`` returns),
+    and every micro-batch size b dividing global_batch/dp (then n_micro = global_batch/(dp·b)). A configuration fits when ``evaluate(...).fits`` (with
     ``margin``). The order: step time (``Estimate.time.total``), then the total bytes on the GPU,
     then the ``Config`` itself (its fields in order) — exact comparisons, so the answer is
     deterministic.
@@ -107,13 +112,13 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, recipes=("mix
     host_usable = cluster.host_memory_bytes * (1 - margin)
     fitting, smallest_static, smallest_host, smallest_total = [], math.inf, math.inf, math.inf
     for recipe, optimizer in itertools.product(space["recipes"], space["optimizers"]):
-        for dp, tp, pp, cp in grid:
+        for dp, tp, pp, cp, ep in grid:
             per_rank = global_batch // dp
             small = [b for b in range(1, math.isqrt(per_rank) + 1) if per_rank % b == 0]
             sizes = sorted(set(small + [per_rank // b for b in small]))  # O(√B), not O(B)
             for choice in combinations(space, model, tp, pp, cp):
                 cfg = Config(recipe, optimizer, dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=1,
-                             n_micro=per_rank, **choice)
+                             n_micro=per_rank, ep=ep, **choice)
                 # the static and host state do not depend on recomputation or micro-batches
                 memory = memory_estimate(model, cfg)
                 static = memory["total"] - memory["activations"]

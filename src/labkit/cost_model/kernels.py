@@ -29,6 +29,17 @@ Each kernel of a transformer layer is timed by what bounds it, not by one utilis
   what forward saved and writes gradients). The h-wide ones run on s/T tokens with sequence
   parallelism and on all s tokens of every TP rank without it.
 
+**An MoE layer** (``ModelSpec.n_expert``) keeps the attention and runs, in place of the MLP's
+two GEMMs, the router's (tokens × n_expert), the shared experts' (as the MLP, of their width)
+and the routed experts' as one grouped GEMM: n_expert/E local experts, each on the E·C slots its
+expert-parallel group sends it, C = ⌈capacity_factor·tokens·k/n_expert⌉ (``labkit.moe.capacity``)
+— 6·Ψ_active FLOPs per token with the routed experts' real, thinner shapes (a fine-grained
+expert's few hundred rows lose waves a dense MLP's thousands do not; the capacity's padding is
+computed too); its memory-bound kernels also copy the tokens into the slots and back (h-wide,
+read and written, for dispatch and for combine) and the router's fp32 scores. A stage's layers are MoE layers as far as the model has them (its
+dense layers come first, the slowest stage is the last). The all-to-all is traffic
+(``labkit.cost_model.step``).
+
 The last pipeline stage also runs the output layer (``ModelSpec.extra_weights``): every stage
 waits for it, so it is charged whole to the step, as Megatron-LM's uneven stages would balance.
 Left out: kernel-launch gaps, cuBLAS's split-K and stream-K kernels (which soften the wave
@@ -115,12 +126,37 @@ def micro_batch_time(model: ModelSpec, cluster: Cluster, cfg: Config) -> MicroBa
     """The module docstring's kernels for one micro-batch of this GPU's layers."""
     rates = Rates(*(getattr(cluster, f) for f in Rates._fields))
     return _micro_batch_time(model, rates, cfg.recipe, cfg.tp, cfg.pp, cfg.cp, cfg.micro_batch,
-                             cfg.attention, cfg.sequence_parallel, cfg.checkpointing)
+                             cfg.attention, cfg.sequence_parallel, cfg.checkpointing, cfg.ep)
+
+
+def moe_mlp_time(model: ModelSpec, cluster: Rates, tokens: int, tp: int, ep: int, e: int,
+                 rate: float) -> tuple[float, float, float, float]:
+    """(forward GEMM seconds, backward GEMM seconds, forward h-wide memory-bound bytes (÷T with
+    SP), forward f-wide ones (split by T)) of one MoE layer's router, shared and routed experts
+    on this GPU (module docstring)."""
+    from labkit.moe import capacity
+
+    h, f, E, k = model.hidden, model.expert_width, model.n_expert, model.top_k
+    up = (2 if model.gated_mlp else 1) * f / tp
+    C = capacity(tokens, E, k, model.capacity_factor)
+    slots = ep * C  # the rows each local expert gets from its expert-parallel group
+    fwd, bwd = forward_and_backward_gemm(cluster, tokens, E, h, e, rate)  # the router
+    if model.n_shared:
+        for rows, cols, inner in ((tokens, model.n_shared * up, h), (tokens, h, model.n_shared * f / tp)):
+            fw, bw = forward_and_backward_gemm(cluster, rows, cols, inner, e, rate)
+            fwd, bwd = fwd + fw, bwd + bw
+    for cols, inner in ((up, h), (h, f / tp)):  # grouped over the E/ep local experts
+        fwd += gemm_seconds(cluster, slots, cols, inner, e, batch=E // ep, rate=rate)
+        bwd += gemm_seconds(cluster, slots, inner, cols, e, batch=E // ep, rate=rate) + \
+            gemm_seconds(cluster, inner, cols, slots, e, batch=E // ep, rate=rate)
+    wide = 2 * e * h * (tokens + E * C) + 2 * 4 * tokens * E  # dispatch and combine; fp32 scores
+    narrow = e * (3 if model.gated_mlp else 2) * f / tp * (E * C + model.n_shared * tokens)
+    return fwd, bwd, wide, narrow
 
 
 @functools.lru_cache(maxsize=1 << 15)
 def _micro_batch_time(model, cluster, recipe, tp, pp, cp, micro_batch, attention,
-                      sequence_parallel, checkpointing) -> MicroBatchTime:
+                      sequence_parallel, checkpointing, ep=1) -> MicroBatchTime:
     """``micro_batch_time`` of the fields it depends on (cached: a search asks for the same
     micro-batch under every ZeRO stage, data-parallel size, schedule and bandwidth); ``cluster``
     is the GPU's ``Rates``."""
@@ -137,8 +173,9 @@ def _micro_batch_time(model, cluster, recipe, tp, pp, cp, micro_batch, attention
     kv = kv_heads_per_rank(model, T)
     up = (2 if model.gated_mlp else 1) * f / T
     layer_f, layer_b = 0.0, 0.0
-    for rows, cols, inner in ((m, h / T + 2 * kv * d, h), (m, h, h / T), (m, up, h), (m, h, f / T)):
-        fw, bw = forward_and_backward_gemm(cluster, rows, cols, inner, e, rate)
+    gemms = [forward_and_backward_gemm(cluster, rows, cols, inner, e, rate)
+             for rows, cols, inner in ((m, h / T + 2 * kv * d, h), (m, h, h / T), (m, up, h), (m, h, f / T))]
+    for fw, bw in gemms:
         layer_f, layer_b = layer_f + fw, layer_b + bw
     # the attention core
     heads = b * a // T
@@ -168,4 +205,16 @@ def _micro_batch_time(model, cluster, recipe, tp, pp, cp, micro_batch, attention
     # slowest one, which sets the pipeline's pace
     out_f, out_b = forward_and_backward_gemm(cluster, m, model.extra_weights / (h * T), h, e, rate) \
         if model.extra_weights else (0.0, 0.0)
-    return MicroBatchTime(layers * layer_f + out_f, layers * layer_b + out_b, layers * again, layers * attn_f)
+    if model.n_expert is None:
+        return MicroBatchTime(layers * layer_f + out_f, layers * layer_b + out_b, layers * again, layers * attn_f)
+    # an MoE layer: the attention's two GEMMs, then the router and the experts (module docstring)
+    moe_f, moe_b, moe_wide, moe_narrow = moe_mlp_time(model, cluster, m, T, ep, e, rate)
+    moe_f += sum(fw for fw, _ in gemms[:2])
+    moe_b += sum(bw for _, bw in gemms[:2])
+    elem = (wide + moe_wide / (T if cfg.sequence_parallel else 1) + moe_narrow + scores_bytes) / cluster.hbm_bw
+    moe_f, moe_b = moe_f + attn_f + elem, moe_b + attn_b + 2 * elem
+    moe_again = {"none": 0.0, "full": moe_f, "selective": again}[cfg.checkpointing]
+    n_moe = min(layers, model.n_moe_layers)  # the last stage's
+    return MicroBatchTime((layers - n_moe) * layer_f + n_moe * moe_f + out_f,
+                          (layers - n_moe) * layer_b + n_moe * moe_b + out_b,
+                          (layers - n_moe) * again + n_moe * moe_again, layers * attn_f)

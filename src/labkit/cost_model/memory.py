@@ -9,6 +9,12 @@ re-sharding after forward (FSDP's ``reshard_after_forward=False``) holds the sta
 parameters from a forward to its backward: parameters as unsharded as ZeRO-2's, gradients and
 states sharded.
 
+**Experts** (an MoE model, chapter 6's ``labkit.moe_memory.per_gpu_static_bytes``): the routed
+experts are split by E·T·P — each rank of an expert-parallel group of E keeps n_expert/E whole
+experts, each split by the tensor-parallel T (expert tensor parallelism equal to T, Megatron-Core's
+default) — and ZeRO shards their state over the D·C/E ranks that hold the same experts;
+everything else (attention, norms, router, shared experts, dense layers) as above.
+
 **Activations** (Korthikanti et al. 2022, https://arxiv.org/abs/2205.05198; e bytes an element,
 1-byte dropout masks), one layer and one micro-batch of b sequences on a rank of a
 context-parallel group of C, which holds s' = s/C tokens:
@@ -23,6 +29,16 @@ context-parallel group of C, which holds s' = s/C tokens:
   dropout its mask and output, (2e + 1)·(a/T)·s'·s·b. A fused kernel (FlashAttention) stores none;
   selective recomputation drops them; full recomputation keeps only each layer's input, e·s'bh
   (÷T with SP).
+
+**An MoE layer** keeps the same attention and norms, and in place of the MLP's first matmul
+input and f-wide tensors what ``labkit.moe_memory.layer_activation_bytes`` counts for the s'·b
+tokens of this rank at the model's capacity factor: the router's input and fp32 scores, the
+capacity-padded received buffer, the experts' f-wide tensors (split by T, like the MLP's), the
+k gathered outputs (the h-wide parts split by T only with SP; the shared experts' input is
+counted as split by T, a slight undercount without SP). The rank's buffers are the same size
+whatever E: it sends n_expert·C slots and receives as many. A pipeline stage's layers are
+counted as MoE layers as far as the model has them (the busiest stage: runs put the dense
+layers first).
 
 **In flight.** The first pipeline stage holds the most: plain 1F1B min(P, m) micro-batches of its
 L/P layers (one without a pipeline); interleaved 1F1B with v virtual stages runs
@@ -47,7 +63,7 @@ import functools
 
 from labkit.memory_model import CONSUMERS, RECIPES, bytes_per_parameter
 
-from .spec import Config, ModelSpec
+from .spec import Config, ModelSpec, check_expert_parallel
 
 
 def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
@@ -64,14 +80,23 @@ _per_parameter = functools.lru_cache(maxsize=None)(bytes_per_parameter)
 """``bytes_per_parameter``, cached (read, never changed, here)."""
 
 
+def local_params(model: ModelSpec, cfg: Config) -> tuple[float, float]:
+    """(parameters outside the routed experts, routed experts' parameters) on one GPU: Ψ/(T·P)
+    and 0.0 for a dense model."""
+    return ((model.n_params - model.routed_params) / (cfg.tp * cfg.pp),
+            model.routed_params / (cfg.ep * cfg.tp * cfg.pp))
+
+
 def static_bytes(model: ModelSpec, cfg: Config) -> dict[str, float]:
     """Parameters, gradients and optimizer states on one GPU (module docstring)."""
     per = _per_parameter(cfg.recipe, cfg.optimizer)
-    local, n = model.n_params / (cfg.tp * cfg.pp), cfg.dp * cfg.cp
+    (local, experts), n = local_params(model, cfg), cfg.dp * cfg.cp
     z, whole = cfg.zero_stage, cfg.zero_stage == 3 and not cfg.reshard_after_forward
-    return {"parameters": local * per["parameters"] / (n if z >= 3 and not whole else 1),
-            "gradients": local * per["gradients"] / (n if z >= 2 else 1),
-            "optimizer states": local * per["optimizer states"] / (n if z >= 1 else 1)}
+    shard = {"parameters": z >= 3 and not whole, "gradients": z >= 2, "optimizer states": z >= 1}
+    out = {c: local * per[c] / (n if shard[c] else 1) for c in shard}
+    if experts:  # an MoE model: the experts' copies are the D·C/E ranks of the same experts
+        out = {c: out[c] + experts * per[c] / (n // cfg.ep if shard[c] else 1) for c in shard}
+    return out
 
 
 def activation_bytes_per_layer(model: ModelSpec, cfg: Config) -> float:
@@ -92,6 +117,32 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config) -> float:
     return unsplit + split
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def _moe_parts(model: ModelSpec, tokens: int, element_bytes: int) -> dict[str, int]:
+    from labkit.moe_memory import layer_activation_bytes
+
+    return layer_activation_bytes(model.moe, tokens, model.capacity_factor, act_bytes=element_bytes)
+
+
+def moe_activation_bytes_per_layer(model: ModelSpec, cfg: Config) -> float:
+    """Bytes one MoE layer keeps for backward, for one micro-batch on this GPU (module docstring):
+    the dense layer's less its MLP's first matmul input and f-wide tensors, plus the MoE parts."""
+    dense = activation_bytes_per_layer(model, cfg)
+    if cfg.checkpointing == "full":
+        return dense  # only the layer's input
+    e, T = RECIPES[cfg.recipe].activation, cfg.tp
+    s_local, b, h = model.seq_len // cfg.cp, cfg.micro_batch, model.hidden
+    sp = T if cfg.sequence_parallel else 1
+    mlp = e * s_local * b * h / sp + (3 if model.gated_mlp else 2) * e * s_local * b * model.ffn / T
+    parts = _moe_parts(model, s_local * b, e)
+    return dense - mlp + (parts["router"] + parts["dispatch"] + parts["combine"]) / sp + parts["experts"] / T
+
+
+def moe_layers_on_stage(model: ModelSpec, cfg: Config) -> int:
+    """MoE layers of the busiest pipeline stage's L/P: as many as the model has (module docstring)."""
+    return min(model.n_layer // cfg.pp, model.n_moe_layers)
+
+
 def layers_in_flight(model: ModelSpec, cfg: Config) -> float:
     """Layer-micro-batches of activations the first pipeline stage holds at its first backward."""
     P, v, m = cfg.pp, cfg.virtual_stages, cfg.n_micro
@@ -104,11 +155,16 @@ def layers_in_flight(model: ModelSpec, cfg: Config) -> float:
 
 def memory_estimate(model: ModelSpec, cfg: Config) -> dict[str, float]:
     """Bytes of the four consumers (``CONSUMERS``) on the busiest GPU of ``cfg``, and "total"."""
+    check_expert_parallel(model, cfg)
     out = static_bytes(model, cfg)
-    out["activations"] = layers_in_flight(model, cfg) * activation_bytes_per_layer(model, cfg)
+    per_layer = activation_bytes_per_layer(model, cfg)
+    if model.is_moe:  # the stage's mean over its dense and MoE layers
+        layers, moe = model.n_layer // cfg.pp, moe_layers_on_stage(model, cfg)
+        per_layer = ((layers - moe) * per_layer + moe * moe_activation_bytes_per_layer(model, cfg)) / layers
+    out["activations"] = layers_in_flight(model, cfg) * per_layer
     if cfg.offload:
         out["optimizer states"] = 0.0  # in host memory
-        local = model.n_params / (cfg.tp * cfg.pp)
+        local = sum(local_params(model, cfg))
         bucket = local / (model.n_layer // cfg.pp) * RECIPES[cfg.recipe].gradient
         out["gradients"] = min(out["gradients"], bucket)
     out = {c: float(out[c]) for c in CONSUMERS}
@@ -117,7 +173,8 @@ def memory_estimate(model: ModelSpec, cfg: Config) -> dict[str, float]:
 
 
 def offloaded_shard(model: ModelSpec, cfg: Config) -> float:
-    """Parameters of the shard whose optimizer step one GPU hands to the CPU under offload."""
+    """Parameters of the shard whose optimizer step one GPU hands to the CPU under offload
+    (Ψ/(T·P·D·C) whatever E: the experts' Ψ_e/(E·T·P) over D·C/E ranks is the same share)."""
     return model.n_params / (cfg.tp * cfg.pp) / (cfg.dp * cfg.cp)
 
 

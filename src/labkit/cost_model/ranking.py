@@ -50,7 +50,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, cfg: Config, global_batch: int,
 def terms(e: Estimate) -> dict[str, float]:
     """The step's seconds by term: compute, bubble, then each communication term."""
     return {"compute": e.time.compute, "bubble": e.time.bubble,
-            **{f"{a} comm" if a in ("dp", "tp", "pp", "cp") else a: v for a, v in e.time.comm.items()}}
+            **{f"{a} comm" if a in ("dp", "tp", "pp", "cp", "ep") else a: v for a, v in e.time.comm.items()}}
 
 
 def why_slower(best: Estimate, other: Estimate) -> str:
@@ -84,19 +84,20 @@ class PlanResult:
 def row(e: Estimate) -> dict:
     """One configuration as a table row: layout, choices, GB per GPU, seconds per step."""
     c = e.config
-    return {"D×T×P×C": f"{c.dp}×{c.tp}×{c.pp}×{c.cp}", "ZeRO": c.zero_label.removeprefix("ZeRO-"),
+    return {"D×T×P×C": f"{c.dp}×{c.tp}×{c.pp}×{c.cp}" + (f", E = {c.ep}" if c.ep > 1 else ""), "ZeRO": c.zero_label.removeprefix("ZeRO-"),
             "recipe": c.recipe, "optimizer": c.optimizer, "offload": c.offload,
             "recompute": c.checkpointing, "attention": c.attention, "SP": c.sequence_parallel,
             "v": c.virtual_stages, "b × m": f"{c.micro_batch} × {c.n_micro}",
             "GB/GPU": round(e.memory["total"] / GB, 2), "s/step": float(f"{e.time.total:.4g}")}
 
 
-def rank_of_layout(ranked: list[Estimate], dp: int, tp: int, pp: int, cp: int = 1) -> tuple[int, Estimate | None]:
-    """The 1-based place of the first configuration with layout D×T×P×C in ``ranked`` (the
-    planner's order) and that estimate; (0, None) if no configuration of that layout fits."""
+def rank_of_layout(ranked: list[Estimate], dp: int, tp: int, pp: int, cp: int = 1,
+                   ep: int = 1) -> tuple[int, Estimate | None]:
+    """The 1-based place of the first configuration with layout D×T×P×C (and expert-parallel E)
+    in ``ranked`` (the planner's order) and that estimate; (0, None) if none of that layout fits."""
     for i, e in enumerate(ranked):
         c = e.config
-        if (c.dp, c.tp, c.pp, c.cp) == (dp, tp, pp, cp):
+        if (c.dp, c.tp, c.pp, c.cp, c.ep) == (dp, tp, pp, cp, ep):
             return i + 1, e
     return 0, None
 

@@ -3,9 +3,10 @@
 Chapters 1–6 each bought memory with one technique; a real run combines them. For a model, a
 cluster and a global batch, the planner searches precision × optimizer × ZeRO stage (and ZeRO-3's
 re-sharding) × offload × the layout D × T × P × C (data, tensor, pipeline, context parallel;
-D·T·P·C = GPUs) × recomputation × attention kernel × sequence parallelism × the pipeline's
-virtual stages × micro-batch size, keeps the configurations whose busiest GPU (and its node's
-host memory) fits, and returns the fastest, with the runners-up and the reason each lost.
+D·T·P·C = GPUs) and, for a mixture of experts, the expert-parallel E carved out of D ×
+recomputation × attention kernel × sequence parallelism × the pipeline's virtual stages ×
+micro-batch size, keeps the configurations whose busiest GPU (and its node's host memory) fits,
+and returns the fastest, with the runners-up and the reason each lost.
 
 What a configuration costs is the course's cost model, ``labkit.cost_model`` (read its module
 docstrings: the planner's answer is only as good as they are): ``evaluate(model, cluster, config,
@@ -34,15 +35,17 @@ GB = 10**9
 
 # ==== exercise 7.1: your code ====
 
-def layouts(model: ModelSpec, cluster: Cluster, global_batch: int) -> list[tuple[int, int, int, int]]:
-    """Every layout (dp, tp, pp, cp) the planner may use, in ascending order.
+def layouts(model: ModelSpec, cluster: Cluster, global_batch: int) -> list[tuple[int, int, int, int, int]]:
+    """Every layout (dp, tp, pp, cp, ep) the planner may use, in ascending order.
 
     A layout is valid when dp·tp·pp·cp = ``cluster.n_gpus``, tp ≤ ``cluster.gpus_per_node``
     (tensor parallelism stays inside a node), tp divides ``model.n_head``, pp divides
     ``model.n_layer``, cp divides ``model.seq_len`` and dp divides ``global_batch`` (every
-    data-parallel rank gets whole sequences).
+    data-parallel rank gets whole sequences). ep, the expert-parallel size, is carved out of the
+    data-parallel ranks (it does not multiply the GPUs): it divides dp and the model's routed
+    experts ``model.n_expert``; a dense model (``model.n_expert is None``) has only ep = 1.
     """
-    raise NotImplementedError("exercise 7.1: list every valid (dp, tp, pp, cp), sorted (labs/07_panorama.ipynb)")
+    raise NotImplementedError("exercise 7.1: list every valid (dp, tp, pp, cp, ep), sorted (labs/07_panorama.ipynb)")
 
 
 def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, recipes=("mixed",),
@@ -52,10 +55,10 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, *, recipes=("mix
          margin: float = DEFAULT_MARGIN, n_runners_up: int = 5) -> PlanResult:
     """The fastest configuration that fits, and the runners-up.
 
-    The space: every recipe in ``recipes``, optimizer in ``optimizers``, layout from ``layouts``,
-    and for each layout every choice ``combinations(space, model, tp, pp, cp)`` yields (``space``:
-    what ``check_space`` returns), and every micro-batch size b dividing global_batch/dp (then
-    n_micro = global_batch/(dp·b)). A configuration fits when ``evaluate(...).fits`` (with
+    The space: every recipe in ``recipes``, optimizer in ``optimizers``, layout (dp, tp, pp, cp,
+    ep) from ``layouts`` (``ep`` is ``Config``'s last field), and for each layout every choice
+    ``combinations(space, model, tp, pp, cp)`` yields (``space``: what ``check_space`` returns),
+    and every micro-batch size b dividing global_batch/dp (then n_micro = global_batch/(dp·b)). A configuration fits when ``evaluate(...).fits`` (with
     ``margin``). The order: step time (``Estimate.time.total``), then the total bytes on the GPU,
     then the ``Config`` itself (its fields in order) — exact comparisons, so the answer is
     deterministic.

@@ -27,6 +27,20 @@ Typed from the papers (cited data, not computed here); chapter 7's calibration t
   bf16; "one copy of the model takes 48 GPUs (using 60 GB of memory on each GPU)", "about 150
   TFLOPs" per GPU.
 
+- ``DEEPSEEK_V3_RUN``: DeepSeek-AI 2024 (https://arxiv.org/abs/2412.19437), the pre-training of
+  DeepSeek-V3 (the model: ``labkit.moe_memory.DEEPSEEK_V3``, §4.2): 2,048 H800 GPUs, 8 a node,
+  NVLink and InfiniBand (§3.1); "16-way Pipeline Parallelism (PP), 64-way Expert Parallelism (EP)
+  spanning 8 nodes, and ZeRO-1 Data Parallelism (DP)", no tensor parallelism (§3.2); sequences
+  of 4K tokens, a batch of 15,360 sequences after its first 469B tokens (§4.2); "NVLink offers a
+  bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)" (§3.2.2); "training
+  DeepSeek-V3 on each trillion tokens requires only 180K H800 GPU hours" (§1), i.e. 1e12 /
+  (180e3 × 3600) = 1,543 tokens per second per GPU over the whole pre-training (restarts,
+  evaluations and the smaller early batches included). As it ran: DualPipe, a bidirectional
+  pipeline that hides the all-to-all behind computation ("both all-to-all and PP communication
+  can be fully hidden", §3.2.1), FP8 GEMMs and FP8 activation caching (§3.3), recomputation of
+  the RMSNorms and MLA's up-projections only (§3.2.3), multi-head latent attention, a
+  multi-token-prediction module, each token sent to at most 4 nodes.
+
 ``published_runs()`` turns each into what the cost model needs (``PublishedRun``): the model, the
 cluster as its software ran (which attention kernel, whether data-parallel traffic overlapped),
 the published layout and the choices the paper states, and the space the run's framework offered.
@@ -54,6 +68,11 @@ LLAMA3_TABLE_4 = [(8192, 8, 1, 16, 64, 8192, 32, 430, 0.43),
 LLAMA3_405B = dict(n_params=405e9, n_layer=126, hidden=16384, n_head=128, n_kv_head=8,
                    ffn_hidden=53248, vocab_size=128256)
 
+DEEPSEEK_V3_RUN = dict(n_gpus=2048, dp=128, tp=1, pp=16, cp=1, ep=64, zero_stage=1, seq_len=4096,
+                       global_batch=15360, intra_bw=160 * GB, inter_bw=50 * GB,
+                       gpu_hours_per_trillion_tokens=180e3, active_params=37e9, n_layer=61)
+DEEPSEEK_V3_HIDDEN = 7168
+
 BLOOM = dict(n_params=176.2e9, n_layer=70, hidden=14336, n_head=112, seq_len=2048,
              vocab_size=250880, global_batch=2048, n_gpus=384, dp=8, tp=4, pp=12,
              zero_stage=1, micro_batch=2, memory_gb=60, tflops=150)
@@ -73,11 +92,26 @@ def palm_model_flops(batch: int, seq_len: int, n_params: float, n_layer: int, hi
     return batch * seq_len * (6 * n_params + 12 * n_layer * seq_len * hidden)
 
 
+def deepseek_v3_spec():
+    """DeepSeek-V3 (``labkit.moe_memory.DEEPSEEK_V3``) as a ``ModelSpec`` of 64 equal slots for its
+    16 stages: its 3 dense layers, 58 MoE layers (256 routed experts of width 2,048, 8 a token,
+    one shared), and 3 slots of a dense layer's size for the multi-token-prediction layer, the
+    embedding and the output head (as Llama 3's 126 layers are 128 slots here; the model's dense
+    FFN, 18,432 = 9 × 2,048, costs what an MoE layer's 9 active experts do). Ψ the published
+    671B of the main model; attention as multi-head attention of width h (MLA not modelled)."""
+    from labkit.cost_model import ModelSpec
+    from labkit.moe_memory import DEEPSEEK_V3 as m
+
+    return ModelSpec(m.published_total, 64, m.hidden, 128, DEEPSEEK_V3_RUN["seq_len"], m.name,
+                     ffn_hidden=m.dense_ffn, gated_mlp=True, dropout=False, n_expert=m.n_expert,
+                     top_k=m.top_k, expert_ffn=m.expert_ffn, n_shared=m.n_shared, moe_layers=m.moe_layers)
+
+
 @dataclass(frozen=True)
 class PublishedRun:
     """One published run as the cost model sees it.
 
-    ``layout`` is (dp, tp, pp, cp); ``as_ran`` the ``Config`` fields the paper states (the others
+    ``layout`` is (dp, tp, pp, cp), or (dp, tp, pp, cp, ep) for an MoE run; ``as_ran`` the ``Config`` fields the paper states (the others
     — micro-batch size, virtual stages, recomputation where not stated — are left to the model:
     the run is scored by the fastest configuration of its layout that fits); ``space`` the
     ``plan`` arguments of what its framework offered; ``tflops`` the published TFLOP/s per GPU,
@@ -97,7 +131,8 @@ class PublishedRun:
 
 
 def published_runs() -> list[PublishedRun]:
-    """Megatron-LM 2021's ten rows, BLOOM and Llama 3 405B's three rows (module docstring).
+    """Megatron-LM 2021's ten rows, BLOOM, Llama 3 405B's three rows and DeepSeek-V3 (module
+    docstring).
 
     As they ran: Megatron-LM of 2021 and Megatron-DeepSpeed (BLOOM) without sequence parallelism
     (2022) or data-parallel overlap (Megatron-LM's ``--overlap-grad-reduce`` came in 2023: its
@@ -108,7 +143,12 @@ def published_runs() -> list[PublishedRun]:
     FSDP without re-sharding after forward, an interleaved schedule, no recomputation at 8K.
     Uneven stages are equal slots here: Llama 3's 126 layers on 16 stages as 128 (one fewer on
     the first and last stage), BLOOM's 70 on 12 as 72, the embedding and the output layer in the
-    two extra slots (no ``vocab_size``: no separate output layer)."""
+    two extra slots (no ``vocab_size``: no separate output layer); DeepSeek-V3's 61 as 64
+    (``deepseek_v3_spec``). DeepSeek-V3 on H800s: the H100's chip (its compute, memory and HBM)
+    with the link bandwidths its report gives, no sequence parallelism to choose (T = 1), its
+    1F1B-shaped pipeline the model's nearest schedule, mixed precision (the model has no FP8);
+    its published tokens per second are turned into TFLOP/s by PaLM's convention with the
+    37B active parameters and the 61 real layers (the convention cancels in predicted/published)."""
     from labkit.cost_model import A100_SXM_80GB, FLASH_2_H100, H100_SXM, Cluster, ModelSpec
 
     runs = []
@@ -149,6 +189,19 @@ def published_runs() -> list[PublishedRun]:
                  sequence_parallel=(True,), interleave=(False, True), reshard_after_forward=(True, False)),
             tflops, palm_model_flops(D * per_dp, seq, m3["n_params"], m3["n_layer"], m3["hidden"]),
             "Grattafiori et al. 2024, Table 4", notes=dict(mfu=mfu)))
+    d = DEEPSEEK_V3_RUN
+    tokens_per_s = 1e12 / (d["gpu_hours_per_trillion_tokens"] * 3600)
+    per_token = palm_model_flops(1, d["seq_len"], d["active_params"], d["n_layer"], DEEPSEEK_V3_HIDDEN)
+    runs.append(PublishedRun(
+        "DeepSeek-V3 671B", deepseek_v3_spec(),
+        Cluster.of(H100_SXM, d["n_gpus"], intra_bw=d["intra_bw"], inter_bw=d["inter_bw"]), d["global_batch"],
+        (d["dp"], d["tp"], d["pp"], d["cp"], d["ep"]), dict(zero_stage=d["zero_stage"], attention="fused",
+                                                          virtual_stages=1),
+        dict(zero_stages=(1,), checkpointing=("none", "full"), attention=("fused",), sequence_parallel=(True,),
+             interleave=(False,), reshard_after_forward=(True,)),
+        tokens_per_s * per_token / d["seq_len"] / 1e12,
+        palm_model_flops(d["global_batch"], d["seq_len"], d["active_params"], d["n_layer"], DEEPSEEK_V3_HIDDEN),
+        "DeepSeek-AI 2024, §1, §3.1–3.2, §4.2", notes=dict(tokens_per_s=tokens_per_s)))
     return runs
 
 
@@ -163,7 +216,7 @@ def as_ran(run: PublishedRun, margin: float = 0.0):
 
     space = check_space(run.model, run.cluster, run.global_batch, margin=margin, n_runners_up=0,
                         **{"recipes": ("mixed",), "optimizers": ("adam",), "offload": (False,), **run.space})
-    dp, tp, pp, cp = run.layout
+    dp, tp, pp, cp, ep = (*run.layout, 1)[:5]
     per_rank = run.global_batch // dp
     best = None
     for choice in combinations(space, run.model, tp, pp, cp):
@@ -173,7 +226,7 @@ def as_ran(run: PublishedRun, margin: float = 0.0):
             if run.as_ran.get("micro_batch", b) != b:
                 continue
             cfg = Config("mixed", "adam", dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=b,
-                         n_micro=per_rank // b, **choice)
+                         n_micro=per_rank // b, ep=ep, **choice)
             e = evaluate(run.model, run.cluster, cfg, run.global_batch, margin)
             if e.fits and (best is None or (e.time.total, e.memory["total"], e.config) <
                            (best.time.total, best.memory["total"], best.config)):
