@@ -153,8 +153,15 @@ def test_a_failing_rank_shows_its_traceback_and_the_job_fails():
     (["plan", "--config", "tp2xdp2"], {}, "needs dp·pp·tp = 4 ranks, the job has 2"),
     (["plan", "--config", "tp2xfoo"], {}, "unknown part 'foo'"),
 ])
-def test_bad_input_is_a_message_and_exit_status_2(args, env, words):
-    """Checked before any process group exists: nothing to hang on."""
+def test_bad_input_is_a_message_and_exit_status_2(args, env, words, monkeypatch, capsys):
+    """Checked before any process group exists: nothing to hang on.
+
+    In this process (the command line's ``main``, as ``python -m labkit.cluster`` calls it),
+    with ``init_process_group`` made to fail the test if it is reached; the exit status of the
+    module itself is checked once, below, in a real interpreter.
+    """
+    from labkit.cluster import cli
+
     torchrun_env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": "29999"}
     if args == ["zero1"]:
@@ -164,12 +171,31 @@ def test_bad_input_is_a_message_and_exit_status_2(args, env, words):
 
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**torchrun_env, **env}.items():
+        monkeypatch.setenv(name, value)
+
+    def reached(*a, **k):
+        raise AssertionError(f"{args}: bad input reached init_process_group instead of exit status 2")
+
+    monkeypatch.setattr(cli.dist, "init_process_group", reached)
+    try:
+        status = cli.main(list(args))
+    except SystemExit as exc:  # argparse's own refusals exit 2 as well
+        status = exc.code
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert words in err
+
+
+def test_the_module_exits_with_status_2_on_bad_input():
+    """``python -m labkit.cluster`` in a real interpreter: the status reaches the shell."""
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    result = subprocess.run([sys.executable, "-m", "labkit.cluster", *args], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60,
-                            env={**base, **torchrun_env, **env})
+    result = subprocess.run([sys.executable, "-m", "labkit.cluster", "nope"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, env={**base, "RANK": "0"})
     assert result.returncode == 2, result.stderr
-    assert words in result.stderr
+    assert "unknown demo 'nope'" in result.stderr
 
 
 def test_every_demo_is_one_module_of_the_package_and_names_itself():
