@@ -15,9 +15,9 @@ The parts (docs/grading.md says what a grade guarantees):
   child (it reports) and of the trusted collection;
 * :mod:`~labkit.grade.runner` — the trusted parent: children, tripwires, the verdict;
 * :mod:`~labkit.grade.formats` — ``grades.json``, Gradescope's ``results.json``, the CSV;
-* :mod:`~labkit.grade.cli` — the command;
-* :mod:`~labkit.grade.plugin` — the pytest plugin of every test run: ``--grade``, ``--exercise``,
-  ``--stubs-must-fail``, ``labkit.check``.
+* :mod:`~labkit.grade.cli` — the command.
+
+The child reads each test's outcome with the suite's own plugin, :mod:`labkit.score_table`.
 
 Nothing here is imported by ``import labkit``: the package root knows nothing of grading.
 """

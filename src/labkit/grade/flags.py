@@ -47,8 +47,8 @@ MODULES = {  # a module (and everything under it) -> the flag its use raises
     **dict.fromkeys(("subprocess", "multiprocessing", "pty", "torch.multiprocessing"), "processes"),
     **dict.fromkeys(("importlib", "pkgutil", "runpy", "timeit", "code", "pickle", "marshal",
                      "torch.hub", "torch.package", "torch.utils.cpp_extension"), "dynamic code"),
-    **dict.fromkeys(("pytest", "pluggy", "conftest", "labkit.grade", "labkit.reference",
-                     "labkit.harness", "labkit.cross_check"), "grader"),
+    **dict.fromkeys(("pytest", "pluggy", "conftest", "labkit.grade", "labkit.score_table",
+                     "labkit.reference", "labkit.harness", "labkit.cross_check"), "grader"),
     **dict.fromkeys(("threading", "concurrent", "asyncio"), "threads"),
     "unittest": "special methods", "torch.library": "patching",
 }

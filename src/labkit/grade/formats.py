@@ -1,6 +1,6 @@
 """What ``labkit-grade`` writes: the course's table, Gradescope's results.json, a class CSV.
 
-* ``grades.json``: :func:`labkit.grade.plugin._table`'s schema (exercises, labs, earned,
+* ``grades.json``: :func:`labkit.score_table._table`'s schema (exercises, labs, earned,
   possible, each test's outcome and message) plus ``submission``: what was dropped, the red flags
   per exercise, the exercises they zeroed, and the isolation the run had.
 * ``results.json``: only the keys of Gradescope's specification (``score``, ``execution_time``,

@@ -13,7 +13,7 @@ No student code runs in this process. For one submission it
    (:mod:`labkit.grade.child`). It voids the run of a lab whose pipe carried a line it cannot
    read, a record of a test it did not ask for, two records of one test, anything after "done",
    or a tripwire that did not fail; a test without a record fails;
-5. scores with :func:`labkit.grade.plugin._table`; :mod:`labkit.grade.formats` writes it.
+5. scores with :func:`labkit.score_table._table`; :mod:`labkit.grade.formats` writes it.
 """
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def run_child(prep: Prepared, files: list[str], exercises: list[str], tmp: Path,
     env = _base_env(prep.workspace, tmp)
     env["LABKIT_GRADE_SPEC"] = json.dumps({"fd": write_fd, "scratch": str(tmp),
                                            "course": str(prep.workspace), "student": prep.student})
-    cmd = [sys.executable, "-m", "pytest", *files, "-p", "labkit.grade.plugin",
+    cmd = [sys.executable, "-m", "pytest", *files, "-p", "labkit.score_table",
            "-p", "labkit.grade.child", "-p", "pytest_timeout", "-p", "no:cacheprovider",
            "-q", "--no-header", "--tb=no", "-rN", "--basetemp", str(tmp / "pytest"),
            "-m", "exercise", *[a for ex in exercises for a in ("--exercise", ex)]]
@@ -340,7 +340,7 @@ def grade_submission(submission: Path, *, course: Path | None = None,
                      wall: isolation.Isolation | None = None) -> dict:
     """Grade one submission; return the table (plugin._table's schema, plus ``submission``:
     what was dropped, the flags and zeroed exercises, the isolation)."""
-    from labkit.grade.plugin import _table
+    from labkit.score_table import _table
 
     course = Path(course or course_root())
     wall = wall or isolation.choose()

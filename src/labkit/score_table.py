@@ -1,15 +1,19 @@
-"""Grading: the pytest plugin behind ``pytest --grade`` and ``labkit.check``.
+"""The score table of the graded tests: the pytest plugin of every test run.
 
-A graded test carries ``@pytest.mark.exercise("5.1", points=2)``.  The plugin
+Loaded by every run of the test suite (``addopts = "-p labkit.score_table"``). A graded test
+carries ``@pytest.mark.exercise("5.1", points=2)``; the plugin
 
 * classifies every graded test as passed, failed, **not attempted** (it reached a stub's
-  ``NotImplementedError("exercise 5.1: ...")``) or **needs CUDA** (skipped on a CPU machine);
-* with ``--grade`` prints a table per lab and exercise and writes it as JSON (``--grade-json``);
+  ``NotImplementedError("exercise 5.1: ...")``), **needs CUDA** (skipped on a CPU machine) or
+  **not graded** (:func:`optional_reference` found no reference library);
+* with ``--grade`` prints a table per lab and exercise and writes it as JSON (``--grade-json``):
+  ``make grade`` and ``labkit.check`` show it, and ``labkit-grade`` scores with :func:`_table`;
 * with ``--exercise 5.1`` runs only that exercise's tests (what ``labkit.check`` uses);
 * with ``--stubs-must-fail`` turns the run around for CI: it succeeds only when every graded
   test failed, because a grader that passes on a stub grades nothing.
 
-It is loaded for every run of the test suite through ``addopts = "-p labkit.grade.plugin"``.
+It is not the submission grader (:mod:`labkit.grade`): that one runs it in its child to read
+each test's outcome, and decides the score elsewhere.
 """
 from __future__ import annotations
 
