@@ -83,9 +83,13 @@ def _exercise_of(item) -> tuple[str, int] | None:
     return ex_id, points
 
 
+def exercise_key(exercise: str) -> tuple[int, ...]:
+    """The sort key of an exercise id: "1.10" after "1.9"."""
+    return tuple(int(p) for p in exercise.split("."))
+
+
 def pytest_collection_modifyitems(config, items):
-    known = sorted({ex[0] for item in items if (ex := _exercise_of(item))},
-                   key=lambda s: tuple(int(p) for p in s.split(".")))
+    known = sorted({ex[0] for item in items if (ex := _exercise_of(item))}, key=exercise_key)
     config._labkit_known = known
     wanted = set(config.getoption("exercise"))
     if not wanted:
@@ -197,8 +201,7 @@ def _table(results: dict) -> dict:
         lab = ex_id.split(".")[0]
         for k in keys:
             labs[lab][k] += e[k]
-    order = lambda s: tuple(int(p) for p in s.split("."))  # noqa: E731
-    return {"exercises": {k: exercises[k] for k in sorted(exercises, key=order)},
+    return {"exercises": {k: exercises[k] for k in sorted(exercises, key=exercise_key)},
             "labs": {k: labs[k] for k in sorted(labs, key=int)},
             **{k: sum(lab[k] for lab in labs.values()) for k in keys}}
 

@@ -1,15 +1,10 @@
-"""What ``labkit-grade`` writes: the course's table, Gradescope's results.json, a class CSV.
+"""What ``labkit-grade`` writes: ``grades.json``, Gradescope's ``results.json``, ``report.txt``, a CSV.
 
-* ``grades.json``: :func:`labkit.score_table._table`'s schema (exercises, labs, earned,
-  possible, each test's outcome and message) plus ``submission``: what was dropped, the red flags
-  per exercise, the exercises they zeroed, and the isolation the run had.
-* ``results.json``: only the keys of Gradescope's specification (``score``, ``execution_time``,
-  ``output``, ``visibility``, ``stdout_visibility``, ``extra_data``, ``tests`` with ``name``,
-  ``number``, ``score``, ``max_score``, ``status``, ``output``, ``tags``, ``visibility``). A test
-  this machine cannot run (needs CUDA) or grade (an optional reference is missing) is shown
-  skipped, with its reason and no score: it is left out of the total, not failed 0/0.
-* the CSV: one row per student per exercise, with its flags and the run's isolation.
-* ``report.txt``: the same for a person, flags and isolation first.
+``grades.json`` is :func:`labkit.score_table._table`'s schema plus ``submission`` (what was
+dropped, the flags and zeroed exercises, the isolation). ``results.json`` holds only the keys of
+Gradescope's specification; a test this machine cannot run (needs CUDA) or grade (an optional
+reference is missing) is shown skipped with its reason and no score, out of the total. The CSV
+has one row per student per exercise; ``report.txt`` is for a person, isolation and flags first.
 """
 from __future__ import annotations
 
@@ -93,15 +88,13 @@ def csv_rows(student: str, table: dict) -> list[dict]:
             for ex_id, e in table["exercises"].items()]
 
 
-def write_all(table: dict, out: Path) -> list[Path]:
-    """grades.json, results.json and report.txt into ``out``; returns the paths."""
+def write_all(table: dict, out: Path) -> None:
+    """grades.json, results.json and report.txt into ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "grades.json", out / "results.json", out / "report.txt"]
-    paths[0].write_text(json.dumps(table, indent=1))
-    paths[1].write_text(json.dumps(results_json(table), indent=1))
-    paths[2].write_text(report(table))
-    return paths
+    (out / "grades.json").write_text(json.dumps(table, indent=1))
+    (out / "results.json").write_text(json.dumps(results_json(table), indent=1))
+    (out / "report.txt").write_text(report(table))
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
