@@ -171,10 +171,11 @@ def pytest_runtest_makereport(item, call):
             record["details"] = text
 
 
-LEFT_OUT = ("needs CUDA", "not graded")
-"""Outcomes whose points leave this machine's total: the test could not run here (no CUDA) or
-could not be graded (an optional reference library is missing). They are counted apart
-(``cuda_points``, ``ungraded_points``), so full marks are reachable on every machine."""
+APART = {"needs CUDA": "cuda_points", "not graded": "ungraded_points"}
+"""Outcomes whose points leave this machine's total, and where they are counted instead: the test
+could not run here (no CUDA) or could not be graded (an optional reference library is missing),
+so full marks are reachable on every machine."""
+LEFT_OUT = tuple(APART)
 
 
 def _table(results: dict) -> dict:
@@ -186,12 +187,7 @@ def _table(results: dict) -> dict:
                                      "tests": []})
     for nodeid, r in sorted(results.items()):
         e = exercises[r["exercise"]]
-        if r["outcome"] == "needs CUDA":
-            e["cuda_points"] += r["points"]
-        elif r["outcome"] == "not graded":
-            e["ungraded_points"] += r["points"]
-        else:
-            e["possible"] += r["points"]
+        e[APART.get(r["outcome"], "possible")] += r["points"]
         e["earned"] += r["points"] if r["outcome"] == "passed" else 0
         e[r["outcome"]] += 1
         e["tests"].append({"nodeid": nodeid, **r})

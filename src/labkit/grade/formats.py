@@ -12,8 +12,9 @@ import csv
 import json
 from pathlib import Path
 
-CSV_FIELDS = ("student", "exercise", "earned", "possible", "passed", "failed", "not attempted",
-              "needs CUDA", "not graded", "zeroed", "flags", "isolation")
+from labkit.score_table import LEFT_OUT, OUTCOMES
+
+CSV_FIELDS = ("student", "exercise", "earned", "possible", *OUTCOMES, "zeroed", "flags", "isolation")
 SKIPPED = {"needs CUDA": "skipped: needs CUDA, not run on this machine (left out of the total)",
            "not graded": "skipped: an optional reference library is missing here (left out of "
                          "the total)"}
@@ -76,13 +77,13 @@ def not_attempted(table: dict) -> list[str]:
     return [ex for ex, e in table["exercises"].items()
             if e["tests"] and e["passed"] == 0 and ex not in zeroed and
             any(t["outcome"] == "not attempted" for t in e["tests"]) and all(
-                t["outcome"] in ("not attempted", "needs CUDA", "not graded") for t in e["tests"])]
+                t["outcome"] in ("not attempted", *LEFT_OUT) for t in e["tests"])]
 
 
 def csv_rows(student: str, table: dict) -> list[dict]:
     sub = _sub(table)
     level = sub.get("isolation", {}).get("level", "?")
-    return [{"student": student, "exercise": ex_id, **{k: e[k] for k in CSV_FIELDS[2:9]},
+    return [{"student": student, "exercise": ex_id, **{k: e[k] for k in CSV_FIELDS[2:-3]},
              "zeroed": "; ".join(sub.get("zeroed", {}).get(ex_id, []))[:300],
              "flags": "; ".join(sub.get("flags", {}).get(ex_id, []))[:500], "isolation": level}
             for ex_id, e in table["exercises"].items()]
@@ -111,8 +112,7 @@ def report(table: dict) -> str:
              isolation_line(table), *flag_lines(table),
              f"{'exercise':<10}{'points':>10}  outcome counts"]
     for ex_id, e in table["exercises"].items():
-        counts = ", ".join(f"{e[k]} {k}" for k in ("passed", "failed", "not attempted",
-                                                   "needs CUDA", "not graded") if e[k])
+        counts = ", ".join(f"{e[k]} {k}" for k in OUTCOMES if e[k])
         flagged = "  [flagged]" if ex_id in sub.get("flags", {}) else ""
         lines.append(f"{ex_id:<10}{e['earned']:>4} / {e['possible']:<4} {counts}{flagged}")
     lines.append(f"{'total':<10}{table['earned']:>4} / {table['possible']:<4}")
