@@ -67,6 +67,7 @@ class Thing:
         return 1
 
     OFFSET = 0  # a class constant the student added: taken
+    SCALE = OFFSET + 1  # one that reads the one before: taken after it
 
     def method(self, y):
         return self.extra(y)
@@ -82,16 +83,18 @@ class Added:
 
 def test_extraction_takes_exercise_bodies_and_added_definitions_only():
     """Exercise units, added definitions and added constants (module-level and in an exercise's
-    class) come from the student; the given function, the module-level statement and the edit
-    are dropped and listed; line ranges mark the student's."""
+    class, in the student's order) come from the student; the given function, the module-level
+    statement and the edit are dropped and listed; line ranges mark the student's."""
     merged = extract.merge(PRISTINE, STUDENT, "labkit/lab9/m.py")
     assert extract.exercise_ids(PRISTINE) == ("9.1", "9.2")
     assert set(merged.units) == {"exercise", "Thing.method"}
-    assert set(merged.added) == {"helper", "Thing.extra", "Added", "LIMIT", "Thing.OFFSET"}
+    assert set(merged.added) == {"helper", "Thing.extra", "Added", "LIMIT", "Thing.OFFSET",
+                                 "Thing.SCALE"}
     ns: dict = {}
     exec(compile(merged.source, "m.py", "exec"), ns)
     assert ns["given"](1) == 2 and ns["exercise"](3) == 6 and ns["Thing"]().method(1) == 2
-    assert ns["LIMIT"] == 3 and ns["Thing"].OFFSET == 0 and "itertools" in ns
+    assert ns["LIMIT"] == 3 and ns["Thing"].OFFSET == 0 and ns["Thing"].SCALE == 1
+    assert "itertools" in ns
     dropped = "\n".join(map(str, merged.dropped))
     assert "torch.manual_seed(LIMIT)" in dropped and "module-level statement" in dropped
     assert "LIMIT = 3" not in dropped and "OFFSET" not in dropped

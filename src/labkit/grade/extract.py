@@ -234,15 +234,15 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
             spans.append((p_cls.end_lineno + 1, p_cls.end_lineno, ["\n", *_indent(
                 _segment(s_lines, node), indent_of(p_cls.body[0].lineno))]))
             return True
-        for node in [n for n in s_cls.body if isinstance(n, FUNCS) and n.name not in p_members]:
-            if not has_ex:
-                drop(node, f"method `{cname}.{node.name}`",
-                     "added to a class with no exercise: not graded")
-            elif into_class(node, f"{cname}.{node.name}"):
-                merged.added.append(f"{cname}.{node.name}")
-        for node in s_cls.body:
+        for node in s_cls.body:  # in the student's order: a constant may read an earlier one
             names = _constant_names(node)
-            if names and has_ex and not (set(names) & (p_members | p_assigned)) \
+            if isinstance(node, FUNCS) and node.name not in p_members:
+                if not has_ex:
+                    drop(node, f"method `{cname}.{node.name}`",
+                         "added to a class with no exercise: not graded")
+                elif into_class(node, f"{cname}.{node.name}"):
+                    merged.added.append(f"{cname}.{node.name}")
+            elif names and has_ex and not (set(names) & (p_members | p_assigned)) \
                     and ast.dump(node) not in p_dumps:
                 if into_class(node, f"{cname}.{', '.join(names)} (a class constant)"):
                     merged.added.append(f"{cname}.{'.'.join(names)}")
@@ -296,11 +296,13 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
         elif ast.dump(node) not in p_dumps:
             drop(node, _describe(node), "module-level statement: only exercise bodies and "
                  "added definitions are graded")
-    # apply the spans bottom-up so the earlier line numbers stay valid
+    # apply the spans bottom-up so the earlier line numbers stay valid; those inserted at one
+    # place (a class's end) last first, so that they stand in the order they were taken
     out = list(p_lines)
     if out and not out[-1].endswith("\n"):
         out[-1] += "\n"
-    for start, end, new in sorted(spans, key=lambda s: (s[0], s[1]), reverse=True):
+    for _, (start, end, new) in sorted(enumerate(spans), key=lambda s: (*s[1][:2], s[0]),
+                                       reverse=True):
         out[start - 1:end] = new
     body = "".join(out)
     if tail:
