@@ -64,7 +64,7 @@ def test_on_a_gpu():
 
 @pytest.mark.exercise("9.3", points=1)
 def test_against_a_library_not_installed():
-    from labkit.grade.plugin import optional_reference
+    from labkit.score_table import optional_reference
     optional_reference("no_such_module_for_labkit_tests")
 '''
 
@@ -72,7 +72,7 @@ def test_against_a_library_not_installed():
 @pytest.fixture
 def course(tmp_path, monkeypatch):
     """A course root with tests/test_lab9_demo.py, graded with labkit's plugin; lab 9 known."""
-    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-p labkit.grade.plugin"\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-p labkit.score_table"\n')
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_lab9_demo.py").write_text(COURSE)
     monkeypatch.setattr(self_check, "repository_root", lambda: tmp_path)

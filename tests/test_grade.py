@@ -67,6 +67,7 @@ class Thing:
         return 1
 
     OFFSET = 0  # a class constant the student added: taken
+    SCALE = OFFSET + 1  # one that reads the one before: taken after it
 
     def method(self, y):
         return self.extra(y)
@@ -82,16 +83,18 @@ class Added:
 
 def test_extraction_takes_exercise_bodies_and_added_definitions_only():
     """Exercise units, added definitions and added constants (module-level and in an exercise's
-    class) come from the student; the given function, the module-level statement and the edit
-    are dropped and listed; line ranges mark the student's."""
+    class, in the student's order) come from the student; the given function, the module-level
+    statement and the edit are dropped and listed; line ranges mark the student's."""
     merged = extract.merge(PRISTINE, STUDENT, "labkit/lab9/m.py")
     assert extract.exercise_ids(PRISTINE) == ("9.1", "9.2")
     assert set(merged.units) == {"exercise", "Thing.method"}
-    assert set(merged.added) == {"helper", "Thing.extra", "Added", "LIMIT", "Thing.OFFSET"}
+    assert set(merged.added) == {"helper", "Thing.extra", "Added", "LIMIT", "Thing.OFFSET",
+                                 "Thing.SCALE"}
     ns: dict = {}
     exec(compile(merged.source, "m.py", "exec"), ns)
     assert ns["given"](1) == 2 and ns["exercise"](3) == 6 and ns["Thing"]().method(1) == 2
-    assert ns["LIMIT"] == 3 and ns["Thing"].OFFSET == 0 and "itertools" in ns
+    assert ns["LIMIT"] == 3 and ns["Thing"].OFFSET == 0 and ns["Thing"].SCALE == 1
+    assert "itertools" in ns
     dropped = "\n".join(map(str, merged.dropped))
     assert "torch.manual_seed(LIMIT)" in dropped and "module-level statement" in dropped
     assert "LIMIT = 3" not in dropped and "OFFSET" not in dropped
@@ -136,6 +139,7 @@ FLAGGED = [  # (an exercise body, the flag it raises, whether that flag zeroes t
     ("os.system('true')", "processes", True),
     ("return os.environ['HOME']", "grader", True),
     ("import labkit.grade.child", "grader", True),
+    ("import labkit.score_table", "grader", True),
     ("torch.nn.functional.gelu = print", "patching", True),
     ("setattr(torch, 'x', 1)", "patching", True),
     ("m = torch.testing\nm.assert_close = print", "patching", True),
@@ -199,7 +203,6 @@ def test_every_exercise_of_the_shortcut_table_exists_and_its_patterns_match_what
         assert shortcuts.matching(ex, "other", name) == name, (ex, name)
     assert shortcuts.matching("3.2", "_fused_adam_") is None  # 3.2's reference steps with it
     assert shortcuts.matching("5.7", "_scaled_dot_product_flash_attention_for_cpu") is None
-    assert "| 5.6 |" in shortcuts.table()
 
 
 LISTS = ("MODULES", "SYS_OK", "OS_PROCESSES", "OS_ENVIRONMENT", "BUILTINS", "BY_NAME", "FRAMES",
@@ -209,14 +212,14 @@ LISTS = ("MODULES", "SYS_OK", "OS_PROCESSES", "OS_ENVIRONMENT", "BUILTINS", "BY_
 def test_the_grader_stays_small():
     """The grader's size, a ratchet: it was 3,084 lines with 525 entries in 31 deny and allow
     lists plus 194 shortcut names before the wall moved to the operating system (issue 34, which
-    asked for about 1,500 lines and 100 entries). Lines of src/labkit/grade with plugin.py (the
-    plugin of every test run) and without; entries of the flags' lists; the shortcut table's
-    patterns, data counted apart."""
+    asked for about 1,500 lines and 100 entries), then 2,309 lines with the suite's score table
+    (now labkit/score_table.py: not the grader) and 102 entries. Lines of src/labkit/grade;
+    entries of the flags' lists; the shortcut table's distinct patterns, data counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").glob("*.py")}
     entries = sum(len(getattr(flags, name)) for name in LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps})
-    assert sum(sizes.values()) <= 2400 and sum(sizes.values()) - sizes["plugin.py"] <= 2060, sizes
-    assert entries <= 105 and patterns <= 40, (entries, patterns)
+    assert sum(sizes.values()) <= 1950, sizes
+    assert entries <= 103 and patterns <= 35, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

@@ -32,12 +32,12 @@ def test_not_graded():
 @pytest.mark.exercise("9.4", points=2)
 def test_missing_reference():
     assert 2 + 2 == 4, "the student's part passes first"
-    from labkit.grade.plugin import optional_reference
+    from labkit.score_table import optional_reference
     optional_reference("no_such_module_for_labkit_tests")
 
 @pytest.mark.exercise("9.4", points=1)
 def test_old_reference():
-    from labkit.grade.plugin import optional_reference
+    from labkit.score_table import optional_reference
     optional_reference("pytest", min_version="999.0")
 
 @pytest.mark.exercise("9.5", points=1)
@@ -53,7 +53,7 @@ def test_no_message():
 
 def _run(pytester, *args):
     pytester.makepyfile(test_graded=GRADED)
-    return pytester.runpytest_subprocess("-p", "labkit.grade.plugin", "-p", "no:cacheprovider", *args)
+    return pytester.runpytest_subprocess("-p", "labkit.score_table", "-p", "no:cacheprovider", *args)
 
 
 def test_grade_table_scores_passed_failed_not_attempted_and_needs_cuda(pytester):
@@ -99,7 +99,7 @@ def test_a_missing_or_too_old_optional_reference_is_not_graded(pytester):
 
 
 def test_optional_reference_returns_the_module_when_it_is_there():
-    from labkit.grade.plugin import optional_reference
+    from labkit.score_table import optional_reference
 
     assert optional_reference("json").dumps([1]) == "[1]"
     assert optional_reference("pytest", min_version="1.0") is pytest
@@ -125,7 +125,7 @@ def test_failure_messages_are_the_tests_own_words_not_pytest_introspection(pytes
 def test_assertion_message_of_assert_close_and_of_other_errors():
     import torch
 
-    from labkit.grade.plugin import assertion_message
+    from labkit.score_table import assertion_message
 
     try:
         torch.testing.assert_close(torch.ones(2), torch.zeros(2), msg=lambda m: f"exp_avg: {m} (forgot /N?)")
@@ -156,7 +156,7 @@ def test_a_lab_not_started_is_one_line_and_the_grade_exits_0(pytester):
     """`make grade` on a tree where lab 8 is untouched: lab 8 is one "not started" line (no
     row per exercise, no failure listed), and the run exits 0 since the table is the result."""
     pytester.makepyfile(test_graded=UNTOUCHED)
-    result = pytester.runpytest_subprocess("-p", "labkit.grade.plugin", "-p", "no:cacheprovider",
+    result = pytester.runpytest_subprocess("-p", "labkit.score_table", "-p", "no:cacheprovider",
                                            "-rN", "--tb=no", "--grade", "--grade-json", "out.json")
     assert result.ret == 0
     out = result.stdout.str()

@@ -16,7 +16,7 @@ import warnings
 import pytest
 import torch
 
-from labkit.grade.plugin import optional_reference
+from labkit.score_table import optional_reference
 from labkit.measure import StepMemory, measure_step
 from labkit.models import GPT, GPTConfig, SyntheticData
 

@@ -75,7 +75,7 @@ def test_adam8bit_trains_like_fp32_adam_and_bitsandbytes():
     a linear code diverges (small v round to 0, so m/√v explodes), and plain SGD at the same lr
     ends ~20% higher. 2% separates them with room for other seeds and machines."""
     from labkit.lab2.adam8bit import Adam8bit
-    from labkit.grade.plugin import optional_reference
+    from labkit.score_table import optional_reference
 
     data = SyntheticData(64, 32, 8, seed=3)
 

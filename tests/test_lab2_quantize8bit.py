@@ -62,7 +62,7 @@ def test_quantize_against_bitsandbytes(block_size):
     absmax per block; dequantizing bitsandbytes' codes gives bitsandbytes' values; and the
     round-trip error is no larger than bitsandbytes' (its CPU kernel's search is not always
     the nearest entry, the exact nearest can only be closer)."""
-    from labkit.grade.plugin import optional_reference
+    from labkit.score_table import optional_reference
     from labkit.lab2.quantize8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
 
     optional_reference("bitsandbytes", min_version="0.50")

@@ -3,7 +3,7 @@
 An exercise is worth what its graded tests give: the sum of ``points=`` of the
 ``@pytest.mark.exercise("N.E", points=P)`` marks, a parametrized test counting once per case.
 This script reads that registry the way the grader does — pytest's own collection of ``tests/``,
-each item's mark read by ``labkit.grade.plugin._exercise_of`` — so what a lab announces is what
+each item's mark read by ``labkit.score_table._exercise_of`` — so what a lab announces is what
 ``labkit.check`` and ``labkit-grade`` will count, including exercises added later.
 
 Each lab ``labs/0N_*.ipynb`` holds one table, in one Markdown cell, between the two marker lines
@@ -64,7 +64,7 @@ class _Registry:
         self.escaped: list[str] = []  # names pytest escaped (non-ASCII parameter ids)
 
     def pytest_collection_finish(self, session):
-        from labkit.grade.plugin import _exercise_of
+        from labkit.score_table import _exercise_of
 
         for item in session.items:
             ex = _exercise_of(item)

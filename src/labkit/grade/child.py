@@ -1,23 +1,21 @@
 """The pytest plugin of the grader's child: run the graded tests, report each outcome to the parent.
 
-Loaded with ``-p labkit.grade.child`` in the process that runs student code, behind the operating
-system's wall (:mod:`labkit.grade.isolation`). Nothing here decides a grade and nothing here is
-secret: student code in this process can reach all of it. The child *reports*, one JSON line per
-test on an inherited pipe; the trusted parent (:mod:`labkit.grade.runner`) decides, with rules
-this process cannot change. What this plugin adds is what only the inside can see, each
-reported with its test (which then fails):
+Loaded with ``-p labkit.grade.child`` in the process that runs student code, behind the wall
+(:mod:`labkit.grade.isolation`). Nothing here decides a grade and nothing here is secret: student
+code in this process can reach all of it. It *reports*, one JSON line per test on an inherited
+pipe; the parent (:mod:`labkit.grade.runner`) decides by rules this process cannot change. It
+adds what only the inside can see, each reported with its test (which then fails):
 
-* **shortcuts at the dispatcher**: while an exercise's tests run, an operator it rebuilds
-  (:mod:`labkit.grade.shortcuts`) is refused when student code is on the stack. A
-  ``TorchDispatchMode``, PyTorch's extension point, sees the operator however it was spelled
-  (``F.gelu``, ``torch._C._nn.gelu``, ``torch.ops.aten.gelu.default``, ``torch._VF``...);
-* **other threads**: dispatch modes, MemTracker's and FlopCounterMode's included, hold for one
-  thread. A thread started during a test gets a mode (``threading.setprofile``) that refuses
-  torch operators of any work that is not the course's: a measurement cannot be dodged there;
+* **shortcuts at the dispatcher**: while an exercise's tests run, a ``TorchDispatchMode`` refuses
+  an operator the exercise rebuilds (:mod:`labkit.grade.shortcuts`) when student code is on the
+  stack, however it was spelled (``F.gelu``, ``torch._C._nn.gelu``, ``torch.ops.aten.gelu``...);
+* **other threads**: dispatch modes (MemTracker's and FlopCounterMode's too) hold for one thread,
+  so a thread started during a test gets a mode (``threading.setprofile``) that refuses torch
+  operators of any work that is not the course's: a measurement cannot be dodged there;
 * **shared state**: torch's global state (default dtype, grad mode, modes, global hooks) is
-  compared after every test with the state before any student module was imported, and put
-  back; the tests' constant dicts (``TOL = dict(atol=..., rtol=...)``) are read-only and their
-  modules' names are put back; the pytest plugins and hook functions are fixed once collected;
+  compared after every test with the session's start and put back; the tests' constant dicts
+  (``TOL = dict(atol=..., rtol=...)``) are read-only and their modules' names are put back; the
+  pytest plugins and hook functions are fixed once collected;
 * **files**: an audit hook notes the files student code opens outside the test's scratch folder.
 """
 from __future__ import annotations
@@ -108,15 +106,15 @@ class Refuse(TorchDispatchMode):
         if hit is None:
             hit = self.hits[func] = bool(shortcuts.matching(
                 self.exercise, func.overloadpacket.__name__, func.namespace))
-        why = shortcuts.reason(self.exercise, func.name()) if hit and (
-            self.side or student_frame()) else \
-            f"torch operator {func.name()} on a thread that is not the course's: the test's " \
-            "measurements and refusals hold for its own thread only" \
-            if self.side and _thread_owner() != "course" else ""
-        if why:
-            State.refused.append(f"{why} (from {student_frame() or 'a thread of the student'})")
-            raise PermissionError(f"refused while grading: {why}")
-        return func(*args, **(kwargs or {}))
+        if hit and (self.side or student_frame()):
+            why = shortcuts.reason(self.exercise, func.name())
+        elif self.side and _thread_owner() != "course":
+            why = f"torch operator {func.name()} on a thread that is not the course's: the " \
+                "test's measurements and refusals hold for its own thread only"
+        else:
+            return func(*args, **(kwargs or {}))
+        State.refused.append(f"{why} (from {student_frame() or 'a thread of the student'})")
+        raise PermissionError(f"refused while grading: {why}")
 
 
 def _on_new_thread(frame, event, arg):

@@ -1,12 +1,10 @@
 """Red flags: what in a student's code the instructor should look at, found by reading it.
 
-Inside the process that runs student code, code can reach everything else in it, so the grader
-does not enumerate tricks. The trusted parent reads the code it took from a submission (exercise
-bodies, added definitions: :mod:`labkit.grade.extract`) and raises a short list of **flags** per
-exercise, shown in ``report.txt``, Gradescope's output and the CSV. Six also **zero** the
-exercise (graded as its stub; its code is not merged, so it never runs): what they name has no
-use in any exercise of this course, and code that uses it can change any verdict in the test
-process. The others are for review: honest code uses them now and then.
+Code in the process that runs student code can reach everything else in it, so the grader does
+not enumerate tricks: the trusted parent reads the code extraction took (exercise bodies, added
+definitions) and raises per exercise the flags of :data:`FLAGS`. Those that zero the exercise
+(graded as its stub: its code is not merged, so it never runs) name what no exercise here needs
+and what can change any verdict in the test process; the others are for review.
 
 Names are read through the module's imports and the function's aliases (``F.gelu`` is
 ``torch.nn.functional.gelu``; after ``m = torch.testing``, ``m.x`` is ``torch.testing.x``), and
@@ -47,8 +45,8 @@ MODULES = {  # a module (and everything under it) -> the flag its use raises
     **dict.fromkeys(("subprocess", "multiprocessing", "pty", "torch.multiprocessing"), "processes"),
     **dict.fromkeys(("importlib", "pkgutil", "runpy", "timeit", "code", "pickle", "marshal",
                      "torch.hub", "torch.package", "torch.utils.cpp_extension"), "dynamic code"),
-    **dict.fromkeys(("pytest", "pluggy", "conftest", "labkit.grade", "labkit.reference",
-                     "labkit.harness", "labkit.cross_check"), "grader"),
+    **dict.fromkeys(("pytest", "pluggy", "conftest", "labkit.grade", "labkit.score_table",
+                     "labkit.reference", "labkit.harness", "labkit.cross_check"), "grader"),
     **dict.fromkeys(("threading", "concurrent", "asyncio"), "threads"),
     "unittest": "special methods", "torch.library": "patching",
 }

@@ -1,15 +1,10 @@
-"""What ``labkit-grade`` writes: the course's table, Gradescope's results.json, a class CSV.
+"""What ``labkit-grade`` writes: ``grades.json``, Gradescope's ``results.json``, ``report.txt``, a CSV.
 
-* ``grades.json``: :func:`labkit.grade.plugin._table`'s schema (exercises, labs, earned,
-  possible, each test's outcome and message) plus ``submission``: what was dropped, the red flags
-  per exercise, the exercises they zeroed, and the isolation the run had.
-* ``results.json``: only the keys of Gradescope's specification (``score``, ``execution_time``,
-  ``output``, ``visibility``, ``stdout_visibility``, ``extra_data``, ``tests`` with ``name``,
-  ``number``, ``score``, ``max_score``, ``status``, ``output``, ``tags``, ``visibility``). A test
-  this machine cannot run (needs CUDA) or grade (an optional reference is missing) is shown
-  skipped, with its reason and no score: it is left out of the total, not failed 0/0.
-* the CSV: one row per student per exercise, with its flags and the run's isolation.
-* ``report.txt``: the same for a person, flags and isolation first.
+``grades.json`` is :func:`labkit.score_table._table`'s schema plus ``submission`` (what was
+dropped, the flags and zeroed exercises, the isolation). ``results.json`` holds only the keys of
+Gradescope's specification; a test this machine cannot run (needs CUDA) or grade (an optional
+reference is missing) is shown skipped with its reason and no score, out of the total. The CSV
+has one row per student per exercise; ``report.txt`` is for a person, isolation and flags first.
 """
 from __future__ import annotations
 
@@ -17,8 +12,9 @@ import csv
 import json
 from pathlib import Path
 
-CSV_FIELDS = ("student", "exercise", "earned", "possible", "passed", "failed", "not attempted",
-              "needs CUDA", "not graded", "zeroed", "flags", "isolation")
+from labkit.score_table import LEFT_OUT, OUTCOMES
+
+CSV_FIELDS = ("student", "exercise", "earned", "possible", *OUTCOMES, "zeroed", "flags", "isolation")
 SKIPPED = {"needs CUDA": "skipped: needs CUDA, not run on this machine (left out of the total)",
            "not graded": "skipped: an optional reference library is missing here (left out of "
                          "the total)"}
@@ -81,27 +77,25 @@ def not_attempted(table: dict) -> list[str]:
     return [ex for ex, e in table["exercises"].items()
             if e["tests"] and e["passed"] == 0 and ex not in zeroed and
             any(t["outcome"] == "not attempted" for t in e["tests"]) and all(
-                t["outcome"] in ("not attempted", "needs CUDA", "not graded") for t in e["tests"])]
+                t["outcome"] in ("not attempted", *LEFT_OUT) for t in e["tests"])]
 
 
 def csv_rows(student: str, table: dict) -> list[dict]:
     sub = _sub(table)
     level = sub.get("isolation", {}).get("level", "?")
-    return [{"student": student, "exercise": ex_id, **{k: e[k] for k in CSV_FIELDS[2:9]},
+    return [{"student": student, "exercise": ex_id, **{k: e[k] for k in CSV_FIELDS[2:-3]},
              "zeroed": "; ".join(sub.get("zeroed", {}).get(ex_id, []))[:300],
              "flags": "; ".join(sub.get("flags", {}).get(ex_id, []))[:500], "isolation": level}
             for ex_id, e in table["exercises"].items()]
 
 
-def write_all(table: dict, out: Path) -> list[Path]:
-    """grades.json, results.json and report.txt into ``out``; returns the paths."""
+def write_all(table: dict, out: Path) -> None:
+    """grades.json, results.json and report.txt into ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "grades.json", out / "results.json", out / "report.txt"]
-    paths[0].write_text(json.dumps(table, indent=1))
-    paths[1].write_text(json.dumps(results_json(table), indent=1))
-    paths[2].write_text(report(table))
-    return paths
+    (out / "grades.json").write_text(json.dumps(table, indent=1))
+    (out / "results.json").write_text(json.dumps(results_json(table), indent=1))
+    (out / "report.txt").write_text(report(table))
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -118,8 +112,7 @@ def report(table: dict) -> str:
              isolation_line(table), *flag_lines(table),
              f"{'exercise':<10}{'points':>10}  outcome counts"]
     for ex_id, e in table["exercises"].items():
-        counts = ", ".join(f"{e[k]} {k}" for k in ("passed", "failed", "not attempted",
-                                                   "needs CUDA", "not graded") if e[k])
+        counts = ", ".join(f"{e[k]} {k}" for k in OUTCOMES if e[k])
         flagged = "  [flagged]" if ex_id in sub.get("flags", {}) else ""
         lines.append(f"{ex_id:<10}{e['earned']:>4} / {e['possible']:<4} {counts}{flagged}")
     lines.append(f"{'total':<10}{table['earned']:>4} / {table['possible']:<4}")

@@ -1,25 +1,20 @@
 """The wall at the operating system: how the child that runs student code is shut in.
 
-Inside one Python process no sandbox holds, so the grader puts the process that runs student
-code behind what Linux gives, and says which wall it got (``grades.json``, ``results.json``, the
-CSV and ``report.txt`` all show it):
+Inside one Python process no sandbox holds, so the grader shuts in the process that runs student
+code with what Linux gives, at one of three levels (which machine gets which: docs/grading.md;
+every output names the level a run had):
 
-* ``namespaces`` — the child runs in its own PID, mount and network namespaces (``unshare``,
-  util-linux). Its first process (this module, run as a script) makes every mount read-only but
-  the test's scratch folder, gives it a fresh ``/dev/shm`` and only a loopback network, then
-  starts the tests; when it ends the kernel kills every process left in the namespace. As root
-  the tests also run as a dedicated unprivileged user (``setpriv``); as an ordinary user, in a
-  user namespace, with every capability dropped (no mount can be made writable again).
-* ``user`` — root where namespaces are refused (a container without ``CAP_SYS_ADMIN``): the
-  tests run as the dedicated user, which can write only its scratch folder and world-writable
-  folders (``/tmp``); every process of that user is killed before the score is written. The
-  network is not cut.
-* ``none`` — neither works here (macOS; a container without user namespaces, not root), or the
-  instructor asked for it (``--isolation none``, ``LABKIT_GRADE_ISOLATION=none``).
+* ``namespaces``: its own PID, mount and network namespaces (``unshare``). Their first process
+  (this module run as a script, which imports nothing of labkit) makes every mount read-only but
+  the scratch folder, mounts a fresh ``/dev/shm`` and an empty folder over the course's
+  solutions, brings up loopback only, then starts the tests; when they end the kernel kills every
+  process left in the namespace. As root the tests run as the dedicated user (``setpriv``); as
+  an ordinary user, in a user namespace with every capability dropped.
+* ``user``: root where namespaces are refused: the tests run as the dedicated user, and every
+  process of that user is killed (:meth:`Isolation.sweep`) before the score is written.
+* ``none``: neither works here, or the instructor turned it off.
 
-``--isolation auto`` (the default) takes the strongest that works here, tried once per run;
-``--isolation namespaces`` (or ``user``) refuses to grade without it. This module imports
-nothing of labkit: it is also the namespaces' first process.
+:func:`choose` tries the strongest that may work, once per run.
 """
 from __future__ import annotations
 
@@ -54,11 +49,11 @@ STOPS = {
 class Isolation:
     level: str
     how: str
+    as_user: bool = False  # the tests run as the dedicated user (the grader runs as root)
 
     @property
     def uid(self) -> int | None:
-        """The dedicated user's uid when the grader runs as root and shuts the child in."""
-        if os.geteuid() != 0 or self.level == "none" or "as root" in self.how:
+        if not self.as_user:
             return None
         try:
             return pwd.getpwnam(USER).pw_uid
@@ -116,17 +111,18 @@ def choose(requested: str | None = None) -> Isolation:
     if requested == "none":
         return Isolation("none", "turned off by the instructor (--isolation none)")
     if requested not in _chosen:
-        root, why = os.geteuid() == 0, []
-        for cand in [Isolation("namespaces", f"unshare + setpriv as {USER}" if root else
-                               "unshare in a user namespace, capabilities dropped")] + \
-                ([Isolation("namespaces", "unshare as root, capabilities dropped"),
-                  Isolation("user", f"setpriv as {USER}, its processes killed after")] if root else []):
-            if requested in ("auto", cand.level):
-                problem = _try(cand)
-                if problem is None:
-                    _chosen[requested] = cand
-                    break
-                why.append(f"{cand.level} ({cand.how}): {problem}")
+        candidates = [Isolation("namespaces", f"unshare + setpriv as {USER}", as_user=True),
+                      Isolation("namespaces", "unshare as root, capabilities dropped"),
+                      Isolation("user", f"setpriv as {USER}, its processes killed after", True)] \
+            if os.geteuid() == 0 else [
+                Isolation("namespaces", "unshare in a user namespace, capabilities dropped")]
+        why = []
+        for cand in [c for c in candidates if requested in ("auto", c.level)]:
+            problem = _try(cand)
+            if problem is None:
+                _chosen[requested] = cand
+                break
+            why.append(f"{cand.level} ({cand.how}): {problem}")
         else:
             if requested != "auto":
                 raise ValueError(f"isolation={requested!r} is not available here: " + "; ".join(why))

@@ -1,19 +1,15 @@
 """The trusted side of ``labkit-grade``: build the graded copy, run the children, decide, score.
 
-No student code runs in this process. For one submission it
-
-1. copies the course (git-tracked files, without ``solutions/``) into a fresh folder and lists
-   its graded tests (:mod:`labkit.grade.collect`): the only list of tests and points it trusts;
-2. merges the submission's exercise code in (:mod:`labkit.grade.extract`) and reads its red
-   flags (:mod:`labkit.grade.flags`); an exercise with a flag that zeroes is graded as its stub;
-3. appends to each graded test file one **tripwire** test per exercise, randomly named, that
-   must fail: a blanket "every test passes" tamper makes it pass, and voids the lab's run;
-4. runs each lab's tests in a child ``pytest`` behind the operating system's wall
-   (:mod:`labkit.grade.isolation`) and reads one JSON line per test from an inherited pipe
-   (:mod:`labkit.grade.child`). It voids the run of a lab whose pipe carried a line it cannot
-   read, a record of a test it did not ask for, two records of one test, anything after "done",
-   or a tripwire that did not fail; a test without a record fails;
-5. scores with :func:`labkit.grade.plugin._table`; :mod:`labkit.grade.formats` writes it.
+No student code runs in this process. For one submission it copies the course (git-tracked
+files, without ``solutions/``), lists its graded tests (:mod:`labkit.grade.collect`: the only list
+of tests and points it trusts), merges the exercise code in (:mod:`labkit.grade.extract`), reads
+the red flags (:mod:`labkit.grade.flags`; an exercise with one that zeroes is graded as its stub),
+and appends to each graded test file one **tripwire** per exercise: a randomly named test that
+must fail, which a blanket "every test passes" tamper makes pass. Each lab's tests then run in a
+child ``pytest`` behind the wall (:mod:`labkit.grade.isolation`) that sends one JSON line per test
+on an inherited pipe (:mod:`labkit.grade.child`); :func:`read_records` voids a lab's run on any
+line it cannot trust, and a test without a record fails. The score is
+:func:`labkit.score_table._table`'s.
 """
 from __future__ import annotations
 
@@ -155,10 +151,7 @@ def prepare(submission_labkit: Path, workspace: Path, tests: dict) -> Prepared:
         pristine = (src / rel).read_text()
         student, why = read_submitted(submission_labkit / Path(rel).relative_to("labkit"),
                                       submission_labkit)
-        merged = extract.merge(pristine, student, rel)
-        if student is None and why:
-            merged.dropped = [extract.Dropped(rel, 0, "the file", f"{why}: every exercise in "
-                                              "it is graded as the stub")]
+        merged = extract.merge(pristine, student, rel, missing=why)
         found = flags.read(merged, pristine) if merged.taken else {}
         zero = {ex for ex, fs in found.items() if any(f.zeroes for f in fs)}
         if zero:  # merge again without their code, nor any added code that carries such a flag
@@ -167,9 +160,7 @@ def prepare(submission_labkit: Path, workspace: Path, tests: dict) -> Prepared:
             merged = extract.merge(pristine, student, rel, skip=frozenset(skip))
             for ex in zero:
                 prep.zeroed[ex] = [str(f) for f in found[ex] if f.zeroes]
-        for ex, fs in found.items():
-            if fs:
-                prep.flags.setdefault(ex, []).extend(str(f) for f in fs)
+        prep.flags.update({ex: [str(f) for f in fs] for ex, fs in found.items() if fs})
         prep.dropped += merged.dropped
         (src / rel).write_text(merged.source)
         if merged.student_lines:
@@ -194,7 +185,7 @@ def run_child(prep: Prepared, files: list[str], exercises: list[str], tmp: Path,
     env = _base_env(prep.workspace, tmp)
     env["LABKIT_GRADE_SPEC"] = json.dumps({"fd": write_fd, "scratch": str(tmp),
                                            "course": str(prep.workspace), "student": prep.student})
-    cmd = [sys.executable, "-m", "pytest", *files, "-p", "labkit.grade.plugin",
+    cmd = [sys.executable, "-m", "pytest", *files, "-p", "labkit.score_table",
            "-p", "labkit.grade.child", "-p", "pytest_timeout", "-p", "no:cacheprovider",
            "-q", "--no-header", "--tb=no", "-rN", "--basetemp", str(tmp / "pytest"),
            "-m", "exercise", *[a for ex in exercises for a in ("--exercise", ex)]]
@@ -269,10 +260,9 @@ def read_records(lines: list[str], expected: set[str], tripwires: set[str]) -> t
     return records, ""
 
 
-def grade_prepared(prep: Prepared, exercises: list[str] | None = None, jobs: int = 2,
-                   timeout: float = 1200, wall: isolation.Isolation | None = None) -> dict:
+def grade_prepared(prep: Prepared, exercises: list[str] | None, jobs: int, timeout: float,
+                   wall: isolation.Isolation) -> dict:
     """Run every lab's child and return the verdicts {nodeid: result} (trusted)."""
-    wall = wall or isolation.choose()
     tests = {n: t for n, t in prep.tests.items() if not exercises or t["exercise"] in exercises}
     labs = sorted({t["exercise"].split(".")[0] for t in tests.values()}, key=int)
     results: dict = {}
@@ -340,7 +330,7 @@ def grade_submission(submission: Path, *, course: Path | None = None,
                      wall: isolation.Isolation | None = None) -> dict:
     """Grade one submission; return the table (plugin._table's schema, plus ``submission``:
     what was dropped, the flags and zeroed exercises, the isolation)."""
-    from labkit.grade.plugin import _table
+    from labkit.score_table import _table, exercise_key
 
     course = Path(course or course_root())
     wall = wall or isolation.choose()
@@ -358,8 +348,7 @@ def grade_submission(submission: Path, *, course: Path | None = None,
         prep.hide = tuple(p for p in [course.resolve() / "solutions"] if p.is_dir())
         results = grade_prepared(prep, exercises, jobs, timeout, wall)
         table = _table(results)
-        table["known_exercises"] = sorted({t["exercise"] for t in tests.values()},
-                                          key=lambda s: tuple(map(int, s.split("."))))
+        table["known_exercises"] = sorted({t["exercise"] for t in tests.values()}, key=exercise_key)
         graded = set(table["exercises"])
         table["submission"] = {
             "path": str(submission), "labkit": str(labkit_dir.relative_to(sub_root))

@@ -1,28 +1,19 @@
 """Per exercise, what it rebuilds: the library code that is its reference, refused while it is graded.
 
-An exercise that rebuilds something PyTorch ships (FlashAttention, GradScaler, Adafactor, DDP…)
-is graded against that very implementation; a student who calls it earns the points and learns
-nothing. :data:`REBUILDS` lists, per exercise, why and a few name patterns (``fnmatch``). One
-pattern list serves both walls:
+An exercise that rebuilds something PyTorch ships (FlashAttention, GradScaler, Adafactor, DDP…) is
+graded against that very implementation. :data:`REBUILDS` gives, per exercise, why and a few
+``fnmatch`` patterns, which serve both walls: a name of the student's code that matches (an
+imported name, a module on an attribute's path, the attribute itself) is the ``shortcut`` flag
+(:mod:`labkit.grade.flags`); an operator whose name (``aten::gelu``) or namespace
+(``bitsandbytes``) matches is refused at PyTorch's dispatcher while the exercise's tests run with
+student code on the stack, however it was spelled (:mod:`labkit.grade.child`).
 
-* **read** (:mod:`labkit.grade.flags`): a name of the student's code that matches — an imported
-  name, a module on the path of an attribute (``torch.distributed.pipelining.Schedule1F1B``),
-  the attribute itself (``F.scaled_dot_product_attention``) — raises the ``shortcut`` flag,
-  which grades the exercise as its stub;
-* **run** (:mod:`labkit.grade.child`): while the exercise's tests run, an operator whose name
-  (``aten::gelu``, ``bitsandbytes::quantize_blockwise``) or namespace (``bitsandbytes``)
-  matches is refused at PyTorch's dispatcher when the student's code is on the stack — however
-  it was spelled (``F.gelu``, ``torch._C._nn.gelu``, ``torch.ops.aten.gelu.default``,
-  ``torch._VF``…). The references and the tests call them freely: no student frame is on their
-  stack.
-
-The patterns were made from each exercise's contract and reference solution: what a solution
-legitimately uses is not here (5.2's contract requires ``torch.utils.checkpoint.checkpoint``;
-5.7 attends each block with ``aten::_scaled_dot_product_flash_attention_for_cpu``, so those
-kernels are refused for 5.6 only; 3.3's contract is "one ``_scaled_mm``"; 3.1 may unscale with
-``_amp_foreach_non_finite_check_and_unscale_`` and 3.2 may step with ``_fused_adam_``; 2.6 steps
-``torch.optim.Adam`` on the host by design, so Adam is refused only where the exercise writes the
-step itself: 2.3, 2.7, 3.2, 3.7 and 4.3).
+What a solution legitimately uses is not here: 5.2's contract requires
+``torch.utils.checkpoint.checkpoint``; 5.7 attends each block with
+``aten::_scaled_dot_product_flash_attention_for_cpu`` (refused for 5.6 only); 3.3's contract is
+"one ``_scaled_mm``"; 3.1 may unscale with ``_amp_foreach_non_finite_check_and_unscale_`` and 3.2
+may step with ``_fused_adam_``; 2.6 steps ``torch.optim.Adam`` on the host by design, so Adam is
+refused only where the exercise writes the step itself (2.3, 2.7, 3.2, 3.7, 4.3).
 """
 from __future__ import annotations
 
@@ -58,6 +49,8 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {
             ("pipelining",)),
     "3.7": ("shards the parameters itself: FSDP2's fully_shard is the reference here",
             (*ZERO[1:], *ADAM)),
+    "3.8": ("builds the zero-bubble schedule itself: torch.distributed.pipelining is the "
+            "reference here", ("pipelining",)),
     "4.2": ("buckets and all-reduces the gradients itself: DistributedDataParallel is the "
             "reference here", ("DistributedDataParallel", "ddp_comm_hooks")),
     "4.3": ("reduce-scatters the gradients and shards the optimizer itself: ZeRO, FSDP, DDP and "
@@ -82,12 +75,10 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {
             ("parallelize_module", "SequenceParallel")),
     "6.3": ("computes the mesh's coordinates and groups itself: DeviceMesh and unravel_index "
             "are the reference here", ("*[Dd]evice*[Mm]esh*", "*ravel*index")),
-    "6.5": ("fuses GELU's forward and backward itself: PyTorch's gelu kernels are the reference "
-            "here", ("gelu*", "GELU")),
-    "3.8": ("builds the zero-bubble schedule itself: torch.distributed.pipelining is the "
-            "reference here", ("pipelining",)),
     "6.4": ("counts a layout's bytes per GPU itself: labkit.cost_model's memory model is the "
             "planner's reference here", ("cost_model",)),
+    "6.5": ("fuses GELU's forward and backward itself: PyTorch's gelu kernels are the reference "
+            "here", ("gelu*", "GELU")),
     "6.6": ("dispatches the tokens to the experts itself: the reference's single-device layer is "
             "what it is compared with", ("moe_reference",)),
 }
@@ -104,10 +95,3 @@ def reason(exercise: str, name: str) -> str:
     """The message of a refusal: "exercise 5.6 computes attention itself: …"."""
     return f"exercise {exercise} {REBUILDS[exercise][0]} and is refused while it is graded ({name})"
 
-
-def table() -> str:
-    """The registry as Markdown, one row per exercise (for docs/grading.md and the report)."""
-    rows = ["| exercise | refused while it is graded (name patterns) |", "|---|---|"]
-    for ex, (_, patterns) in REBUILDS.items():
-        rows.append(f"| {ex} | {', '.join(f'`{p}`' for p in patterns)} |")
-    return "\n".join(rows)

@@ -3,7 +3,7 @@
 The graders run as the command line would run them, ``python -m pytest tests/test_lab1_*.py
 --exercise 1.2 --grade ...`` in the repository, in a fresh process: the code you just saved is
 what gets graded, and a check reports exactly what ``pytest --exercise 1.2 --grade`` (the
-grader's plugin, :mod:`labkit.grade.plugin`) decides — the same tests, the same outcomes. The
+score table's plugin, :mod:`labkit.score_table`) decides — the same tests, the same outcomes. The
 process is forked from a warm Python that imported torch and pytest once (:mod:`.warm`), so a
 check costs its tests, not a second of start-up each time.
 

@@ -1,15 +1,19 @@
-"""Grading: the pytest plugin behind ``pytest --grade`` and ``labkit.check``.
+"""The score table of the graded tests: the pytest plugin of every test run.
 
-A graded test carries ``@pytest.mark.exercise("5.1", points=2)``.  The plugin
+Loaded by every run of the test suite (``addopts = "-p labkit.score_table"``). A graded test
+carries ``@pytest.mark.exercise("5.1", points=2)``; the plugin
 
 * classifies every graded test as passed, failed, **not attempted** (it reached a stub's
-  ``NotImplementedError("exercise 5.1: ...")``) or **needs CUDA** (skipped on a CPU machine);
-* with ``--grade`` prints a table per lab and exercise and writes it as JSON (``--grade-json``);
+  ``NotImplementedError("exercise 5.1: ...")``), **needs CUDA** (skipped on a CPU machine) or
+  **not graded** (:func:`optional_reference` found no reference library);
+* with ``--grade`` prints a table per lab and exercise and writes it as JSON (``--grade-json``):
+  ``make grade`` and ``labkit.check`` show it, and ``labkit-grade`` scores with :func:`_table`;
 * with ``--exercise 5.1`` runs only that exercise's tests (what ``labkit.check`` uses);
 * with ``--stubs-must-fail`` turns the run around for CI: it succeeds only when every graded
   test failed, because a grader that passes on a stub grades nothing.
 
-It is loaded for every run of the test suite through ``addopts = "-p labkit.grade.plugin"``.
+It is not the submission grader (:mod:`labkit.grade`): that one runs it in its child to read
+each test's outcome, and decides the score elsewhere.
 """
 from __future__ import annotations
 
@@ -79,9 +83,13 @@ def _exercise_of(item) -> tuple[str, int] | None:
     return ex_id, points
 
 
+def exercise_key(exercise: str) -> tuple[int, ...]:
+    """The sort key of an exercise id: "1.10" after "1.9"."""
+    return tuple(int(p) for p in exercise.split("."))
+
+
 def pytest_collection_modifyitems(config, items):
-    known = sorted({ex[0] for item in items if (ex := _exercise_of(item))},
-                   key=lambda s: tuple(int(p) for p in s.split(".")))
+    known = sorted({ex[0] for item in items if (ex := _exercise_of(item))}, key=exercise_key)
     config._labkit_known = known
     wanted = set(config.getoption("exercise"))
     if not wanted:
@@ -163,10 +171,11 @@ def pytest_runtest_makereport(item, call):
             record["details"] = text
 
 
-LEFT_OUT = ("needs CUDA", "not graded")
-"""Outcomes whose points leave this machine's total: the test could not run here (no CUDA) or
-could not be graded (an optional reference library is missing). They are counted apart
-(``cuda_points``, ``ungraded_points``), so full marks are reachable on every machine."""
+APART = {"needs CUDA": "cuda_points", "not graded": "ungraded_points"}
+"""Outcomes whose points leave this machine's total, and where they are counted instead: the test
+could not run here (no CUDA) or could not be graded (an optional reference library is missing),
+so full marks are reachable on every machine."""
+LEFT_OUT = tuple(APART)
 
 
 def _table(results: dict) -> dict:
@@ -178,12 +187,7 @@ def _table(results: dict) -> dict:
                                      "tests": []})
     for nodeid, r in sorted(results.items()):
         e = exercises[r["exercise"]]
-        if r["outcome"] == "needs CUDA":
-            e["cuda_points"] += r["points"]
-        elif r["outcome"] == "not graded":
-            e["ungraded_points"] += r["points"]
-        else:
-            e["possible"] += r["points"]
+        e[APART.get(r["outcome"], "possible")] += r["points"]
         e["earned"] += r["points"] if r["outcome"] == "passed" else 0
         e[r["outcome"]] += 1
         e["tests"].append({"nodeid": nodeid, **r})
@@ -193,8 +197,7 @@ def _table(results: dict) -> dict:
         lab = ex_id.split(".")[0]
         for k in keys:
             labs[lab][k] += e[k]
-    order = lambda s: tuple(int(p) for p in s.split("."))  # noqa: E731
-    return {"exercises": {k: exercises[k] for k in sorted(exercises, key=order)},
+    return {"exercises": {k: exercises[k] for k in sorted(exercises, key=exercise_key)},
             "labs": {k: labs[k] for k in sorted(labs, key=int)},
             **{k: sum(lab[k] for lab in labs.values()) for k in keys}}
 
