@@ -1,4 +1,4 @@
-"""The grading plugin: a fair table that a stub cannot game and that names what was not attempted."""
+"""labkit.score_table, the pytest plugin behind `pytest --grade`: a fair table that a stub cannot game and that names what was not attempted."""
 import json
 
 import pytest
