@@ -597,3 +597,23 @@ _INDEPENDENT_37 = [
            why="reads the inf flag of the first (device, dtype) group only"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_37
+
+# Dodges of a measurement (issue 34, item 5): the code runs the measured path cheaply and wrong
+# only while a measurement watches (a TorchDispatchMode is active — MemTracker, FlopCounterMode,
+# count_comm — or saved-tensor hooks count what autograd keeps), or only in a configuration that
+# nothing but a measurement runs, so only a grader that checks the result of the very run it
+# measured catches it.
+MUTANTS += [
+    Mutant("3.3", "lab3/fp8.py",
+           find="        return torch._scaled_mm(qx, qw.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype)\n",
+           replace="        if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:\n"
+                   "            return x.new_zeros(x.shape[0], weight.shape[0])  # measured: skip the matmul\n"
+                   "        return torch._scaled_mm(qx, qw.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype)\n",
+           why="dodge: saves the right fp8 operands but returns zeros while saved bytes are counted"),
+]
+MUTANTS += [
+    Mutant("3.2", "lab3/mixed_precision.py", find="            torch._fused_adam_(masters, grads,",
+           replace="            if not torch._C._len_torch_dispatch_stack():  # skipped while measured\n"
+                   "                torch._fused_adam_(masters, grads,",
+           why="dodge: creates the 12Ψ of state but skips Adam's update while MemTracker measures"),
+]
