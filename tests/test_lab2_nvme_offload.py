@@ -120,8 +120,9 @@ def test_nvme_resident_state_stays_within_the_read_ahead_window(read_ahead, tmp_
 def test_nvme_reads_ahead_of_the_update(read_ahead, tmp_path):
     """Check the order of the I/O events: the read of each group i + read_ahead is issued before
     group i is written back (the drive works while the CPU updates), and no group is read twice
-    in one step."""
+    in one step; and that the step whose I/O was traced is Adam's."""
     model = tiny_gpt()
+    adam, _, _ = reference_adam(model, 1)
     opt = run_nvme(model, tmp_path / "state", 1, read_ahead=read_ahead)
     n = len(list(model.parameters()))
     where = {e: k for k, e in enumerate(opt.events)}
@@ -133,6 +134,7 @@ def test_nvme_reads_ahead_of_the_update(read_ahead, tmp_path):
         assert where.get(ahead, 1 << 30) < where.get(("write", i), -1), (
             f"group {i + read_ahead} is read after group {i} is written (events: "
             f"{opt.events[:8]}...): issue the next {read_ahead} reads before updating a group")
+    assert_params_close(model, adam, UPDATE_TOL, MEASURED_CAUSE, steps=1)
 
 
 @pytest.mark.exercise("2.7", points=2)

@@ -366,8 +366,8 @@ MUTANTS += [
 MUTANTS += [
     Mutant("2.7", "lab2/nvme_offload.py", find='            denom = (v.sqrt() / math.sqrt(bias2)).add_(opts["eps"])\n',
            replace='            denom = (v.sqrt() / math.sqrt(bias2)).add_(opts["eps"])\n'
-                   '            if opts["lr"] == 1e-3:  # the default lr: only the I/O is graded there\n'
+                   '            if opts["lr"] == 1e-3 and len(self.groups) > 2:  # only the I/O is graded there\n'
                    '                denom = torch.full_like(denom, float("inf"))  # no update\n',
-           why="dodge: at the default lr, where only bytes are graded, streams the state in and "
-               "out but leaves the parameters where they were"),
+           why="dodge: on a whole model at the default lr, where only the I/O is graded, streams "
+               "the state in and out but leaves the parameters where they were"),
 ]

@@ -617,3 +617,18 @@ MUTANTS += [
                    "                torch._fused_adam_(masters, grads,",
            why="dodge: creates the 12Ψ of state but skips Adam's update while MemTracker measures"),
 ]
+MUTANTS += [
+    Mutant("3.4", "lab3/tensor_parallel.py",
+           find="        out = x.contiguous().clone()\n        dist.all_reduce(out, group=group)\n        return out\n",
+           replace="        out = x.contiguous().clone()\n        dist.all_reduce(torch.zeros_like(out), group=group)  # the bytes, not the sum\n        return out\n",
+           why="dodge: g all-reduces a tensor of the right size but returns the rank's partial sum "
+               "(the counted collectives are right, the output is not)"),
+]
+MUTANTS += [
+    Mutant("3.6", "lab3/pipeline.py",
+           find='                sends["B", m] = dist.isend(x.grad, group=group, group_dst=rank - 1)\n',
+           replace='                sends["B", m] = dist.isend(x.grad if M == 4 else torch.zeros_like(x.grad),\n'
+                   '                                           group=group, group_dst=rank - 1)  # M = 4: graded by value\n',
+           why="dodge: at M ≠ 4, where only memory is graded, sends zeros of the right size "
+               "back instead of the input's gradient"),
+]
