@@ -632,3 +632,10 @@ MUTANTS += [
            why="dodge: at M ≠ 4, where only memory is graded, sends zeros of the right size "
                "back instead of the input's gradient"),
 ]
+MUTANTS += [
+    Mutant("3.7", "lab3/zero3.py",
+           find="            _all_gather_flat(u.full, u.shard.to(u.dtype), group=self.group)\n",
+           replace="            _all_gather_flat(u.full, torch.zeros_like(u.shard, dtype=u.dtype), group=self.group)\n",
+           why="dodge: all-gathers a buffer of the right size and dtype, but zeros, not the shards "
+               "(the measured bytes and collectives are right, the parameters are not)"),
+]
