@@ -226,13 +226,22 @@ def test_flash_saves_only_inputs_output_and_log_sum_exp():
     _check_measured(out[0], q, k, v)
 
 
-def _check_measured(out, q, k, v):
+def _check_measured(out, q, k, v, grad_out=None):
     """A measurement counts only for the right result: the output the bytes or FLOPs were
-    measured on must be attention's (returning zeros saves nothing and computes nothing)."""
+    measured on must be attention's (returning zeros saves nothing and computes nothing); with
+    ``grad_out``, the gradients the measured backward left on q, k and v must be SDPA's too."""
     with torch.no_grad():
         want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out.detach(), want, **ATTN_TOL,
                                msg=lambda m: f"the measured run's output is not attention's: {m}")
+    if grad_out is not None:
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        ref = torch.autograd.grad(F.scaled_dot_product_attention(*leaves, is_causal=True), leaves,
+                                  grad_out)
+        for name, x, r in zip("qkv", (q, k, v), ref):
+            assert x.grad is not None, f"the measured backward left no gradient on {name}"
+            torch.testing.assert_close(x.grad, r, **ATTN_TOL, msg=lambda m, name=name: (
+                f"the measured backward's d{name} is not attention's: {m}"))
 
 
 def _attention_peak(fn, s, b=1, h=2, d=32):
@@ -244,7 +253,7 @@ def _attention_peak(fn, s, b=1, h=2, d=32):
     with MemTracker() as tracker:
         out = fn(q, k, v)
         out.backward(grad_out)
-    _check_measured(out, q, k, v)
+    _check_measured(out, q, k, v, grad_out)
     return sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
 
 
