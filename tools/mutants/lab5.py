@@ -708,11 +708,11 @@ MUTANTS += [
 ]
 MUTANTS += [
     Mutant("5.6", "lab5/flash_attention.py",
-           find="    return tuple(g.view(B, H, S, D).to(q.dtype) for g in (dq, dk, dv))\n",
-           replace="    if any(type(m).__name__ == \"MemTracker\"\n"
+           find="    # BEGIN SOLUTION 5.6: the tiled backward that recomputes each tile's probabilities from L\n",
+           replace="    # BEGIN SOLUTION 5.6: the tiled backward that recomputes each tile's probabilities from L\n"
+                   "    if any(type(m).__name__ == \"MemTracker\"\n"
                    "           for m in torch.utils._python_dispatch._get_current_dispatch_mode_stack()):\n"
-                   "        return tuple(torch.zeros_like(q) for _ in range(3))  # measured: no gradient\n"
-                   "    return tuple(g.view(B, H, S, D).to(q.dtype) for g in (dq, dk, dv))\n",
+                   "        return tuple(torch.zeros_like(q) for _ in range(3))  # measured: no gradient\n",
            why="dodge: while MemTracker measures, the backward returns zero gradients"),
 ]
 MUTANTS += [
