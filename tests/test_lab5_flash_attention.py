@@ -209,7 +209,9 @@ def test_flash_backward_of_16_bit_inputs_matches_float64_gradients(dtype):
 
 @pytest.mark.exercise("5.6", points=1)
 def test_flash_saves_only_inputs_output_and_log_sum_exp():
-    """Check autograd keeps q, k, v, O and L: 4·B·H·S·D + B·H·S floats, no S × S matrix."""
+    """Check autograd keeps q, k, v, O and L: 4·B·H·S·D + B·H·S floats, no S × S matrix; and
+    that the measured forward's output, and the gradients backward computes from what it saved,
+    are attention's."""
     from labkit.lab5.flash_attention import flash_attention
 
     b, h, s, d = 1, 2, 256, 32
@@ -223,7 +225,9 @@ def test_flash_saves_only_inputs_output_and_log_sum_exp():
         + ("more: is a tile, the (S × S) scores or a copy of q, k, v saved as well (autograd saves "
            "what the operators inside an autograd.Function's forward need only if they run with "
            "grad enabled)?" if saved > want else "fewer: are O and L both saved?"))
-    _check_measured(out[0], q, k, v)
+    grad_out = torch.randn(b, h, s, d)
+    out[0].backward(grad_out)  # backward from what was saved: O and L must be the right ones
+    _check_measured(out[0], q, k, v, grad_out)
 
 
 def _check_measured(out, q, k, v, grad_out=None):

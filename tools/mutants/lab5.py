@@ -749,3 +749,14 @@ MUTANTS += [
            why="dodge: reduce-scatters the right bytes but keeps its own partial sums instead of "
                "the ranks' total"),
 ]
+MUTANTS += [
+    Mutant("5.6", "lab5/flash_attention.py",
+           find="    # BEGIN SOLUTION 5.6: the tiled forward with the online softmax; return O and L\n",
+           replace="    # BEGIN SOLUTION 5.6: the tiled forward with the online softmax; return O and L\n"
+                   "    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:\n"
+                   "        with torch.no_grad():  # measured: SDPA's O, and an L of the right size\n"
+                   "            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
+                   "        return o, torch.zeros(q.shape[:-1], dtype=torch.float32)\n",
+           why="dodge: while saved bytes are counted, returns the right O from SDPA and a zero L "
+               "(the right bytes and output; backward from them is wrong)"),
+]
