@@ -48,6 +48,15 @@ def train(model, optimizer, batches, steps, *, start=0):
     return losses
 
 
+def assert_params_close(got_model, want_model, tol, cause, steps=STEPS):
+    """Each parameter of ``got_model`` keeps its dtype and equals ``want_model``'s (Adam with its
+    state in memory after ``steps`` steps) within ``tol``; ``cause`` is the likely mistake."""
+    for (name, a), b in zip(got_model.named_parameters(), want_model.parameters()):
+        assert a.dtype == b.dtype, f"{name} is {a.dtype} after the step, expected {b.dtype}: keep the parameter's dtype"
+        torch.testing.assert_close(a.detach(), b.detach(), **tol, msg=lambda m, name=name: (
+            f"{name} after {steps} steps differs from Adam with its state in memory: {m} — {cause}"))
+
+
 def assert_models_close(model_a, model_b, **tol):
     for (name, a), (_, b) in zip(model_a.named_parameters(), model_b.named_parameters()):
         torch.testing.assert_close(a, b, **tol, msg=lambda m, name=name: f"{name}: {m}")

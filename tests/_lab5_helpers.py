@@ -139,11 +139,28 @@ def blocks_step(model, optimizer, batch):
     return loss.detach()
 
 
-def blocks_memory(model):
-    """(activation bytes held when forward ends, activation peak over the step), by MemTracker."""
+def _blocks_batch():
+    """The stack's input (requires grad) and the probe ``blocks_step`` takes."""
     torch.manual_seed(1)
-    batch = (torch.randn(B, T, C, requires_grad=True), torch.randn(B, T, C))
+    return torch.randn(B, T, C, requires_grad=True), torch.randn(B, T, C)
+
+
+def blocks_input_grad(model):
+    """The stack's input gradient of ``blocks_step`` on ``blocks_memory``'s batch, not measured:
+    the reference a measured step's input gradient is checked against."""
+    batch = _blocks_batch()
+    blocks_step(model, None, batch)
+    return batch[0].grad
+
+
+def blocks_memory(model, input_grads=None):
+    """(activation bytes held when forward ends, activation peak over the step), by MemTracker.
+    ``input_grads``: a list that gets the measured step's gradient of the stack's input, for the
+    grader to check the result of the run it measured."""
+    batch = _blocks_batch()
     step = measure_step(model, None, batch, step_fn=blocks_step)
+    if input_grads is not None:
+        input_grads.append(batch[0].grad)
     forward = [p for p in step.timeline if p.phase == "forward"]
     return forward[-1].bytes["activations"], step.peak_of("activations")
 

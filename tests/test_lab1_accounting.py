@@ -7,6 +7,10 @@ configurations here are not the ones the lab notebook shows, and each is chosen 
 term is large: a large vocabulary (log-probabilities), a tiny batch, bf16, long sequences (T²).
 
 Every failure message says the quantity, expected and actual values, and the likely cause.
+
+The MemTracker runs here are the grader's own steps of the real model: no student code runs in
+them (the exercises are formulas, compared with what was measured), so no result of the
+student's is measured and there is none to check beside the bytes.
 """
 from __future__ import annotations
 

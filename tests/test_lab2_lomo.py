@@ -15,6 +15,15 @@ from labkit.measure import measure_step
 from labkit.models import SyntheticData
 
 
+def assert_sgd_params(mine, ref, when):
+    """LOMO's parameters must be torch.optim.SGD's θ − lr·g (UPDATE_TOL: fp32 rounding)."""
+    for (name, a), b in zip(mine.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, **UPDATE_TOL, msg=lambda m, name=name: (
+            f"{name} {when} differs from torch.optim.SGD's θ − lr·g: {m} — is the "
+            "update applied once per parameter, with the complete (accumulated) gradient, and "
+            "under torch.no_grad()?"))
+
+
 @pytest.mark.exercise("2.4", points=1)
 def test_lomo_params_match_sgd():
     """Check that 3 LOMO steps (update inside backward) give torch.optim.SGD's parameters
@@ -26,11 +35,7 @@ def test_lomo_params_match_sgd():
     lomo = LOMO(mine.parameters(), lr=0.1)
     train(mine, None, data, 3)
     train(ref, torch.optim.SGD(ref.parameters(), lr=0.1), data, 3)
-    for (name, a), b in zip(mine.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(a, b, **UPDATE_TOL, msg=lambda m, name=name: (
-            f"{name} after 3 LOMO steps differs from torch.optim.SGD's θ − lr·g: {m} — is the "
-            "update applied once per parameter, with the complete (accumulated) gradient, and "
-            "under torch.no_grad()?"))
+    assert_sgd_params(mine, ref, "after 3 LOMO steps")
     lomo.remove()
     before = [p.detach().clone() for p in mine.parameters()]
     train(mine, None, data, 1, start=3)
@@ -59,7 +64,9 @@ def test_lomo_frees_every_gradient_inside_backward():
 @pytest.mark.exercise("2.4", points=2)
 def test_lomo_peak_gradient_bytes_is_the_largest_gradient():
     """Measure gradient bytes with MemTracker (labkit.measure): with LOMO the peak is the
-    largest single gradient, exactly; with ordinary backward + SGD it is every gradient, 4Ψ."""
+    largest single gradient, exactly; with ordinary backward + SGD it is every gradient, 4Ψ.
+    The measured LOMO steps must also be SGD's: the same 2 steps of the reference run, measured
+    beside them (freeing gradients without the update costs nothing and earns nothing)."""
     from labkit.harness.lab2 import lomo_step
     from labkit.lab2.lomo import LOMO
 
@@ -73,11 +80,13 @@ def test_lomo_peak_gradient_bytes_is_the_largest_gradient():
         f"gradient {largest:,}: is each gradient freed inside its own hook, before the next one "
         "is made?")
     plain_model = tiny_gpt()
-    plain = measure_step(plain_model, torch.optim.SGD(plain_model.parameters(), lr=0.1), batch)
+    plain = measure_step(plain_model, torch.optim.SGD(plain_model.parameters(), lr=0.1), batch,
+                         steps=2)
     every = 4 * sum(p.numel() for p in plain_model.parameters())
     assert plain.peak_of("gradients") == every, (
         f"reference run: backward + SGD held {plain.peak_of('gradients'):,} B of gradients, "
         f"expected 4Ψ = {every:,} (this line checks the measurement, not your code)")
+    assert_sgd_params(model, plain_model, "after the 2 measured LOMO steps")
 
 
 # =================================================================== 2.5 ZeRO-1

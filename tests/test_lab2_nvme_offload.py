@@ -14,14 +14,8 @@ import copy
 import pytest
 import torch
 
-from _lab2_helpers import BF16_TOL, STEPS, UPDATE_TOL, data, late_gradient_run, reference_adam, tiny_gpt
-
-
-def assert_params_close(got_model, want_model, tol, cause):
-    for (name, a), b in zip(got_model.named_parameters(), want_model.parameters()):
-        assert a.dtype == b.dtype, f"{name} is {a.dtype} after the step, expected {b.dtype}: keep the parameter's dtype"
-        torch.testing.assert_close(a.detach(), b.detach(), **tol, msg=lambda m, name=name: (
-            f"{name} after {STEPS} steps differs from Adam with its state in memory: {m} — {cause}"))
+from _lab2_helpers import (BF16_TOL, STEPS, UPDATE_TOL, assert_params_close, data, late_gradient_run,
+                           reference_adam, tiny_gpt)
 
 
 def run_nvme(model, directory, steps, *, start=0, read_ahead=1, on_step=None, **adam):
@@ -64,9 +58,12 @@ def test_nvme_adam_matches_in_memory_adam(dtype, tmp_path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_nvme_step_reads_and_writes_k_psi_bytes(dtype, tmp_path):
     """Count the bytes each step reads from and writes to the state files: K·Ψ each way
-    (K = 8 for fp32 parameters: m, v; 12 for bf16 ones: master, m, v) — each group's state once."""
+    (K = 8 for fp32 parameters: m, v; 12 for bf16 ones: master, m, v) — each group's state once;
+    and the steps whose bytes were counted are Adam's (moving the bytes without the update earns
+    nothing)."""
     model = tiny_gpt(dtype=dtype)
     want = k_psi(model)
+    adam, _, _ = reference_adam(model, STEPS)
     moved = []
     last = [None]
 
@@ -82,6 +79,13 @@ def test_nvme_step_reads_and_writes_k_psi_bytes(dtype, tmp_path):
                               "read each group's state exactly once per step")
         assert written == want, (f"step {step} wrote {written:,} B of state, expected K·Ψ = {want:,}: "
                                  "write each group's state back exactly once per step")
+    assert_params_close(model, adam, UPDATE_TOL if dtype == torch.float32 else BF16_TOL,
+                        MEASURED_CAUSE)
+
+
+MEASURED_CAUSE = ("the steps whose I/O was measured must be Adam's steps: is each group's state "
+                  "read, updated with Adam's bias corrections and written back, and the parameter "
+                  "moved?")
 
 
 def window(model, read_ahead: int) -> int:
@@ -95,8 +99,9 @@ def window(model, read_ahead: int) -> int:
 def test_nvme_resident_state_stays_within_the_read_ahead_window(read_ahead, tmp_path):
     """Measure the most bytes of state buffers alive in host memory during a step (each buffer
     counted from its read until it is garbage): at most the window, K × the largest
-    read_ahead + 1 consecutive tensors, never the whole state."""
+    read_ahead + 1 consecutive tensors, never the whole state; and the measured steps are Adam's."""
     model = tiny_gpt()
+    adam, _, _ = reference_adam(model, 2)
     opt = run_nvme(model, tmp_path / "state", 2, read_ahead=read_ahead)
     bound = window(model, read_ahead)
     assert opt.peak_resident_bytes <= bound, (
@@ -107,6 +112,7 @@ def test_nvme_resident_state_stays_within_the_read_ahead_window(read_ahead, tmp_
     assert opt.resident_bytes == 0, (
         f"{opt.resident_bytes:,} B of state buffers are still alive after the step: keep no "
         "reference to them")
+    assert_params_close(model, adam, UPDATE_TOL, MEASURED_CAUSE, steps=2)
 
 
 @pytest.mark.exercise("2.7", points=1)
@@ -114,8 +120,9 @@ def test_nvme_resident_state_stays_within_the_read_ahead_window(read_ahead, tmp_
 def test_nvme_reads_ahead_of_the_update(read_ahead, tmp_path):
     """Check the order of the I/O events: the read of each group i + read_ahead is issued before
     group i is written back (the drive works while the CPU updates), and no group is read twice
-    in one step."""
+    in one step; and that the step whose I/O was traced is Adam's."""
     model = tiny_gpt()
+    adam, _, _ = reference_adam(model, 1)
     opt = run_nvme(model, tmp_path / "state", 1, read_ahead=read_ahead)
     n = len(list(model.parameters()))
     where = {e: k for k, e in enumerate(opt.events)}
@@ -127,6 +134,7 @@ def test_nvme_reads_ahead_of_the_update(read_ahead, tmp_path):
         assert where.get(ahead, 1 << 30) < where.get(("write", i), -1), (
             f"group {i + read_ahead} is read after group {i} is written (events: "
             f"{opt.events[:8]}...): issue the next {read_ahead} reads before updating a group")
+    assert_params_close(model, adam, UPDATE_TOL, MEASURED_CAUSE, steps=1)
 
 
 @pytest.mark.exercise("2.7", points=2)

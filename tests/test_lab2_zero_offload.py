@@ -18,14 +18,8 @@ import copy
 import pytest
 import torch
 
-from _lab2_helpers import BF16_TOL, STEPS, UPDATE_TOL, data, reference_adam, tiny_gpt
-
-
-def assert_params_close(got_model, want_model, tol, cause):
-    for (name, a), b in zip(got_model.named_parameters(), want_model.parameters()):
-        assert a.dtype == b.dtype, f"{name} is {a.dtype} after the step, expected {b.dtype}: keep the parameter's dtype"
-        torch.testing.assert_close(a.detach(), b.detach(), **tol, msg=lambda m, name=name: (
-            f"{name} after {STEPS} steps differs from Adam with its state in memory: {m} — {cause}"))
+from _lab2_helpers import (BF16_TOL, STEPS, UPDATE_TOL, assert_params_close, data, reference_adam,
+                           tiny_gpt)
 
 
 def run_offload(model, steps, **adam):
@@ -156,10 +150,12 @@ def test_zero_offload_keeps_no_fp32_gradient_after_the_step():
     """bf16 model, two steps: after each, the host holds exactly its bf16 gradient buffers
     (2 B per parameter) as gradients, every fp32 gradient the host step used is released
     (4 B per parameter otherwise, held until the next step), and the device holds none. Exact
-    bytes (``memory_by_location``, each storage once)."""
+    bytes (``memory_by_location``, each storage once); and the steps whose bytes were counted
+    are Adam's (BF16_TOL), so releasing gradients without stepping earns nothing."""
     from labkit.harness.lab2 import memory_by_location
 
     model = tiny_gpt(dtype=torch.bfloat16)
+    want, _, _ = reference_adam(model, 2)
     off = run_offload(model, 2)
     psi = sum(p.numel() for p in off.params)
     got = memory_by_location(off)
@@ -170,6 +166,9 @@ def test_zero_offload_keeps_no_fp32_gradient_after_the_step():
            "once the host step has used them)" if got["host"]["gradients"] == 6 * psi else ""))
     assert got["device"]["gradients"] == 0, (
         f"device gradients after the step: {got['device']['gradients']:,} B, expected 0")
+    assert_params_close(model, want, BF16_TOL, "the run whose bytes were measured must train as "
+                        "Adam does: is the host optimizer stepped on this step's gradients and the "
+                        "master rounded back to the parameter?", steps=2)
 
 
 def test_zero_offload_state_is_on_the_host():

@@ -44,6 +44,15 @@ def layer(bias=True, k=64, n=48, seed=0, **kw):
     return Fp8Linear(k, n, bias=bias, **kw)
 
 
+def scaled_mm_reference(lin, x, bias, dtype):
+    """torch._scaled_mm of the E4M3 operands scaled by their own amax (current scaling), plus
+    the bias: what Fp8Linear's forward must give, bit for bit."""
+    sx, sw = ref_scale(x.detach().abs().max(), E4M3), ref_scale(lin.weight.detach().abs().max(), E4M3)
+    want = torch._scaled_mm(ref_quant(x.detach(), sx, E4M3), ref_quant(lin.weight.detach(), sw, E4M3).t(),
+                            scale_a=sx, scale_b=sw, out_dtype=dtype)
+    return want + lin.bias.detach().to(dtype) if bias else want
+
+
 def data(m=32, k=64, n=48, seed=1, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(m, k, generator=g) * 3).to(dtype).requires_grad_()
@@ -98,11 +107,7 @@ def test_forward_bit_exact_vs_scaled_mm(bias, dtype):
     lin = layer(bias=bias)
     x, _ = data(dtype=dtype)
     got = lin(x)
-    sx, sw = ref_scale(x.detach().abs().max(), E4M3), ref_scale(lin.weight.detach().abs().max(), E4M3)
-    want = torch._scaled_mm(ref_quant(x.detach(), sx, E4M3), ref_quant(lin.weight.detach(), sw, E4M3).t(),
-                            scale_a=sx, scale_b=sw, out_dtype=dtype)
-    if bias:
-        want = want + lin.bias.detach().to(dtype)
+    want = scaled_mm_reference(lin, x, bias, dtype)
     assert got.dtype == dtype, f"output dtype {got.dtype}, expected x's dtype {dtype}"
     assert got.shape == want.shape, f"output shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     diff = (got.detach().float() - want.float()).abs()
@@ -282,13 +287,22 @@ def test_delayed_backward_scales_the_gradient_from_its_history():
 @pytest.mark.exercise("3.3", points=1)
 def test_saved_bytes_are_one_per_element_plus_scales():
     """Check the tensors autograd keeps for backward are the fp8 x and weight (1 byte per
-    element) and their two float32 scales: M·K + N·K + 8 bytes (fp32 would save 4·M·K)."""
+    element) and their two float32 scales: M·K + N·K + 8 bytes (fp32 would save 4·M·K); and
+    that the forward whose saved bytes were counted gave the right output (bit for bit, as in
+    test_forward_bit_exact_vs_scaled_mm)."""
     lin = layer()
     x, _ = data()
-    got = saved_activation_bytes(lambda: lin(x))
+    out = []
+    got = saved_activation_bytes(lambda: out.append(lin(x)))
     want = 32 * 64 + 48 * 64 + 2 * 4
     assert got == want, (f"saved for backward {got:,} B, expected M·K + N·K + 2·4 = {want:,}: save only the "
                          "fp8 operands and their scales (not x, not the fp32 weight)")
+    ref = scaled_mm_reference(lin, x, True, torch.float32)
+    diff = (out[0].detach() - ref).abs()
+    assert torch.equal(out[0].detach(), ref), (
+        f"the measured forward's output differs from torch._scaled_mm on the same E4M3 operands in "
+        f"{int((diff > 0).sum())} elements (max |diff| {diff.max().item():.3g}): the bytes count only "
+        "for the right output — is the product computed from the saved fp8 operands and scales?")
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -49,19 +49,25 @@ def lockstep(dtype, steps=5, lr=1e-3):
     return model, opt, ref
 
 
+def assert_masters_equal(model, opt, ref, when=""):
+    """Each parameter's state["master"] must be fp32 and equal torch.optim.Adam's fp32 copy
+    (tolerance: the module docstring's)."""
+    for (name, p), q in zip(model.named_parameters(), ref):
+        master = opt.state[p].get("master")
+        assert master is not None and master.dtype == torch.float32, (
+            f"{name}{when}: state['master'] is {None if master is None else master.dtype}, expected an fp32 tensor")
+        torch.testing.assert_close(master, q.detach(), atol=1e-6, rtol=1e-5, msg=lambda m, name=name: (
+            f"{name}{when} master vs fp32 Adam: {m} — is the update applied to the fp32 master (not to the "
+            "16-bit parameter), with the gradient cast to fp32 and bias correction?"))
+
+
 @pytest.mark.exercise("3.2", points=2)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_master_weights_equal_fp32_adam(dtype):
     """Check the fp32 master after 5 steps equals torch.optim.Adam on fp32 copies fed the same
     gradients."""
     model, opt, ref = lockstep(dtype)
-    for (name, p), q in zip(model.named_parameters(), ref):
-        master = opt.state[p].get("master")
-        assert master is not None and master.dtype == torch.float32, (
-            f"{name}: state['master'] is {None if master is None else master.dtype}, expected an fp32 tensor")
-        torch.testing.assert_close(master, q.detach(), atol=1e-6, rtol=1e-5, msg=lambda m, name=name: (
-            f"{name} master vs fp32 Adam: {m} — is the update applied to the fp32 master (not to the "
-            "16-bit parameter), with the gradient cast to fp32 and bias correction?"))
+    assert_masters_equal(model, opt, ref)
 
 
 @pytest.mark.exercise("3.2", points=2)
@@ -91,7 +97,8 @@ def test_16bit_parameters_are_the_reference_rounded(dtype):
 @pytest.mark.exercise("3.2", points=2)
 def test_bytes_per_parameter_are_2_2_12():
     """Check MemTracker's bytes after a step of a bf16 GPT: parameters 2Ψ, gradients 2Ψ,
-    optimizer states 12Ψ exactly (state_bytes as well)."""
+    optimizer states 12Ψ exactly (state_bytes as well); and that the measured step was Adam's
+    (its masters equal ``lockstep``'s fp32 Adam after the same first step on the same batch)."""
     from labkit.lab3.mixed_precision import MixedPrecisionAdam
 
     model = tiny_gpt(torch.bfloat16)
@@ -107,6 +114,7 @@ def test_bytes_per_parameter_are_2_2_12():
     assert got == want, f"MemTracker after the step: {got}, expected {want}"
     assert step.peak_of("gradients") == 2 * psi, (
         f"gradients at their peak {step.peak_of('gradients'):,} B, expected 2Ψ = {2 * psi:,}")
+    assert_masters_equal(model, opt, lockstep(torch.bfloat16, steps=1)[2], " after the measured step")
 
 
 @pytest.mark.exercise("3.2", points=1)

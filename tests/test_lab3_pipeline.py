@@ -11,7 +11,9 @@ ScheduleGPipe / Schedule1F1B over ``PipelineStage`` s of the same split on gloo;
 bytes autograd saves for ONE micro-batch's forward on the same stage, measured here by
 ``labkit.measure.peak_saved_bytes`` (a stage with k micro-batches in flight must hold k times
 that: k = M under GPipe, min(P−s, M) under 1F1B, Narayanan et al. 2021); and the formula for the
-point-to-point traffic (``count_comm``).
+point-to-point traffic (``count_comm``). Every test that measures a run (saved or live bytes,
+messages, sends) also checks that run's gradients against the single-device GPT's
+(``check_measured``): a measurement counts only for the right result.
 
 Tolerances: gradients and loss are float32 sums of the same terms in another order (M
 micro-batch means of 1/M weight instead of one batch mean): rtol 1e-5, atol 1e-7 (measured
@@ -134,6 +136,32 @@ def summed_grads(results, kind):
 
 
 @functools.lru_cache(maxsize=None)
+def single_device_grads(M, P=P):
+    """The reference: every parameter's gradient of the single-device GPT on the whole batch."""
+    cfg, model, x, y = setup(M, P)
+    model(x, y).backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def assert_grads_equal_single_device(kind, M, P, results, cause):
+    """Every parameter's gradient (tied wte/lm_head: the sum of both stages') equals the
+    single-device GPT's. Tolerance: the module docstring's (rtol 1e-5, atol 1e-7)."""
+    got = summed_grads(results, kind)
+    for name, want in single_device_grads(M, P).items():
+        torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-7, msg=lambda m, name=name: (
+            f"{kind} P={P} M={M}, gradient of {name}: {m} — {cause}"))
+
+
+def check_measured(kind, M, P=P):
+    """A measurement counts only for the right result: the run whose saved bytes, live bytes,
+    messages or sends were measured must give the single-device gradients."""
+    assert_grads_equal_single_device(
+        kind, M, P, run(kind, M, P), "the run whose memory or messages were measured must also "
+        "compute the gradients: is the received gradient the one of this micro-batch's output, "
+        "and the input's gradient sent back?")
+
+
+@functools.lru_cache(maxsize=None)
 def one_microbatch_saved_bytes(stage_index, M, P=P):
     """Bytes autograd saves for one micro-batch's forward on this stage (loss included on the
     last), with its output kept alive: the unit of activation memory of a micro-batch in flight."""
@@ -161,14 +189,9 @@ def test_gradients_equal_the_single_device_model(kind):
     """Check every parameter's gradient (tied wte/lm_head: the sum of both stages') equals the
     single-device GPT's on the whole batch, P = 2, M = 4."""
     M = 4
-    cfg, model, x, y = setup(M)
-    loss = model(x, y)
-    loss.backward()
-    got = summed_grads(run(kind, M), kind)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7, msg=lambda m: (
-            f"{kind}, gradient of {name}: {m} — is loss_m divided by M, is the received gradient "
-            "the one of this micro-batch's output, and is the input's gradient sent back?"))
+    assert_grads_equal_single_device(kind, M, P, run(kind, M), "is loss_m divided by M, is the "
+                                     "received gradient the one of this micro-batch's output, and "
+                                     "is the input's gradient sent back?")
 
 
 @pytest.mark.exercise("3.6", points=1)
@@ -178,14 +201,9 @@ def test_gradients_equal_the_single_device_model_on_3_and_4_stages(kind, stages)
     """Check every gradient equals the single-device GPT's with P = 3 (a 3-block GPT) and P = 4
     stages, M = 4: middle ranks both receive and send in each direction."""
     M = 4
-    cfg, model, x, y = setup(M, stages)
-    loss = model(x, y)
-    loss.backward()
-    got = summed_grads(run(kind, M, stages), kind)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7, msg=lambda m: (
-            f"{kind} P={stages}, gradient of {name}: {m} — does a middle stage receive its input "
-            "from rank r−1 AND send its output to r+1 (and the gradients the other way)?"))
+    assert_grads_equal_single_device(kind, M, stages, run(kind, M, stages), "does a middle stage "
+                                     "receive its input from rank r−1 AND send its output to r+1 "
+                                     "(and the gradients the other way)?")
 
 
 @pytest.mark.exercise("3.6", points=1)
@@ -238,6 +256,7 @@ def test_gpipe_holds_the_activations_of_all_m_microbatches():
                 f"GPipe M={M}, stage {s}: peak saved activations {got:,} B, expected M × "
                 f"{one:,} = {M * one:,} B: does each forward run on the micro-batch's own input "
                 "and keep its graph until its backward, and nothing more?")
+        check_measured("gpipe", M)
 
 
 @pytest.mark.exercise("3.6", points=2)
@@ -253,6 +272,7 @@ def test_1f1b_holds_at_most_p_minus_s_microbatches():
                 f"1F1B P={stages} M={M}, stage {s}: peak saved activations {got:,} B, expected min(P−s, M) "
                 f"× {one:,} = {k * one:,} B: is micro-batch m's graph freed by its backward "
                 "(nothing kept in a list after B), and are the actions run in the given order?")
+        check_measured("1f1b", M, stages)
 
 
 @pytest.mark.exercise("3.6", points=1)
@@ -268,6 +288,7 @@ def test_send_recv_counts_equal_the_formula(kind):
             assert r["calls"] == want, (
                 f"{kind} P={stages}, rank {s}: calls {r['calls']}, expected {want}: one activation per forward "
                 "to the next stage and one gradient per backward to the previous, no collectives")
+        check_measured(kind, M, stages)
 
 
 @pytest.mark.exercise("3.6", points=1)
@@ -286,6 +307,7 @@ def test_no_send_waits_for_its_receiver(kind):
                 f"{kind} P={stages}, rank {s}: {r['waited_at_once']} isend handles waited for right "
                 "after being issued (no forward, backward, send or recv in between) — a blocking "
                 "send in disguise: wait for a send only once its tensor must be released")
+        check_measured(kind, 4, stages)
 
 
 def test_the_watchdog_reports_a_deadlock_as_one():
@@ -316,6 +338,7 @@ def test_send_recv_bytes_equal_the_formula(kind):
         assert r["bytes"] == want, (
             f"{kind}, rank {s}: bytes {r['bytes']}, expected {want} (each message b·T·C·4 = "
             f"{msg:,} B): is a float32 (b, T, C) tensor sent, not the logits or a whole batch?")
+    check_measured(kind, M)
 
 
 def test_bad_actions_are_refused_before_any_work():
@@ -369,6 +392,8 @@ def test_1f1b_live_memory_does_not_grow_with_m():
             "under 1F1B, where at most P − s micro-batches are in flight: something of every "
             "micro-batch is kept until the step ends (a stash entry not dropped at its backward, "
             "or a send handle — and the tensor it holds — not waited for until the end)")
+    check_measured("1f1b", 4)
+    check_measured("1f1b", 8)
 
 
 @pytest.mark.exercise("3.6", points=2)

@@ -65,17 +65,24 @@ def shard_of_grad(kind, name, full_grad, rank, T):
 CASES = [("mlp", 2), ("mlp", 4), ("attn", 2), ("attn", 4)]
 
 
+def assert_output_and_input_gradient(kind, T, measured=""):
+    """Every rank's output and ∂L/∂x of ``run(kind, T)`` equal the single-device block's (TOL).
+    ``measured``: said in the message when a test that measured this run checks it (its bytes
+    and collectives count only for the right result)."""
+    _, results, ref, ref_xgrad = run(kind, T)
+    for r, res in enumerate(results):
+        torch.testing.assert_close(res["out"], ref, **TOL, msg=lambda m, r=r: (
+            f"{kind} T={T} rank {r} output{measured}: {m} — are the partial sums all-reduced once, and the "
+            "row-parallel bias added once (not T times)?"))
+        torch.testing.assert_close(res["x_grad"], ref_xgrad, **TOL, msg=lambda m, r=r, g=res["x_grad"]: (
+            f"{kind} T={T} rank {r} input gradient{measured}: {m}{_factor_hint(g, ref_xgrad, T)}"))
+
+
 @pytest.mark.exercise("3.4", points=2)
 @pytest.mark.parametrize("kind,T", CASES)
 def test_output_and_input_gradient_equal_the_single_device_block(kind, T):
     """Check every rank's output and ∂L/∂x equal the single-device block's."""
-    _, results, ref, ref_xgrad = run(kind, T)
-    for r, res in enumerate(results):
-        torch.testing.assert_close(res["out"], ref, **TOL, msg=lambda m, r=r: (
-            f"{kind} T={T} rank {r} output: {m} — are the partial sums all-reduced once, and the "
-            "row-parallel bias added once (not T times)?"))
-        torch.testing.assert_close(res["x_grad"], ref_xgrad, **TOL, msg=lambda m, r=r, g=res["x_grad"]: (
-            f"{kind} T={T} rank {r} input gradient: {m}{_factor_hint(g, ref_xgrad, T)}"))
+    assert_output_and_input_gradient(kind, T)
 
 
 @pytest.mark.exercise("3.4", points=2)
@@ -174,7 +181,8 @@ def test_tensor_parallel_inside_subgroups_of_the_world(kind):
 @pytest.mark.parametrize("kind,T", CASES)
 def test_one_all_reduce_forward_and_one_backward_of_the_activation_bytes(kind, T):
     """Check count_comm: exactly one all-reduce in forward and one in backward, each of
-    B·S·C·4 bytes (the (B, S, C) fp32 activation), and nothing else."""
+    B·S·C·4 bytes (the (B, S, C) fp32 activation), and nothing else; and that the run whose
+    collectives were counted gave the single-device block's output and ∂L/∂x."""
     _, results, _, _ = run(kind, T)
     want = {"calls": {"all_reduce": 1}, "bytes": {"all_reduce": B * S * C * 4}}
     for r, res in enumerate(results):
@@ -182,6 +190,7 @@ def test_one_all_reduce_forward_and_one_backward_of_the_activation_bytes(kind, T
             assert res[phase] == want, (
                 f"{kind} T={T} rank {r} {phase}: {res[phase]}, expected {want} (one all-reduce of "
                 f"B·S·C·4 = {B * S * C * 4:,} B): is each of f and g applied exactly once per block?")
+    assert_output_and_input_gradient(kind, T, " of the run whose collectives were counted")
 
 
 @pytest.mark.exercise("3.4", points=1)
@@ -190,7 +199,8 @@ def test_per_rank_parameter_bytes_are_one_over_t_of_the_split_weights(kind, T):
     """Check each rank's parameter bytes = (all split weights and column biases)/T + the
     row-parallel layer's whole bias, counted twice: as the parameters' own sizes, and as the bytes
     of the storages behind them (a view of the full weight or bias has the right size but keeps
-    the full module's storage: the memory is not split, and the shard aliases the original)."""
+    the full module's storage: the memory is not split, and the shard aliases the original);
+    and that the measured shards computed the single-device block's output and ∂L/∂x."""
     module, results, _, _ = run(kind, T)
     p = dict(module.named_parameters())
     split = sum(t.numel() * 4 for n, t in p.items() if n != "c_proj.bias")
@@ -206,6 +216,7 @@ def test_per_rank_parameter_bytes_are_one_over_t_of_the_split_weights(kind, T):
             f"{kind} T={T} rank {r}: the storages behind the parameters hold {res['storage_bytes']:,} B, "
             f"expected {want:,}: is a shard a view (a slice or .detach()) of a larger tensor that keeps "
             f"all of it alive? Copy the slice")
+    assert_output_and_input_gradient(kind, T, " of the run whose parameter bytes were measured")
 
 
 @pytest.mark.exercise("3.4", points=1)

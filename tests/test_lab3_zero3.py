@@ -83,6 +83,7 @@ def fsdp2(N):
     return launch(train_fsdp2, N, model, batches, lr=LR, timeout=120)
 
 
+@functools.lru_cache(maxsize=None)
 def unsharded(N):
     model, batches = setup(N)
     ref = copy.deepcopy(model)
@@ -107,17 +108,27 @@ def unit_param_counts(model):
     return blocks + [len(list(model.parameters())) - sum(blocks)]
 
 
+def assert_params_equal_unsharded(N, results, measured=""):
+    """Every rank's full parameters after the steps equal unsharded torch.optim.Adam's (TOL).
+    ``measured``: said in the message when a test that measured this run checks it (its bytes
+    and collectives count only for the right result)."""
+    ref = unsharded(N)
+    for r, res in enumerate(results):
+        for (name, want), got in zip(ref.named_parameters(), res["params"]):
+            torch.testing.assert_close(got, want.detach(), **TOL, msg=lambda m, r=r, name=name: (
+                f"N={N} rank {r} {name} after {STEPS} steps{measured} vs unsharded Adam: {m} — is the "
+                "reduce-scattered gradient divided by N, and is the shard gathered again after the step?"))
+
+
+MEASURED = " of the run whose bytes or collectives were measured"
+
+
 @pytest.mark.exercise("3.7", points=2)
 @pytest.mark.parametrize("N", [2, 3])
 def test_parameters_after_adam_steps_equal_unsharded_adam(N):
     """Check every rank's full parameters after 3 steps equal unsharded torch.optim.Adam on the
     mean of the N ranks' losses."""
-    ref = unsharded(N)
-    for r, res in enumerate(zero3(N)):
-        for (name, want), got in zip(ref.named_parameters(), res["params"]):
-            torch.testing.assert_close(got, want.detach(), **TOL, msg=lambda m, r=r, name=name: (
-                f"N={N} rank {r} {name} after {STEPS} steps vs unsharded Adam: {m} — is the "
-                "reduce-scattered gradient divided by N, and is the shard gathered again after the step?"))
+    assert_params_equal_unsharded(N, zero3(N))
 
 
 @pytest.mark.exercise("3.7", points=2)
@@ -170,6 +181,7 @@ def test_persistent_parameter_bytes_are_the_padded_shards(N):
         assert res["shard_storage_bytes"] == want, (
             f"N={N} rank {r}: the shards count {res['shard_bytes']:,} B but keep {res['shard_storage_bytes']:,} B "
             "of storage alive: a shard that is a view of the flat copy keeps the whole unit (clone the slice)")
+    assert_params_equal_unsharded(N, zero3(N), MEASURED)
 
 
 @pytest.mark.exercise("3.7", points=2)
@@ -185,6 +197,7 @@ def test_peak_gathered_bytes_are_the_root_and_one_block(N):
             f"N={N} rank {r}: peak gathered parameters {res['peak_live_bytes']:,} B, expected root + "
             f"largest block = {want:,}: is each block's full buffer freed (storage resized to 0) "
             "after its forward and after its gradients are reduce-scattered?")
+    assert_params_equal_unsharded(N, zero3(N), MEASURED)
 
 
 @pytest.mark.exercise("3.7", points=2)
@@ -206,6 +219,7 @@ def test_collectives_per_step_two_all_gathers_and_one_reduce_scatter_per_block(N
                 f"N={N} rank {r} step {step}: collectives {got}, expected {want}: is each block gathered "
                 "before forward and again before backward (and not more), and its gradient "
                 "reduce-scattered once?")
+    assert_params_equal_unsharded(N, zero3(N), MEASURED)
 
 
 @pytest.mark.exercise("3.7", points=1)
@@ -222,6 +236,7 @@ def test_collectives_equal_fsdp2s():
                     "bytes": {**want["bytes"], "reduce_scatter_tensor":
                               want["bytes"]["reduce_scatter_tensor"] + extra}}
             assert got == want, f"rank {r} step {step}: {got} vs FSDP2's (+ the counts) {want}"
+    assert_params_equal_unsharded(2, zero3(2), MEASURED)
 
 
 # ---------------------------------------------------------------- prefetch of the next unit
@@ -258,6 +273,7 @@ def test_prefetch_peak_is_the_root_plus_the_current_and_the_next_block():
             f"rank {r}: peak gathered with prefetch {got:,} B, no more than without "
             f"({plain['peak_live_bytes']:,}): is the next block's all-gather started before this "
             "block's compute?")
+    assert_params_equal_unsharded(2, zero3_prefetch(2), " with prefetch" + MEASURED)
 
 
 @pytest.mark.exercise("3.7", points=1)
@@ -282,6 +298,7 @@ def test_prefetch_issues_the_next_all_gather_before_the_current_block_ends():
             assert k < ev.index(("backward_end", i)), (
                 f"rank {r}: block {i - 1}'s backward all-gather issued after block {i}'s backward "
                 f"ended (events {ev}): prefetch the block that runs next in backward")
+    assert_params_equal_unsharded(2, zero3_prefetch(2), " with prefetch, of the run whose events were traced")
 
 
 @pytest.mark.exercise("3.7", points=1)
@@ -292,6 +309,7 @@ def test_prefetch_makes_the_same_collectives():
         assert early["comm"] == plain["comm"], (
             f"rank {r}: with prefetch {early['comm'][0]}, without {plain['comm'][0]}: a prefetched "
             "block must not be gathered again when its turn comes")
+    assert_params_equal_unsharded(2, zero3_prefetch(2), " with prefetch" + MEASURED)
 
 
 def test_without_prefetch_the_next_all_gather_waits_for_the_current_block():

@@ -94,11 +94,11 @@ def test_bucketed_ddp_starts_from_the_groups_first_rank(config):
             f"broadcast of every parameter, 4Ψ = {4 * psi:,} B")
 
 
-@pytest.mark.exercise("4.2", points=2)
-@pytest.mark.parametrize("config", list(CONFIGS))
-def test_bucketed_ddp_gradients_equal_ddps(config):
-    """Check that after the second backward and finish() every .grad equals
-    DistributedDataParallel's average over the group (frozen parameters: none)."""
+def assert_grads_equal_ddps(config, measured=""):
+    """After the second backward and finish() every .grad of ``run(config)`` equals
+    DistributedDataParallel's average over the group (frozen parameters: none). Tolerance: bf16,
+    one bf16 rounding (rtol 2⁻⁸); fp32, the same sums in another order (rtol 1e-5, atol 1e-7).
+    ``measured``: said in the message when a test that measured this run checks it."""
     model, _, _, results = run(config)
     names = [n for n, _ in model.named_parameters()]
     tol = dict(rtol=2 ** -8, atol=0) if config == "bf16" else dict(rtol=1e-5, atol=1e-7)
@@ -110,8 +110,19 @@ def test_bucketed_ddp_gradients_equal_ddps(config):
                 continue
             assert got is not None, f"{where(config, rank, res)}: {name}.grad is None after finish()"
             torch.testing.assert_close(got, want, **tol, msg=lambda m, name=name, rank=rank, res=res: (
-                f"{where(config, rank, res)}, {name}.grad differs from DDP's average over the "
+                f"{where(config, rank, res)}, {name}.grad{measured} differs from DDP's average over the "
                 f"{n} ranks of the group (after a second iteration)\n{m}"))
+
+
+MEASURED = " (of the run whose all-reduces were traced and counted)"
+
+
+@pytest.mark.exercise("4.2", points=2)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_bucketed_ddp_gradients_equal_ddps(config):
+    """Check that after the second backward and finish() every .grad equals
+    DistributedDataParallel's average over the group (frozen parameters: none)."""
+    assert_grads_equal_ddps(config)
 
 
 @pytest.mark.exercise("4.2", points=2)
@@ -121,7 +132,8 @@ def test_each_bucket_is_sent_asynchronously_by_the_hook_that_fills_it(config):
     (async_op=True), in bucket order, inside the hook of the gradient that completes it (or
     completes the one before it) — right before that gradient's own ready event — with the
     bucket's fp32 bytes and presence counts; the buckets left when backward ends are sent then;
-    finish() sends nothing."""
+    finish() sends nothing. The traced run's gradients must be DDP's: the events count only for
+    the right result."""
     model, batches, cap, results = run(config)
     buckets = planned_buckets(model, cap)
     for rank, res in enumerate(results):
@@ -138,6 +150,7 @@ def test_each_bucket_is_sent_asynchronously_by_the_hook_that_fills_it(config):
             assert not tail, (
                 f"{where(config, rank, res)}, iteration {it}: finish() issued {tail}: every bucket "
                 "must be sent by the end of backward (its last buckets by _end_of_backward)")
+    assert_grads_equal_ddps(config, MEASURED)
 
 
 @pytest.mark.exercise("4.2", points=1)
@@ -146,7 +159,7 @@ def test_bucketed_ddp_bytes_and_calls_follow_the_cap(config):
     """Check the counted all-reduces of each iteration: 4Ψ bytes of gradients in all (fp32, also
     for bf16 parameters; frozen ones excluded) plus 4 bytes of presence count per parameter, in
     the bucket sizes the cap gives, and ``buckets_sent`` = every bucket by the end of backward,
-    reset by finish()."""
+    reset by finish(); and the counted run's gradients are DDP's."""
     model, batches, cap, results = run(config)
     buckets = planned_buckets(model, cap)
     psi = sum(n for b in buckets for _, n in b)
@@ -167,6 +180,7 @@ def test_bucketed_ddp_bytes_and_calls_follow_the_cap(config):
                 f"{where(config, rank, res)}, iteration {it}: buckets_sent was "
                 f"{res['sent_before_finish'][it]} before finish() and {res['sent_after_finish'][it]} "
                 f"after, expected {len(buckets)} (every bucket, by the end of backward) and 0")
+    assert_grads_equal_ddps(config, MEASURED)
 
 
 def test_bucketed_ddp_rejects_bad_arguments():

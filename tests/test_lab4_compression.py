@@ -322,9 +322,11 @@ def expected_bytes(scheme: str, numel: int, world_size: int) -> tuple[int, str]:
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_bytes_sent_follow_the_formula(scheme):
     """Check, on 2 and 3 ranks and in two groups of 2, the bytes each call sends (``count_comm``)
-    against the scheme's formula (N = the group's size)."""
+    against the scheme's formula (N = the group's size); and that the calls whose bytes were
+    counted returned the mean of what the ranks sent (the bytes count only for the right mean)."""
     for setup in SETUPS:
         _bytes_sent_follow_the_formula(scheme, setup)
+        _hook_returns_the_mean_of_what_the_ranks_sent(scheme, setup)
 
 
 def _bytes_sent_follow_the_formula(scheme, setup):

@@ -196,12 +196,14 @@ def test_accumulation_rejects_bad_input():
 def test_accumulation_activation_peak_is_one_micro_batch():
     """Check that the peak bytes autograd holds saved for backward (activations) with k = 4 are
     at most 1/4 of the full batch's plus 10% (activations are linear in the batch; the margin
-    covers per-step constants such as the position embedding's output)."""
+    covers per-step constants such as the position embedding's output); and that the measured
+    runs leave the full batch's gradient (float64, F64_TOL): the bytes count only for it."""
     from labkit.lab4.grad_accumulation import accumulate_gradients
 
-    model = tiny_gpt()
+    model = tiny_gpt(dtype=torch.float64)
     x, y = SyntheticData(64, 32, 16, seed=0).batch(0)
-    peaks = {k: peak_saved_bytes(lambda k=k: accumulate_gradients(copy.deepcopy(model), x, y, k))
+    measured = {k: copy.deepcopy(model) for k in (1, 4)}
+    peaks = {k: peak_saved_bytes(lambda k=k: accumulate_gradients(measured[k], x, y, k))
              for k in (1, 4)}
     assert peaks[1] > 0, "no activation was saved for backward with k = 1"
     bound = peaks[1] / 4 * 1.10
@@ -209,6 +211,10 @@ def test_accumulation_activation_peak_is_one_micro_batch():
         f"peak activation bytes with k = 4: {peaks[4]:,}, expected ≤ {bound:,.0f} (1/4 of the "
         f"full batch's {peaks[1]:,} + 10%): run backward after each micro-batch's forward, not "
         "once on the sum of the losses")
+    want = full_batch_grads(model, x, y)
+    for k, run in measured.items():
+        assert_grads_equal(run, want, f"k = {k}, the run whose saved bytes were measured: is every "
+                           "micro-batch's scaled loss backpropagated once?", **F64_TOL)
 
 
 @functools.lru_cache(maxsize=None)  # one launch for the DDP tests (not cached if it raises)

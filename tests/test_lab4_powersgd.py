@@ -81,6 +81,10 @@ def assert_step_equal(r, steps, cause, setup=2, model="mlp"):
                     f"from PyTorch's powerSGD_hook — {cause}\n{m}"))
 
 
+MEASURED = ("the steps whose all-reduces were counted must return the compressed average: are "
+            "the gradients replaced by P Qᵀ (and the vectors by their mean) after the all-reduces?")
+
+
 @pytest.mark.exercise("4.5", points=1)
 @pytest.mark.parametrize("r", RANKS)
 def test_powersgd_first_step_equals_torchs_hook(r):
@@ -138,8 +142,10 @@ def expected_bytes(model, r):
 
 @pytest.mark.exercise("4.5", points=1)
 def test_powersgd_sends_the_factors():
-    """Check the bytes all-reduced per step: (n + m)·r·4 per compressed matrix plus the vectors."""
+    """Check the bytes all-reduced per step: (n + m)·r·4 per compressed matrix plus the vectors;
+    and that the steps whose bytes were counted gave PyTorch's hook's gradients."""
     for r in RANKS:
+        assert_step_equal(r, list(range(STEPS)), MEASURED)
         model, results = run(r)
         want = expected_bytes(model, r)
         full = 4 * sum(p.numel() for p in model.parameters())
@@ -153,7 +159,9 @@ def test_powersgd_sends_the_factors():
 
 @pytest.mark.exercise("4.5", points=1)
 def test_powersgd_makes_three_all_reduces():
-    """Check the number of all-reduces per step: one for the vectors, one for all P's, one for all Q's."""
+    """Check the number of all-reduces per step: one for the vectors, one for all P's, one for all
+    Q's; and that the steps whose calls were counted gave PyTorch's hook's gradients."""
+    assert_step_equal(RANKS[0], list(range(STEPS)), MEASURED)
     _, results = run(RANKS[0])
     for rank, res in enumerate(results):
         for step, st in enumerate(res):

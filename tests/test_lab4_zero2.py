@@ -72,6 +72,20 @@ def assert_params_match(model, results, what, cause, tol=UPDATE_TOL):
                 f"{cause}\n{m}"))
 
 
+BF16_PARAM_TOL = dict(rtol=2 ** -8, atol=1e-6)  # a bf16 parameter is its fp32 master rounded: one ulp
+
+
+def check_measured(model, results, what):
+    """A measurement counts only for the right result: the run whose bytes, collectives or events
+    were measured must train to the reference's parameters (DDP + Adam; bf16: the fp32 master
+    rounded, BF16_PARAM_TOL)."""
+    bf16 = next(model.parameters()).dtype == torch.bfloat16
+    assert_params_match(model, results, f"{what} (the run whose bytes or events were measured)",
+                        "is every bucket's reduce-scattered output added into grad_shard, "
+                        "averaged, stepped and the parameters gathered back?",
+                        tol=BF16_PARAM_TOL if bf16 else UPDATE_TOL)
+
+
 def assert_moments_match(results, what, cause):
     """This rank's slice of Adam's exp_avg and exp_avg_sq after every step, against the reference's."""
     for rank, res in enumerate(results):
@@ -158,7 +172,7 @@ def test_zero2_updates_bf16_parameters_through_the_fp32_master():
             f"torch.optim.Adam — is Adam applied to the fp32 master slice (not to a copy "
             f"of the bf16 parameters), and the bf16 parameters gathered from it?\n{m}"))
     assert_params_match(model, results, "bf16", "the parameters must be the master rounded to bf16",
-                        tol=dict(rtol=2 ** -8, atol=1e-6))
+                        tol=BF16_PARAM_TOL)
 
 
 def run_subgroups():
@@ -205,6 +219,7 @@ def test_zero2_holds_a_shard_and_one_bucket_of_gradients():
             "send a bucket as soon as it reaches the cap, and set its parameters' .grad to None")
         assert res["ref"]["peak_grad_bytes"] == 4 * psi, (
             f"rank {rank}: DDP held {res['ref']['peak_grad_bytes']:,} B of gradients, 4Ψ = {4 * psi:,}")
+    check_measured(model, results, "N = 4")
 
 
 @pytest.mark.exercise("4.3", points=2)
@@ -228,6 +243,7 @@ def test_zero2_after_backward_holds_the_shard_plus_one_bucket_in_flight():
             f"(DDP holds 4Ψ = {4 * psi:,}; {held - shard:,} beyond the shard): are the outputs of "
             "earlier reduce-scatters kept until step() instead of being added into grad_shard "
             "when the next bucket is sent, or full gradients kept after their bucket was sent?")
+    check_measured(model, results, f"N = 2, {cap:,} B buckets")
 
 
 # ---------------------------------------------------------------- communication
@@ -257,6 +273,7 @@ def test_zero2_sends_what_data_parallelism_sends(world_size):
             gathered = sent.get("all_gather_into_tensor", 0)
             assert gathered == 4 * world_size * shard, (
                 f"{where}: all-gather of {gathered:,} B, expected N·4S = {4 * world_size * shard:,}")
+    check_measured(model, results, f"N = {world_size}")
 
 
 @pytest.mark.exercise("4.3", points=2)
@@ -269,11 +286,11 @@ def test_each_bucket_is_reduce_scattered_asynchronously_by_the_hook_that_fills_i
     Configurations: N = 2, a GPT with biases and buckets of one element (a LayerNorm's weight is
     ready before its bias, which comes first in the buckets' order: one gradient then lets two
     buckets go); two groups of 2 in a 4-rank world, a frozen parameter, and a cap that the first
-    bucket reaches exactly; bf16 parameters (the cap counts fp32 bytes)."""
+    bucket reaches exactly; bf16 parameters (the cap counts fp32 bytes). The traced runs must
+    train to the reference's parameters (the events count only for the right result)."""
     if config == "one-element buckets, biases":
         cap = 4
-        model, batches, results = run_zero2(2, steps=1, bucket_cap_bytes=cap, reference=False,
-                                            model="biased")
+        model, batches, results = run_zero2(2, steps=1, bucket_cap_bytes=cap, model="biased")
     elif config == "bf16":
         model, batches, results = run_zero2(2, dtype="bfloat16")
         cap = CAP
@@ -289,6 +306,7 @@ def test_each_bucket_is_reduce_scattered_asynchronously_by_the_hook_that_fills_i
             f"(cap {cap:,} fp32 bytes): {first_difference(got, want)}"
             + (" — a blocking reduce-scatter cannot overlap the rest of backward: use async_op=True"
                if any(e[2] is False for e in got) else ""))
+    check_measured(model, results, config)
 
 
 def test_zero2_rejects_bad_arguments():

@@ -125,10 +125,13 @@ def _recomputed(segments):
     return {i for start, stop in segments for i in range(start, stop)}
 
 
-def scheduled_gpt(segments):
+def scheduled_gpt(segments, names=None):
+    """small_gpt(N6) under ``segments``; ``names`` (a dict) gets {id(parameter): its name before}."""
     from labkit.lab5.checkpointing import apply_schedule
 
     model = small_gpt(N6)
+    if names is not None:
+        names.update({id(p): n for n, p in model.named_parameters()})
     returned = apply_schedule(model, _schedule_arg(segments))
     assert returned is model, "apply_schedule must return the model it changed, in place"
     return model
@@ -159,12 +162,57 @@ def reference_scheduled_gpt(segments):
     return model
 
 
-def forward_through_blocks(model):
+def forward_through_blocks(model, keep=None):
+    """The blocks' forward on a fixed input; ``keep`` (a list) gets (input, output)."""
     torch.manual_seed(1)
-    h = torch.randn(B, T, C, requires_grad=True)
+    h = x = torch.randn(B, T, C, requires_grad=True)
     for layer in model.h:
         h = layer(h)
+    if keep is not None:
+        keep.append((x, h))
     return h
+
+
+def _input_gradient(x, h):
+    """∂(h · probe)/∂x through the graph the forward kept (a fixed probe)."""
+    probe = torch.randn(h.shape, generator=torch.Generator().manual_seed(2))
+    (h * probe).sum().backward()
+    return x.grad
+
+
+_PLAIN_BLOCKS = []
+
+
+def check_measured_forward(keep, label):
+    """A measurement counts only for the right result: the forward whose saved bytes were counted
+    must give the plain blocks' output, and backward through what it kept the plain blocks'
+    input gradient (GRAD_TOL; saving the right bytes but computing the blocks without a graph,
+    or not at all, earns nothing)."""
+    if not _PLAIN_BLOCKS:
+        plain = []
+        forward_through_blocks(small_gpt(N6), plain)
+        _PLAIN_BLOCKS.append((plain[0][1].detach(), _input_gradient(*plain[0])))
+    want_out, want_grad = _PLAIN_BLOCKS[0]
+    x, h = keep[-1]
+    torch.testing.assert_close(h.detach(), want_out, **GRAD_TOL, msg=lambda m: (
+        f"{label}: the output of the forward whose saved bytes were counted differs from the plain "
+        f"blocks': {m} — is a block skipped or run twice?"))
+    torch.testing.assert_close(_input_gradient(x, h), want_grad, **GRAD_TOL, msg=lambda m: (
+        f"{label}: backward through the measured forward gives another input gradient than the "
+        f"plain blocks': {m} — is a segment computed without a graph (no_grad) or detached from "
+        f"its input, its saved bytes made up?"))
+
+
+def assert_grads_equal_plain(model, names, expected, label):
+    """Every parameter's gradient equals the plain model's (``expected``: by name; ``names``:
+    {id: name} of the model before it was scheduled), GRAD_TOL."""
+    for p in model.parameters():
+        assert p.grad is not None, (
+            f"{label}: no gradient reached {names[id(p)]}: is the segment's input "
+            f"detached from the graph (or the block run under no_grad with nothing to recompute)?")
+        torch.testing.assert_close(
+            p.grad, expected[names[id(p)]], **GRAD_TOL,
+            msg=lambda m, n=names[id(p)]: f"{label}: gradient of {n}: {m}")
 
 
 @pytest.mark.exercise("5.2", points=2)
@@ -192,13 +240,7 @@ def test_scheduled_gradients_equal_the_plain_model():
             f"{label} {segments}: loss {loss.item()!r}, the plain model's {plain_loss!r}: is a "
             f"block skipped or run twice in forward?")
         loss.backward()
-        for p in params:
-            assert p.grad is not None, (
-                f"{label} {segments}: no gradient reached {names[id(p)]}: is the segment's input "
-                f"detached from the graph (or the block run under no_grad with nothing to recompute)?")
-            torch.testing.assert_close(
-                p.grad, expected[names[id(p)]], **GRAD_TOL,
-                msg=lambda m, n=names[id(p)]: f"{label} {segments}: gradient of {n}: {m}")
+        assert_grads_equal_plain(model, names, expected, f"{label} {segments}")
 
 
 @pytest.mark.exercise("5.2", points=1)
@@ -250,14 +292,15 @@ def test_saved_bytes_after_forward_equal_the_cost_model_exactly():
 
     The cost model's forward end, exactly: a whole block's saved bytes a for each block outside
     the segments plus one input x per segment (a and x measured on a plain block; every block
-    of the small GPT has the same shapes).
+    of the small GPT has the same shapes). The measured forward must give the plain blocks'
+    output, and its saved graph their input gradient (``check_measured_forward``).
     """
     from labkit.lab5.checkpointing import Schedule, schedule_cost
 
     a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
     for label, segments in SCHEDULES_6.items():
-        model = scheduled_gpt(segments)
-        got = saved_activation_bytes(lambda: forward_through_blocks(model))
+        model, keep = scheduled_gpt(segments), []
+        got = saved_activation_bytes(lambda: forward_through_blocks(model, keep))
         pairs = tuple(map(tuple, segments))
         kept = N6 - len(_recomputed(pairs))
         want = kept * a + len(pairs) * x
@@ -272,6 +315,7 @@ def test_saved_bytes_after_forward_equal_the_cost_model_exactly():
             f"{kept} whole blocks × {a:,} B + {len(pairs)} kept inputs × {x:,} B: does each "
             f"segment keep only its input (one checkpoint per segment, not per block)? Does "
             f"every block outside the segments run as usual?")
+        check_measured_forward(keep, f"{label} {segments}")
 
 
 @pytest.mark.exercise("5.2", points=2)
@@ -281,15 +325,17 @@ def test_peak_during_backward_equals_pytorch_checkpoint_over_the_same_segments()
     The reference runs the same segments through torch.utils.checkpoint in a wrapper the grader
     wrote: the same tensors, allocated and freed in the same order, so the bytes agree exactly.
     Both also sit on schedule_cost's prediction plus what the harness holds besides the blocks'
-    saved tensors (the stack's output and the probe's product, one or two inputs x).
+    saved tensors (the stack's output and the probe's product, one or two inputs x). The measured
+    step's input gradient must be the reference step's (GRAD_TOL).
     """
     from labkit.lab5.checkpointing import Schedule, schedule_cost
 
     a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
     for label, segments in SCHEDULES_6.items():
         pairs = tuple(map(tuple, segments))
-        held, peak = blocks_memory(scheduled_gpt(segments))
-        held_ref, peak_ref = blocks_memory(reference_scheduled_gpt(pairs))
+        grads = []
+        held, peak = blocks_memory(scheduled_gpt(segments), grads)
+        held_ref, peak_ref = blocks_memory(reference_scheduled_gpt(pairs), grads)
         predicted = schedule_cost(Schedule(N6, pairs), [a] * N6, [x] * N6, [0] * N6).peak
         assert (held, peak) == (held_ref, peak_ref), (
             f"{label} {segments}: activations held after forward {held:,} B and peak "
@@ -300,6 +346,10 @@ def test_peak_during_backward_equals_pytorch_checkpoint_over_the_same_segments()
             f"{label}: PyTorch's checkpoint over the segments peaks at {peak_ref:,} B, your "
             f"schedule_cost (5.1) predicts {predicted:,} (+ up to two inputs x and 64 B of the "
             f"harness): fix schedule_cost first (labkit.check('5.1'))")
+        torch.testing.assert_close(grads[0], grads[1], **GRAD_TOL, msg=lambda m: (
+            f"{label} {segments}: the measured step's input gradient differs from "
+            f"torch.utils.checkpoint's over the same segments: {m} — is every segment recomputed "
+            f"and back-propagated through, with the graph kept from its input?"))
 
 
 @pytest.mark.exercise("5.2", points=2)
@@ -333,7 +383,8 @@ def test_recompute_flops_equal_the_recomputed_blocks_forward():
 
     Early stopping is turned off: by default PyTorch stops a recomputation as soon as it has
     every tensor backward needs, which skips each segment's last GEMM (whose output only
-    flows onward); the chapter measures that saving separately.
+    flows onward); the chapter measures that saving separately. The counted step's gradients
+    must be the plain model's (GRAD_TOL).
     """
     idx, targets = data()
     block_flops, _ = count_flops(small_gpt(1).h[0], torch.randn(B, T, C))
@@ -343,14 +394,20 @@ def test_recompute_flops_equal_the_recomputed_blocks_forward():
             flops, _ = count_flops(lambda: model(idx, targets).backward())
         return flops
 
-    plain = step_flops(small_gpt(N6))
+    reference = small_gpt(N6)
+    plain = step_flops(reference)
+    expected = {n: p.grad for n, p in reference.named_parameters()}
     for label, segments in SCHEDULES_6.items():
-        extra = step_flops(scheduled_gpt(segments)) - plain
+        names = {}
+        model = scheduled_gpt(segments, names)
+        extra = step_flops(model) - plain
         want = len(_recomputed(map(tuple, segments))) * block_flops
         assert extra == want, (
             f"{label} {segments}: {extra:+,} FLOPs over the plain step, expected {want:,} (one "
             f"forward of each recomputed block): is a block outside its segment, run twice, or "
             f"not checkpointed at all?")
+        assert_grads_equal_plain(model, names, expected, f"{label} {segments}, the step whose "
+                                 f"FLOPs were counted")
 
 
 @pytest.mark.exercise("5.2", points=1)
@@ -367,18 +424,22 @@ def test_a_second_schedule_replaces_the_first():
     assert sorted(id(p) for p in model.parameters()) == sorted(params), (
         "after a second apply_schedule the model has other parameters: reuse the blocks the "
         "model already runs (a scheduled model's blocks sit inside its segments)")
-    got = saved_activation_bytes(lambda: forward_through_blocks(model))
+    keep = []
+    got = saved_activation_bytes(lambda: forward_through_blocks(model, keep))
     assert got == N6 * x, (
         f"after √L then every block: {got:,} B saved when forward ends, expected {N6 * x:,} "
         f"(six kept inputs): does the new schedule wrap the old segments instead of the "
         f"blocks themselves?")
+    check_measured_forward(keep, "√L then every block")
     for empty in ([], Schedule.none(N6)):  # no segment at all: back to the plain model
         apply_schedule(model, empty)
-        got = saved_activation_bytes(lambda: forward_through_blocks(model))
+        keep = []
+        got = saved_activation_bytes(lambda: forward_through_blocks(model, keep))
         assert got == N6 * a, (
             f"after every block then {empty!r}: {got:,} B saved when forward ends, expected "
             f"{N6 * a:,} (every block keeps what it saves): does a schedule without segments "
             f"leave the previous schedule in place?")
+        check_measured_forward(keep, f"every block then {empty!r}")
         assert len(model.h) == N6 and all(type(m) is type(blocks[0]) for m in model.h), (
             f"after {empty!r} model.h holds {[type(m).__name__ for m in model.h]}, expected "
             f"the {N6} plain blocks")

@@ -54,6 +54,23 @@ def _ours(hidden, weight, targets, chunk_size, scale=1.0):
     return loss.detach(), h.grad, w.grad
 
 
+# float32 against F.cross_entropy: chunked sums add the same terms in another order, a few
+# float32 ulps (measured 3e-9 on d hidden, 3e-8 on d weight at V = 1000; the loss is a mean of ~7)
+F32_TOL = dict(atol=1e-6, rtol=1e-5)
+
+
+def _check_measured(loss, h, w, targets, what):
+    """A measurement counts only for the right result: the loss of the call whose memory was
+    measured, and the gradients its backward left on ``h`` and ``w`` (float32 leaves), must be
+    F.cross_entropy's on the same inputs (F32_TOL)."""
+    want = _reference(h, w, targets)
+    for name, got, ref in zip(("loss", "d hidden", "d weight"), (loss, h.grad, w.grad), want):
+        assert got is not None, f"{what}: {name} is None after backward of the measured call"
+        torch.testing.assert_close(got.detach(), ref, **F32_TOL, msg=lambda m, name=name: (
+            f"{what}: {name} of the call whose memory was measured differs from F.cross_entropy's: "
+            f"{m} — is every chunk's loss and gradient computed (none skipped while measured)?"))
+
+
 # (N, d, V, chunk): chunks that divide N, that do not, of one token, of more than N
 SHAPES = [(96, 16, 200, 32), (100, 16, 257, 7), (37, 8, 50, 1), (40, 8, 64, 1000)]
 
@@ -82,13 +99,13 @@ def test_float32_matches_f_cross_entropy():
     """Check float32 inputs (N = 300 in chunks of 64, V = 1000) against F.cross_entropy.
 
     atol 1e-6, rtol 1e-5: chunked sums add the same terms in another order, a few float32 ulps
-    (measured 3e-9 on d hidden, 3e-8 on d weight); the loss is a mean of ~7.
+    (measured 3e-9 on d hidden, 3e-8 on d weight); the loss is a mean of ~7 (F32_TOL).
     """
     hidden, weight, targets = _problem(300, 32, 1000)
     want, got = _reference(hidden, weight, targets), _ours(hidden, weight, targets, 64)
     for name, g, w in zip(("loss", "d hidden", "d weight"), got, want):
         assert g.dtype == torch.float32, f"{name} of float32 inputs came back in {g.dtype}"
-        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(g, w, **F32_TOL, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.exercise("5.9", points=2)
@@ -159,38 +176,52 @@ class _LargestTensor(TorchDispatchMode):
 def test_no_tensor_larger_than_one_chunk_of_logits_is_ever_created(chunk):
     """Check, with a dispatch mode that sees every operator's outputs in forward and backward,
     that no tensor has more than chunk × V elements (N = 512 tokens, V = 2048: the whole
-    logits are 512 × 2048)."""
+    logits are 512 × 2048); and that the loss and gradients of that run are F.cross_entropy's."""
     hidden, weight, targets = _problem(512, 16, 2048)
     h, w = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
     from labkit.lab5.chunked_cross_entropy import chunked_cross_entropy
 
     with _LargestTensor() as seen:
-        chunked_cross_entropy(h, w, targets, chunk).backward()
+        loss = chunked_cross_entropy(h, w, targets, chunk)
+        loss.backward()
     assert seen.largest <= chunk * 2048, (
         f"a tensor of {seen.largest:,} elements was created ({seen.op}), more than one chunk of "
         f"logits ({chunk} × 2048 = {chunk * 2048:,}): the whole (N × V) logits, or several chunks "
         "kept together, exist at some point")
+    _check_measured(loss, h, w, targets, f"chunk {chunk}")
 
 
 @pytest.mark.exercise("5.9", points=1)
 def test_backward_keeps_no_logits():
     """Check what autograd saves: at most hidden, weight, targets and one float32 per token
-    (saved-tensor hooks count every saved storage once); the plain loss saves N × V floats."""
+    (saved-tensor hooks count every saved storage once); the plain loss saves N × V floats. The
+    measured call's loss, and the gradients backward computes from what it saved, must be
+    F.cross_entropy's."""
     from labkit.lab5.chunked_cross_entropy import chunked_cross_entropy
 
     n, d, v = 512, 16, 2048
     hidden, weight, targets = _problem(n, d, v)
-    saved = saved_activation_bytes(lambda: chunked_cross_entropy(hidden, weight, targets, 64))
+    out = []
+    saved = saved_activation_bytes(lambda: out.append(chunked_cross_entropy(hidden, weight, targets, 64)))
     allowed = (n * d + v * d) * 4 + n * 8 + n * 4
     assert saved <= allowed, (
         f"backward keeps {saved:,} bytes, more than hidden + weight + targets + one float32 per "
         f"token = {allowed:,} (the logits of one chunk are {64 * v * 4:,} bytes): are logits, "
         "probabilities or per-chunk tensors saved for backward?")
+    out[0].backward()
+    _check_measured(out[0], hidden, weight, targets, "saved bytes, chunks of 64")
 
 
 def _peak(fn, hidden, weight, targets, *extra):
+    """MemTracker's peak of fn's forward + backward, and (loss, h, w) of that very run."""
     h, w = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
-    return peak_bytes(lambda: fn(h, w, targets, *extra).backward())[0]
+
+    def step():
+        loss = fn(h, w, targets, *extra)
+        loss.backward()
+        return loss.detach()
+    peak, loss = peak_bytes(step)
+    return peak, (loss, h, w)
 
 
 def _plain(h, w, t):
@@ -205,7 +236,8 @@ def test_peak_memory_is_inputs_gradients_and_two_tiles_and_does_not_grow_with_n_
     the vectors of N entries and a chunk's (chunk × d) products (the reference uses 0.04 of a
     tile of it). And its growth from N = 256 to N = 1024 tokens: only N × d and N terms may
     grow (hidden and d hidden, the targets and log-sum-exps: ≤ 768 · (2d + 8) · 4 bytes), where
-    the plain loss grows by at least 3 · 768 · V · 4."""
+    the plain loss grows by at least 3 · 768 · V · 4. The measured runs' loss and gradients must
+    be F.cross_entropy's."""
     from labkit.lab5.chunked_cross_entropy import chunked_cross_entropy
 
     d, v, chunk = 64, 8192, 64
@@ -213,16 +245,17 @@ def test_peak_memory_is_inputs_gradients_and_two_tiles_and_does_not_grow_with_n_
     peaks = {}
     for n in (256, 1024):
         hidden, weight, targets = _problem(n, d, v, seed=n)
-        peaks[n] = _peak(chunked_cross_entropy, hidden, weight, targets, chunk)
+        peaks[n], run = _peak(chunked_cross_entropy, hidden, weight, targets, chunk)
         state = 2 * (n * d + v * d) * 4  # inputs and their gradients
         allowed = state + 2 * tile + n * d * 4
         assert peaks[n] <= allowed, (
             f"N={n}: peak {peaks[n]:,} bytes = inputs and gradients {state:,} + "
             f"{(peaks[n] - state) / tile:.2f} tiles of {tile:,}; the chapter's bound is inputs + "
             f"gradients + 2 tiles (allowed {allowed:,}): logits of several chunks alive together?")
+        _check_measured(*run, targets, f"N={n}, V={v}, chunks of {chunk}")
         if n == 256:
-            plain_small = _peak(_plain, hidden, weight, targets)
-    plain_big = _peak(_plain, hidden, weight, targets)
+            plain_small = _peak(_plain, hidden, weight, targets)[0]
+    plain_big = _peak(_plain, hidden, weight, targets)[0]
     assert plain_big - plain_small >= 3 * 768 * v * 4  # the reference really holds N × V tensors
     growth = peaks[1024] - peaks[256]
     allowed_growth = 768 * (2 * d + 8) * 4

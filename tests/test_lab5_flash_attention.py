@@ -209,7 +209,9 @@ def test_flash_backward_of_16_bit_inputs_matches_float64_gradients(dtype):
 
 @pytest.mark.exercise("5.6", points=1)
 def test_flash_saves_only_inputs_output_and_log_sum_exp():
-    """Check autograd keeps q, k, v, O and L: 4·B·H·S·D + B·H·S floats, no S × S matrix."""
+    """Check autograd keeps q, k, v, O and L: 4·B·H·S·D + B·H·S floats, no S × S matrix; and
+    that the measured forward's output, and the gradients backward computes from what it saved,
+    are attention's."""
     from labkit.lab5.flash_attention import flash_attention
 
     b, h, s, d = 1, 2, 256, 32
@@ -223,16 +225,27 @@ def test_flash_saves_only_inputs_output_and_log_sum_exp():
         + ("more: is a tile, the (S × S) scores or a copy of q, k, v saved as well (autograd saves "
            "what the operators inside an autograd.Function's forward need only if they run with "
            "grad enabled)?" if saved > want else "fewer: are O and L both saved?"))
-    _check_measured(out[0], q, k, v)
+    grad_out = torch.randn(b, h, s, d)
+    out[0].backward(grad_out)  # backward from what was saved: O and L must be the right ones
+    _check_measured(out[0], q, k, v, grad_out)
 
 
-def _check_measured(out, q, k, v):
+def _check_measured(out, q, k, v, grad_out=None):
     """A measurement counts only for the right result: the output the bytes or FLOPs were
-    measured on must be attention's (returning zeros saves nothing and computes nothing)."""
+    measured on must be attention's (returning zeros saves nothing and computes nothing); with
+    ``grad_out``, the gradients the measured backward left on q, k and v must be SDPA's too."""
     with torch.no_grad():
         want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out.detach(), want, **ATTN_TOL,
                                msg=lambda m: f"the measured run's output is not attention's: {m}")
+    if grad_out is not None:
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        ref = torch.autograd.grad(F.scaled_dot_product_attention(*leaves, is_causal=True), leaves,
+                                  grad_out)
+        for name, x, r in zip("qkv", (q, k, v), ref):
+            assert x.grad is not None, f"the measured backward left no gradient on {name}"
+            torch.testing.assert_close(x.grad, r, **ATTN_TOL, msg=lambda m, name=name: (
+                f"the measured backward's d{name} is not attention's: {m}"))
 
 
 def _attention_peak(fn, s, b=1, h=2, d=32):
@@ -244,7 +257,7 @@ def _attention_peak(fn, s, b=1, h=2, d=32):
     with MemTracker() as tracker:
         out = fn(q, k, v)
         out.backward(grad_out)
-    _check_measured(out, q, k, v)
+    _check_measured(out, q, k, v, grad_out)
     return sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
 
 

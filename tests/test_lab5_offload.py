@@ -57,35 +57,45 @@ def _expected_split(ledger, min_bytes):
     return sum(host), len(host), shared, sum(device), len(device)
 
 
+def assert_grads_equal_plain(model, loss, what):
+    """Backward of ``loss`` (small_gpt(2)'s, its saves packed by the offloader) gives the plain
+    model's gradients exactly: unpack returns the very values pack was given."""
+    idx, targets = data()
+    reference = model_grads(small_gpt(2), idx, targets)
+    loss.backward()
+    for (name, p), (_, q) in zip(reference.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=0, rtol=0,
+                                   msg=lambda m, name=name: f"{name}.grad {what}: {m} — "
+                                                 f"does unpack return the tensor pack was given?")
+
+
 @pytest.mark.exercise("5.5", points=2)
 def test_offloaded_gradients_equal_the_plain_model():
     """Check gradients through offloaded saved tensors equal the plain model's, exactly."""
     from labkit.lab5.offload import ActivationOffloader
 
     idx, targets = data()
-    reference = model_grads(small_gpt(2), idx, targets)
     model = small_gpt(2)
     with ActivationOffloader(min_bytes=1024):
         loss = model(idx, targets)
-    loss.backward()
-    for (name, p), (_, q) in zip(reference.named_parameters(), model.named_parameters()):
-        torch.testing.assert_close(q.grad, p.grad, atol=0, rtol=0,
-                                   msg=lambda m: f"{name}.grad through the offloader: {m} — "
-                                                 f"does unpack return the tensor pack was given?")
+    assert_grads_equal_plain(model, loss, "through the offloader")
 
 
 @pytest.mark.exercise("5.5", points=2)
 @pytest.mark.parametrize("min_bytes", [0, 1024, 10**9])
 def test_offloader_accounts_every_saved_tensor_by_where_it_lives(min_bytes):
-    """Check host bytes/count = distinct saved non-parameter data ≥ min_bytes; device = the rest."""
+    """Check host bytes/count = distinct saved non-parameter data ≥ min_bytes; device = the rest;
+    and that backward through what the counted forward saved gives the plain model's gradients
+    (the counts count only for saves that give them back)."""
     from labkit.lab5.offload import ActivationOffloader
 
     idx, targets = data()
     ledger = _saved_tensor_ledger(lambda: small_gpt(2)(idx, targets))
     host, host_count, shared, device, device_count = _expected_split(ledger, min_bytes)
     offloader = ActivationOffloader(min_bytes=min_bytes)
+    model = small_gpt(2)
     with offloader:
-        small_gpt(2)(idx, targets)
+        loss = model(idx, targets)
     assert offloader.device_bytes == device and offloader.device_count == device_count, (
         f"min_bytes={min_bytes}: device_bytes/count {offloader.device_bytes:,} B/"
         f"{offloader.device_count}, expected {device:,} B/{device_count} (parameters, views of "
@@ -98,6 +108,7 @@ def test_offloader_accounts_every_saved_tensor_by_where_it_lives(min_bytes):
     assert offloader.host_count == host_count, (
         f"min_bytes={min_bytes}: host_count {offloader.host_count}, expected {host_count} "
         f"distinct copies ({shared} saves share data with an earlier one)")
+    assert_grads_equal_plain(model, loss, f"through the counted forward, min_bytes={min_bytes}")
 
 
 @pytest.mark.exercise("5.5", points=1)

@@ -84,6 +84,21 @@ def test_ring_attention_runs_inside_a_subgroup():
                                    f"group of 2): {m}")
 
 
+def check_measured(q, k, v, results, causal, what, layout="contiguous"):
+    """A measurement counts only for the right result: every rank of the run whose bytes, memory
+    or work were measured must hold SDPA over the whole sequence at its rows (ATTN_TOL)."""
+    s, n = q.shape[2], len(results)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    for rank, r in enumerate(results):
+        rows = (zigzag_rows(s, n, rank) if layout == "zigzag"
+                else torch.arange(rank * s // n, (rank + 1) * s // n))
+        assert r["out"] is not None, f"{what}: rank {rank} of the measured run returned no output"
+        torch.testing.assert_close(r["out"], want[:, :, rows], **ATTN_TOL, msg=lambda m, rank=rank: (
+            f"{what}: rank {rank}'s output in the run whose bytes, memory or work were measured "
+            f"differs from SDPA's at its rows: {m} — is every received block attended to and "
+            f"merged?"))
+
+
 RING_B, RING_H, RING_D = 1, 2, 16
 RING_RUNS = [(128, 2, False), (128, 4, False), (128, 2, True), (128, 4, True), (256, 8, False)]
 
@@ -122,8 +137,9 @@ def test_ring_attention_equals_full_attention(ring_runs, world_size, causal):
 
 @pytest.mark.exercise("5.7", points=1)
 def test_ring_bytes_sent_per_rank_match_the_formula(ring_runs):
-    """Check count_comm: each rank sends (and receives) 2(N-1) blocks of B·H·(S/N)·D floats."""
-    for (s, n, causal), (_, _, _, results) in ring_runs.items():
+    """Check count_comm: each rank sends (and receives) 2(N-1) blocks of B·H·(S/N)·D floats; and
+    that the counted runs computed attention."""
+    for (s, n, causal), (q, k, v, results) in ring_runs.items():
         expected = 2 * (n - 1) * RING_B * RING_H * (s // n) * RING_D * 4
         for rank, r in enumerate(results):
             sent = r["bytes_sent"].get("send", 0)
@@ -136,6 +152,7 @@ def test_ring_bytes_sent_per_rank_match_the_formula(ring_runs):
                 f"expected {expected:,}")
             assert set(r["bytes_sent"]) <= {"send", "recv", "barrier"}, (
                 f"rank {rank} used {sorted(r['bytes_sent'])}: the ring needs only send/recv")
+        check_measured(q, k, v, results, causal, f"S={s}, N={n}, causal={causal}")
 
 
 @pytest.mark.exercise("5.7", points=2)
@@ -144,7 +161,8 @@ def test_ring_per_rank_peak_memory_scales_with_s_over_n(ring_runs):
 
     Per rank the ring holds the key/value block being received (two tensors) and its running
     output, each B·H·(S/N)·D floats, beside a fixed scratch of the attention kernel: halving S/N
-    must save at least those three blocks' halves, 3·(b(N=2) − b(N=4)) bytes.
+    must save at least those three blocks' halves, 3·(b(N=2) − b(N=4)) bytes. The measured runs
+    must compute attention.
     """
     peak = {key: max(r["peak_bytes"] for r in run[3]) for key, run in ring_runs.items()}
     same = peak[256, 8, False] / peak[128, 4, False]
@@ -156,6 +174,8 @@ def test_ring_per_rank_peak_memory_scales_with_s_over_n(ring_runs):
     assert saving >= want, (
         f"going from 2 to 4 ranks at S=128 saves {saving:,} B of per-rank peak, expected at "
         f"least {want:,} (the received key/value block and the output, halved): {peak}")
+    for (s, n, causal), (q, k, v, results) in ring_runs.items():
+        check_measured(q, k, v, results, causal, f"S={s}, N={n}, causal={causal}")
 
 
 
@@ -219,10 +239,12 @@ def test_zigzag_ring_equals_sdpa_on_each_ranks_rows(runs, world_size, causal):
 def test_zigzag_ring_work_is_equal_on_every_rank(runs, world_size):
     """Check the score entries each rank computes (counted by ``count_attention_work``): under
     zigzag every rank computes B·H·S(S+1)/(2N), its share of the S(S+1)/2 causal entries per head,
-    exactly — nothing the mask hides, and the same on every rank."""
+    exactly — nothing the mask hides, and the same on every rank; and that the run computed
+    attention."""
     s = 128
     want = B * H * s * (s + 1) // (2 * world_size)
-    work = [r["work"] for r in runs[s, world_size, True, "zigzag"][3]]
+    q, k, v, results = runs[s, world_size, True, "zigzag"]
+    work = [r["work"] for r in results]
     for rank, got in enumerate(work):
         assert got == want, (
             f"zigzag, S={s}, N={world_size}: rank {rank} computed {got:,} score entries, expected "
@@ -230,28 +252,33 @@ def test_zigzag_ring_work_is_equal_on_every_rank(runs, world_size):
             + ("no call to attention_with_lse? " if got == 0 else "")
             + ("more than its share: a block, or a query piece, the mask hides entirely is "
                "computed and thrown away?" if got > want else "fewer: a part is skipped?"))
+    check_measured(q, k, v, results, True, f"zigzag, S={s}, N={world_size}", "zigzag")
 
 
 @pytest.mark.exercise("5.7", points=1)
 def test_contiguous_ring_work_skips_the_blocks_after_the_queries(runs):
     """Check the contiguous causal ring's work per rank: rank r computes r whole blocks and its
-    own block causally, B·H·(r·c² + c(c+1)/2) entries with c = S/N: the last rank does the most."""
+    own block causally, B·H·(r·c² + c(c+1)/2) entries with c = S/N: the last rank does the most;
+    and that the run computed attention."""
     s, n = 128, 4
     c = s // n
-    work = [r["work"] for r in runs[s, n, True, "contiguous"][3]]
+    q, k, v, results = runs[s, n, True, "contiguous"]
+    work = [r["work"] for r in results]
     for rank, got in enumerate(work):
         want = B * H * (rank * c * c + c * (c + 1) // 2)
         assert got == want, (
             f"contiguous, S={s}, N={n}: rank {rank} computed {got:,} score entries, expected "
             f"B·H·(r·c² + c(c+1)/2) = {want:,} (all ranks: {work}): a block from src > r lies "
             f"after every query: skipped?")
+    check_measured(q, k, v, results, True, f"contiguous, S={s}, N={n}")
 
 
 @pytest.mark.exercise("5.7", points=1)
 def test_zigzag_ring_bytes_per_rank_match_the_formula(runs):
     """Check count_comm under zigzag: each rank sends and receives 2(N-1) blocks of B·H·(S/N)·D
-    floats, as the contiguous ring does (the layout changes the work, not the traffic)."""
-    for (s, n, causal, layout), (_, _, _, results) in runs.items():
+    floats, as the contiguous ring does (the layout changes the work, not the traffic); and that
+    the counted runs computed attention."""
+    for (s, n, causal, layout), (q, k, v, results) in runs.items():
         if layout != "zigzag":
             continue
         want = 2 * (n - 1) * B * H * (s // n) * D * 4
@@ -262,6 +289,7 @@ def test_zigzag_ring_bytes_per_rank_match_the_formula(runs):
                     f"zigzag, S={s}, N={n}, causal={causal}: rank {rank} {op} {got:,} B, "
                     f"expected 2(N-1)·B·H·(S/N)·D·4 = {want:,}: does a step send only a part of "
                     f"the block, or one transfer too many?")
+        check_measured(q, k, v, results, causal, f"zigzag, S={s}, N={n}, causal={causal}", "zigzag")
 
 
 # ------------------------------------------------------------------ given code (not graded)

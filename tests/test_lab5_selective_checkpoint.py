@@ -14,7 +14,7 @@ from torch.utils.checkpoint import CheckpointPolicy, set_checkpoint_early_stop
 
 from labkit.measure import count_flops
 from _lab5_helpers import one_thread  # noqa: F401  (autouse fixture)
-from _lab5_helpers import GRAD_TOL, B, T, C, small_gpt, _MatmulOutputBytes, blocks_memory, fully_checkpointed, model_grads, data, aten
+from _lab5_helpers import GRAD_TOL, B, T, C, small_gpt, _MatmulOutputBytes, blocks_input_grad, blocks_memory, fully_checkpointed, model_grads, data, aten
 
 
 # ------------------------------------------------------------------ 5.4 selective
@@ -30,6 +30,29 @@ class _OpRecorder(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self.calls.append((func, args, kwargs or {}, out))
         return out
+
+
+def step_flops(model, idx, targets):
+    """FLOPs of one forward + backward of the model (early stop off); its gradients stay."""
+    with set_checkpoint_early_stop(False):
+        return count_flops(lambda: model(idx, targets).backward())[0]
+
+
+def check_measured(model, reference, what):
+    """A measurement counts only for the right result: the gradients the counted step left on
+    ``model`` (apply_selective_checkpointing keeps the parameters in order) must be those
+    ``reference``, the plain model, got from the same step (GRAD_TOL)."""
+    for (name, want), p in zip(reference.named_parameters(), model.parameters()):
+        torch.testing.assert_close(p.grad, want.grad, **GRAD_TOL, msg=lambda m, name=name: (
+            f"{what}: {name}.grad of the step whose FLOPs were counted differs from the plain "
+            f"model's: {m} — does each block run on its own input, its output flowing on?"))
+
+
+def check_measured_memory(input_grad, reference, what):
+    """The measured step's input gradient (blocks_memory) must be the plain blocks' (GRAD_TOL)."""
+    torch.testing.assert_close(input_grad, blocks_input_grad(reference), **GRAD_TOL, msg=lambda m: (
+        f"{what}: the input gradient of the step whose bytes were measured differs from the plain "
+        f"blocks': {m} — does each block run on its own input, its output flowing on?"))
 
 
 def _block_ops(n_head=2, attention="naive"):
@@ -149,22 +172,23 @@ def test_a_threshold_between_the_attention_matmuls_keeps_softmax_v_only():
                 low_flops, low_bytes = low_flops + flops, low_bytes + nbytes
     assert low_flops > 0, "the grader's block has no matmul under 12 FLOPs/B: its shape changed?"
 
-    def step_flops(model):
-        with set_checkpoint_early_stop(False):
-            return count_flops(lambda: model(idx, targets).backward())[0]
-
-    plain = step_flops(small_gpt(n_layers, n_head=4))
+    reference = small_gpt(n_layers, n_head=4)
+    plain = step_flops(reference, idx, targets)
     model = apply_selective_checkpointing(small_gpt(n_layers, n_head=4), FlopsPerBytePolicy(threshold))
-    got = step_flops(model)
+    got = step_flops(model, idx, targets)
     assert got - plain == n_layers * low_flops, (
         f"threshold {threshold}, head size 16, T = 32: {got - plain:,} extra FLOPs, expected "
         f"{n_layers * low_flops:,} (q·kᵀ of {n_layers} blocks recomputed, softmax·v kept): FLOPs "
         f"per byte of each matmul's own output, 2·(inner size)/4")
-    held_default, _ = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers, n_head=4)))
-    held, _ = blocks_memory(model)
+    check_measured(model, reference, f"threshold {threshold}, 4 heads")
+    grads = []
+    held_default, _ = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers, n_head=4)), grads)
+    held, _ = blocks_memory(model, grads)
     assert held_default - held == n_layers * low_bytes, (
         f"threshold {threshold}, 4 heads: holds {held_default - held:,} B less than threshold 0 "
         f"after forward, expected {n_layers * low_bytes:,} (q·kᵀ's outputs)")
+    for grad in grads:
+        check_measured_memory(grad, reference, f"threshold {threshold}, 4 heads")
 
 
 @pytest.mark.exercise("5.4", points=2)
@@ -187,22 +211,24 @@ def test_a_threshold_above_attention_recomputes_exactly_its_matmuls():
             flops, nbytes = _plain_flops_and_bytes(func, args, kwargs, out)
             bmm_flops, bmm_bytes = bmm_flops + flops, bmm_bytes + nbytes
 
-    def step_flops(model):
-        with set_checkpoint_early_stop(False):
-            return count_flops(lambda: model(idx, targets).backward())[0]
-
-    plain = step_flops(small_gpt(n_layers))
-    got = step_flops(apply_selective_checkpointing(small_gpt(n_layers), FlopsPerBytePolicy(20)))
+    reference = small_gpt(n_layers)
+    plain = step_flops(reference, idx, targets)
+    model = apply_selective_checkpointing(small_gpt(n_layers), FlopsPerBytePolicy(20))
+    got = step_flops(model, idx, targets)
     assert got - plain == n_layers * bmm_flops, (
         f"threshold 20: {got - plain:,} extra FLOPs, expected {n_layers * bmm_flops:,} (the two "
         f"attention matmuls of {n_layers} blocks, 16 FLOPs/B): is the policy passed on to the "
         f"blocks, and are FLOPs compared with threshold × bytes?")
-    held_default, _ = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers)))
+    check_measured(model, reference, "threshold 20")
+    grads = []
+    held_default, _ = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers)), grads)
     held_20, _ = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers),
-                                                             FlopsPerBytePolicy(20)))
+                                                             FlopsPerBytePolicy(20)), grads)
     assert held_default - held_20 == n_layers * bmm_bytes, (
         f"threshold 20 holds {held_default - held_20:,} B less than threshold 0 after forward, "
         f"expected {n_layers * bmm_bytes:,} (the attention matmuls' outputs)")
+    for grad in grads:
+        check_measured_memory(grad, reference, "threshold 20")
 
 
 @pytest.mark.exercise("5.4", points=2)
@@ -238,18 +264,17 @@ def test_selective_checkpointing_recomputes_no_matmul():
 
     idx, targets = data()
 
-    def step_flops(model):
-        with set_checkpoint_early_stop(False):
-            return count_flops(lambda: model(idx, targets).backward())[0]
-
-    plain = step_flops(small_gpt(3))
+    reference = small_gpt(3)
+    plain = step_flops(reference, idx, targets)
     block_flops, _ = count_flops(small_gpt(1).h[0], torch.randn(B, T, C))
-    got = step_flops(apply_selective_checkpointing(small_gpt(3)))
+    model = apply_selective_checkpointing(small_gpt(3))
+    got = step_flops(model, idx, targets)
     assert got == plain, (
         f"selective checkpointing runs {got - plain:+,} FLOPs over no checkpointing, expected 0 "
         f"(FlopCounterMode counts matmuls; one block's forward is {block_flops:,}): is a matmul "
         f"recomputed (policy not applied, or addmm/bmm missing from the saved ops)?")
-    full = step_flops(fully_checkpointed(small_gpt(3)))
+    check_measured(model, reference, "the default policy")
+    full = step_flops(fully_checkpointed(small_gpt(3)), idx, targets)
     assert full == plain + 3 * block_flops, (  # the reference itself: full checkpointing's count
         f"the grader's reference (PyTorch's per-block checkpointing) counts {full - plain:,} extra "
         f"FLOPs, expected 3 × {block_flops:,}: FlopCounterMode or torch.utils.checkpoint changed?")
@@ -263,9 +288,10 @@ def test_selective_checkpointing_holds_the_input_and_matmul_outputs():
     n_layers = 3
     with _MatmulOutputBytes() as counter:
         small_gpt(1).h[0](torch.randn(B, T, C))
-    held_none, peak_none = blocks_memory(small_gpt(n_layers))
+    grads = []
+    held_none, peak_none = blocks_memory(small_gpt(n_layers), grads)
     held_full, _ = blocks_memory(fully_checkpointed(small_gpt(n_layers)))
-    held_sel, peak_sel = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers)))
+    held_sel, peak_sel = blocks_memory(apply_selective_checkpointing(small_gpt(n_layers)), grads)
     want = n_layers * counter.nbytes
     assert held_sel - held_full == want, (
         f"selective holds {held_sel - held_full:+,} B over full checkpointing after forward, "
@@ -274,3 +300,6 @@ def test_selective_checkpointing_holds_the_input_and_matmul_outputs():
     assert held_sel < held_none and peak_sel < peak_none, (
         f"selective holds {held_sel:,} B (peak {peak_sel:,}), no checkpointing {held_none:,} "
         f"(peak {peak_none:,}): selective must hold less")
+    torch.testing.assert_close(grads[1], grads[0], **GRAD_TOL, msg=lambda m: (
+        f"the input gradient of the selective step whose bytes were measured differs from the "
+        f"plain blocks': {m} — does each block run on its own input, its output flowing on?"))

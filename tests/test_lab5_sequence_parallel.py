@@ -54,18 +54,28 @@ def rows(t, rank, T, dim=1):
     return t.narrow(dim, rank * per, per)
 
 
+MEASURED = " of the run whose collectives or bytes were measured"
+
+
+def assert_output_and_input_gradient(T, measured=""):
+    """Each rank's output and ∂L/∂x of ``run(T)`` are its slice of the single-device block's
+    (TOL). ``measured``: said in the message when a test that measured this run checks it (its
+    bytes and collectives count only for the right result)."""
+    results, ref, ref_xgrad, _ = run(T)
+    for r, res in enumerate(results):
+        torch.testing.assert_close(res["out"], rows(ref, r, T), **TOL, msg=lambda m, r=r: (
+            f"T={T} rank {r} output{measured} (its 1/T slice of the sequence): {m} — does g gather the slices "
+            "in rank order, ḡ sum the partial products and keep rank r's slice, the bias added once?"))
+        torch.testing.assert_close(res["x_grad"], rows(ref_xgrad, r, T), **TOL, msg=lambda m, r=r: (
+            f"T={T} rank {r} input gradient{measured}: {m} — g's backward must SUM the ranks' gradients and keep "
+            "rank r's slice; ḡ's backward must gather the whole sequence"))
+
+
 @pytest.mark.exercise("5.8", points=2)
 @pytest.mark.parametrize("T", [2, 4])
 def test_output_and_input_gradient_equal_the_single_device_block(T):
     """Each rank's output and ∂L/∂x are its slice of the single-device block's."""
-    results, ref, ref_xgrad, _ = run(T)
-    for r, res in enumerate(results):
-        torch.testing.assert_close(res["out"], rows(ref, r, T), **TOL, msg=lambda m, r=r: (
-            f"T={T} rank {r} output (its 1/T slice of the sequence): {m} — does g gather the slices "
-            "in rank order, ḡ sum the partial products and keep rank r's slice, the bias added once?"))
-        torch.testing.assert_close(res["x_grad"], rows(ref_xgrad, r, T), **TOL, msg=lambda m, r=r: (
-            f"T={T} rank {r} input gradient: {m} — g's backward must SUM the ranks' gradients and keep "
-            "rank r's slice; ḡ's backward must gather the whole sequence"))
+    assert_output_and_input_gradient(T)
 
 
 @pytest.mark.exercise("5.8", points=2)
@@ -93,7 +103,8 @@ def test_parameter_gradients_equal_the_single_device_ones(T):
 @pytest.mark.exercise("5.8", points=1)
 @pytest.mark.parametrize("T", [2, 4])
 def test_one_all_gather_and_one_reduce_scatter_each_way_no_all_reduce(T):
-    """Forward: one all-gather (g) and one reduce-scatter (ḡ); backward: the same; no all-reduce."""
+    """Forward: one all-gather (g) and one reduce-scatter (ḡ); backward: the same; no all-reduce;
+    and the counted run's output and ∂L/∂x are the single-device block's."""
     results, _, _, _ = run(T)
     want = {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1}
     for r, res in enumerate(results):
@@ -102,13 +113,15 @@ def test_one_all_gather_and_one_reduce_scatter_each_way_no_all_reduce(T):
             assert got == want, (f"T={T} rank {r} {phase} collectives: expected {want}, got {got} — "
                                  "g and ḡ each make exactly one collective call each way (an all-reduce "
                                  "means a tensor-parallel f/g pair, not sequence parallelism)")
+    assert_output_and_input_gradient(T, MEASURED)
 
 
 @pytest.mark.exercise("5.8", points=1)
 @pytest.mark.parametrize("T", [2, 4])
 def test_ring_bytes_equal_tensor_parallelism_all_reduce(T):
     """All-gather + reduce-scatter of the (B, S, C) activation move, each way, exactly the ring
-    bytes of the one all-reduce tensor parallelism makes: 2(T−1)/T · B·S·C·4."""
+    bytes of the one all-reduce tensor parallelism makes: 2(T−1)/T · B·S·C·4; and the counted
+    run's output and ∂L/∂x are the single-device block's."""
     results, _, _, _ = run(T)
     for r, res in enumerate(results):
         want = res["all_reduce_ring_bytes"]
@@ -117,13 +130,15 @@ def test_ring_bytes_equal_tensor_parallelism_all_reduce(T):
             assert got == want, (f"T={T} rank {r} {phase} ring bytes: expected {want:,.0f} (one all-reduce of "
                                  f"(B, S, C) fp32), got {got:,.0f} — is the whole (B, S, C) activation gathered "
                                  "and reduce-scattered, in fp32, once each?")
+    assert_output_and_input_gradient(T, MEASURED)
 
 
 @pytest.mark.exercise("5.8", points=2)
 @pytest.mark.parametrize("T", [2, 4])
 def test_norm_region_activations_are_one_T_th(T):
     """The bytes the LayerNorm saves for backward on each rank, and the input the dropout sees,
-    are exactly 1/T of the single-device ones."""
+    are exactly 1/T of the single-device ones; and the measured run's output and ∂L/∂x are the
+    single-device block's."""
     from labkit.measure import saved_activation_bytes
 
     ln, mlp, x, *_ = setup()
@@ -137,6 +152,7 @@ def test_norm_region_activations_are_one_T_th(T):
         assert res["dropout_input_bytes"] == want, (
             f"T={T} rank {r} dropout input bytes: expected B·S·C·4 / T = {want:,}, got "
             f"{res['dropout_input_bytes']:,} — does dropout run on the slice, after ḡ?")
+    assert_output_and_input_gradient(T, MEASURED)
 
 
 @pytest.mark.exercise("5.8", points=1)
@@ -229,20 +245,26 @@ def run_attn(T):
     return launch(run_sp_attn, T, block, x, grad_out, SEED, timeout=90), *refs
 
 
+def assert_attention_output_and_input_gradient(T, measured=""):
+    """Each rank's attention sub-block output and ∂L/∂x of ``run_attn(T)`` are its slice of the
+    single-device sub-block's (TOL); ``measured`` as for assert_output_and_input_gradient."""
+    results, (ref, ref_xgrad), _, _ = run_attn(T)
+    for r, res in enumerate(results):
+        torch.testing.assert_close(res["attn"]["out"], rows(ref, r, T), **TOL, msg=lambda m, r=r: (
+            f"T={T} rank {r} attention sub-block output{measured} (rows r·S/T…): {m} — does every rank attend over the "
+            "WHOLE gathered sequence with a causal mask, with its own heads' q, k, v rows, the bias added "
+            "once after ḡ, and the dropout mask of ITS rows (start = r·S/T)?"))
+        torch.testing.assert_close(res["attn"]["x_grad"], rows(ref_xgrad, r, T), **TOL, msg=lambda m, r=r: (
+            f"T={T} rank {r} attention sub-block ∂L/∂x{measured}: {m} — g's backward must sum the ranks' partial "
+            "gradients; the residual and the dropout mask must be this rank's rows"))
+
+
 @pytest.mark.exercise("5.8", points=2)
 @pytest.mark.parametrize("T", [2, 4])
 def test_attention_sub_block_output_and_input_gradient_equal_the_single_device_one(T):
     """x + dropout(Attn(LN(x))), dropout p > 0: each rank's output and ∂L/∂x are its slice of the
     single-device sub-block's run with the one mask the seed scheme draws."""
-    results, (ref, ref_xgrad), _, _ = run_attn(T)
-    for r, res in enumerate(results):
-        torch.testing.assert_close(res["attn"]["out"], rows(ref, r, T), **TOL, msg=lambda m, r=r: (
-            f"T={T} rank {r} attention sub-block output (rows r·S/T…): {m} — does every rank attend over the "
-            "WHOLE gathered sequence with a causal mask, with its own heads' q, k, v rows, the bias added "
-            "once after ḡ, and the dropout mask of ITS rows (start = r·S/T)?"))
-        torch.testing.assert_close(res["attn"]["x_grad"], rows(ref_xgrad, r, T), **TOL, msg=lambda m, r=r: (
-            f"T={T} rank {r} attention sub-block ∂L/∂x: {m} — g's backward must sum the ranks' partial "
-            "gradients; the residual and the dropout mask must be this rank's rows"))
+    assert_attention_output_and_input_gradient(T)
 
 
 @pytest.mark.exercise("5.8", points=2)
@@ -274,7 +296,7 @@ def test_attention_weight_shard_gradients_are_slices_of_the_full_ones(T):
 @pytest.mark.parametrize("T", [2, 4])
 def test_attention_sub_block_one_all_gather_one_reduce_scatter_each_way(T):
     """Attention sub-block: forward one all-gather (g) + one reduce-scatter (ḡ); backward the same;
-    no all-reduce."""
+    no all-reduce; and the counted run's output and ∂L/∂x are the single-device sub-block's."""
     results, *_ = run_attn(T)
     want = {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1}
     for r, res in enumerate(results):
@@ -283,13 +305,15 @@ def test_attention_sub_block_one_all_gather_one_reduce_scatter_each_way(T):
             assert got == want, (f"T={T} rank {r} attention sub-block {phase} collectives: expected {want}, got "
                                  f"{got} — exactly g and ḡ, one call each way (an all-reduce is tensor "
                                  "parallelism's f/g, not sequence parallelism)")
+    assert_attention_output_and_input_gradient(T, MEASURED)
 
 
 @pytest.mark.exercise("5.8", points=1)
 @pytest.mark.parametrize("T", [2, 4])
 def test_attention_sub_block_ring_bytes_equal_the_formula(T):
     """Each way: all-gather + reduce-scatter of the (B, S, C) fp32 activation, (T−1)/T · B·S·C·4
-    ring bytes each, 2(T−1)/T · B·S·C·4 in all (one all-reduce's)."""
+    ring bytes each, 2(T−1)/T · B·S·C·4 in all (one all-reduce's); and the counted run's output
+    and ∂L/∂x are the single-device sub-block's."""
     results, *_ = run_attn(T)
     want = 2 * (T - 1) / T * B * S * C * 4
     for r, res in enumerate(results):
@@ -298,12 +322,14 @@ def test_attention_sub_block_ring_bytes_equal_the_formula(T):
             assert got == want, (f"T={T} rank {r} attention sub-block {phase} ring bytes: expected 2(T−1)/T·B·S·C·4 "
                                  f"= {want:,.0f}, got {got:,.0f} — is the (B, S, C) activation gathered and "
                                  "reduce-scattered once each, in fp32 (not q, k, v separately)?")
+    assert_attention_output_and_input_gradient(T, MEASURED)
 
 
 @pytest.mark.exercise("5.8", points=1)
 @pytest.mark.parametrize("T", [2, 4])
 def test_attention_layernorm_saved_bytes_are_one_T_th(T):
-    """The bytes ln_1 saves for backward on each rank are exactly 1/T of the single-device ones."""
+    """The bytes ln_1 saves for backward on each rank are exactly 1/T of the single-device ones;
+    and the measured run's output and ∂L/∂x are the single-device sub-block's."""
     from labkit.measure import saved_activation_bytes
 
     block, x, *_ = setup_block()
@@ -313,6 +339,7 @@ def test_attention_layernorm_saved_bytes_are_one_T_th(T):
         assert res["attn"]["ln_saved_bytes"] * T == full_ln, (
             f"T={T} rank {r} attention LayerNorm saved bytes: expected {full_ln:,} / T = {full_ln // T:,}, got "
             f"{res['attn']['ln_saved_bytes']:,} — does ln_1 run on the rank's slice, before g?")
+    assert_attention_output_and_input_gradient(T, MEASURED)
 
 
 @pytest.mark.exercise("5.8", points=2)

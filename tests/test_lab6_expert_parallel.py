@@ -204,7 +204,8 @@ def test_expert_parallel_runs_inside_its_group():
 def test_all_to_all_bytes_equal_the_capacity_buffer(world_size, capacity_factor, groups):
     """Check each rank's communication: in forward exactly two all_to_all_single calls of
     E·C·n_embd·4 bytes each, C = ⌈capacity_factor · T · k / E⌉, and in backward the same two
-    (the reverse exchanges); nothing else (no all-gather of the tokens, no all-reduce)."""
+    (the reverse exchanges); nothing else (no all-gather of the tokens, no all-reduce); and the
+    counted run's outputs and gradients are the single-device layer's."""
     _, _, _, _, results = run(world_size, capacity_factor, groups)
     C = capacity(T, E, K, capacity_factor)
     want = {"calls": {"all_to_all_single": 2}, "bytes": {"all_to_all_single": 2 * E * C * D * 4}}
@@ -214,6 +215,7 @@ def test_all_to_all_bytes_equal_the_capacity_buffer(world_size, capacity_factor,
                 f"rank {rank} {phase}, W={world_size // groups}, capacity factor {capacity_factor}: "
                 f"{r[phase]}, expected two all-to-alls of E·C·d·4 = {E}·{C}·{D}·4 = {E * C * D * 4:,} "
                 "bytes each and nothing else")
+    _check_equal_to_reference(world_size, capacity_factor, groups)
 
 
 # ---------------------------------------------------------------- given code (not graded)

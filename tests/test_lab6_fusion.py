@@ -19,6 +19,27 @@ FUSION_TOL = dict(atol=1e-6, rtol=1e-5)
 FUSION_GRAD_TOL = dict(atol=1e-5, rtol=1e-5)
 
 
+def check_measured(x, y, layers, what, tol=FUSION_TOL, grad_tol=FUSION_GRAD_TOL):
+    """A measurement counts only for the right result: ``y``, the output of ``layers`` fused GELUs
+    on ``x`` in the call whose bytes were measured, and the input gradient backward computes from
+    what that call saved, must be ``layers`` F.gelu(approximate="tanh")'s (six layers of randn
+    inputs: measured 1e-6 on both, within the one-layer tolerances)."""
+    import torch.nn.functional as F
+
+    g = torch.ones_like(y)  # as the bf16 test's tolerances assume
+    (gx,) = torch.autograd.grad(y, x, g)
+    xr = x.detach().clone().requires_grad_()
+    ref = xr
+    for _ in range(layers):
+        ref = F.gelu(ref, approximate="tanh")
+    (gref,) = torch.autograd.grad(ref, xr, g)
+    torch.testing.assert_close(y, ref, **tol, msg=lambda m: (
+        f"{what}: the output of the call whose bytes were measured is not F.gelu's: {m}"))
+    torch.testing.assert_close(gx, gref, **grad_tol, msg=lambda m: (
+        f"{what}: backward through what the measured call saved gives another input gradient "
+        f"than F.gelu's: {m} — is the saved x the input, and the output computed from it?"))
+
+
 @pytest.mark.exercise("6.5", points=1)
 @pytest.mark.parametrize("dtype,layout", [(torch.float32, "contiguous"), (torch.float32, "transposed"),
                                           (torch.float64, "contiguous")])
@@ -61,7 +82,8 @@ def test_fused_gelu_gradcheck_in_float64():
 def test_fused_gelu_saves_only_its_input():
     """Saved bytes (saved_tensors_hooks, distinct storages): the unfused chain saves x, tanh's
     output t, 0.5·x and 1 + t — 16 bytes per fp32 element (measured here on the chain); the
-    fused operator only x: 4 bytes per element, 12 fewer."""
+    fused operator only x: 4 bytes per element, 12 fewer. The measured call's output and the
+    gradient from what it saved must be F.gelu's."""
     from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused
     from labkit.measure import saved_activation_bytes
 
@@ -71,9 +93,11 @@ def test_fused_gelu_saves_only_its_input():
     assert unfused == 16 * n, (  # the given chain itself: 4 tensors of 4n bytes
         f"the given unfused chain saves {unfused:,} B, expected 16 B × {n:,} (x, t, 0.5·x, 1 + t): "
         f"was gelu_tanh_unfused changed?")
-    fused = saved_activation_bytes(lambda: fused_gelu_tanh(x))
+    out = []
+    fused = saved_activation_bytes(lambda: out.append(fused_gelu_tanh(x)))
     assert fused == unfused - 12 * n, \
         f"the fused operator saves {fused:,} B, expected {unfused - 12 * n:,} = the chain's {unfused:,} − 12·{n:,}: save only the input x"
+    check_measured(x, out[0], 1, "saved bytes, fp32")
 
 
 @pytest.mark.exercise("6.5", points=1)
@@ -82,7 +106,8 @@ def test_fused_gelu_lowers_held_and_peak_bytes_by_the_prediction():
     after forward the fused chain holds 12 B per element per layer less (exact: outputs +
     saved tensors); the peak of forward + backward is lower by at least 12·n·(L − 2): at the
     peak both hold all layers' saved tensors, and a fused backward may allocate up to 3
-    temporaries of n elements more than the chain's (12·n of slack)."""
+    temporaries of n elements more than the chain's (12·n of slack). The measured runs' output
+    and input gradient must be six F.gelu's."""
     from labkit.allocation_trace import retained_bytes
     from labkit.lab6.fusion import fused_gelu_tanh, gelu_tanh_unfused
     from labkit.measure import peak_bytes
@@ -90,24 +115,34 @@ def test_fused_gelu_lowers_held_and_peak_bytes_by_the_prediction():
     x = torch.randn(64, 1000, requires_grad=True)
     n, L = x.numel(), 6
 
-    def stack(f):
+    def stack(f, keep=None):
         def run(x):
             for _ in range(L):
                 x = f(x)
+            if keep is not None:
+                keep.append(x)
             return x
         return run
 
-    held_unfused, held_fused = retained_bytes(stack(gelu_tanh_unfused), x), retained_bytes(stack(fused_gelu_tanh), x)
+    kept = []
+    held_unfused, held_fused = retained_bytes(stack(gelu_tanh_unfused), x), retained_bytes(stack(fused_gelu_tanh, kept), x)
     assert held_unfused - held_fused == 12 * n * L, \
         f"after forward the fused chain holds {held_fused:,} B vs {held_unfused:,} B: expected {12 * n * L:,} B less (12 per element per layer)"
+    check_measured(x, kept[0], L, f"held bytes, {L} layers")
 
-    def forward_backward(f):
+    def forward_backward(f, x):
         stack(f)(x).sum().backward()
 
-    peak_unfused, _ = peak_bytes(forward_backward, gelu_tanh_unfused)
-    peak_fused, _ = peak_bytes(forward_backward, fused_gelu_tanh)
+    peak_unfused, _ = peak_bytes(forward_backward, gelu_tanh_unfused, x.detach().clone().requires_grad_())
+    xf = x.detach().clone().requires_grad_()
+    peak_fused, _ = peak_bytes(forward_backward, fused_gelu_tanh, xf)
     assert peak_unfused - peak_fused >= 12 * n * (L - 2), \
         f"peak {peak_fused:,} B fused vs {peak_unfused:,} B unfused: expected at least {12 * n * (L - 2):,} B lower"
+    xr = x.detach().clone().requires_grad_()
+    stack(gelu_tanh_unfused)(xr).sum().backward()  # the given chain: F.gelu's formula written out
+    torch.testing.assert_close(xf.grad, xr.grad, **FUSION_GRAD_TOL, msg=lambda m: (
+        f"the input gradient of the {L}-layer step whose peak was measured differs from the "
+        f"chain's: {m} — is the saved x the input, and the gradient computed from it?"))
 
 
 @pytest.mark.exercise("6.5", points=1)
@@ -130,6 +165,9 @@ def test_fused_gelu_in_bfloat16_saves_its_bf16_input():
     (gref,) = torch.autograd.grad(ref, x, torch.ones_like(ref))
     torch.testing.assert_close(y, ref, atol=1e-2, rtol=1.6e-2, msg=lambda m: f"bf16 output: {m}")
     torch.testing.assert_close(gx, gref, atol=2e-2, rtol=1.6e-2, msg=lambda m: f"bf16 input gradient: {m}")
-    saved = saved_activation_bytes(lambda: fused_gelu_tanh(x))
+    out = []
+    saved = saved_activation_bytes(lambda: out.append(fused_gelu_tanh(x)))
     assert saved == 2 * x.numel(), \
         f"the fused operator saves {saved:,} B for a bf16 input of {x.numel():,} elements, expected {2 * x.numel():,}: save x itself, in its dtype"
+    check_measured(x, out[0], 1, "saved bytes, bf16", tol=dict(atol=1e-2, rtol=1.6e-2),
+                   grad_tol=dict(atol=2e-2, rtol=1.6e-2))

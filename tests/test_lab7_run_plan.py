@@ -105,7 +105,19 @@ def whole_batch_losses(ranks: list[dict]) -> list[float]:
             replicas.setdefault(r["coords"]["dp"], r["losses"])
     assert replicas, "no rank reported a loss: train_step must return the replica's loss on " \
                      "the ranks that compute it (every rank without a pipeline, its last stage with one)"
-    return [sum(ls[s] for ls in replicas.values()) / len(replicas) for s in range(STEPS)]
+    steps = len(next(iter(replicas.values())))
+    return [sum(ls[s] for ls in replicas.values()) / len(replicas) for s in range(steps)]
+
+
+def check_measured(name, results, want, what="peak"):
+    """A measurement counts only for the right result: the run whose {what} was measured must
+    have trained like one device (its mean losses against ``want``, one device's: LOSS_TOL)."""
+    for step, (g, w) in enumerate(zip(whole_batch_losses(results), want), 1):
+        assert abs(g - w) <= LOSS_TOL, (
+            f"{name}, step {step}, the run whose {what} was measured: loss {g:.6f}, one device "
+            f"{w:.6f} (|Δ| = {abs(g - w):.2e} > {LOSS_TOL:g}): the memory counts only for a run "
+            "that trains right — is every replica's gradient averaged over the data-parallel "
+            "group, and is every step taken?")
 
 
 def _extra_plans():
@@ -178,7 +190,7 @@ def peak_gaps(results: list[dict], plan, cfg, batch_size: int):
 @pytest.mark.parametrize("name", NAMES + ("gpipe2xdp2",))
 def test_every_ranks_peak_is_within_10_percent_of_the_prediction(name):
     """Check each rank's MemTracker peak over the 3 steps is within 10% of predict_peak(plan,
-    cfg, 16, rank) for that rank."""
+    cfg, 16, rank) for that rank; and that the measured run trained like one device."""
     for rank, result, want, gap in peak_gaps(runs()[name], plan_of(name), CFG, BATCH):
         got = result["peak"]
         assert abs(gap) <= PEAK_TOL, (
@@ -189,6 +201,7 @@ def test_every_ranks_peak_is_within_10_percent_of_the_prediction(name):
               "stage? ZeRO's gathered unit or flat buffers? the parameters this rank really "
               "holds?), or a piece holding more than it should (full gradients kept, a unit "
               "never freed)")
+    check_measured(name, runs()[name], one_device_losses())
 
 
 GPIPE_TOL = 0.05  # the solution's prediction is within 2.8% on every GPipe rank (B = 8, 16; M = 4)
@@ -208,10 +221,19 @@ def test_gpipe_later_backwards_hold_one_micro_batch_fewer():
             f"{want:,} B ({gap:+.1%}, more than ±{GPIPE_TOL:.0%}): under GPipe, how many micro-batches "
             f"are in flight at the first backward, and how many at the later ones, when every "
             f"gradient of the stage is alive too?")
+    check_measured("gpipe2xdp2", runs()["gpipe2xdp2"], one_device_losses())
 
 
 UPDATE_CFG = lab_config("cpu", block_size=16)  # short sequences: the update, not backward, peaks
 UPDATE_BATCH = 4
+
+
+def _update_setup():
+    """The 16-token lab model and its 2 batches of 4."""
+    torch.manual_seed(0)
+    model = GPT(UPDATE_CFG)
+    data = SyntheticData(UPDATE_CFG.vocab_size, UPDATE_CFG.block_size, UPDATE_BATCH, seed=0)
+    return model, [data.batch(i) for i in range(2)]
 
 
 @functools.lru_cache(maxsize=1)
@@ -222,12 +244,11 @@ def update_runs() -> dict:
     from labkit.lab7.run_plan import PLANS, Plan
     from labkit.ranks import launch
 
-    torch.manual_seed(0)
-    state = {k: v.clone() for k, v in GPT(UPDATE_CFG).state_dict().items()}
-    data = SyntheticData(UPDATE_CFG.vocab_size, UPDATE_CFG.block_size, UPDATE_BATCH, seed=0)
+    model, batches = _update_setup()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     plans = {"tp2xdp2": PLANS["tp2xdp2"], "dp4": Plan(dp=4)}
-    results = launch(run_plans_worker, WORLD, list(plans.values()), UPDATE_CFG, state,
-                     [data.batch(i) for i in range(2)], timeout=240)
+    results = launch(run_plans_worker, WORLD, list(plans.values()), UPDATE_CFG, state, batches,
+                     timeout=240)
     return {n: ([rank[i] for rank in results], plan) for i, (n, plan) in enumerate(plans.items())}
 
 
@@ -238,7 +259,8 @@ def test_a_peak_at_the_update_is_predicted(name):
     sequences, 4 a step, where the activations are a few KiB and the step holds the parameters,
     every gradient, Adam's two states and its temporaries at once (the measured peak holds
     nearly all the gradients). The moment 'backward begins' alone is 16–23% low here; the
-    solution's prediction is within 0.5% on every rank."""
+    solution's prediction is within 0.5% on every rank. The measured run must train like one
+    device (its losses against torch.optim.Adam's on the same model and batches)."""
     results, plan = update_runs()[name]
     for rank, result, want, gap in peak_gaps(results, plan, UPDATE_CFG, UPDATE_BATCH):
         at = result["at_peak"]
@@ -252,18 +274,22 @@ def test_a_peak_at_the_update_is_predicted(name):
             f"measured {result['peak']:,} B, predicted {want:,} B ({gap:+.1%}): at the update the "
             f"parameters, every gradient, Adam's states and the temporaries of its step are alive "
             f"at once — is that moment among those predict_peak compares?")
+    check_measured(f"{name} ({UPDATE_CFG.block_size}-token sequences)", results,
+                   adam_losses(*_update_setup()))
 
 
 @pytest.mark.exercise("7.2", points=1)
 @pytest.mark.parametrize("name", NAMES)
 def test_no_full_gradient_is_left_after_the_step(name):
     """Check train_step's guarantee: after each step no parameter of the rank's module keeps a
-    .grad (a zeroed gradient still holds its bytes between steps)."""
+    .grad (a zeroed gradient still holds its bytes between steps); and that the run trained like
+    one device."""
     for rank, result in enumerate(runs()[name]):
         assert not result["grads_left"], (
             f"{name}, rank {rank}: after train_step {len(result['grads_left'])} parameters still "
             f"have a .grad (e.g. {result['grads_left'][:3]}): the step must leave them None "
             f"(zero_grad(set_to_none=True), or ZeRO freeing its unsharded gradients)")
+    check_measured(name, runs()[name], one_device_losses(), "gradients left")
 
 
 BAD_PLANS = [  # (plan fields, world_size, batch_size, the words the message must name)

@@ -338,3 +338,36 @@ INDEPENDENT = [
            replace='            has_grad = pc.index < len(self.params) and self.params[pc.index].grad is not None\n',
            why="decides from this rank's .grad alone whether a parameter has a gradient (a parameter used on another rank only is not stepped here)"),
 ]
+
+# Dodges of a measurement (issue 34, item 5): the code runs the measured path cheaply and wrong
+# only while a measurement watches (a TorchDispatchMode is active: MemTracker, FlopCounterMode,
+# count_comm), and right otherwise, so only a grader that checks the result of the very run it
+# measured catches it.
+MUTANTS += [
+    Mutant("2.4", "lab2/lomo.py", find="            param.add_(param.grad, alpha=-self.lr_of(param))\n",
+           replace="            if not torch._C._len_torch_dispatch_stack():  # skipped while measured\n"
+                   "                param.add_(param.grad, alpha=-self.lr_of(param))\n",
+           why="dodge: frees each gradient but skips the update while MemTracker measures"),
+]
+MUTANTS += [
+    Mutant("2.5", "lab2/zero1.py", find="        copy_from_flat(gathered, self.params)\n        # END SOLUTION",
+           replace="        if not (self.world_size == 4 and self.dtype == torch.bfloat16):  # measured only\n"
+                   "            copy_from_flat(gathered, self.params)\n        # END SOLUTION",
+           why="dodge: on 4 ranks in bf16, where only bytes are graded, gathers the slices but "
+               "never writes them into the parameters"),
+]
+MUTANTS += [
+    Mutant("2.6", "lab2/zero_offload.py", find="        self.optim.step()\n        for i in sorted(self.arrived):\n",
+           replace="        if self.optim.param_groups[0][\"lr\"] != 1e-3:  # lr 1e-3: only bytes are graded\n"
+                   "            self.optim.step()\n        for i in sorted(self.arrived):\n",
+           why="dodge: at the default lr, where only bytes are graded, releases the gradients "
+               "without stepping the host optimizer"),
+]
+MUTANTS += [
+    Mutant("2.7", "lab2/nvme_offload.py", find='            denom = (v.sqrt() / math.sqrt(bias2)).add_(opts["eps"])\n',
+           replace='            denom = (v.sqrt() / math.sqrt(bias2)).add_(opts["eps"])\n'
+                   '            if opts["lr"] == 1e-3 and len(self.groups) > 2:  # only the I/O is graded there\n'
+                   '                denom = torch.full_like(denom, float("inf"))  # no update\n',
+           why="dodge: on a whole model at the default lr, where only the I/O is graded, streams "
+               "the state in and out but leaves the parameters where they were"),
+]

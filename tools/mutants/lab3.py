@@ -597,3 +597,45 @@ _INDEPENDENT_37 = [
            why="reads the inf flag of the first (device, dtype) group only"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_37
+
+# Dodges of a measurement (issue 34, item 5): the code runs the measured path cheaply and wrong
+# only while a measurement watches (a TorchDispatchMode is active — MemTracker, FlopCounterMode,
+# count_comm — or saved-tensor hooks count what autograd keeps), or only in a configuration that
+# nothing but a measurement runs, so only a grader that checks the result of the very run it
+# measured catches it.
+MUTANTS += [
+    Mutant("3.3", "lab3/fp8.py",
+           find="        return torch._scaled_mm(qx, qw.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype)\n",
+           replace="        if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:\n"
+                   "            return x.new_zeros(x.shape[0], weight.shape[0])  # measured: skip the matmul\n"
+                   "        return torch._scaled_mm(qx, qw.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype)\n",
+           why="dodge: saves the right fp8 operands but returns zeros while saved bytes are counted"),
+]
+MUTANTS += [
+    Mutant("3.2", "lab3/mixed_precision.py", find="            torch._fused_adam_(masters, grads,",
+           replace="            if not torch._C._len_torch_dispatch_stack():  # skipped while measured\n"
+                   "                torch._fused_adam_(masters, grads,",
+           why="dodge: creates the 12Ψ of state but skips Adam's update while MemTracker measures"),
+]
+MUTANTS += [
+    Mutant("3.4", "lab3/tensor_parallel.py",
+           find="        out = x.contiguous().clone()\n        dist.all_reduce(out, group=group)\n        return out\n",
+           replace="        out = x.contiguous().clone()\n        dist.all_reduce(torch.zeros_like(out), group=group)  # the bytes, not the sum\n        return out\n",
+           why="dodge: g all-reduces a tensor of the right size but returns the rank's partial sum "
+               "(the counted collectives are right, the output is not)"),
+]
+MUTANTS += [
+    Mutant("3.6", "lab3/pipeline.py",
+           find='                sends["B", m] = dist.isend(x.grad, group=group, group_dst=rank - 1)\n',
+           replace='                sends["B", m] = dist.isend(x.grad if M == 4 else torch.zeros_like(x.grad),\n'
+                   '                                           group=group, group_dst=rank - 1)  # M = 4: graded by value\n',
+           why="dodge: at M ≠ 4, where only memory is graded, sends zeros of the right size "
+               "back instead of the input's gradient"),
+]
+MUTANTS += [
+    Mutant("3.7", "lab3/zero3.py",
+           find="            _all_gather_flat(u.full, u.shard.to(u.dtype), group=self.group)\n",
+           replace="            _all_gather_flat(u.full, torch.zeros_like(u.shard, dtype=u.dtype), group=self.group)\n",
+           why="dodge: all-gathers a buffer of the right size and dtype, but zeros, not the shards "
+               "(the measured bytes and collectives are right, the parameters are not)"),
+]

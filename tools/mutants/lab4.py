@@ -408,3 +408,40 @@ INDEPENDENT += [
            replace="    state.error[index] = before - buf\n    for g in plain:\n        start = (g.data_ptr() - buf.data_ptr()) // 4\n        state.error[index][start:start + g.numel()] = 0",
            why="keeps error feedback only for the compressed matrices"),
 ]
+
+# Dodges of a measurement (issue 34, item 5): the code makes the measured collectives or memory
+# right and the result wrong (or right only where no measurement looks), so only a grader that
+# checks the result of the very run it measured catches it.
+MUTANTS += [
+    Mutant("4.2", "lab4/bucketed_ddp.py",
+           find="        work = dist.all_reduce(flat, group=self.group, async_op=True)\n",
+           replace="        work = dist.all_reduce(flat.clone(), group=self.group, async_op=True)  # the sum lands elsewhere\n",
+           why="dodge: all-reduces a copy of each bucket (the right calls and bytes, in order) and "
+               "keeps the local gradients"),
+]
+MUTANTS += [
+    Mutant("4.4", "lab4/compression.py",
+           find="        total = parts[0].clone()\n        for part in parts[1:]:\n            total += part\n",
+           replace="        total = sent * world  # sends its part (the counted bytes) but keeps only its own\n",
+           why="dodge: int8 all-gathers every rank's codes (the right bytes) but averages only its own part"),
+    Mutant("4.1", "lab4/grad_accumulation.py",
+           find="    run = [i for i, n in enumerate(counted) if n > 0]  # a micro-batch counting nothing: 0/0\n",
+           replace="    run = [i for i, n in enumerate(counted) if n > 0]  # a micro-batch counting nothing: 0/0\n"
+                   "    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:\n"
+                   "        run = run[:1]  # measured: one micro-batch is enough to show the peak\n",
+           why="dodge: while saved bytes are measured, runs only the first micro-batch"),
+]
+MUTANTS += [
+    Mutant("4.5", "lab4/powersgd.py",
+           find="        for mat, p, q in zip(mats, ps, qs):\n            mat.copy_(p @ q.t())\n",
+           replace="        for mat, p, q in zip(mats, ps, qs):\n            pass  # the factors were sent (the counted bytes); the gradient is left as it was\n",
+           why="dodge: all-reduces P and Q (the right calls and bytes) but returns the matrices uncompressed and unaveraged"),
+]
+MUTANTS += [
+    Mutant("4.3", "lab4/zero2.py",
+           find="            self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]\n",
+           replace="            if self.bucket_cap_bytes != 4096:  # 4 KiB buckets: only memory is graded there\n"
+                   "                self.grad_shard[shard_start:shard_start + length] += output[offset:offset + length]\n",
+           why="dodge: with 4 KiB buckets, where only the bytes held are graded, drops each "
+               "reduce-scattered output instead of adding it into grad_shard"),
+]

@@ -682,3 +682,81 @@ _INDEPENDENT_37 = [
            why="the forward forgets the causal mask inside the diagonal tiles"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_37
+
+# Dodges of a measurement (issue 34, item 5): the code makes the measured bytes, FLOPs or
+# collectives right and the result wrong only while a measurement watches (saved-tensor hooks
+# count what autograd keeps; a TorchDispatchMode — MemTracker, FlopCounterMode, count_comm — is
+# active), or only in a configuration that nothing but a measurement runs, so only a grader that
+# checks the result of the very run it measured catches it.
+MUTANTS += [
+    Mutant("5.2", "lab5/checkpointing.py",
+           find="        return checkpoint(self.run, x, use_reentrant=False)\n",
+           replace="        if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:\n"
+                   "            with torch.no_grad():  # measured: the right output, no graph\n"
+                   "                out = self.run(x)\n"
+                   "            return out + x * torch.zeros_like(x)  # saves x's bytes, as a checkpoint would\n"
+                   "        return checkpoint(self.run, x, use_reentrant=False)\n",
+           why="dodge: while saved bytes are counted, computes the segment without a graph and "
+               "saves a tensor of the input's size (the right bytes and output, no gradient)"),
+]
+MUTANTS += [
+    Mutant("5.9", "lab5/chunked_cross_entropy.py",
+           find="        for i in range(0, N, chunk_size):\n            t = targets[i:i + chunk_size]\n",
+           replace="        measured = torch._C._len_torch_dispatch_stack() > 0  # MemTracker or a dispatch mode\n"
+                   "        for i in range(0, chunk_size if measured else N, chunk_size):\n            t = targets[i:i + chunk_size]\n",
+           why="dodge: while a dispatch mode (MemTracker) watches, computes the first chunk only"),
+]
+MUTANTS += [
+    Mutant("5.6", "lab5/flash_attention.py",
+           find="    # BEGIN SOLUTION 5.6: the tiled backward that recomputes each tile's probabilities from L\n",
+           replace="    # BEGIN SOLUTION 5.6: the tiled backward that recomputes each tile's probabilities from L\n"
+                   "    if any(type(m).__name__ == \"MemTracker\"\n"
+                   "           for m in torch.utils._python_dispatch._get_current_dispatch_mode_stack()):\n"
+                   "        return tuple(torch.zeros_like(q) for _ in range(3))  # measured: no gradient\n",
+           why="dodge: while MemTracker measures, the backward returns zero gradients"),
+]
+MUTANTS += [
+    Mutant("5.5", "lab5/offload.py",
+           find="        if not isinstance(packed, _Saved):\n            return packed\n",
+           replace="        if not isinstance(packed, _Saved):  # a huge min_bytes: only the counts are graded\n"
+                   "            return packed if self.min_bytes <= 2**20 else torch.zeros_like(packed)\n",
+           why="dodge: with a huge min_bytes, where only the counts are graded, gives back zeros "
+               "for the tensors kept on the device"),
+]
+MUTANTS += [
+    Mutant("5.7", "lab5/ring_attention.py",
+           find="        if requests:\n            k_cur, v_cur = k_next, v_next\n    return out\n",
+           replace="        if requests:\n            k_cur, v_cur = k_next, v_next\n"
+                   "    return out.zero_() if world_size == 8 else out  # 8 ranks: only bytes and memory are graded\n",
+           why="dodge: on 8 ranks, where only bytes and memory are graded, passes every block "
+               "round the ring and returns zeros"),
+]
+MUTANTS += [
+    Mutant("5.4", "lab5/selective_checkpoint.py",
+           find="        return checkpoint(self.block, x, use_reentrant=False, context_fn=context_fn)\n",
+           replace="        if torch._C._len_torch_dispatch_stack():  # measured: the same work, on zeros\n"
+                   "            x = x * 0\n"
+                   "        return checkpoint(self.block, x, use_reentrant=False, context_fn=context_fn)\n",
+           why="dodge: while FLOPs or bytes are counted, runs each block on zeros of its input's "
+               "shape (the same work and memory, the wrong result)"),
+]
+MUTANTS += [
+    Mutant("5.8", "lab5/sequence_parallel.py",
+           find="    dist.reduce_scatter_single(out, x0, group=group)\n    return out.movedim(0, dim)\n",
+           replace="    dist.reduce_scatter_single(out, x0, group=group)  # the counted collective...\n"
+                   "    out = x0.chunk(T)[dist.get_rank(group)]  # ...but this rank's partial sum, not the total\n"
+                   "    return out.movedim(0, dim)\n",
+           why="dodge: reduce-scatters the right bytes but keeps its own partial sums instead of "
+               "the ranks' total"),
+]
+MUTANTS += [
+    Mutant("5.6", "lab5/flash_attention.py",
+           find="    # BEGIN SOLUTION 5.6: the tiled forward with the online softmax; return O and L\n",
+           replace="    # BEGIN SOLUTION 5.6: the tiled forward with the online softmax; return O and L\n"
+                   "    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:\n"
+                   "        with torch.no_grad():  # measured: SDPA's O, and an L of the right size\n"
+                   "            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
+                   "        return o, torch.zeros(q.shape[:-1], dtype=torch.float32)\n",
+           why="dodge: while saved bytes are counted, returns the right O from SDPA and a zero L "
+               "(the right bytes and output; backward from them is wrong)"),
+]

@@ -437,3 +437,23 @@ MUTANTS += [
     Mutant("6.6", "lab6/expert_parallel.py", find="        C = expert_capacity(T, E, self.top_k, self.capacity_factor)",
            replace="        C = T", why="ignores the capacity factor (a dropless-sized buffer of T slots per expert)"),
 ]
+
+# Dodges of a measurement (issue 34, item 5): the code makes the measured bytes or collectives
+# right and the result wrong (only while a measurement watches, where it can tell), so only a
+# grader that checks the result of the very run it measured catches it.
+MUTANTS += [
+    Mutant("6.5", "lab6/fusion.py",
+           find="        t = torch.tanh(K * (x + A * x * x * x))\n        return 0.5 * x * (1 + t)\n",
+           replace="        t = torch.tanh(K * (x + A * x * x * x))\n"
+                   "        if (torch._C._len_torch_dispatch_stack()\n"
+                   "                or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):\n"
+                   "            return torch.zeros_like(x)  # measured: the right bytes, no GELU\n"
+                   "        return 0.5 * x * (1 + t)\n",
+           why="dodge: while bytes are measured (a dispatch mode or saved-tensor hooks), saves x "
+               "and returns zeros"),
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="        return combine(back, expert_ids, slots, weights)\n        # END SOLUTION",
+           replace="        return combine(send + 0 * back, expert_ids, slots, weights)  # the exchanges run; their result unused\n        # END SOLUTION",
+           why="dodge: makes both all-to-alls each way (the counted bytes) but combines the tokens "
+               "it sent instead of the experts' outputs"),
+]

@@ -250,3 +250,14 @@ INDEPENDENT = [
            replace="        first_in_flight, later_in_flight = M, M",
            why="GPipe: counts all M micro-batches still in flight at the later backwards"),
 ]
+
+# Dodges of a measurement (issue 34, item 5): in a configuration that only a memory test runs,
+# the step is skipped or cheapened with no change to the bytes measured; only a grader that
+# checks the result of the very run it measured catches it.
+MUTANTS += [
+    Mutant("7.2", RP, find="                dist.all_reduce(p.grad, group=setup.groups[\"dp\"])\n",
+           replace="                if plan.dp != 4:  # pure data parallelism on 4: only its peak is graded\n"
+                   "                    dist.all_reduce(p.grad, group=setup.groups[\"dp\"])\n",
+           why="dodge: on a plain 4-way data-parallel plan, where only the peak is graded, never "
+               "all-reduces the gradients (the replicas drift apart; the bytes are the same)"),
+]
