@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -71,7 +70,3 @@ def main(argv: list[str] | None = None) -> int:
         formats.write_csv(rows, args.csv)
         print(f"class table written to {args.csv} ({len(rows)} rows)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

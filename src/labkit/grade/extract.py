@@ -96,24 +96,15 @@ def exercise_ids(source: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _imported(node: ast.AST) -> set[str]:
-    """The names an ``import`` statement binds."""
-    return {(a.asname or a.name).split(".")[0] for a in node.names}
-
-
-def _assigned_names(node: ast.AST) -> list[str]:
+def bound_names(node: ast.AST) -> set[str]:
+    """The names a statement binds: a definition's, an import's, an assignment's targets."""
+    if isinstance(node, DEFS):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
     targets = node.targets if isinstance(node, ast.Assign) else \
         [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
-    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-
-
-def _top_names(tree: ast.Module) -> set[str]:
-    """Names the module binds at top level (defs, classes, imports, assignments)."""
-    names = set()
-    for node in tree.body:
-        names |= {node.name} if isinstance(node, DEFS) else _imported(node) if isinstance(
-            node, (ast.Import, ast.ImportFrom)) else set(_assigned_names(node))
-    return names
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
 
 
 def _free_names(expr: ast.AST) -> set[str]:
@@ -166,17 +157,14 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
     p_tree = ast.parse(pristine)
     p_lines = pristine.splitlines(keepends=True)
     p_units = units(p_tree)
-    merged = Merged(path=path, source=pristine)
-    if student is None:
-        merged.dropped.append(Dropped(path, 0, "the file", f"{missing}: every exercise in it is "
-                                      "graded as the stub"))
-        return merged
+    merged, line = Merged(path=path, source=pristine), 0
     try:
-        s_tree = ast.parse(student)
+        s_tree = None if student is None else ast.parse(student)
     except SyntaxError as exc:
-        merged.dropped.append(Dropped(path, exc.lineno or 0, "the file",
-                                      f"does not parse ({exc.msg}): every exercise in it is "
-                                      "graded as the stub"))
+        s_tree, line, missing = None, exc.lineno or 0, f"does not parse ({exc.msg})"
+    if s_tree is None:
+        merged.dropped.append(Dropped(path, line, "the file",
+                                      f"{missing}: every exercise in it is graded as the stub"))
         return merged
     s_lines = student.splitlines(keepends=True)
     s_units = units(s_tree)
@@ -225,7 +213,7 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
             continue
         has_ex = any(u.exercises for q, u in p_units.items() if q.startswith(cname + "."))
         p_members = {n.name for n in p_cls.body if isinstance(n, DEFS)}
-        p_assigned = {n for stmt in p_cls.body for n in _assigned_names(stmt)}
+        p_bound = set().union(*map(bound_names, p_cls.body))
         p_dumps = {ast.dump(n) for n in p_cls.body}
 
         def into_class(node, label: str, p_cls=p_cls) -> bool:
@@ -242,7 +230,7 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
                          "added to a class with no exercise: not graded")
                 elif into_class(node, f"{cname}.{node.name}"):
                     merged.added.append(f"{cname}.{node.name}")
-            elif names and has_ex and not (set(names) & (p_members | p_assigned)) \
+            elif names and has_ex and not (set(names) & p_bound) \
                     and ast.dump(node) not in p_dumps:
                 if into_class(node, f"{cname}.{', '.join(names)} (a class constant)"):
                     merged.added.append(f"{cname}.{'.'.join(names)}")
@@ -251,13 +239,13 @@ def merge(pristine: str, student: str | None, path: str, skip: frozenset = froze
                 drop(node, f"{_describe(node)} in class `{cname}`", "a statement of a class body, "
                      "not an exercise: the course's class body is graded")
     # added top-level definitions, imports and constants: appended at the end of the module
-    p_names = _top_names(p_tree)
+    p_names = set().union(*map(bound_names, p_tree.body))
     p_dumps = {ast.dump(n) for n in p_tree.body}
     available = p_names | BUILTIN_NAMES | {"__file__"} | \
         {n.name for n in s_tree.body if isinstance(n, DEFS)}
     for node in s_tree.body:
         is_import = isinstance(node, (ast.Import, ast.ImportFrom))
-        names = {node.name} if isinstance(node, DEFS) else _imported(node) if is_import else \
+        names = bound_names(node) if isinstance(node, DEFS) or is_import else \
             set(_constant_names(node))
         shadowed = sorted((names & BUILTIN_NAMES) - p_names)
         if shadowed:

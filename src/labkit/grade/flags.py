@@ -18,6 +18,7 @@ import ast
 from dataclasses import dataclass, field
 
 from labkit.grade import shortcuts
+from labkit.grade.extract import DEFS, bound_names
 
 FLAGS = {  # flag: (zeroes the exercise, what it means)
     "grader": (True, "reaches the grader, pytest, the tests, the references or the grader's "
@@ -42,7 +43,7 @@ ZEROES = {name for name, (zero, _) in FLAGS.items() if zero}
 MODULES = {  # a module (and everything under it) -> the flag its use raises
     **dict.fromkeys(("gc", "ctypes", "inspect", "builtins", "atexit", "signal", "faulthandler"),
                     "interpreter"),
-    **dict.fromkeys(("subprocess", "multiprocessing", "pty", "torch.multiprocessing"), "processes"),
+    **dict.fromkeys(("subprocess", "multiprocessing", "pty"), "processes"),  # torch.multiprocessing too
     **dict.fromkeys(("importlib", "pkgutil", "runpy", "timeit", "code", "pickle", "marshal",
                      "torch.hub", "torch.package", "torch.utils.cpp_extension"), "dynamic code"),
     **dict.fromkeys(("pytest", "pluggy", "conftest", "labkit.grade", "labkit.score_table",
@@ -65,7 +66,6 @@ DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", 
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str", "Mock", "MagicMock")
 LEAVES = {"get_type_hints": "dynamic code", "attrgetter": "dynamic names",
           "methodcaller": "dynamic names"}
-DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,9 @@ def _dunder(name: str) -> bool:
 
 
 def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]:
-    """(flag, what) for the parts of an attribute chain of ``kind`` (see :meth:`_Reader.chain`):
-    every tail of a module's path is checked; on an expression (``[labkit][0].grade``) each
-    attribute is compared with the modules' last names; on a local object (``err.code``) only
-    frames, dunders, ``sys`` and ``os``."""
+    """(flag, what) for an attribute chain of ``kind`` (:meth:`_Reader.chain`): every tail of a
+    module's path; an expression's attributes against the modules' last names; on a local object
+    (``err.code``) only frames, dunders, ``sys`` and ``os``."""
     out, resolved = [], kind == "module"
     for i, head in enumerate(parts):
         tail, nxt = ".".join(parts[i:]), (parts[i + 1] if i + 1 < len(parts) else "")
@@ -324,9 +323,7 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
             reader.visit(node)
         found[unit] = reader.found
         uses[unit] = {getattr(n, "id", getattr(n, "attr", None)) for n in ast.walk(node)}
-        binds[unit] = {node.name} if isinstance(node, DEFS) else {
-            n.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if t
-            for n in ast.walk(t) if isinstance(n, ast.Name)}
+        binds[unit] = bound_names(node)
     owners = {u: set(exs) for u, _, exs in merged.taken if u in merged.units}
     changed = True
     while changed:  # who uses each added definition, through other added definitions too

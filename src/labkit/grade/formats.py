@@ -1,10 +1,8 @@
 """What ``labkit-grade`` writes: ``grades.json``, Gradescope's ``results.json``, ``report.txt``, a CSV.
 
 ``grades.json`` is :func:`labkit.score_table._table`'s schema plus ``submission`` (what was
-dropped, the flags and zeroed exercises, the isolation). ``results.json`` holds only the keys of
-Gradescope's specification; a test this machine cannot run (needs CUDA) or grade (an optional
-reference is missing) is shown skipped with its reason and no score, out of the total. The CSV
-has one row per student per exercise; ``report.txt`` is for a person, isolation and flags first.
+dropped, the flags, the isolation); ``results.json``, only the keys of Gradescope's specification
+(a test that cannot run or be graded here is shown skipped, out of the total: docs/grading.md).
 """
 from __future__ import annotations
 

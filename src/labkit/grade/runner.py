@@ -80,12 +80,9 @@ def copy_course(root: Path, dest: Path) -> None:
 
 def exercise_modules(course: Path) -> dict[str, tuple[str, ...]]:
     """{"labkit/lab5/flash_attention.py": ("5.6",), ...}: the pristine modules with stubs."""
-    out = {}
-    for path in sorted((course / "src" / "labkit").glob("lab[0-9]*/*.py")):
-        ids = extract.exercise_ids(path.read_text())
-        if ids:
-            out[path.relative_to(course / "src").as_posix()] = ids
-    return out
+    found = {p.relative_to(course / "src").as_posix(): extract.exercise_ids(p.read_text())
+             for p in sorted((course / "src" / "labkit").glob("lab[0-9]*/*.py"))}
+    return {rel: ids for rel, ids in found.items() if ids}
 
 
 # ------------------------------------------------------------------ one graded copy
@@ -102,9 +99,8 @@ class Prepared:
     hide: tuple = ()                 # what the child must not see: the course's solutions/
 
 
-def collect(workspace: Path, timeout: float = 600, labs: list[str] | None = None) -> dict:
-    """The graded tests of the pristine copy (run before any student code is in it); with
-    ``labs``, only those labs' test files."""
+def collect(workspace: Path, labs: list[str] | None = None) -> dict:
+    """The graded tests of the pristine copy (before any student code is in it), of ``labs``."""
     out = workspace.parent / "collected.json"
     env = _base_env(workspace, workspace.parent / "collect-tmp")
     env["LABKIT_GRADE_COLLECT"] = str(out)
@@ -114,7 +110,7 @@ def collect(workspace: Path, timeout: float = 600, labs: list[str] | None = None
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "exercise",
                            "-p", "labkit.grade.collect", "-p", "pytest_timeout",
                            "-p", "no:cacheprovider", *files],
-                          cwd=workspace, env=env, capture_output=True, text=True, timeout=timeout)
+                          cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
     if not out.exists():
         raise RuntimeError(f"collecting the course's graded tests failed:\n{proc.stdout[-3000:]}"
                            f"\n{proc.stderr[-3000:]}")
@@ -326,8 +322,7 @@ def _decide(test: dict, record: dict | None, note: str, zeroed: list | None, voi
 
 def grade_submission(submission: Path, *, course: Path | None = None,
                      exercises: list[str] | None = None, jobs: int = 2, timeout: float = 1200,
-                     keep: Path | None = None, collected: dict | None = None,
-                     wall: isolation.Isolation | None = None) -> dict:
+                     collected: dict | None = None, wall: isolation.Isolation | None = None) -> dict:
     """Grade one submission; return the table (plugin._table's schema, plus ``submission``:
     what was dropped, the flags and zeroed exercises, the isolation)."""
     from labkit.score_table import _table, exercise_key
@@ -357,8 +352,6 @@ def grade_submission(submission: Path, *, course: Path | None = None,
             "flags": {e: f for e, f in sorted(prep.flags.items()) if e in graded},
             "isolation": wall.describe(), "seconds": round(time.time() - started, 1),
             "graded_exercises": exercises or table["known_exercises"]}
-        if keep:
-            shutil.copytree(workspace, keep, dirs_exist_ok=True)
         return table
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -19,8 +19,7 @@ MAX_ZIP_ENTRIES = 20000
 
 
 def unpack(submission: Path, into: Path) -> Path:
-    """A folder holding the submission: the folder itself, or a zip's Python files extracted
-    into ``into`` (no absolute paths, no ``..``, no links, within a size cap)."""
+    """A folder holding the submission: the folder itself, or a zip's Python files in ``into``."""
     submission = Path(submission)
     if submission.is_dir():
         return submission
@@ -71,9 +70,8 @@ def _real_dir(p: Path) -> bool:
 
 
 def read_submitted(path: Path, root: Path) -> tuple[str | None, str]:
-    """The text of a submitted module and, when it is not taken, why: a link (or a file under a
-    linked folder) is never followed, a huge file is not read, one that is not UTF-8 is not
-    guessed at."""
+    """The text of a submitted module and, when it is not taken, why (a link, even to a folder
+    above it, a huge file, one that is not UTF-8)."""
     if not path.exists() and not path.is_symlink():
         return None, "missing from the submission"
     real, top = os.path.realpath(path), os.path.realpath(root)
