@@ -322,7 +322,8 @@ def _decide(test: dict, record: dict | None, note: str, zeroed: list | None, voi
 
 def grade_submission(submission: Path, *, course: Path | None = None,
                      exercises: list[str] | None = None, jobs: int = 2, timeout: float = 1200,
-                     collected: dict | None = None, wall: isolation.Isolation | None = None) -> dict:
+                     keep: Path | None = None, collected: dict | None = None,
+                     wall: isolation.Isolation | None = None) -> dict:
     """Grade one submission; return the table (plugin._table's schema, plus ``submission``:
     what was dropped, the flags and zeroed exercises, the isolation)."""
     from labkit.score_table import _table, exercise_key
@@ -352,6 +353,8 @@ def grade_submission(submission: Path, *, course: Path | None = None,
             "flags": {e: f for e, f in sorted(prep.flags.items()) if e in graded},
             "isolation": wall.describe(), "seconds": round(time.time() - started, 1),
             "graded_exercises": exercises or table["known_exercises"]}
+        if keep:
+            shutil.copytree(workspace, keep, dirs_exist_ok=True)
         return table
     finally:
         shutil.rmtree(base, ignore_errors=True)
