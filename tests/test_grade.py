@@ -138,6 +138,11 @@ FLAGGED = [  # (an exercise body, the flag it raises, whether that flag zeroes t
     ("import subprocess\nsubprocess.run(['true'])", "processes", True),
     ("os.system('true')", "processes", True),
     ("return os.environ['HOME']", "grader", True),
+    ("return os.environb[b'HOME']", "grader", True),
+    ("return os.getenvb(b'HOME')", "grader", True),
+    ("from concurrent.futures import ProcessPoolExecutor\nProcessPoolExecutor().submit(print)",
+     "processes", True),
+    ("import asyncio\nasyncio.create_subprocess_exec('true')", "processes", True),
     ("import labkit.grade.child", "grader", True),
     ("import labkit.score_table", "grader", True),
     ("torch.nn.functional.gelu = print", "patching", True),
@@ -214,14 +219,15 @@ def test_the_grader_stays_small():
     lists plus 194 shortcut names before the wall moved to the operating system (issue 34, which
     asked for about 1,500 lines and 100 entries), then 2,309 lines with the suite's score table
     (now labkit/score_table.py: not the grader) and 102 entries; 1,950 lines and 103 entries
-    before the trim of dead code and redundant entries (1,922 and 102, no verdict changed). Lines
+    before the trim of dead code and redundant entries (1,922 and 102, no verdict changed); 105
+    with three entries that make a process pool or asyncio's subprocesses a zeroing flag. Lines
     of src/labkit/grade; entries of the flags' lists; the shortcut table's distinct patterns,
     data counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").glob("*.py")}
     entries = sum(len(getattr(flags, name)) for name in LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps})
-    assert sum(sizes.values()) <= 1922, sizes
-    assert entries <= 102 and patterns <= 35, (entries, patterns)
+    assert sum(sizes.values()) <= 1923, sizes
+    assert entries <= 105 and patterns <= 35, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

@@ -43,7 +43,8 @@ ZEROES = {name for name, (zero, _) in FLAGS.items() if zero}
 MODULES = {  # a module (and everything under it) -> the flag its use raises
     **dict.fromkeys(("gc", "ctypes", "inspect", "builtins", "atexit", "signal", "faulthandler"),
                     "interpreter"),
-    **dict.fromkeys(("subprocess", "multiprocessing", "pty"), "processes"),  # torch.multiprocessing too
+    **dict.fromkeys(("subprocess", "multiprocessing", "pty", "ProcessPoolExecutor",
+                     "create_subprocess_exec", "create_subprocess_shell"), "processes"),
     **dict.fromkeys(("importlib", "pkgutil", "runpy", "timeit", "code", "pickle", "marshal",
                      "torch.hub", "torch.package", "torch.utils.cpp_extension"), "dynamic code"),
     **dict.fromkeys(("pytest", "pluggy", "conftest", "labkit.grade", "labkit.score_table",
@@ -99,7 +100,7 @@ def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]
                 or (resolved and (tail == m or tail.startswith(m + ".")))]
         if head == "sys" and nxt not in SYS_OK:
             out.append(("interpreter", f"sys.{nxt}".rstrip(".")))
-        if head == "os" and (nxt.startswith(OS_PROCESSES) or nxt in OS_ENVIRONMENT):
+        if head == "os" and nxt.startswith(OS_PROCESSES + OS_ENVIRONMENT):  # environb, getenvb
             out.append(("processes" if nxt.startswith(OS_PROCESSES) else "grader", f"os.{nxt}"))
         if head in FRAMES or (_dunder(head) and head not in DUNDERS_OK):
             out.append(("interpreter", head))
