@@ -41,6 +41,23 @@ Typed from the papers (cited data, not computed here); chapter 7's calibration t
   the RMSNorms and MLA's up-projections only (§3.2.3), multi-head latent attention, a
   multi-token-prediction module, each token sent to at most 4 nodes.
 
+- ``KORTHIKANTI_TABLE_3_5``: Korthikanti et al. 2022 (https://arxiv.org/abs/2205.05198), Table 3
+  (parameters, attention heads, hidden size, layers, tensor- and pipeline-parallel size, GPUs,
+  global batch, micro-batch; no data parallelism) with Table 5's iteration times in seconds,
+  with full recomputation and with "present work" (sequence parallelism and selective
+  recomputation), and its model FLOPs utilisation; §6: sequence 2,048, vocabulary 51,200,
+  A100 80 GB GPUs (Selene), "the interleaving schedule with three interleaving stages" for the
+  175B and 530B models. §6.3 adds the 530B model on 2,240 GPUs (8-way data parallelism, the
+  batch 8 × 280): 39.15 s an iteration, MFU 54.2%, "we do not use any overlapping of gradient
+  all-reduces with back-propagation". Its model FLOPs are ``korthikanti_flops`` (Appendix A,
+  eq. 7); MFU × 312 TFLOP/s matches them over the iteration time to 0.5%.
+- ``MTNLG``: Smith et al. 2022 (https://arxiv.org/abs/2201.11990), Megatron-Turing NLG 530B: 105
+  layers, hidden 20,480, 128 heads, sequence 2,048, global batch 1,920, "8-way tensor and 35-way
+  pipeline parallelism" on A100 80 GB DGX nodes (Selene), DeepSpeed's pipeline engine with
+  Megatron-LM's tensor slicing; §2.4: 280, 350 and 420 servers take 60.1, 50.2 and 44.4 s an
+  iteration, "126, 121, and 113 teraFLOP/s per GPU" — Narayanan's eq. 3 (``megatron_flops``,
+  vocabulary 51,200) over those times gives 126, 120 and 113.
+
 ``published_runs()`` turns each into what the cost model needs (``PublishedRun``): the model, the
 cluster as its software ran (which attention kernel, whether data-parallel traffic overlapped),
 the published layout and the choices the paper states, and the space the run's framework offered.
@@ -68,6 +85,19 @@ LLAMA3_TABLE_4 = [(8192, 8, 1, 16, 64, 8192, 32, 430, 0.43),
 LLAMA3_405B = dict(n_params=405e9, n_layer=126, hidden=16384, n_head=128, n_kv_head=8,
                    ffn_hidden=53248, vocab_size=128256)
 
+KORTHIKANTI_TABLE_3_5 = [  # size, heads, hidden, layers, T, P, GPUs, batch, micro-batch, v, s full, s SP+selective, MFU
+    ("22B", 22e9, 64, 6144, 48, 8, 1, 8, 4, 4, 1, 1.42, 1.10, 0.415),
+    ("175B", 175e9, 96, 12288, 96, 8, 8, 64, 64, 1, 3, 18.13, 13.75, 0.514),
+    ("530B", 530e9, 128, 20480, 105, 8, 35, 280, 280, 1, 3, 49.05, 37.83, 0.560),
+    ("1T", 1e12, 160, 25600, 128, 8, 64, 512, 512, 1, 1, 94.42, 71.49, 0.563),
+]
+KORTHIKANTI_530B_DP8 = dict(n_gpus=2240, dp=8, global_batch=2240, seconds=39.15, mfu=0.542)
+KORTHIKANTI_SEQ, KORTHIKANTI_VOCAB, A100_PEAK = 2048, 51200, 312e12
+
+MTNLG = dict(n_params=530e9, n_layer=105, hidden=20480, n_head=128, seq_len=2048, vocab_size=51200,
+             global_batch=1920, tp=8, pp=35, runs=[(280, 60.1, 126), (350, 50.2, 121), (420, 44.4, 113)])
+"""(DGX A100 servers, seconds per iteration, published TFLOP/s per GPU) of §2.4."""
+
 DEEPSEEK_V3_RUN = dict(n_gpus=2048, dp=128, tp=1, pp=16, cp=1, ep=64, zero_stage=1, seq_len=4096,
                        global_batch=15360, intra_bw=160 * GB, inter_bw=50 * GB,
                        gpu_hours_per_trillion_tokens=180e3, active_params=37e9, n_layer=61)
@@ -83,6 +113,13 @@ def megatron_flops(batch: int, seq_len: int, n_layer: int, hidden: int, vocab: i
     each layer) and the logits, 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))."""
     return 96 * batch * seq_len * n_layer * hidden**2 * (
         1 + seq_len / (6 * hidden) + vocab / (16 * n_layer * hidden))
+
+
+def korthikanti_flops(batch: int, seq_len: int, n_layer: int, hidden: int, vocab: int) -> float:
+    """Korthikanti et al. 2022, eq. 7: the model FLOPs of one step (one forward, one backward, no
+    recomputation), 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))."""
+    return 72 * batch * seq_len * n_layer * hidden**2 * (
+        1 + seq_len / (6 * hidden) + vocab / (12 * n_layer * hidden))
 
 
 def palm_model_flops(batch: int, seq_len: int, n_params: float, n_layer: int, hidden: int) -> float:
@@ -131,7 +168,8 @@ class PublishedRun:
 
 
 def published_runs() -> list[PublishedRun]:
-    """Megatron-LM 2021's ten rows, BLOOM, Llama 3 405B's three rows and DeepSeek-V3 (module
+    """Megatron-LM 2021's ten rows, Korthikanti et al. 2022's nine (``korthikanti_runs``),
+    MT-NLG's three (``mtnlg_runs``), BLOOM, Llama 3 405B's three rows and DeepSeek-V3 (module
     docstring).
 
     As they ran: Megatron-LM of 2021 and Megatron-DeepSpeed (BLOOM) without sequence parallelism
@@ -163,6 +201,7 @@ def published_runs() -> list[PublishedRun]:
             dict(zero_stage=0, checkpointing="full", attention="naive", sequence_parallel=False),
             megatron_stack, tflops, megatron_flops(B, MEGATRON_SEQ, L, h, MEGATRON_VOCAB),
             "Narayanan et al. 2021, Table 1"))
+    runs += korthikanti_runs() + mtnlg_runs()
     b = BLOOM
     runs.append(PublishedRun(
         "BLOOM 176B", ModelSpec(b["n_params"], 72, b["hidden"], b["n_head"], b["seq_len"], "BLOOM"),
@@ -203,6 +242,65 @@ def published_runs() -> list[PublishedRun]:
         palm_model_flops(d["global_batch"], d["seq_len"], d["active_params"], d["n_layer"], DEEPSEEK_V3_HIDDEN),
         "DeepSeek-AI 2024, §1, §3.1–3.2, §4.2", notes=dict(tokens_per_s=tokens_per_s)))
     return runs
+
+
+def korthikanti_runs() -> list[PublishedRun]:
+    """Korthikanti et al. 2022's Table 5 (module docstring) as it ran: Megatron-LM of 2022 on
+    Selene, naive attention with fused softmax, no data parallelism but in the §6.3 row (whose
+    all-reduce did not overlap: ZeRO-0, ``overlap_share=0``), the micro-batch and the
+    interleaving Table 3 and §6 state. Each of the four configurations twice, as the table
+    measured it: "present work" (sequence parallelism and selective recomputation) and "full
+    recompute" (neither); the 530B model also on 2,240 GPUs with the present work. The
+    published TFLOP/s is eq. 7's model FLOPs over the iteration time (for the present work, the
+    printed MFU × 312 to 0.5%). Their framework offered every recomputation, sequence
+    parallelism or not, and interleaving."""
+    from labkit.cost_model import A100_SXM_80GB, Cluster, ModelSpec
+
+    space = dict(zero_stages=(0,), checkpointing=("none", "selective", "full"), attention=("naive",),
+                 sequence_parallel=(False, True), interleave=(False, True), reshard_after_forward=(True,))
+    s, V = KORTHIKANTI_SEQ, KORTHIKANTI_VOCAB
+    rows = [(size, n, a, h, L, T, P, N, B, b, v, t_sp, "SP + selective", True, "selective")
+            for size, n, a, h, L, T, P, N, B, b, v, _, t_sp, _ in KORTHIKANTI_TABLE_3_5]
+    d = KORTHIKANTI_530B_DP8
+    size, n, a, h, L, T, P, _, B, b, v, *_ = KORTHIKANTI_TABLE_3_5[2]
+    rows.append((size, n, a, h, L, T, P, d["n_gpus"], d["global_batch"], b, v, d["seconds"],
+                 f"{d['n_gpus']:,} GPUs", True, "selective"))
+    rows += [(size, n, a, h, L, T, P, N, B, b, v, t_full, "full recompute", False, "full")
+             for size, n, a, h, L, T, P, N, B, b, v, t_full, _, _ in KORTHIKANTI_TABLE_3_5]
+    runs = []
+    for size, n, a, h, L, T, P, N, B, b, v, seconds, label, sp, ckpt in rows:
+        flops = korthikanti_flops(B, s, L, h, V)
+        runs.append(PublishedRun(
+            f"Korthikanti {size}, {label}", ModelSpec(n, L, h, a, s, size, vocab_size=V),
+            Cluster.of(A100_SXM_80GB, N, overlap_share=0.0), B, (N // (T * P), T, P, 1),
+            dict(zero_stage=0, checkpointing=ckpt, attention="naive", sequence_parallel=sp,
+                 micro_batch=b, virtual_stages=v),
+            space, flops / (seconds * N) / 1e12, flops, "Korthikanti et al. 2022, Tables 3 and 5, §6",
+            notes=dict(seconds=seconds)))
+    return runs
+
+
+def mtnlg_runs() -> list[PublishedRun]:
+    """Megatron-Turing NLG 530B's three cluster sizes (module docstring) as they ran: DeepSpeed's
+    pipeline engine (plain 1F1B, no interleaving) with Megatron-LM's tensor slicing of 2021, no
+    sequence parallelism, naive attention, full recomputation (eq. 3's four passes are what
+    its TFLOP/s count), no data-parallel overlap; the ZeRO stage and the micro-batch are not
+    stated (the engine runs ZeRO-0 or 1 with a pipeline: both are searched). Its framework
+    offered no selective recomputation (2022) and no interleaving."""
+    from labkit.cost_model import A100_SXM_80GB, Cluster, ModelSpec
+
+    m = MTNLG
+    model = ModelSpec(m["n_params"], m["n_layer"], m["hidden"], m["n_head"], m["seq_len"], "MT-NLG",
+                      vocab_size=m["vocab_size"])
+    flops = megatron_flops(m["global_batch"], m["seq_len"], m["n_layer"], m["hidden"], m["vocab_size"])
+    return [PublishedRun(
+        f"MT-NLG 530B, {nodes * 8:,} GPUs", model, Cluster.of(A100_SXM_80GB, nodes * 8, overlap_share=0.0),
+        m["global_batch"], (nodes * 8 // (m["tp"] * m["pp"]), m["tp"], m["pp"], 1),
+        dict(attention="naive", sequence_parallel=False, checkpointing="full", virtual_stages=1),
+        dict(zero_stages=(0, 1), checkpointing=("none", "full"), attention=("naive",), sequence_parallel=(False,),
+             interleave=(False,), reshard_after_forward=(True,)),
+        tflops, flops, "Smith et al. 2022, §2.4", notes=dict(seconds=seconds))
+        for nodes, seconds, tflops in m["runs"]]
 
 
 def as_ran(run: PublishedRun, margin: float = 0.0):
