@@ -130,7 +130,10 @@ class ShardedUnits:
         self.units.append(Unit(model, [p for p in model.parameters() if id(p) not in in_blocks]))
         for u in self.units:
             u.layout = ShardLayout(u.params, self.world_size, self.rank)
-            self._shard(u)
+            if u.params:
+                self._shard(u)
+            else:  # a root with no parameters of its own (all are in blocks): nothing to shard
+                u.full, u.shard = torch.zeros(0, dtype=u.dtype), torch.zeros(0, dtype=u.master_dtype)
         self.order = self.units[-2::-1] + [self.units[-1]]  # backward's: last block first, root last
         self.next_unit = 0  # position in order of the next unit to reduce-scatter
         self.backward_end = BackwardEnd(self._end_of_backward)
