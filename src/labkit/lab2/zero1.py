@@ -73,6 +73,9 @@ class ZeRO1(ShardedOptimizer):
     * ``zero_grad``, ``state``, ``shard_state()`` (the states as flat (S,) tensors),
       ``state_dict()`` / ``load_state_dict()`` (this rank's: the shard and the optimizer's).
 
+    An optimizer: it never touches the model's buffers (DDP broadcasts rank 0's before each
+    forward): each rank keeps the BatchNorm running statistics of its own batches.
+
     Args:
         params: tensors, or parameter groups (dicts with "params" and per-group options such as
             ``lr`` or ``weight_decay``), as for ``torch.optim``; trainable ones share one

@@ -79,6 +79,9 @@ class ZeRO2Adam(BucketedShardedAdam):
         state: ``"exp_avg"``, ``"exp_avg_sq"`` ((S,) each: Adam's states of the pieces are views
             of them) and ``"master"`` (the slice) for 16-bit parameters.
 
+    An optimizer: it never touches the model's buffers (DDP broadcasts rank 0's before each
+    forward): each rank keeps the BatchNorm running statistics of its own batches.
+
     Args:
         params: the model's parameters (a list, or parameter groups with their own lr, betas,
             eps, weight_decay; frozen ones are skipped); one floating dtype and one device for
