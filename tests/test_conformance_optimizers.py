@@ -92,7 +92,7 @@ from typing import Callable
 import pytest
 import torch
 
-from _conformance_helpers import (ALL, Toy, assert_histories_close, dp_plans, gradients, group_of,
+from _conformance_helpers import (ADAM64, ALL, Toy, assert_histories_close, dp_plans, gradients, group_of,
                                   plan_of, reference_run, run, with_zeros)
 
 F64 = dict(rtol=1e-9, atol=1e-12)
@@ -970,3 +970,107 @@ def test_load_state_dict_of_its_reference(info, tmp_path):
     opt.step()
     _assert_steps_close([list(theirs)], [want[2]], f"{info.name}: torch's state_dict loaded, then a "
                         "step", **_tol(info, dtype, "reference"))
+
+
+# ---------------------------------------------------------------- edge cases (distributed)
+
+def _dp_edges(rank, world_size, name):
+    """Inside each of 2 ranks, on the toy in fp64: the lr halved through ``param_groups`` (of
+    the torch optimizer the wrapper runs) after each step; ``StepLR`` on it; the frozen
+    parameter unfrozen after step 1 (trained from then on, or refused by name); a state_dict
+    written before any step, loaded into a new wrapper."""
+    info = BY_NAME[name]
+    ctx = SimpleNamespace(group=None, directory=None)
+    G = gradients(plan_of(3, world_size), torch.float64)
+    out = {}
+
+    def drive(setup=None, between=None, unfreeze=False, opt_of=None):
+        model = Toy(torch.float64)
+        opt = info.build(model, list(model.parameters()), ctx) if opt_of is None else opt_of(model)
+        if setup is not None:
+            setup(opt)
+        history = []
+        for s, step in enumerate(G):
+            try:
+                _snapshot_run(info, model, opt, [step], rank)
+            except (ValueError, RuntimeError) as exc:
+                return f"{type(exc).__name__}: {exc}"
+            if between is not None:
+                between(opt, s)
+            if unfreeze and s == 0:
+                model.frozen.requires_grad_(True)
+            history.append(_full(info, model, opt))
+        return history
+
+    out["halved"] = drive(between=lambda opt, s: _halve_lr(_holder(info, opt), s))
+    schedulers = []
+    out["StepLR"] = drive(setup=lambda opt: schedulers.append(torch.optim.lr_scheduler.StepLR(
+        _holder(info, opt), step_size=1, gamma=0.5)), between=lambda opt, s: schedulers[-1].step())
+    out["unfrozen"] = drive(unfreeze=True)
+
+    def loaded(model):
+        saved = copy.deepcopy(info.build(Toy(torch.float64), list(Toy(torch.float64).parameters()),
+                                         ctx).state_dict())
+        opt = info.build(model, list(model.parameters()), ctx)
+        opt.load_state_dict(saved)
+        return opt
+    out["loaded at step 0"] = drive(opt_of=loaded)
+    out["straight"] = drive()
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def dp_edge_results(name):
+    from labkit.ranks import launch
+
+    return launch(_dp_edges, 2, name, timeout=120)
+
+
+def _adam_reference(G, world, *, halve=False, unfreeze=False):
+    """torch.optim.Adam over every parameter of the toy (the frozen one included, as torch's
+    optimizers hold it) with the gradients averaged over ``world`` ranks; ``halve``: the lr
+    halved after each step; ``unfreeze``: the frozen parameter trainable after step 1 (its
+    gradient: 0.5 everywhere on every rank, from the loss's frozen·0.5 term)."""
+    model = Toy(torch.float64)
+    named = dict(model.named_parameters())
+    opt = torch.optim.Adam(list(named.values()), lr=LR)
+    history = []
+    for s, step in enumerate(G):
+        for n, p in named.items():
+            used = [bw[n] for r in range(world) for bw in step[r] if n in bw]
+            p.grad = (sum(used) / world) if used and p.requires_grad else None
+        if named["frozen"].requires_grad:
+            named["frozen"].grad = torch.full_like(named["frozen"], 0.5)
+        opt.step()
+        if halve:
+            _halve_lr(opt, s)
+        if unfreeze and s == 0:
+            named["frozen"].requires_grad_(True)
+        history.append({n: p.detach().clone() for n, p in named.items()})
+    return history
+
+
+@pytest.mark.parametrize("info", DISTRIBUTED, ids=ids)
+def test_distributed_optimizers_edge_cases(info):
+    """ZeRO-1/2/3 on 2 ranks: the lr changed between steps (by hand and by StepLR, on the
+    torch optimizer the wrapper runs: ``.optim``), a parameter unfrozen after step 1 (trained
+    from then on as torch's Adam trains it, or refused naming requires_grad), a state_dict
+    from before any step: against torch.optim.Adam on the averaged gradients."""
+    G = gradients(plan_of(3, 2), torch.float64)
+    plain, halved = _adam_reference(G, 2), _adam_reference(G, 2, halve=True)
+    for rank, out in enumerate(dp_edge_results(info.name)):
+        what = f"{info.name}, rank {rank} of 2"
+        for label in ("halved", "StepLR"):
+            assert not isinstance(out[label], str), f"{what}, lr {label}: raised {out[label]}"
+            assert_histories_close(out[label], halved, f"{what}, lr {label} after each step", **ADAM64)
+        assert_histories_close(out["straight"], plain, f"{what}, plain", **ADAM64)
+        assert not isinstance(out["loaded at step 0"], str), f"{what}: {out['loaded at step 0']}"
+        assert_histories_close(out["loaded at step 0"], out["straight"],
+                               f"{what}, a state_dict from before any step", rtol=0, atol=0)
+        got = out["unfrozen"]
+        if isinstance(got, str):
+            assert "requires_grad" in got, (f"{what}: a parameter unfrozen after step 1 must be "
+                                            f"trained or refused naming requires_grad, got {got}")
+        else:
+            assert_histories_close(got, _adam_reference(G, 2, unfreeze=True),
+                                   f"{what}, the frozen parameter unfrozen after step 1", **ADAM64)

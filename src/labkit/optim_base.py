@@ -28,7 +28,8 @@ import torch
 
 from labkit import validate
 
-__all__ = ["run_closure", "param_groups", "Optimizer", "PerParameterOptimizer", "UpdateInBackward"]
+__all__ = ["run_closure", "param_groups", "refuse_unfrozen", "Optimizer", "PerParameterOptimizer",
+           "UpdateInBackward"]
 
 
 def run_closure(closure):
@@ -41,6 +42,19 @@ def run_closure(closure):
                         f"{type(closure).__name__}")
     with torch.enable_grad():
         return closure()
+
+
+def refuse_unfrozen(frozen: dict, owner: str) -> None:
+    """Refuse, naming them, parameters of ``frozen`` ({label: parameter}: those that were frozen
+    when ``owner`` was built) that require grad now. An optimizer that lays out its parameters
+    at construction (hooks, host masters, flat shards) trains only those trainable then: one
+    unfrozen later would silently not be trained, where ``torch.optim``'s optimizers (which
+    hold frozen parameters) step it once it has a gradient."""
+    woke = [label for label, p in frozen.items() if p.requires_grad]
+    if woke:
+        raise ValueError(f"parameters {woke} have requires_grad=True but were frozen when {owner} "
+                         "was built: it trains the parameters that required grad then; build a "
+                         "new one after unfreezing")
 
 
 class Optimizer(torch.optim.Optimizer):

@@ -109,6 +109,7 @@ class ZeRO1(ShardedOptimizer):
         (optional, given) runs first, as for ``torch.optim``; its loss is returned.
         """
         loss = run_closure(closure)
+        self.check_trainable()  # given: refuses a parameter unfrozen since construction
         # BEGIN SOLUTION 2.5: reduce-scatter the packed gradients, average your slice, give each piece its gradient (None for a parameter no rank had one for), step, all-gather the slices into the parameters
         send = self.layout.pack([p.grad for p in self.params], self.dtype)  # (N·(S + P),)
         received = torch.empty(send.numel() // self.world_size, dtype=self.dtype, device=send.device)

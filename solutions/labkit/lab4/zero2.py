@@ -174,6 +174,7 @@ class ZeRO2Adam(BucketedShardedAdam):
         parameters; zero ``grad_shard`` and ``present``. ``closure`` (optional, given) runs
         first, as for ``torch.optim``; its loss is returned."""
         loss = run_closure(closure)
+        self.check_trainable()  # given: refuses a parameter unfrozen since construction
         # BEGIN SOLUTION 4.3: finish, average the shard, hand the pieces their gradients, Adam, all-gather the parameters, reset the shard and the counts
         self._finish_in_flight()
         g = self.grad_shard / self.world_size

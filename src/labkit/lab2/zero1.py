@@ -109,5 +109,6 @@ class ZeRO1(ShardedOptimizer):
         (optional, given) runs first, as for ``torch.optim``; its loss is returned.
         """
         loss = run_closure(closure)
+        self.check_trainable()  # given: refuses a parameter unfrozen since construction
         raise NotImplementedError("exercise 2.5: reduce-scatter the packed gradients, average your slice, give each piece its gradient (None for a parameter no rank had one for), step, all-gather the slices into the parameters (labs/02_optimizer_states.ipynb)")
         return loss

@@ -131,5 +131,6 @@ class ZeRO2Adam(BucketedShardedAdam):
         parameters; zero ``grad_shard`` and ``present``. ``closure`` (optional, given) runs
         first, as for ``torch.optim``; its loss is returned."""
         loss = run_closure(closure)
+        self.check_trainable()  # given: refuses a parameter unfrozen since construction
         raise NotImplementedError("exercise 4.3: finish, average the shard, hand the pieces their gradients, Adam, all-gather the parameters, reset the shard and the counts (labs/04_gradients.ipynb)")
         return loss
