@@ -3,7 +3,7 @@
 
 Every wrapper and hook is registered once in ``REGISTRY`` (a test fails when a lab module
 defines a data-parallel piece — an optimizer taking a process ``group``, a module with
-``finish``, a function named ``*_hook`` — that is not registered). The battery, on 2, 3 and 5
+``finish``, a function named ``*_hook`` — that is not registered). The battery, on 1, 2, 3 and 5
 ranks of the world and on a world of 4 split into two subgroups of 2 (each on its own data),
 with a few launches that each run every check:
 
@@ -90,7 +90,7 @@ DEVIATIONS = {
     "ZeRO3": ("ZeRO3 needs every rank to run the same units", "ZeRO3 has no no_sync()",
               "ZeRO3 does not broadcast buffers"),
 }
-CONFIGS = {"N=2": (2, None), "N=3": (3, None), "N=5": (5, None), "two groups of 2": (4, 2)}
+CONFIGS = {"N=1": (1, None), "N=2": (2, None), "N=3": (3, None), "N=5": (5, None), "two groups of 2": (4, 2)}
 
 
 # ---------------------------------------------------------------- the registry itself
@@ -267,7 +267,7 @@ def hook_results(config):
     return launch(_hooks, world_size, group_size, timeout=180)
 
 
-@pytest.mark.parametrize("config", ["N=2", "two groups of 2"])
+@pytest.mark.parametrize("config", ["N=1", "N=2", "two groups of 2"])
 def test_hooks_on_a_fresh_ddp_survive_its_bucket_rebuild(config):
     """Hooks registered on a fresh DDP (one bucket, reordered by the rebuild after the first
     iteration): powersgd_hook equals torch's powerSGD_hook (start_powerSGD_iter=2) at every

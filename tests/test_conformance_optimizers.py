@@ -27,7 +27,9 @@ battery), with what it promises to equal and its documented deviations. The batt
   one parameter, one in two groups is refused; ``state_dict()`` before any step round-trips;
   ``requires_grad`` switched off (the parameter stops) and on (trained as torch's optimizer
   trains it, or refused by name) during training; the reference's own ``state_dict`` loaded
-  where the state layout is torch's, else refused by a ``ValueError``;
+  where the state layout is torch's, else refused by a ``ValueError``; options at the edges
+  of what torch accepts (β = 0, ε = 0, lr = 0, weight decay...) as the reference, or refused
+  by name;
 * the distributed ones (ZeRO-1, ZeRO-2, ZeRO-3) inside real gloo ranks, on the world (4 ranks)
   and on two subgroups of 2, against ``DistributedDataParallel(find_unused_parameters=True)`` +
   ``torch.optim.Adam`` (a parameter used on some ranks only gets the average with zeros; one
@@ -1074,3 +1076,42 @@ def test_distributed_optimizers_edge_cases(info):
         else:
             assert_histories_close(got, _adam_reference(G, 2, unfreeze=True),
                                    f"{what}, the frozen parameter unfrozen after step 1", **ADAM64)
+
+
+EDGE_OPTIONS = {  # the reference's class -> options at the edges of what it accepts
+    torch.optim.Adam: [dict(betas=(0.0, 0.0)), dict(betas=(0.0, 0.999)), dict(eps=0.0), dict(lr=0.0),
+                       dict(weight_decay=0.1)],
+    torch.optim.Adafactor: [dict(lr=0.0), dict(beta2_decay=0.0), dict(d=4.0), dict(eps=(1e-3, 0.0)),
+                            dict(weight_decay=0.1)],
+    torch.optim.SGD: [dict(lr=0.0)],
+    None: [dict(lr=0.0)],  # no reference (CAME): lr = 0 leaves every parameter where it was
+}
+
+
+@pytest.mark.parametrize("info", [i for i in LOCAL if i.group_options is not None], ids=ids)
+def test_hyperparameters_at_their_edges(info, tmp_path):
+    """Options at the edges of what torch's optimizer accepts (β = 0, ε = 0, lr = 0, Adafactor's
+    β̂₂ decay 0 and wide clipping, weight decay), given as a param group: as the reference
+    trains with them — or refused with an error naming the option (one this optimizer does not
+    have: never silently ignored)."""
+    dtype = _own_dtype(info)
+    if info.dtypes[dtype] == "refused":
+        dtype = torch.bfloat16
+    shapes = [(3, 4), (5,)]
+    G = _random_grads(shapes, dtype)
+    ref_class = None if info.reference is None else type(info.reference([torch.zeros(1, requires_grad=True)]))
+    for options in EDGE_OPTIONS[ref_class]:
+        params = _fresh_params(shapes, dtype)
+        name = next(iter(options))
+        try:
+            info.build(_Params(_copies(params)), [{"params": _copies(params), **options}],
+                       _ctx(tmp_path, f"probe {options}"))
+        except (ValueError, TypeError) as exc:
+            assert name in str(exc), f"{info.name} refused {options} without naming {name!r}: {exc}"
+            continue
+        got, _ = _against_reference(info, params, G, f"options {options}", tmp_path,
+                                    spec=lambda ps, options=options: [{"params": ps, **options}],
+                                    where=f"edge {options}")
+        if options.get("lr") == 0.0:
+            for k, p in enumerate(got[-1]):
+                assert torch.equal(p, _start[id(params[k])]), f"{info.name} moved parameter {k} with lr = 0"
