@@ -33,7 +33,10 @@ battery), with what it promises to equal and its documented deviations. The batt
 * the distributed ones (ZeRO-1, ZeRO-2, ZeRO-3) inside real gloo ranks, on the world (4 ranks)
   and on two subgroups of 2, against ``DistributedDataParallel(find_unused_parameters=True)`` +
   ``torch.optim.Adam`` (a parameter used on some ranks only gets the average with zeros; one
-  used on none is skipped), written plainly (``tests/_conformance_helpers.py``).
+  used on none is skipped), written plainly (``tests/_conformance_helpers.py``); and on 2
+  ranks their edge cases: the lr changed by hand and by ``StepLR`` (on ``.optim``, the torch
+  optimizer each runs), a ``state_dict`` from before any step, a parameter unfrozen during
+  training (refused by name: their layout is fixed at construction).
 
 The gradients come from backward through a toy model whose loss is linear in its parameters
 (``tests/_conformance_helpers.py``): each parameter's gradient is exactly what the test chose,
