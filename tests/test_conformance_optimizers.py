@@ -59,8 +59,10 @@ What each optimizer conforms to, and its documented deviations:
   no state: a new LOMO on the same parameters continues exactly. Deviation: LOMO has no lr
   scheduler: it is no ``torch.optim.Optimizer`` and holds none; each group's lr is fixed at
   construction.
-* ``ZeRO1`` (2.5) — DDP + the wrapped ``torch.optim`` optimizer (Adam here). Deviation: ZeRO1
-  wraps elementwise optimizers only (each rank updates a flat slice). Deviation: the state_dict
+* ``ZeRO1`` (2.5) — DDP + the wrapped ``torch.optim`` optimizer (Adam here; AdamW, SGD with
+  Nesterov momentum and centered RMSprop in the edge cases). Deviation: ZeRO1 wraps elementwise
+  optimizers only (each rank updates a flat slice): Adafactor, LBFGS and Muon are refused by
+  name. Deviation: the state_dict
   of a ZeRO wrapper is its rank's: resume on the same ranks.
 * ``ZeROOffload`` (2.6) — ``torch.optim.Adam`` on a master copy in host memory. Deviation:
   ZeROOffload takes a model: one set of options, no parameter groups.
@@ -722,16 +724,14 @@ def _random_grads(shapes, dtype, steps=3, missing=lambda s, k: False):
 ODD_SHAPES = [(), (0,), (2, 3, 4), (3, 4), (5,)]  # a scalar, an empty one, 3-D, (3, 4) transposed
 
 
-@pytest.mark.parametrize("info", LOCAL, ids=ids)
-def test_scalar_empty_3d_and_non_contiguous_parameters(info, tmp_path):
+@pytest.mark.parametrize("info,dtype", _cases(LOCAL, kinds=("reference", "master", "self")))
+def test_scalar_empty_3d_and_non_contiguous_parameters(info, dtype, tmp_path):
     """A 0-dim parameter, one with no elements, a 3-D one and a non-contiguous one (the
     transposed view of a 4×3 tensor) trained with a vector, 3 steps: each as the reference
     trains it (torch.optim.Adafactor refuses an empty parameter: it is left out of the
     reference there, and must simply stay empty); the non-contiguous one as its contiguous
-    copy is trained (at the reference's tolerance: reductions over another memory order)."""
-    dtype = _own_dtype(info)
-    if info.dtypes[dtype] == "refused":
-        dtype = torch.bfloat16
+    copy is trained (at the reference's tolerance: reductions over another memory order); in
+    every dtype the optimizer trains."""
     params = _fresh_params(ODD_SHAPES, dtype, transposed=(3,))
     G = _random_grads(ODD_SHAPES, dtype)
     exclude = (1,) if info.name == "Adafactor" else ()
@@ -1021,7 +1021,24 @@ def _dp_edges(rank, world_size, name):
         return opt
     out["loaded at step 0"] = drive(opt_of=loaded)
     out["straight"] = drive()
+    if name == "ZeRO1":  # it wraps any elementwise torch optimizer, and refuses the others
+        for label, make in ZERO1_WRAPPED.items():
+            out[label] = drive(opt_of=lambda model, make=make: _lab("lab2.zero1").ZeRO1(
+                list(model.parameters()), make, group=None, lr=LR, **ZERO1_OPTIONS.get(label, {})))
+        for refused in (torch.optim.Adafactor, torch.optim.LBFGS, torch.optim.Muon):
+            model = Toy(torch.float64)
+            try:
+                _lab("lab2.zero1").ZeRO1(list(model.parameters()), refused, lr=LR)
+                out[refused.__name__] = "accepted"
+            except (ValueError, TypeError) as exc:
+                out[refused.__name__] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+ZERO1_WRAPPED = {"AdamW": torch.optim.AdamW, "SGD": torch.optim.SGD, "RMSprop": torch.optim.RMSprop}
+ZERO1_OPTIONS = {"AdamW": dict(weight_decay=0.1, amsgrad=True),
+                 "SGD": dict(momentum=0.9, nesterov=True, weight_decay=0.01),
+                 "RMSprop": dict(centered=True, momentum=0.5)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -1031,14 +1048,14 @@ def dp_edge_results(name):
     return launch(_dp_edges, 2, name, timeout=120)
 
 
-def _adam_reference(G, world, *, halve=False, unfreeze=False):
+def _adam_reference(G, world, *, halve=False, unfreeze=False, make=None):
     """torch.optim.Adam over every parameter of the toy (the frozen one included, as torch's
     optimizers hold it) with the gradients averaged over ``world`` ranks; ``halve``: the lr
     halved after each step; ``unfreeze``: the frozen parameter trainable after step 1 (its
     gradient: 0.5 everywhere on every rank, from the loss's frozen·0.5 term)."""
     model = Toy(torch.float64)
     named = dict(model.named_parameters())
-    opt = torch.optim.Adam(list(named.values()), lr=LR)
+    opt = make(list(named.values())) if make else torch.optim.Adam(list(named.values()), lr=LR)
     history = []
     for s, step in enumerate(G):
         for n, p in named.items():
@@ -1072,6 +1089,17 @@ def test_distributed_optimizers_edge_cases(info):
         assert not isinstance(out["loaded at step 0"], str), f"{what}: {out['loaded at step 0']}"
         assert_histories_close(out["loaded at step 0"], out["straight"],
                                f"{what}, a state_dict from before any step", rtol=0, atol=0)
+        for label, cls in (ZERO1_WRAPPED.items() if info.name == "ZeRO1" else ()):
+            want = _adam_reference(G, 2, make=lambda ps, cls=cls, label=label: cls(
+                ps, lr=LR, **ZERO1_OPTIONS[label]))
+            assert not isinstance(out[label], str), f"{what} wrapping {label}: raised {out[label]}"
+            assert_histories_close(out[label], want, f"{what} wrapping torch.optim.{label}"
+                                   f"({ZERO1_OPTIONS[label]})", **ADAM64)
+        for refused in (("Adafactor", "LBFGS", "Muon") if info.name == "ZeRO1" else ()):
+            assert refused in out[refused] and out[refused] != "accepted", (
+                f"{what}: ZeRO1 must refuse torch.optim.{refused} by name (its update is not "
+                f"elementwise: a piece of a tensor would be updated as if it were the tensor); "
+                f"got {out[refused]}")
         got = out["unfrozen"]
         if isinstance(got, str):
             assert "requires_grad" in got, (f"{what}: a parameter unfrozen after step 1 must be "

@@ -132,6 +132,13 @@ def _check_options(options: dict) -> None:
             raise ValueError(f"betas must be numbers in [0, 1), got {betas!r}")
 
 
+# torch.optim classes whose update of an element reads other elements of its tensor (factored
+# moments, a line search over the whole vector, an orthogonalised matrix): a piece of a tensor
+# would be updated as if it were the whole tensor. The wrappers refuse them (and subclasses).
+NOT_ELEMENTWISE = tuple(c for c in (getattr(torch.optim, n, None) for n in ("Adafactor", "LBFGS", "Muon"))
+                        if c is not None)
+
+
 def _trainable_groups(params) -> list[dict]:
     """``params`` (tensors or groups) → groups of trainable tensors, each tensor once."""
     groups = param_groups(params, {})
@@ -166,6 +173,11 @@ class ShardedOptimizer:
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError("optimizer_class must be a torch.optim.Optimizer subclass (e.g. "
                             f"torch.optim.Adam), got {optimizer_class!r}")
+        if issubclass(optimizer_class, NOT_ELEMENTWISE):
+            raise ValueError(f"optimizer_class {optimizer_class.__name__} does not update "
+                             "elementwise (an element's update reads the rest of its tensor): "
+                             "sharded into pieces, each piece would be updated as a whole tensor; "
+                             "wrap an elementwise optimizer (Adam, AdamW, SGD, RMSprop...)")
         self.groups = _trainable_groups(params)
         every = [p for g in param_groups(params, {}) for p in g["params"]]
         self.frozen = {f"params[{i}] {tuple(p.shape)}": p for i, p in enumerate(every)

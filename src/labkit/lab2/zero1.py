@@ -27,7 +27,8 @@ parameters (plus the fp32 master slice); per GPU in mixed precision 2Ψ + 2Ψ + 
 gets a set of parameters, which cannot split Ψ evenly) and broadcasts the updated tensors; the
 flat partition here gives every rank the same share, at a price: an optimizer whose update of
 an element reads other elements of its tensor (Adafactor's factors, LAMB's norms) would see
-only its piece, so ZeRO-1 wraps elementwise optimizers (Adam, AdamW, SGD, ...).
+only its piece, so ZeRO-1 wraps elementwise optimizers (Adam, AdamW, SGD, ...) and refuses
+the others it knows (``labkit.sharding.NOT_ELEMENTWISE``: Adafactor, LBFGS, Muon).
 
 Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.5 (labs/02_optimizer_states.ipynb).
 """
