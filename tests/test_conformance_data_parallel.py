@@ -50,7 +50,9 @@ What each conforms to, and its documented deviations:
 * ``compression_hook`` (4.4) — the plain computation of its scheme (its grader), from the same
   rebuilt buckets as DDP; DDP's own all-reduce before ``start_iter``.
 * ``powersgd_hook`` (4.5) — PyTorch's ``powerSGD_hook`` (error feedback, warm start,
-  ``min_compression_rate=1``), ``start_iter`` as its ``start_powerSGD_iter``.
+  ``min_compression_rate=1``), ``start_iter`` as its ``start_powerSGD_iter``, and
+  ``orthogonalization_epsilon`` as its own: on a gradient matrix that is exactly zero both give
+  NaN with torch's default 0 and the same finite values with 1e-8.
 
 Tolerances: fp64 for the wrappers: the same sums in another order (a reduce-scatter of buckets
 vs DDP's all-reduce of its buckets, which divides before it sums) differ by ulps of 1e-16:
@@ -256,7 +258,34 @@ def _hooks(rank, world_size, group_size):
         settle=1, cap_mb=0.004)
     out["powersgd", "small buckets"] = _hook_run(model, batches, me, group, powersgd_hook,
                                                  PowerSGDState(2, group), cap_mb=0.004)
+    # gradient matrices that are exactly zero (a layer fed zeros): with torch's
+    # orthogonalization_epsilon = 0 both hooks give NaN; with 1e-8, both the same finite values
+    for eps in (0.0, 1e-8):
+        theirs = torch_psgd.PowerSGDState(group, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                          min_compression_rate=1, use_error_feedback=True,
+                                          warm_start=True, random_seed=0,
+                                          orthogonalization_epsilon=eps)
+        out["zero matrices", eps] = _zero_matrices_run(group, powersgd_hook, PowerSGDState(
+            2, group, orthogonalization_epsilon=eps))
+        out["zero matrices, torch", eps] = _zero_matrices_run(group, torch_psgd.powerSGD_hook, theirs)
     return out
+
+
+def _zero_matrices_run(group, hook, state):
+    """A fresh DDP of a linear layer fed zeros (its weight's gradient: exactly 0) before
+    another: the gradients of 4 steps under ``hook``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 4))
+    ddp = DistributedDataParallel(model, process_group=group)
+    ddp.register_comm_hook(state, hook)
+    grads = []
+    for _ in range(HOOK_STEPS):
+        ddp(torch.zeros(3, 8)).square().mean().backward()
+        grads.append(toy_grads(model))
+        model.zero_grad(set_to_none=True)
+    return grads
 
 
 @functools.lru_cache(maxsize=None)
@@ -291,6 +320,18 @@ def test_hooks_on_a_fresh_ddp_survive_its_bucket_rebuild(config):
         assert not isinstance(out["powersgd", "small buckets"], str), (
             f"{where}: powersgd_hook on a fresh DDP with several buckets raised "
             f"{out['powersgd', 'small buckets']}")
+        for eps in (0.0, 1e-8):
+            ours, theirs = out["zero matrices", eps], out["zero matrices, torch", eps]
+            for s, (g, w) in enumerate(zip(ours, theirs)):
+                for name, value in w.items():
+                    torch.testing.assert_close(g[name], value, **HOOK_TOL, equal_nan=True,
+                                               msg=lambda m, s=s, name=name, eps=eps: (
+                        f"{where}: powersgd_hook with orthogonalization_epsilon={eps} on a gradient "
+                        f"that is exactly zero: {name} at step {s + 1} differs from torch's: {m}"))
+            if eps:
+                assert all(torch.isfinite(v).all() for step in ours for v in step.values()), (
+                    f"{where}: powersgd_hook with orthogonalization_epsilon={eps} gave a non-finite "
+                    "gradient for a zero gradient matrix")
         for scheme, fresh_label, settled_label in (
                 *[(s, "fresh", "settled") for s in ("int8", "topk", "randomk")],
                 ("topk", "fresh, small buckets", "settled, small buckets")):
