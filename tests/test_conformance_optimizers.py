@@ -24,7 +24,8 @@ battery), with what it promises to equal and its documented deviations. The batt
   ``param_groups`` between steps and ``StepLR`` (on the optimizer, or on the torch optimizer it
   runs, ``.optim``); options it lacks (``maximize``, ``amsgrad``, ``foreach``) refused by name,
   as keyword or group option; ``add_param_group`` after construction; a tensor listed twice is
-  one parameter, one in two groups is refused; ``state_dict()`` before any step round-trips;
+  one parameter, one in two groups is refused; ``state_dict()`` after 0 or 2 steps round-trips
+  bit for bit in every dtype;
   ``requires_grad`` switched off (the parameter stops) and on (trained as torch's optimizer
   trains it, or refused by name) during training; the reference's own ``state_dict`` loaded
   where the state layout is torch's, else refused by a ``ValueError``; options at the edges
@@ -863,30 +864,34 @@ def test_add_param_group_and_a_tensor_listed_twice(info, tmp_path):
                    _ctx(tmp_path, "two groups"))
 
 
-@pytest.mark.parametrize("info", [i for i in LOCAL if i.checkpoint == "state_dict"], ids=ids)
-def test_state_dict_before_any_step_round_trips(info, tmp_path):
-    """state_dict() of an optimizer that has not stepped, loaded into a new one, then 2 steps:
-    bit for bit what the first one gives."""
-    dtype = _own_dtype(info)
+@pytest.mark.parametrize("info,dtype", _cases([i for i in LOCAL if i.checkpoint == "state_dict"],
+                                               kinds=("reference", "master", "self")))
+@pytest.mark.parametrize("at", [0, 2])
+def test_state_dict_round_trips_in_every_dtype(info, dtype, at, tmp_path):
+    """state_dict() after 0 steps (nothing stepped yet) or 2, in every dtype the optimizer
+    trains (16-bit ones with their fp32 state), loaded into a new optimizer on a model
+    holding the same values, then the remaining steps: bit for bit what never stopping gives
+    (the loader keeps every state tensor's dtype: an fp32 master or moment cast to bf16, or
+    uint8 codes cast to floats, would not resume exactly)."""
     shapes = [(3, 4), (5,)]
-    G = _random_grads(shapes, dtype, steps=2)
+    G = _random_grads(shapes, dtype, steps=4)
     params = _fresh_params(shapes, dtype)
     first = _copies(params)
-    opt = info.build(_Params(first), first, _ctx(tmp_path, "first"))
-    saved = copy.deepcopy(opt.state_dict())
-    again = _copies(params)
     straight, _ = _drive(info, params, G, _ctx(tmp_path, "straight"))
+    done, opt = _drive(info, first, G[:at], _ctx(tmp_path, "first"))
+    saved = copy.deepcopy(opt.state_dict())
+    again = _copies(first)
     model = _Params(again)
     opt = info.build(model, again, _ctx(tmp_path, "again"))
     opt.load_state_dict(saved)
-    resumed = []
-    for grads in G:
+    resumed = done
+    for grads in G[at:]:
         model(grads).backward()
         opt.step()
         opt.zero_grad()
         resumed.append([p.detach().clone() for p in again])
-    _assert_steps_close(resumed, straight, f"{info.name}: state_dict() before any step, loaded, "
-                        "then 2 steps", rtol=0, atol=0)
+    _assert_steps_close(resumed, straight, f"{info.name} in {dtype}: state_dict() after {at} steps, "
+                        "loaded into a new optimizer, then the rest", rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("info", LOCAL, ids=ids)
