@@ -988,7 +988,8 @@ def _dp_edges(rank, world_size, name):
     """Inside each of 2 ranks, on the toy in fp64: the lr halved through ``param_groups`` (of
     the torch optimizer the wrapper runs) after each step; ``StepLR`` on it; the frozen
     parameter unfrozen after step 1 (trained from then on, or refused by name); a state_dict
-    written before any step, loaded into a new wrapper."""
+    written before any step, loaded into a new wrapper; params given as a generator
+    (``model.parameters()``), read once."""
     info = BY_NAME[name]
     ctx = SimpleNamespace(group=None, directory=None)
     G = gradients(plan_of(3, world_size), torch.float64)
@@ -1025,7 +1026,7 @@ def _dp_edges(rank, world_size, name):
         opt.load_state_dict(saved)
         return opt
     out["loaded at step 0"] = drive(opt_of=loaded)
-    out["straight"] = drive()
+    out["straight"] = drive(opt_of=lambda model: info.build(model, model.parameters(), ctx))  # a generator
     if name == "ZeRO1":  # it wraps any elementwise torch optimizer, and refuses the others
         for label, make in ZERO1_WRAPPED.items():
             out[label] = drive(opt_of=lambda model, make=make: _lab("lab2.zero1").ZeRO1(

@@ -178,8 +178,9 @@ class ShardedOptimizer:
                              "elementwise (an element's update reads the rest of its tensor): "
                              "sharded into pieces, each piece would be updated as a whole tensor; "
                              "wrap an elementwise optimizer (Adam, AdamW, SGD, RMSprop...)")
-        self.groups = _trainable_groups(params)
-        every = [p for g in param_groups(params, {}) for p in g["params"]]
+        every_group = param_groups(params, {})  # params may be a generator: read it once
+        self.groups = _trainable_groups(every_group)
+        every = [p for g in every_group for p in g["params"]]
         self.frozen = {f"params[{i}] {tuple(p.shape)}": p for i, p in enumerate(every)
                        if not p.requires_grad}  # refused if unfrozen: check_trainable()
         self.params = [p for g in self.groups for p in g["params"]]
