@@ -3,7 +3,7 @@
 
 Every wrapper and hook is registered once in ``REGISTRY`` (a test fails when a lab module
 defines a data-parallel piece — an optimizer taking a process ``group``, a module with
-``finish``, a function named ``*_hook`` — that is not registered). The battery, on 2, 3 and 5
+``finish``, a function named ``*_hook`` — that is not registered). The battery, on 1, 2, 3 and 5
 ranks of the world and on a world of 4 split into two subgroups of 2 (each on its own data),
 with a few launches that each run every check:
 
@@ -23,24 +23,36 @@ with a few launches that each run every check:
   buckets and hang); ``compression_hook`` (int8, top-K, random-K) equals the
   same hook started on a DDP that had already rebuilt its buckets; and a hook told to keep
   state from the first iteration (``start_iter=0``) is refused, by name, when the rebuild moves
-  its buckets — never silently misplaced.
+  its buckets — never silently misplaced;
+* **edge cases** (one launch each on a world of 1, of 3, and on the non-consecutive subgroup
+  {0, 2} of 3): a model with fewer elements than ranks (ZeRO shards of size 0; no parameter
+  outside its block: an empty ZeRO-3 root unit), tied weights (GPT's wte/lm_head), a BatchNorm,
+  gradients exactly zero, a bucket cap of exactly one parameter's bytes — parameters after Adam
+  as DDP + Adam's; buffers as documented below.
 
 What each conforms to, and its documented deviations:
 
 * ``BucketedDDP`` (4.2) — ``DistributedDataParallel(find_unused_parameters=True)``'s gradients,
   no_sync included. Deviation: BucketedDDP keeps its first bucket assignment (DDP rebuilds its
-  buckets once, in the order rank 0 saw gradients arrive).
+  buckets once, in the order rank 0 saw gradients arrive). Deviation: BucketedDDP does not
+  broadcast buffers (DDP's ``broadcast_buffers=True`` sends rank 0's before each forward): each
+  rank keeps the BatchNorm running statistics of its own batches.
 * ``ZeRO1`` (2.5) — DDP + the wrapped optimizer (Adam). Deviation: ZeRO1 needs no no_sync(): it
-  reduces in step(), so every backward before it only accumulates locally.
-* ``ZeRO2Adam`` (4.3) — DDP + ``torch.optim.Adam``, no_sync included.
+  reduces in step(), so every backward before it only accumulates locally. Deviation: ZeRO1
+  does not broadcast buffers (an optimizer: each rank keeps its own running statistics).
+* ``ZeRO2Adam`` (4.3) — DDP + ``torch.optim.Adam``, no_sync included. Deviation: ZeRO2Adam
+  does not broadcast buffers (an optimizer: each rank keeps its own running statistics).
 * ``ZeRO3`` (3.7) — DDP + ``torch.optim.Adam``. Deviation: ZeRO3 needs every rank to run the same
   units (a block run on some ranks only would unmatch the forward's all-gathers: not run here);
   a parameter used on some ranks only inside a unit every rank runs is handled as DDP handles
-  it. Deviation: ZeRO3 has no no_sync(): each backward reduce-scatters.
+  it. Deviation: ZeRO3 has no no_sync(): each backward reduce-scatters. Deviation: ZeRO3 does
+  not broadcast buffers (each rank keeps its own running statistics).
 * ``compression_hook`` (4.4) — the plain computation of its scheme (its grader), from the same
   rebuilt buckets as DDP; DDP's own all-reduce before ``start_iter``.
 * ``powersgd_hook`` (4.5) — PyTorch's ``powerSGD_hook`` (error feedback, warm start,
-  ``min_compression_rate=1``), ``start_iter`` as its ``start_powerSGD_iter``.
+  ``min_compression_rate=1``), ``start_iter`` as its ``start_powerSGD_iter``, and
+  ``orthogonalization_epsilon`` as its own: on a gradient matrix that is exactly zero both give
+  NaN with torch's default 0 and the same finite values with 1e-8.
 
 Tolerances: fp64 for the wrappers: the same sums in another order (a reduce-scatter of buckets
 vs DDP's all-reduce of its buckets, which divides before it sums) differ by ulps of 1e-16:
@@ -73,11 +85,14 @@ REGISTRY = {  # name -> exercise
     "compression_hook": "4.4", "powersgd_hook": "4.5",
 }
 DEVIATIONS = {
-    "BucketedDDP": ("BucketedDDP keeps its first bucket assignment",),
-    "ZeRO1": ("ZeRO1 needs no no_sync()",),
-    "ZeRO3": ("ZeRO3 needs every rank to run the same units", "ZeRO3 has no no_sync()"),
+    "BucketedDDP": ("BucketedDDP keeps its first bucket assignment",
+                    "BucketedDDP does not broadcast buffers"),
+    "ZeRO1": ("ZeRO1 needs no no_sync()", "ZeRO1 does not broadcast buffers"),
+    "ZeRO2Adam": ("ZeRO2Adam does not broadcast buffers",),
+    "ZeRO3": ("ZeRO3 needs every rank to run the same units", "ZeRO3 has no no_sync()",
+              "ZeRO3 does not broadcast buffers"),
 }
-CONFIGS = {"N=2": (2, None), "N=3": (3, None), "N=5": (5, None), "two groups of 2": (4, 2)}
+CONFIGS = {"N=1": (1, None), "N=2": (2, None), "N=3": (3, None), "N=5": (5, None), "two groups of 2": (4, 2)}
 
 
 # ---------------------------------------------------------------- the registry itself
@@ -243,7 +258,34 @@ def _hooks(rank, world_size, group_size):
         settle=1, cap_mb=0.004)
     out["powersgd", "small buckets"] = _hook_run(model, batches, me, group, powersgd_hook,
                                                  PowerSGDState(2, group), cap_mb=0.004)
+    # gradient matrices that are exactly zero (a layer fed zeros): with torch's
+    # orthogonalization_epsilon = 0 both hooks give NaN; with 1e-8, both the same finite values
+    for eps in (0.0, 1e-8):
+        theirs = torch_psgd.PowerSGDState(group, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                          min_compression_rate=1, use_error_feedback=True,
+                                          warm_start=True, random_seed=0,
+                                          orthogonalization_epsilon=eps)
+        out["zero matrices", eps] = _zero_matrices_run(group, powersgd_hook, PowerSGDState(
+            2, group, orthogonalization_epsilon=eps))
+        out["zero matrices, torch", eps] = _zero_matrices_run(group, torch_psgd.powerSGD_hook, theirs)
     return out
+
+
+def _zero_matrices_run(group, hook, state):
+    """A fresh DDP of a linear layer fed zeros (its weight's gradient: exactly 0) before
+    another: the gradients of 4 steps under ``hook``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 4))
+    ddp = DistributedDataParallel(model, process_group=group)
+    ddp.register_comm_hook(state, hook)
+    grads = []
+    for _ in range(HOOK_STEPS):
+        ddp(torch.zeros(3, 8)).square().mean().backward()
+        grads.append(toy_grads(model))
+        model.zero_grad(set_to_none=True)
+    return grads
 
 
 @functools.lru_cache(maxsize=None)
@@ -254,7 +296,7 @@ def hook_results(config):
     return launch(_hooks, world_size, group_size, timeout=180)
 
 
-@pytest.mark.parametrize("config", ["N=2", "two groups of 2"])
+@pytest.mark.parametrize("config", ["N=1", "N=2", "two groups of 2"])
 def test_hooks_on_a_fresh_ddp_survive_its_bucket_rebuild(config):
     """Hooks registered on a fresh DDP (one bucket, reordered by the rebuild after the first
     iteration): powersgd_hook equals torch's powerSGD_hook (start_powerSGD_iter=2) at every
@@ -278,6 +320,18 @@ def test_hooks_on_a_fresh_ddp_survive_its_bucket_rebuild(config):
         assert not isinstance(out["powersgd", "small buckets"], str), (
             f"{where}: powersgd_hook on a fresh DDP with several buckets raised "
             f"{out['powersgd', 'small buckets']}")
+        for eps in (0.0, 1e-8):
+            ours, theirs = out["zero matrices", eps], out["zero matrices, torch", eps]
+            for s, (g, w) in enumerate(zip(ours, theirs)):
+                for name, value in w.items():
+                    torch.testing.assert_close(g[name], value, **HOOK_TOL, equal_nan=True,
+                                               msg=lambda m, s=s, name=name, eps=eps: (
+                        f"{where}: powersgd_hook with orthogonalization_epsilon={eps} on a gradient "
+                        f"that is exactly zero: {name} at step {s + 1} differs from torch's: {m}"))
+            if eps:
+                assert all(torch.isfinite(v).all() for step in ours for v in step.values()), (
+                    f"{where}: powersgd_hook with orthogonalization_epsilon={eps} gave a non-finite "
+                    "gradient for a zero gradient matrix")
         for scheme, fresh_label, settled_label in (
                 *[(s, "fresh", "settled") for s in ("int8", "topk", "randomk")],
                 ("topk", "fresh, small buckets", "settled, small buckets")):
@@ -289,3 +343,173 @@ def test_hooks_on_a_fresh_ddp_survive_its_bucket_rebuild(config):
                         f"{where}: compression_hook ({scheme}) on a fresh DDP gives {name} at step "
                         f"{s + 1} unlike the same hook started after the rebuild: is its state kept "
                         "from the first iteration (before DDP rebuilt its buckets)?")
+
+
+# ---------------------------------------------------------------- edge cases
+#
+# Small models where the toy cannot reach: fewer elements than ranks (ZeRO shards of size 0 on
+# some ranks, and a root unit with no parameters of its own), tied weights (GPT's wte/lm_head),
+# BatchNorm buffers, gradients exactly zero; on a world of 1, of 3, and on the non-consecutive
+# subgroup {0, 2} of 3 (rank 1 outside it). Each against DDP + Adam on the same ranks and data.
+
+class _Tiny(torch.nn.Module):
+    """Two elements in all (fewer than the ranks), every one inside the block ``h.0``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.h = torch.nn.ModuleList([torch.nn.Linear(1, 1)])
+
+    def forward(self, x):
+        return self.h[0](x).square().mean()
+
+
+class _Tied(torch.nn.Module):
+    """An embedding whose weight is also the output layer's (GPT's wte / lm_head)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.wte = torch.nn.Embedding(5, 3)
+        self.h = torch.nn.ModuleList([torch.nn.Linear(3, 3)])
+        self.lm_head = torch.nn.Linear(3, 5, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, x):
+        return self.lm_head(self.h[0](self.wte(x))).square().mean()
+
+
+class _Norm(torch.nn.Module):
+    """A BatchNorm (running-statistics buffers) after a bias-free linear layer, its output
+    pulled towards 0.5: no gradient here is 0 in exact arithmetic (a linear bias before the
+    norm, or a target of 0 for the norm's bias, would be, leaving rounding noise that Adam's
+    division by √v + ε amplifies differently in each summation order)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.h = torch.nn.ModuleList([torch.nn.Linear(3, 4, bias=False), torch.nn.BatchNorm1d(4)])
+
+    def forward(self, x):
+        return (self.h[1](self.h[0](x)) - 0.5).square().mean()
+
+
+EDGE_MODELS = {"fewer elements than ranks": _Tiny, "tied weights": _Tied, "BatchNorm buffers": _Norm,
+               "zero gradients": _Tiny}
+EDGE_CONFIGS = {"N=1": (1, None), "N=3": (3, None), "subgroup {0, 2} of 3": (3, [0, 2])}
+EDGE_WRAPPERS = ("ddp", "BucketedDDP", "ZeRO1", "ZeRO2Adam", "ZeRO3")
+EDGE_STEPS = 3
+
+
+def _edge_batch(kind, me, step):
+    gen = torch.Generator().manual_seed(10 * step + me)
+    if kind == "tied weights":
+        return torch.randint(0, 5, (4,), generator=gen)
+    if kind == "zero gradients":  # x = 0 and a zero weight: the loss is b², its gradients 2b·0
+        return torch.zeros(4, 1, dtype=torch.float64)
+    width = 1 if kind == "fewer elements than ranks" else 3
+    return torch.randn(6, width, generator=gen, dtype=torch.float64)
+
+
+def _edge_model(kind):
+    model = EDGE_MODELS[kind]().double()
+    if kind == "zero gradients":
+        with torch.no_grad():
+            model.h[0].weight.zero_()
+            model.h[0].bias.zero_()  # d(b²)/db = 0 at b = 0, and dL/dw = 2b·x = 0
+    return model
+
+
+def _edge_run(wrapper, kind, me, group, cap):
+    """``wrapper`` (+ Adam) on ``kind``'s model: per step the parameters; the buffers after
+    the first step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from labkit.lab2.zero1 import ZeRO1
+    from labkit.lab3.zero3 import ZeRO3
+    from labkit.lab4.bucketed_ddp import BucketedDDP
+    from labkit.lab4.zero2 import ZeRO2Adam
+
+    model = _edge_model(kind)
+    forward, finish = model, None
+    if wrapper == "ddp":
+        forward = DistributedDataParallel(model, process_group=group)
+        opt = torch.optim.Adam(model.parameters(), lr=LR)
+    elif wrapper == "BucketedDDP":
+        forward = BucketedDDP(model, bucket_cap_bytes=cap, group=group)
+        finish, opt = forward.finish, torch.optim.Adam(model.parameters(), lr=LR)
+    elif wrapper == "ZeRO1":
+        opt = ZeRO1(list(model.parameters()), torch.optim.Adam, group=group, lr=LR)
+    elif wrapper == "ZeRO2Adam":
+        opt = ZeRO2Adam(list(model.parameters()), lr=LR, group=group, bucket_cap_bytes=cap)
+    else:
+        opt = ZeRO3(model, lr=LR, group=group)
+    params, buffers = [], None
+    for s in range(EDGE_STEPS):
+        forward(_edge_batch(kind, me, s)).backward()
+        if finish is not None:
+            finish()
+        opt.step()
+        opt.zero_grad()
+        params.append(opt.full_parameters() if wrapper == "ZeRO3" else
+                      [p.detach().clone() for p in model.parameters()])
+        if buffers is None:
+            buffers = [b.detach().clone() for b in model.buffers()]
+    return params, buffers
+
+
+def _edges(rank, world_size, ranks):
+    group, ranks = group_of(rank, world_size, ranks)
+    if rank not in ranks:
+        return None  # outside the subgroup: it only took part in creating it
+    me, out = ranks.index(rank), {"ranks": ranks}
+    for kind in EDGE_MODELS:
+        model = _edge_model(kind)
+        # a bucket cap of exactly one parameter's bytes (the largest)
+        cap = max(p.numel() * p.element_size() for p in model.parameters())
+        for wrapper in EDGE_WRAPPERS:
+            try:
+                out[kind, wrapper] = _edge_run(wrapper, kind, me, group, cap)
+            except Exception as exc:  # reported by the test, with the wrapper's name
+                out[kind, wrapper] = f"{type(exc).__name__}: {exc}"
+        local = _edge_model(kind)  # this rank alone: its own running statistics after step 1
+        local(_edge_batch(kind, me, 0))
+        out[kind, "local buffers"] = [b.detach().clone() for b in local.buffers()]
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def edge_results(config):
+    from labkit.ranks import launch
+
+    world_size, ranks = EDGE_CONFIGS[config]
+    return launch(_edges, world_size, ranks, timeout=180)
+
+
+@pytest.mark.parametrize("config", EDGE_CONFIGS)
+def test_edge_cases_equal_ddp(config):
+    """On a world of 1, of 3 and on the subgroup {0, 2} of 3: a model with fewer elements than
+    ranks (ZeRO shards of size 0 on some ranks; no parameter outside its block), tied weights,
+    a BatchNorm, gradients exactly zero; a bucket cap of exactly one parameter's bytes: every
+    wrapper's parameters after each Adam step equal DDP + Adam's. Buffers: DDP broadcasts rank
+    0's before each forward; the wrappers do not (a documented deviation): each rank keeps the
+    running statistics of its own batches."""
+    for rank, out in enumerate(edge_results(config)):
+        if out is None:
+            continue
+        where = f"{config}, rank {rank} (group {out['ranks']})"
+        for kind in EDGE_MODELS:
+            want, ddp_buffers = out[kind, "ddp"]
+            for wrapper in EDGE_WRAPPERS[1:]:
+                got = out[kind, wrapper]
+                assert not isinstance(got, str), f"{wrapper}, {where}, {kind}: raised {got}"
+                params, buffers = got
+                for s, (g, w) in enumerate(zip(params, want)):
+                    for i, (a, b) in enumerate(zip(g, w)):
+                        torch.testing.assert_close(a, b, **ADAM64, msg=lambda m, s=s, i=i, wrapper=wrapper, kind=kind: (
+                            f"{wrapper}, {where}, {kind}: parameter {i} after step {s + 1} differs "
+                            f"from DDP + Adam's: {m}"))
+                for i, (a, b) in enumerate(zip(buffers, out[kind, "local buffers"])):
+                    assert torch.equal(a, b), (
+                        f"{wrapper}, {where}, {kind}: buffer {i} after step 1 is not this rank's own "
+                        "running statistic (the wrappers do not broadcast buffers, as documented)")

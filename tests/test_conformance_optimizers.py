@@ -19,10 +19,25 @@ battery), with what it promises to equal and its documented deviations. The batt
   ``zero_grad(set_to_none=False)`` leaves a zero gradient wherever there was one, which the next
   step applies as torch's does; **step(closure)** calls the closure with gradients enabled and
   returns its loss;
+* **edge cases**: a 0-dim, an empty, a 3-D and a non-contiguous parameter (a transposed view);
+  gradients exactly zero, and ``step()`` with no gradient at all; the lr changed through
+  ``param_groups`` between steps and ``StepLR`` (on the optimizer, or on the torch optimizer it
+  runs, ``.optim``); options it lacks (``maximize``, ``amsgrad``, ``foreach``) refused by name,
+  as keyword or group option; ``add_param_group`` after construction; a tensor listed twice is
+  one parameter, one in two groups is refused; ``state_dict()`` after 0 or 2 steps round-trips
+  bit for bit in every dtype;
+  ``requires_grad`` switched off (the parameter stops) and on (trained as torch's optimizer
+  trains it, or refused by name) during training; the reference's own ``state_dict`` loaded
+  where the state layout is torch's, else refused by a ``ValueError``; options at the edges
+  of what torch accepts (β = 0, ε = 0, lr = 0, weight decay...) as the reference, or refused
+  by name;
 * the distributed ones (ZeRO-1, ZeRO-2, ZeRO-3) inside real gloo ranks, on the world (4 ranks)
   and on two subgroups of 2, against ``DistributedDataParallel(find_unused_parameters=True)`` +
   ``torch.optim.Adam`` (a parameter used on some ranks only gets the average with zeros; one
-  used on none is skipped), written plainly (``tests/_conformance_helpers.py``).
+  used on none is skipped), written plainly (``tests/_conformance_helpers.py``); and on 2
+  ranks their edge cases: the lr changed by hand and by ``StepLR`` (on ``.optim``, the torch
+  optimizer each runs), a ``state_dict`` from before any step, a parameter unfrozen during
+  training (refused by name: their layout is fixed at construction).
 
 The gradients come from backward through a toy model whose loss is linear in its parameters
 (``tests/_conformance_helpers.py``): each parameter's gradient is exactly what the test chose,
@@ -42,14 +57,19 @@ What each optimizer conforms to, and its documented deviations:
   updates a 16-bit parameter in its own dtype (fp32 state, no master).
 * ``LOMO`` (2.4) — ``torch.optim.SGD``. Deviation: LOMO has no step(): each backward is an SGD
   step, so several backwards are several steps and there is no closure. Deviation: LOMO keeps
-  no state: a new LOMO on the same parameters continues exactly.
-* ``ZeRO1`` (2.5) — DDP + the wrapped ``torch.optim`` optimizer (Adam here). Deviation: ZeRO1
-  wraps elementwise optimizers only (each rank updates a flat slice). Deviation: the state_dict
+  no state: a new LOMO on the same parameters continues exactly. Deviation: LOMO has no lr
+  scheduler: it is no ``torch.optim.Optimizer`` and holds none; each group's lr is fixed at
+  construction.
+* ``ZeRO1`` (2.5) — DDP + the wrapped ``torch.optim`` optimizer (Adam here; AdamW, SGD with
+  Nesterov momentum and centered RMSprop in the edge cases). Deviation: ZeRO1 wraps elementwise
+  optimizers only (each rank updates a flat slice): Adafactor, LBFGS and Muon are refused by
+  name. Deviation: the state_dict
   of a ZeRO wrapper is its rank's: resume on the same ranks.
 * ``ZeROOffload`` (2.6) — ``torch.optim.Adam`` on a master copy in host memory. Deviation:
   ZeROOffload takes a model: one set of options, no parameter groups.
 * ``NVMeAdam`` (2.7) — ``torch.optim.Adam``. Deviation: NVMeAdam's checkpoint is its directory:
-  a new NVMeAdam on it resumes (no state_dict).
+  a new NVMeAdam on it resumes (no state_dict). Deviation: NVMeAdam has no lr scheduler: it is
+  no ``torch.optim.Optimizer`` (no ``param_groups``); each group's lr is fixed at construction.
 * ``MixedPrecisionAdam`` (3.2) — ``torch.optim.Adam`` on an fp32 master. Deviation:
   MixedPrecisionAdam refuses fp32 and fp64 parameters (it exists for 16-bit ones).
 * ``ZeRO3`` (3.7) — DDP + ``torch.optim.Adam``. Deviation: ZeRO3 takes a model: one set of
@@ -80,7 +100,7 @@ from typing import Callable
 import pytest
 import torch
 
-from _conformance_helpers import (ALL, Toy, assert_histories_close, dp_plans, gradients, group_of,
+from _conformance_helpers import (ADAM64, ALL, Toy, assert_histories_close, dp_plans, gradients, group_of,
                                   plan_of, reference_run, run, with_zeros)
 
 F64 = dict(rtol=1e-9, atol=1e-12)
@@ -157,7 +177,7 @@ REGISTRY = [
         reference=lambda ps: torch.optim.SGD(ps, lr=LR),
         dtypes={torch.float64: "reference", torch.float32: "reference", torch.bfloat16: "reference"},
         group_options=dict(lr=0.02), accumulates=False, checkpoint="stateless", has_closure=False,
-        deviations=("LOMO has no step()", "LOMO keeps no state")),
+        deviations=("LOMO has no step()", "LOMO keeps no state", "LOMO has no lr scheduler")),
     OptimizerInfo(
         "ZeRO1", "2.5",
         build=lambda m, ps, ctx: _lab("lab2.zero1").ZeRO1(ps, torch.optim.Adam, group=ctx.group, lr=LR),
@@ -178,7 +198,7 @@ REGISTRY = [
         reference=lambda ps: torch.optim.Adam(ps, lr=LR),
         dtypes={torch.float64: "reference", torch.float32: "reference", torch.bfloat16: "master"},
         group_options=dict(lr=0.02, betas=(0.8, 0.99), weight_decay=0.1), checkpoint="directory",
-        deviations=("NVMeAdam's checkpoint is its directory",)),
+        deviations=("NVMeAdam's checkpoint is its directory", "NVMeAdam has no lr scheduler")),
     OptimizerInfo(
         "MixedPrecisionAdam", "3.2",
         build=lambda m, ps, ctx: _lab("lab3.mixed_precision").MixedPrecisionAdam(ps, lr=LR),
@@ -559,3 +579,576 @@ def test_distributed_optimizers_conform_on_the_world_and_on_subgroups(info):
                 assert torch.equal(res["resumed"][1][name], w), (
                     f"{what}: {name} after a checkpoint at step 2 and two more steps differs from "
                     f"never having stopped (max |diff| {(res['resumed'][1][name] - w).abs().max():.3g})")
+
+
+# ---------------------------------------------------------------- edge cases (local)
+#
+# Each drives the optimizer on a few free-standing parameters (``_Params``: the loss is
+# Σ p·G_p, so the gradients are again what the test chose) against its reference given the
+# same gradients, or against itself where there is none (CAME).
+
+class _Params(torch.nn.Module):
+    """Free-standing parameters as a module (ZeROOffload and ZeRO3 take a model)."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.ps = torch.nn.ParameterList(params)
+
+    def forward(self, grads):
+        loss = sum(((p * g).sum() for p, g in zip(self.ps, grads) if g is not None), torch.zeros(()))
+        return loss.to(self.ps[0].dtype)
+
+
+def _param(shape, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.nn.Parameter(torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype))
+
+
+def _grad(shape, dtype, seed):
+    """A gradient in multiples of 1/64 (exact sums, as ``gradients``)."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+    return (torch.randn(shape, generator=gen) * 16).round().div(64).to(dtype)
+
+
+def _holder(info, opt):
+    """The ``torch.optim.Optimizer`` whose ``param_groups`` hold ``opt``'s options: ``opt``
+    itself, or the torch optimizer it runs (``.optim``), or None (LOMO, NVMeAdam)."""
+    for o in (opt, getattr(opt, "optim", None)):
+        if isinstance(o, torch.optim.Optimizer):
+            return o
+    return None
+
+
+def _drive(info, params, G, ctx, *, between=None, spec=None, setup=None):
+    """``info``'s optimizer on ``params`` (or ``spec``: the groups): per step the backward of
+    ``G[s]`` (one gradient or None per parameter), ``step()``, ``zero_grad()``, then
+    ``between(opt, s)`` (``setup(opt)`` once, first). Returns the parameters after each step."""
+    model = _Params(params)
+    opt = info.build(model, list(params) if spec is None else spec, ctx)
+    if setup is not None:
+        setup(opt)
+    history = []
+    for s, grads in enumerate(G):
+        if any(g is not None for g, p in zip(grads, params) if p.requires_grad):
+            model([g if p.requires_grad else None for g, p in zip(grads, params)]).backward()
+        opt.step()
+        opt.zero_grad()
+        if between is not None:
+            between(opt, s)
+        history.append([p.detach().clone() for p in params])
+    return history, opt
+
+
+def _reference_drive(info, params, G, *, between=None, spec=None, master=False, setup=None):
+    """The reference (a ``torch.optim`` optimizer, fp32 master for 16-bit parameters where
+    promised) given the same gradients."""
+    held = [p.detach().float().clone().requires_grad_(p.requires_grad) if master else p for p in params]
+    opt = info.reference(held if spec is None else spec(held))
+    if setup is not None:
+        setup(opt)
+    history = []
+    for s, grads in enumerate(G):
+        for h, g in zip(held, grads):
+            h.grad = None if g is None or not h.requires_grad else g.to(h.dtype).clone()
+        opt.step()
+        opt.zero_grad()
+        if between is not None:
+            between(opt, s)
+        if master:
+            with torch.no_grad():
+                for p, h in zip(params, held):
+                    p.copy_(h)
+        history.append([p.detach().clone() for p in params])
+    return history
+
+
+def _copies(params):
+    return [torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad) for p in params]
+
+
+def _assert_steps_close(got, want, what, **tol):
+    assert len(got) == len(want), f"{what}: {len(got)} steps, expected {len(want)}"
+    for s, (g, w) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(g, w)):
+            torch.testing.assert_close(a, b, **tol, msg=lambda m, s=s, i=i: (
+                f"{what}: parameter {i} after step {s + 1}: {m}"))
+
+
+def _against_reference(info, params, G, what, tmp_path, *, between=None, spec=None, exclude=(),
+                       where="got", setup=None):
+    """``info`` on ``params`` against its reference (or, without one, nothing but finiteness);
+    parameters in ``exclude`` (indices) are left out of the reference (torch refuses them)."""
+    dtype = params[0].dtype
+    kind = info.dtypes[dtype]
+    got, opt = _drive(info, params, G, _ctx(tmp_path, where), between=between, setup=setup,
+                      spec=None if spec is None else spec(params))
+    for s in got:
+        for i, p in enumerate(s):
+            assert p.dtype == dtype and torch.isfinite(p.double()).all(), (
+                f"{info.name}, {what}: parameter {i} after a step is {p.dtype} / not finite")
+    if info.reference is not None:
+        keep = [i for i in range(len(params)) if i not in exclude]
+        fresh = _copies([params[i] for i in keep])
+        with torch.no_grad():  # from the same start as got
+            for f, i in zip(fresh, keep):
+                f.copy_(_start[id(params[i])])
+        want = _reference_drive(info, fresh, [[g[i] for i in keep] for g in G], between=between, setup=setup,
+                                spec=spec, master=kind == "master")
+        _assert_steps_close([[s[i] for i in keep] for s in got], want, f"{info.name}, {what}",
+                            **_tol(info, dtype, kind))
+    return got, opt
+
+
+_start: dict = {}
+
+
+def _fresh_params(shapes, dtype, transposed=()):
+    """Parameters of ``shapes`` (a shape in ``transposed`` is made as the transposed view of
+    its transpose: a non-contiguous parameter); their starting values kept in ``_start``."""
+    out = []
+    for k, shape in enumerate(shapes):
+        if k in transposed:
+            p = torch.nn.Parameter(_param(shape[::-1], dtype, k).detach().t())
+            assert not p.is_contiguous()
+        else:
+            p = _param(shape, dtype, k)
+        _start[id(p)] = p.detach().clone()
+        out.append(p)
+    return out
+
+
+def _random_grads(shapes, dtype, steps=3, missing=lambda s, k: False):
+    return [[None if missing(s, k) else _grad(shape, dtype, 10 * s + k) for k, shape in enumerate(shapes)]
+            for s in range(steps)]
+
+
+ODD_SHAPES = [(), (0,), (2, 3, 4), (3, 4), (5,)]  # a scalar, an empty one, 3-D, (3, 4) transposed
+
+
+@pytest.mark.parametrize("info,dtype", _cases(LOCAL, kinds=("reference", "master", "self")))
+def test_scalar_empty_3d_and_non_contiguous_parameters(info, dtype, tmp_path):
+    """A 0-dim parameter, one with no elements, a 3-D one and a non-contiguous one (the
+    transposed view of a 4×3 tensor) trained with a vector, 3 steps: each as the reference
+    trains it (torch.optim.Adafactor refuses an empty parameter: it is left out of the
+    reference there, and must simply stay empty); the non-contiguous one as its contiguous
+    copy is trained (at the reference's tolerance: reductions over another memory order); in
+    every dtype the optimizer trains."""
+    params = _fresh_params(ODD_SHAPES, dtype, transposed=(3,))
+    G = _random_grads(ODD_SHAPES, dtype)
+    exclude = (1,) if info.name == "Adafactor" else ()
+    got, _ = _against_reference(info, params, G, "a scalar, an empty, a 3-D and a non-contiguous "
+                                "parameter", tmp_path, exclude=exclude)
+    assert got[-1][1].shape == (0,), f"{info.name}: the empty parameter changed shape"
+    twin = _fresh_params([(3, 4)], dtype)
+    with torch.no_grad():
+        twin[0].copy_(_start[id(params[3])])
+    alone, opt = _drive(info, twin, [[g[3]] for g in G], _ctx(tmp_path, "twin"))
+    # an optimizer computing in fp32 (CAME's grad_dtype) rounds the reductions at fp32's ulps
+    tol = info.tol32 if getattr(opt, "grad_dtype", None) == torch.float32 else _tol(
+        info, dtype, info.dtypes[dtype])
+    _assert_steps_close([[s[3]] for s in got], alone, f"{info.name}: a non-contiguous parameter vs "
+                        "its contiguous copy", **tol)
+
+
+@pytest.mark.parametrize("info", LOCAL, ids=ids)
+def test_zero_gradients_and_steps_without_any_gradient(info, tmp_path):
+    """Gradients that are exactly zero (a step that counts: Adam's step count advances) and
+    ``step()`` calls with no gradient at all (first, then in the middle of training: nothing
+    moves, no count advances), against the reference given the same."""
+    dtype = _own_dtype(info)
+    shapes = [(3, 4), (5,)]
+    for what, missing, zero in (("no gradient at all at step 1", lambda s, k: s == 0, False),
+                                ("no gradient at all at step 2", lambda s, k: s == 1, False),
+                                ("gradients exactly zero at step 2", lambda s, k: False, True)):
+        params = _fresh_params(shapes, dtype)
+        G = _random_grads(shapes, dtype, missing=missing)
+        if zero:
+            G[1] = [torch.zeros_like(g) for g in G[1]]
+        got, _ = _against_reference(info, params, G, what, tmp_path, where=what)
+        if not zero:
+            for k in range(2):
+                before = _start[id(params[k])] if what.endswith("1") else got[0][k]
+                assert torch.equal(got[int(what.endswith("2"))][k], before), (
+                    f"{info.name}: parameter {k} moved at a step() without any gradient")
+
+
+def _halve_lr(opt, s):
+    for group in opt.param_groups:
+        group["lr"] = group["lr"] * 0.5
+
+
+@pytest.mark.parametrize("info", LOCAL, ids=ids)
+def test_lr_changed_between_steps_and_a_scheduler(info, tmp_path):
+    """The learning rate halved through ``param_groups`` after every step (the optimizer's
+    own, or those of the torch optimizer it runs, ``.optim``), and ``StepLR(gamma=0.5)`` on
+    that torch optimizer: equal to the reference driven the same way. LOMO and NVMeAdam hold
+    no torch optimizer: a documented deviation (their lr is fixed at construction)."""
+    dtype = _own_dtype(info)
+    shapes = [(3, 4), (5,)]
+    params = _fresh_params(shapes, dtype)
+    probe = _holder(info, info.build(_Params(_copies(params)), _copies(params), _ctx(tmp_path, "probe")))
+    if probe is None:
+        assert f"{info.name} has no lr scheduler" in info.deviations, (
+            f"{info.name} exposes no torch.optim.Optimizer (itself or .optim) whose param_groups "
+            "a scheduler could change: a deviation to document")
+        return
+    G = _random_grads(shapes, dtype, steps=3)
+    _against_reference(info, params, G, "lr halved through param_groups after each step", tmp_path,
+                       between=lambda opt, s: _halve_lr(_holder(info, opt), s), where="halved")
+    schedulers = {}  # id(optimizer) -> its StepLR (ours and the reference's)
+
+    def schedule(opt):
+        schedulers[id(opt)] = torch.optim.lr_scheduler.StepLR(_holder(info, opt), step_size=1, gamma=0.5)
+
+    def scheduled(opt, s):
+        schedulers[id(opt)].step()
+
+    params = _fresh_params(shapes, dtype)
+    got, opt = _against_reference(info, params, G, "StepLR(gamma=0.5)", tmp_path, between=scheduled,
+                                  where="scheduled", setup=schedule)
+    assert [g["lr"] for g in _holder(info, opt).param_groups] == [LR * 0.5 ** 3], (
+        f"{info.name}: after 3 StepLR steps the lr is {[g['lr'] for g in _holder(info, opt).param_groups]}")
+
+
+@pytest.mark.parametrize("info", LOCAL, ids=ids)
+def test_options_it_does_not_have_are_refused_by_name(info, tmp_path):
+    """Options torch's optimizers take but this one does not implement (``maximize``,
+    ``amsgrad``, ``foreach``), as keyword arguments or in a param group: refused with an error
+    naming the option, never silently ignored (torch's Adam would honour them)."""
+    dtype = _own_dtype(info)
+    for option in ("maximize", "amsgrad", "foreach"):
+        params = _fresh_params([(3, 4)], dtype)
+        if info.group_options is not None:
+            with pytest.raises((ValueError, TypeError), match=option):
+                info.build(_Params(params), [{"params": params, option: True}], _ctx(tmp_path, option))
+        signature = inspect.signature(type(info.build(_Params(params), params, _ctx(tmp_path, "sig"))).__init__)
+        assert option not in signature.parameters or option == "foreach", (
+            f"{info.name} takes {option}: the battery should compare it with the reference")
+
+
+@pytest.mark.parametrize("info", [i for i in LOCAL if i.group_options is not None], ids=ids)
+def test_add_param_group_and_a_tensor_listed_twice(info, tmp_path):
+    """``add_param_group`` after construction equals the two groups given at construction (on
+    a ``torch.optim.Optimizer``; the others have no such method: a deviation); a tensor listed
+    twice in a group is one parameter (one step per step, as a tied weight); a tensor in two
+    groups is refused (torch raises too)."""
+    dtype = _own_dtype(info)
+    shapes = [(3, 4), (5,)]
+    G = _random_grads(shapes, dtype)
+    params = _fresh_params(shapes, dtype)
+    later = _copies(params)
+    both = [{"params": [params[0]]}, {"params": [params[1]], **info.group_options}]
+    together, _ = _drive(info, params, G, _ctx(tmp_path, "together"), spec=both)
+    model = _Params(later)
+    opt = info.build(model, [{"params": [later[0]]}], _ctx(tmp_path, "later"))
+    if isinstance(opt, torch.optim.Optimizer):
+        opt.add_param_group({"params": [later[1]], **info.group_options})
+        for grads in G:
+            model(grads).backward()
+            opt.step()
+            opt.zero_grad()
+        _assert_steps_close([later], [together[-1]], f"{info.name}: add_param_group after "
+                            "construction vs the same groups at construction", **SAME)
+    else:
+        assert f"{info.name} has no lr scheduler" in info.deviations, (
+            f"{info.name} has no add_param_group: a deviation to document")
+    once = _fresh_params(shapes, dtype)
+    twice = _copies(once)
+    a, _ = _drive(info, once, G, _ctx(tmp_path, "once"))
+    b, _ = _drive(info, twice, G, _ctx(tmp_path, "twice"), spec=[twice[0], twice[0], twice[1]])
+    _assert_steps_close(b, a, f"{info.name}: a tensor listed twice (it must be stepped once per "
+                        "step, as one parameter)", **SAME)
+    p = _fresh_params(shapes, dtype)
+    with pytest.raises(ValueError):
+        info.build(_Params(p), [{"params": [p[0]]}, {"params": [p[0], p[1]], **info.group_options}],
+                   _ctx(tmp_path, "two groups"))
+
+
+@pytest.mark.parametrize("info,dtype", _cases([i for i in LOCAL if i.checkpoint == "state_dict"],
+                                               kinds=("reference", "master", "self")))
+@pytest.mark.parametrize("at", [0, 2])
+def test_state_dict_round_trips_in_every_dtype(info, dtype, at, tmp_path):
+    """state_dict() after 0 steps (nothing stepped yet) or 2, in every dtype the optimizer
+    trains (16-bit ones with their fp32 state), loaded into a new optimizer on a model
+    holding the same values, then the remaining steps: bit for bit what never stopping gives
+    (the loader keeps every state tensor's dtype: an fp32 master or moment cast to bf16, or
+    uint8 codes cast to floats, would not resume exactly)."""
+    shapes = [(3, 4), (5,)]
+    G = _random_grads(shapes, dtype, steps=4)
+    params = _fresh_params(shapes, dtype)
+    first = _copies(params)
+    straight, _ = _drive(info, params, G, _ctx(tmp_path, "straight"))
+    done, opt = _drive(info, first, G[:at], _ctx(tmp_path, "first"))
+    saved = copy.deepcopy(opt.state_dict())
+    again = _copies(first)
+    model = _Params(again)
+    opt = info.build(model, again, _ctx(tmp_path, "again"))
+    opt.load_state_dict(saved)
+    resumed = done
+    for grads in G[at:]:
+        model(grads).backward()
+        opt.step()
+        opt.zero_grad()
+        resumed.append([p.detach().clone() for p in again])
+    _assert_steps_close(resumed, straight, f"{info.name} in {dtype}: state_dict() after {at} steps, "
+                        "loaded into a new optimizer, then the rest", rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("info", LOCAL, ids=ids)
+def test_requires_grad_switched_during_training(info, tmp_path):
+    """A parameter frozen after step 1 (``requires_grad_(False)``) moves no more; one frozen at
+    construction and unfrozen after step 1 is trained from then on as the reference trains it
+    (torch's optimizers hold frozen parameters too) — or refused at the next step, naming
+    requires_grad (an optimizer that only takes the parameters trainable when it is built)."""
+    dtype = _own_dtype(info)
+    if info.dtypes[dtype] == "refused":
+        dtype = torch.bfloat16
+    shapes = [(3, 4), (5,), (2, 2)]
+    G = _random_grads(shapes, dtype)
+    params = _fresh_params(shapes, dtype)
+    params[2].requires_grad_(False)
+
+    def switch(opt, s):
+        if s == 0:
+            params[1].requires_grad_(False)
+
+    if isinstance(info.build(_Params(_copies(params)), _copies(params), _ctx(tmp_path, "probe")), _Fused):
+        got, _ = _drive(info, params, G, _ctx(tmp_path, "got"), between=switch)
+        assert torch.equal(got[0][1], got[2][1]), f"{info.name} moved a parameter frozen after step 1"
+        return  # LOMO: its hooks are attached at construction (documented)
+    model = _Params(params)
+    opt = info.build(model, list(params), _ctx(tmp_path, "switched"))
+    twins = _copies(params)
+    ref = None if info.reference is None else info.reference(twins)
+    for s, grads in enumerate(G):
+        try:
+            model([g if p.requires_grad else None for g, p in zip(grads, params)]).backward()
+            opt.step()
+        except (ValueError, RuntimeError) as exc:
+            assert s == 1 and "requires_grad" in str(exc), (
+                f"{info.name}: step {s + 1} raised {exc!r}; expected a refusal naming requires_grad "
+                "only after a frozen parameter was unfrozen")
+            return
+        opt.zero_grad()
+        if ref is not None and info.dtypes[dtype] == "reference":
+            for t, p, g in zip(twins, params, grads):
+                t.grad = g.clone() if p.requires_grad else None
+            ref.step()
+            ref.zero_grad()
+            _assert_steps_close([list(params)], [twins], f"{info.name}, step {s + 1}, requires_grad "
+                                "switched (one frozen after step 1, one unfrozen)",
+                                **_tol(info, dtype, "reference"))
+        if s == 0:
+            params[1].requires_grad_(False)
+            params[2].requires_grad_(True)
+            frozen_at = params[1].detach().clone()
+            twins[1].requires_grad_(False)
+            twins[2].requires_grad_(True)
+    assert torch.equal(params[1].detach(), frozen_at), f"{info.name} moved a parameter frozen after step 1"
+    assert not torch.equal(params[2].detach(), _start[id(params[2])]), (
+        f"{info.name} silently ignored a parameter unfrozen after step 1 (its gradient was there): "
+        "train it, or refuse naming requires_grad")
+
+
+@pytest.mark.parametrize("info", [i for i in LOCAL if i.checkpoint == "state_dict" and i.reference], ids=ids)
+def test_load_state_dict_of_its_reference(info, tmp_path):
+    """The state_dict of the reference (torch's optimizer, after 2 steps) loaded into this one,
+    then a third step: as the reference's third step where the state layout is torch's
+    (Adafactor), else refused by a ValueError (never a KeyError or a silently wrong step)."""
+    dtype = _own_dtype(info)
+    if info.dtypes[dtype] != "reference":
+        pytest.skip(f"{info.name} has no reference in {dtype}")
+    shapes = [(3, 4), (5,)]
+    G = _random_grads(shapes, dtype)
+    params = _fresh_params(shapes, dtype)
+    want = _reference_drive(info, _copies(params), G)
+    theirs = _copies(params)
+    ref = info.reference(theirs)
+    for grads in G[:2]:
+        for t, g in zip(theirs, grads):
+            t.grad = g.clone()
+        ref.step()
+        ref.zero_grad()
+    model = _Params(theirs)
+    opt = info.build(model, theirs, _ctx(tmp_path, "loaded"))
+    if info.name != "Adafactor":
+        with pytest.raises(ValueError):
+            opt.load_state_dict(copy.deepcopy(ref.state_dict()))
+        return
+    opt.load_state_dict(copy.deepcopy(ref.state_dict()))
+    model(G[2]).backward()
+    opt.step()
+    _assert_steps_close([list(theirs)], [want[2]], f"{info.name}: torch's state_dict loaded, then a "
+                        "step", **_tol(info, dtype, "reference"))
+
+
+# ---------------------------------------------------------------- edge cases (distributed)
+
+def _dp_edges(rank, world_size, name):
+    """Inside each of 2 ranks, on the toy in fp64: the lr halved through ``param_groups`` (of
+    the torch optimizer the wrapper runs) after each step; ``StepLR`` on it; the frozen
+    parameter unfrozen after step 1 (trained from then on, or refused by name); a state_dict
+    written before any step, loaded into a new wrapper; params given as a generator
+    (``model.parameters()``), read once."""
+    info = BY_NAME[name]
+    ctx = SimpleNamespace(group=None, directory=None)
+    G = gradients(plan_of(3, world_size), torch.float64)
+    out = {}
+
+    def drive(setup=None, between=None, unfreeze=False, opt_of=None):
+        model = Toy(torch.float64)
+        opt = info.build(model, list(model.parameters()), ctx) if opt_of is None else opt_of(model)
+        if setup is not None:
+            setup(opt)
+        history = []
+        for s, step in enumerate(G):
+            try:
+                _snapshot_run(info, model, opt, [step], rank)
+            except (ValueError, RuntimeError) as exc:
+                return f"{type(exc).__name__}: {exc}"
+            if between is not None:
+                between(opt, s)
+            if unfreeze and s == 0:
+                model.frozen.requires_grad_(True)
+            history.append(_full(info, model, opt))
+        return history
+
+    out["halved"] = drive(between=lambda opt, s: _halve_lr(_holder(info, opt), s))
+    schedulers = []
+    out["StepLR"] = drive(setup=lambda opt: schedulers.append(torch.optim.lr_scheduler.StepLR(
+        _holder(info, opt), step_size=1, gamma=0.5)), between=lambda opt, s: schedulers[-1].step())
+    out["unfrozen"] = drive(unfreeze=True)
+
+    def loaded(model):
+        saved = copy.deepcopy(info.build(Toy(torch.float64), list(Toy(torch.float64).parameters()),
+                                         ctx).state_dict())
+        opt = info.build(model, list(model.parameters()), ctx)
+        opt.load_state_dict(saved)
+        return opt
+    out["loaded at step 0"] = drive(opt_of=loaded)
+    out["straight"] = drive(opt_of=lambda model: info.build(model, model.parameters(), ctx))  # a generator
+    if name == "ZeRO1":  # it wraps any elementwise torch optimizer, and refuses the others
+        for label, make in ZERO1_WRAPPED.items():
+            out[label] = drive(opt_of=lambda model, make=make: _lab("lab2.zero1").ZeRO1(
+                list(model.parameters()), make, group=None, lr=LR, **ZERO1_OPTIONS.get(label, {})))
+        for refused in (torch.optim.Adafactor, torch.optim.LBFGS, torch.optim.Muon):
+            model = Toy(torch.float64)
+            try:
+                _lab("lab2.zero1").ZeRO1(list(model.parameters()), refused, lr=LR)
+                out[refused.__name__] = "accepted"
+            except (ValueError, TypeError) as exc:
+                out[refused.__name__] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+ZERO1_WRAPPED = {"AdamW": torch.optim.AdamW, "SGD": torch.optim.SGD, "RMSprop": torch.optim.RMSprop}
+ZERO1_OPTIONS = {"AdamW": dict(weight_decay=0.1, amsgrad=True),
+                 "SGD": dict(momentum=0.9, nesterov=True, weight_decay=0.01),
+                 "RMSprop": dict(centered=True, momentum=0.5)}
+
+
+@functools.lru_cache(maxsize=None)
+def dp_edge_results(name):
+    from labkit.ranks import launch
+
+    return launch(_dp_edges, 2, name, timeout=120)
+
+
+def _adam_reference(G, world, *, halve=False, unfreeze=False, make=None):
+    """torch.optim.Adam over every parameter of the toy (the frozen one included, as torch's
+    optimizers hold it) with the gradients averaged over ``world`` ranks; ``halve``: the lr
+    halved after each step; ``unfreeze``: the frozen parameter trainable after step 1 (its
+    gradient: 0.5 everywhere on every rank, from the loss's frozen·0.5 term)."""
+    model = Toy(torch.float64)
+    named = dict(model.named_parameters())
+    opt = make(list(named.values())) if make else torch.optim.Adam(list(named.values()), lr=LR)
+    history = []
+    for s, step in enumerate(G):
+        for n, p in named.items():
+            used = [bw[n] for r in range(world) for bw in step[r] if n in bw]
+            p.grad = (sum(used) / world) if used and p.requires_grad else None
+        if named["frozen"].requires_grad:
+            named["frozen"].grad = torch.full_like(named["frozen"], 0.5)
+        opt.step()
+        if halve:
+            _halve_lr(opt, s)
+        if unfreeze and s == 0:
+            named["frozen"].requires_grad_(True)
+        history.append({n: p.detach().clone() for n, p in named.items()})
+    return history
+
+
+@pytest.mark.parametrize("info", DISTRIBUTED, ids=ids)
+def test_distributed_optimizers_edge_cases(info):
+    """ZeRO-1/2/3 on 2 ranks: the lr changed between steps (by hand and by StepLR, on the
+    torch optimizer the wrapper runs: ``.optim``), a parameter unfrozen after step 1 (trained
+    from then on as torch's Adam trains it, or refused naming requires_grad), a state_dict
+    from before any step: against torch.optim.Adam on the averaged gradients."""
+    G = gradients(plan_of(3, 2), torch.float64)
+    plain, halved = _adam_reference(G, 2), _adam_reference(G, 2, halve=True)
+    for rank, out in enumerate(dp_edge_results(info.name)):
+        what = f"{info.name}, rank {rank} of 2"
+        for label in ("halved", "StepLR"):
+            assert not isinstance(out[label], str), f"{what}, lr {label}: raised {out[label]}"
+            assert_histories_close(out[label], halved, f"{what}, lr {label} after each step", **ADAM64)
+        assert_histories_close(out["straight"], plain, f"{what}, plain", **ADAM64)
+        assert not isinstance(out["loaded at step 0"], str), f"{what}: {out['loaded at step 0']}"
+        assert_histories_close(out["loaded at step 0"], out["straight"],
+                               f"{what}, a state_dict from before any step", rtol=0, atol=0)
+        for label, cls in (ZERO1_WRAPPED.items() if info.name == "ZeRO1" else ()):
+            want = _adam_reference(G, 2, make=lambda ps, cls=cls, label=label: cls(
+                ps, lr=LR, **ZERO1_OPTIONS[label]))
+            assert not isinstance(out[label], str), f"{what} wrapping {label}: raised {out[label]}"
+            assert_histories_close(out[label], want, f"{what} wrapping torch.optim.{label}"
+                                   f"({ZERO1_OPTIONS[label]})", **ADAM64)
+        for refused in (("Adafactor", "LBFGS", "Muon") if info.name == "ZeRO1" else ()):
+            assert refused in out[refused] and out[refused] != "accepted", (
+                f"{what}: ZeRO1 must refuse torch.optim.{refused} by name (its update is not "
+                f"elementwise: a piece of a tensor would be updated as if it were the tensor); "
+                f"got {out[refused]}")
+        got = out["unfrozen"]
+        if isinstance(got, str):
+            assert "requires_grad" in got, (f"{what}: a parameter unfrozen after step 1 must be "
+                                            f"trained or refused naming requires_grad, got {got}")
+        else:
+            assert_histories_close(got, _adam_reference(G, 2, unfreeze=True),
+                                   f"{what}, the frozen parameter unfrozen after step 1", **ADAM64)
+
+
+EDGE_OPTIONS = {  # the reference's class -> options at the edges of what it accepts
+    torch.optim.Adam: [dict(betas=(0.0, 0.0)), dict(betas=(0.0, 0.999)), dict(eps=0.0), dict(lr=0.0),
+                       dict(weight_decay=0.1)],
+    torch.optim.Adafactor: [dict(lr=0.0), dict(beta2_decay=0.0), dict(d=4.0), dict(eps=(1e-3, 0.0)),
+                            dict(weight_decay=0.1)],
+    torch.optim.SGD: [dict(lr=0.0)],
+    None: [dict(lr=0.0)],  # no reference (CAME): lr = 0 leaves every parameter where it was
+}
+
+
+@pytest.mark.parametrize("info", [i for i in LOCAL if i.group_options is not None], ids=ids)
+def test_hyperparameters_at_their_edges(info, tmp_path):
+    """Options at the edges of what torch's optimizer accepts (β = 0, ε = 0, lr = 0, Adafactor's
+    β̂₂ decay 0 and wide clipping, weight decay), given as a param group: as the reference
+    trains with them — or refused with an error naming the option (one this optimizer does not
+    have: never silently ignored)."""
+    dtype = _own_dtype(info)
+    if info.dtypes[dtype] == "refused":
+        dtype = torch.bfloat16
+    shapes = [(3, 4), (5,)]
+    G = _random_grads(shapes, dtype)
+    ref_class = None if info.reference is None else type(info.reference([torch.zeros(1, requires_grad=True)]))
+    for options in EDGE_OPTIONS[ref_class]:
+        params = _fresh_params(shapes, dtype)
+        name = next(iter(options))
+        try:
+            info.build(_Params(_copies(params)), [{"params": _copies(params), **options}],
+                       _ctx(tmp_path, f"probe {options}"))
+        except (ValueError, TypeError) as exc:
+            assert name in str(exc), f"{info.name} refused {options} without naming {name!r}: {exc}"
+            continue
+        got, _ = _against_reference(info, params, G, f"options {options}", tmp_path,
+                                    spec=lambda ps, options=options: [{"params": ps, **options}],
+                                    where=f"edge {options}")
+        if options.get("lr") == 0.0:
+            for k, p in enumerate(got[-1]):
+                assert torch.equal(p, _start[id(params[k])]), f"{info.name} moved parameter {k} with lr = 0"

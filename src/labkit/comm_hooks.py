@@ -172,15 +172,22 @@ class PowerSGDState(HookState):
         start_iter: the first iteration (from 0) that compresses (``HookState``; default 2:
             torch's ``start_powerSGD_iter``, after DDP's bucket rebuild); the iterations before
             it are plain all-reduces.
+        orthogonalization_epsilon: ε ≥ 0 added to each column's norm when P and Q are
+            orthonormalised (``orthogonalize_``); torch's default, 0, turns a gradient matrix
+            that is exactly zero (a layer that got no signal) into NaN, as torch's hook does;
+            a small ε (1e-8) keeps it zero.
 
-    Attributes the hook uses: ``rank``, ``process_group``, ``error`` (bucket index → flat tensor
+    Attributes the hook uses: ``rank``, ``process_group``, ``orthogonalization_epsilon``, ``error`` (bucket index → flat tensor
     of the error left by the last step), ``q`` (bucket index → list of the last Q of each
     compressed matrix, for the warm start), ``rng`` (NumPy RandomState; see ``initial_qs``).
     """
 
-    def __init__(self, rank: int, process_group=None, *, seed: int = 0, start_iter: int = 2):
+    def __init__(self, rank: int, process_group=None, *, seed: int = 0, start_iter: int = 2,
+                 orthogonalization_epsilon: float = 0.0):
         rank = positive_int("rank", rank)  # the rank r of the approximation
         seed = non_negative_int("seed", seed)
+        self.orthogonalization_epsilon = number("orthogonalization_epsilon",
+                                                orthogonalization_epsilon, low=0)
         super().__init__(process_group, start_iter=start_iter)
         self.rank, self.seed = rank, seed
         self.error: dict[int, torch.Tensor] = {}

@@ -33,7 +33,7 @@ from torch import nn
 
 from labkit.buckets import BackwardEnd
 from labkit.flat_params import master_dtype
-from labkit.optim_base import run_closure
+from labkit.optim_base import refuse_unfrozen, run_closure
 from labkit.sharding import ShardLayout, bind_flat_states
 from labkit.validate import adam_args, boolean
 
@@ -125,12 +125,16 @@ class ShardedUnits:
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.peak_live_bytes = 0
         self.prefetch, self.events = prefetch, []
+        self.frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
         in_blocks = {id(p) for b in model.h for p in b.parameters()}
         self.units = [Unit(b, list(b.parameters())) for b in model.h]
         self.units.append(Unit(model, [p for p in model.parameters() if id(p) not in in_blocks]))
         for u in self.units:
             u.layout = ShardLayout(u.params, self.world_size, self.rank)
-            self._shard(u)
+            if u.params:
+                self._shard(u)
+            else:  # a root with no parameters of its own (all are in blocks): nothing to shard
+                u.full, u.shard = torch.zeros(0, dtype=u.dtype), torch.zeros(0, dtype=u.master_dtype)
         self.order = self.units[-2::-1] + [self.units[-1]]  # backward's: last block first, root last
         self.next_unit = 0  # position in order of the next unit to reduce-scatter
         self.backward_end = BackwardEnd(self._end_of_backward)
@@ -167,6 +171,7 @@ class ShardedUnits:
         slices. The full parameters are refreshed by the next gather. ``closure`` (optional)
         runs first, as for ``torch.optim``; its loss is returned."""
         loss = run_closure(closure)
+        refuse_unfrozen(self.frozen, type(self).__name__)  # frozen at construction: not sharded
         self._step()
         return loss
 

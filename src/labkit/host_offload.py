@@ -49,6 +49,7 @@ class HostOffload:
         if len(devices) != 1:
             raise ValueError(f"model's parameters must be on one device, got {sorted(map(str, devices))}")
         self.device = devices.pop()
+        self.model = model
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         for name, p in named:
@@ -56,7 +57,11 @@ class HostOffload:
         self.index = {id(p): i for i, p in enumerate(self.params)}
         cuda = self.device.type == "cuda"
         host = torch.device("cpu")
-        self.master = [p.detach().to(host, master_dtype(p.dtype), copy=True) for p in self.params]
+        # contiguous masters (as the host buffers): the fused Adam pairs a master and its
+        # gradient element by element in memory, so their layouts must agree even where a
+        # parameter is a non-contiguous view (a transposed weight)
+        self.master = [p.detach().to(host, master_dtype(p.dtype), copy=True,
+                                     memory_format=torch.contiguous_format) for p in self.params]
         self.host_grads = [torch.empty(p.shape, dtype=p.dtype, device=host) for p in self.params]
         if cuda:  # page-locked host memory: the DMA engine copies while the GPU computes
             self.master = [m.pin_memory() for m in self.master]
@@ -77,6 +82,17 @@ class HostOffload:
 
     def _offload_grad(self, param: torch.Tensor) -> None:
         raise NotImplementedError  # pragma: no cover - the subclass writes it
+
+    def check_trainable(self) -> None:
+        """Refuse, naming them, parameters of the model that require grad now but did not when
+        this was built: their hooks and host masters are made at construction, so they would
+        silently not be trained (``torch.optim.Adam`` holds frozen parameters and steps them
+        once they have a gradient)."""
+        new = [n for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in self.index]
+        if new:
+            raise ValueError(f"parameters {new} have requires_grad=True but were frozen when "
+                             f"{type(self).__name__} was built: it trains the parameters that "
+                             "required grad then; build a new one after unfreezing")
 
     def wait_for_copies(self) -> None:
         """Block until every gradient copy issued so far has reached its host buffer."""

@@ -28,7 +28,8 @@ import torch
 
 from labkit import validate
 
-__all__ = ["run_closure", "param_groups", "Optimizer", "PerParameterOptimizer", "UpdateInBackward"]
+__all__ = ["run_closure", "param_groups", "refuse_unfrozen", "Optimizer", "PerParameterOptimizer",
+           "UpdateInBackward"]
 
 
 def run_closure(closure):
@@ -43,14 +44,58 @@ def run_closure(closure):
         return closure()
 
 
+def refuse_unfrozen(frozen: dict, owner: str) -> None:
+    """Refuse, naming them, parameters of ``frozen`` ({label: parameter}: those that were frozen
+    when ``owner`` was built) that require grad now. An optimizer that lays out its parameters
+    at construction (hooks, host masters, flat shards) trains only those trainable then: one
+    unfrozen later would silently not be trained, where ``torch.optim``'s optimizers (which
+    hold frozen parameters) step it once it has a gradient."""
+    woke = [label for label, p in frozen.items() if p.requires_grad]
+    if woke:
+        raise ValueError(f"parameters {woke} have requires_grad=True but were frozen when {owner} "
+                         "was built: it trains the parameters that required grad then; build a "
+                         "new one after unfreezing")
+
+
 class Optimizer(torch.optim.Optimizer):
     """``torch.optim.Optimizer`` whose ``load_state_dict`` keeps each state tensor's saved dtype
-    (moved to its parameter's device): a checkpoint resumes exactly where it was written."""
+    (moved to its parameter's device): a checkpoint resumes exactly where it was written.
+
+    Two refusals torch's base class does not make, so that nothing is silently ignored:
+    ``add_param_group`` (the constructor's too) refuses a group option the optimizer does not
+    have (``maximize``, ``amsgrad``, ``weight_decay`` where there is none: torch's optimizers
+    would honour them, this one would not), naming it; and a group listing a tensor twice (a
+    tied weight) holds it once (torch warns and would step it twice). ``load_state_dict``
+    refuses a state_dict whose groups lack one of this optimizer's options (one written by
+    another optimizer), naming it."""
+
+    ALLOWED_EXTRA = frozenset({"initial_lr"})  # what torch's lr schedulers add to a group
+
+    def add_param_group(self, param_group: dict) -> None:
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, got {type(param_group).__name__}")
+        unknown = sorted(set(param_group) - {"params"} - set(self.defaults) - self.ALLOWED_EXTRA)
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no option {', '.join(map(repr, unknown))} "
+                             f"(a param group's options: {sorted(self.defaults)}): it would be "
+                             "silently ignored")
+        ps = param_group.get("params")
+        if ps is not None and not isinstance(ps, (torch.Tensor, set)):
+            ps, seen = list(ps), set()
+            ps = [p for p in ps if not (id(p) in seen or seen.add(id(p)))]  # each tensor once
+            param_group = {**param_group, "params": ps}
+        super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict) -> None:
         if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
             raise ValueError("state_dict must be what state_dict() returned: a dict with "
                              "'state' and 'param_groups'")
+        for k, g in enumerate(state_dict["param_groups"]):
+            missing = sorted(set(self.defaults) - set(g))
+            if missing:
+                raise ValueError(f"state_dict's param group {k} has no option "
+                                 f"{', '.join(map(repr, missing))} of {type(self).__name__}: was "
+                                 "it written by another optimizer (e.g. torch.optim.Adam)?")
         saved = state_dict["state"]
         # torch checks the groups and restores the options; the state is restored below
         super().load_state_dict({**state_dict, "state": {}})

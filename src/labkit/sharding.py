@@ -39,7 +39,7 @@ import torch.distributed as dist
 from labkit import validate
 from labkit.buckets import BucketSchedule
 from labkit.flat_params import flatten_padded, master_dtype, partition, shard_range
-from labkit.optim_base import param_groups
+from labkit.optim_base import param_groups, refuse_unfrozen
 
 __all__ = ["Piece", "ShardLayout", "bind_flat_states", "owned_pieces", "ShardedOptimizer",
            "BucketedShardedAdam"]
@@ -132,6 +132,13 @@ def _check_options(options: dict) -> None:
             raise ValueError(f"betas must be numbers in [0, 1), got {betas!r}")
 
 
+# torch.optim classes whose update of an element reads other elements of its tensor (factored
+# moments, a line search over the whole vector, an orthogonalised matrix): a piece of a tensor
+# would be updated as if it were the whole tensor. The wrappers refuse them (and subclasses).
+NOT_ELEMENTWISE = tuple(c for c in (getattr(torch.optim, n, None) for n in ("Adafactor", "LBFGS", "Muon"))
+                        if c is not None)
+
+
 def _trainable_groups(params) -> list[dict]:
     """``params`` (tensors or groups) → groups of trainable tensors, each tensor once."""
     groups = param_groups(params, {})
@@ -156,14 +163,26 @@ class ShardedOptimizer:
             or of the parameter itself (no copy of what the model holds). ``local_slice()``
             gives the slice as one (S,) tensor.
         optim: ``optimizer_class`` over the pieces, grouped as the parameters were, with each
-            group's options; ``param_groups`` is its ``param_groups`` (for schedulers).
+            group's options; ``param_groups`` is its ``param_groups`` (a scheduler takes
+            ``optim``: this wrapper is no ``torch.optim.Optimizer``).
+        frozen: the parameters frozen at construction; ``check_trainable()`` (``step`` calls
+            it first) refuses, by name, any of them unfrozen since.
     """
 
     def __init__(self, params, optimizer_class, *, group=None, **defaults):
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError("optimizer_class must be a torch.optim.Optimizer subclass (e.g. "
                             f"torch.optim.Adam), got {optimizer_class!r}")
-        self.groups = _trainable_groups(params)
+        if issubclass(optimizer_class, NOT_ELEMENTWISE):
+            raise ValueError(f"optimizer_class {optimizer_class.__name__} does not update "
+                             "elementwise (an element's update reads the rest of its tensor): "
+                             "sharded into pieces, each piece would be updated as a whole tensor; "
+                             "wrap an elementwise optimizer (Adam, AdamW, SGD, RMSprop...)")
+        every_group = param_groups(params, {})  # params may be a generator: read it once
+        self.groups = _trainable_groups(every_group)
+        every = [p for g in every_group for p in g["params"]]
+        self.frozen = {f"params[{i}] {tuple(p.shape)}": p for i, p in enumerate(every)
+                       if not p.requires_grad}  # refused if unfrozen: check_trainable()
         self.params = [p for g in self.groups for p in g["params"]]
         if not self.params:
             raise ValueError("params has no trainable parameter (all have requires_grad=False)")
@@ -205,6 +224,11 @@ class ShardedOptimizer:
             local[group_of[id(self.params[pc.index])]]["params"].append(piece)
         self.optim = optimizer_class(local, **defaults)
         self.param_groups = self.optim.param_groups
+
+    def check_trainable(self) -> None:
+        """Refuse a parameter frozen at construction and unfrozen since (it is outside the flat
+        vector: it would silently not be trained), naming it."""
+        refuse_unfrozen(self.frozen, type(self).__name__)
 
     def local_slice(self) -> torch.Tensor:
         """This rank's slice of the parameters, (S,) in ``master_dtype``: the master itself for

@@ -97,7 +97,7 @@ MUTANTS = [
     Mutant("4.5", "lab4/powersgd.py", find="        q_flat.div_(world)",
            replace="        pass",
            why="forgets to divide the all-reduced Q by the number of ranks"),
-    Mutant("4.5", "lab4/powersgd.py", find="            ps[i] = orthogonalize_(p_flat[off:off + p.numel()].view_as(p))",
+    Mutant("4.5", "lab4/powersgd.py", find="            ps[i] = orthogonalize_(p_flat[off:off + p.numel()].view_as(p), eps)",
            replace="            ps[i] = p_flat[off:off + p.numel()].view_as(p)",
            why="does not orthonormalise P after the all-reduce"),
     # (Not a mutant: skipping the orthonormalisation of the starting Q changes nothing, since

@@ -27,7 +27,8 @@ parameters (plus the fp32 master slice); per GPU in mixed precision 2Ψ + 2Ψ + 
 gets a set of parameters, which cannot split Ψ evenly) and broadcasts the updated tensors; the
 flat partition here gives every rank the same share, at a price: an optimizer whose update of
 an element reads other elements of its tensor (Adafactor's factors, LAMB's norms) would see
-only its piece, so ZeRO-1 wraps elementwise optimizers (Adam, AdamW, SGD, ...).
+only its piece, so ZeRO-1 wraps elementwise optimizers (Adam, AdamW, SGD, ...) and refuses
+the others it knows (``labkit.sharding.NOT_ELEMENTWISE``: Adafactor, LBFGS, Muon).
 
 Chapter 2 (book/02_optimizer_states.md); Lab 2, exercise 2.5 (labs/02_optimizer_states.ipynb).
 """
@@ -73,6 +74,9 @@ class ZeRO1(ShardedOptimizer):
     * ``zero_grad``, ``state``, ``shard_state()`` (the states as flat (S,) tensors),
       ``state_dict()`` / ``load_state_dict()`` (this rank's: the shard and the optimizer's).
 
+    An optimizer: it never touches the model's buffers (DDP broadcasts rank 0's before each
+    forward): each rank keeps the BatchNorm running statistics of its own batches.
+
     Args:
         params: tensors, or parameter groups (dicts with "params" and per-group options such as
             ``lr`` or ``weight_decay``), as for ``torch.optim``; trainable ones share one
@@ -106,6 +110,7 @@ class ZeRO1(ShardedOptimizer):
         (optional, given) runs first, as for ``torch.optim``; its loss is returned.
         """
         loss = run_closure(closure)
+        self.check_trainable()  # given: refuses a parameter unfrozen since construction
         # BEGIN SOLUTION 2.5: reduce-scatter the packed gradients, average your slice, give each piece its gradient (None for a parameter no rank had one for), step, all-gather the slices into the parameters
         send = self.layout.pack([p.grad for p in self.params], self.dtype)  # (N·(S + P),)
         received = torch.empty(send.numel() // self.world_size, dtype=self.dtype, device=send.device)

@@ -58,7 +58,8 @@ class ZeROOffload(HostOffload):
             (``zero_grad()`` empties it).
         events: ``("grad to host", name)`` appended after each gradient's hook returns (a test or
             the lab may append its own events, e.g. the start of each block's backward).
-    ``zero_grad``, ``state_dict``/``load_state_dict`` and ``remove`` are given too.
+    ``zero_grad``, ``state_dict``/``load_state_dict``, ``check_trainable`` (``step`` calls it
+    first: a parameter unfrozen since construction is refused, by name) and ``remove`` are given too.
 
     Args:
         model: the module to train (on a CPU or one CUDA device).
@@ -113,6 +114,7 @@ class ZeROOffload(HostOffload):
         as for ``torch.optim``; its loss is returned.
         """
         loss = run_closure(closure)
+        self.check_trainable()  # given: refuses a parameter unfrozen since construction
         # BEGIN SOLUTION 2.6: wait for the copies, step the host optimizer on the arrived gradients (fp32), write the rounded master weights back to the device, reset arrived
         for i, master in enumerate(self.master):
             if i in self.arrived:

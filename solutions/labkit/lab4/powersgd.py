@@ -46,7 +46,8 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
           (vectors) it is all-reduced as it is and divided by the world size.
         * A compressed matrix M: one power-iteration step from Q (the warm start: this bucket's
           last Q, orthonormalised; on the bucket's first call, ``initial_qs``, orthonormalised);
-          P = M Q, all-reduce P (sum), orthonormalise P's columns (``orthogonalize_``),
+          P = M Q, all-reduce P (sum), orthonormalise P's columns (``orthogonalize_``; every
+          orthonormalisation with ``eps=state.orthogonalization_epsilon``, as torch's hook),
           Q = Mᵀ P, all-reduce Q and divide by the world size, M̂ = P Qᵀ. M̂ replaces M in the
           buffer and Q is kept in ``state.q[index]``.
         * Communication: one all-reduce of the uncompressed gradients, one of all the P's, one of
@@ -90,13 +91,14 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
             qs = state.q[index]
         else:
             qs = initial_qs(state, [tuple(mat.shape) for mat in mats])
-        qs = [orthogonalize_(q.clone()) for q in qs]
+        eps = state.orthogonalization_epsilon
+        qs = [orthogonalize_(q.clone(), eps) for q in qs]
         ps = [mat @ q for mat, q in zip(mats, qs)]
         p_flat = torch.cat([p.reshape(-1) for p in ps])
         dist.all_reduce(p_flat, group=group)
         off = 0
         for i, p in enumerate(ps):
-            ps[i] = orthogonalize_(p_flat[off:off + p.numel()].view_as(p))
+            ps[i] = orthogonalize_(p_flat[off:off + p.numel()].view_as(p), eps)
             off += p.numel()
         qs = [mat.t() @ p for mat, p in zip(mats, ps)]
         q_flat = torch.cat([q.reshape(-1) for q in qs])

@@ -39,6 +39,11 @@ class LOMO(UpdateInBackward):
     grad, each once), ``self.lr_of(param)`` (its group's learning rate), ``self.handles`` (what
     ``remove()`` removes), ``zero_grad()``; the constructor calls ``_attach()``.
 
+    Not a ``torch.optim.Optimizer``: no ``param_groups``, so no lr scheduler (each group's lr is
+    fixed at construction), and no ``add_param_group``. The parameters it trains are those that
+    require grad when it is built (the hooks are attached then): one unfrozen later is not
+    trained; build a new LOMO.
+
     Args:
         params: the parameters to train, or parameter groups (dicts with "params" and
             optionally "lr"), as for ``torch.optim.SGD``; a tied parameter listed twice is one.

@@ -54,6 +54,10 @@ class NVMeAdam(StateFiles):
             ``resident_bytes``, ``peak_resident_bytes``, ``events``: what the graders count.
         zero_grad(), close().
 
+    Not a ``torch.optim.Optimizer``: no ``param_groups``, so no lr scheduler (each group's
+    options are fixed at construction) and no ``add_param_group``; its checkpoint is its
+    directory (no ``state_dict``).
+
     Args:
         params: the parameters, or parameter groups (dicts with "params" and any of lr, betas,
             eps, weight_decay), as for ``torch.optim.Adam``.

@@ -55,6 +55,10 @@ class ZeRO3(ShardedUnits):
     reduce-scatters, ``self.optim`` (Adam over each unit's ``pieces``), ``step(closure)``,
     ``zero_grad``, ``state_dict``, ``full_parameters``, ``log_all_gathers``.
 
+    Buffers are not sharded and not broadcast (DDP broadcasts rank 0's before each forward):
+    each rank keeps the BatchNorm running statistics of its own batches. A model with no
+    parameter outside its blocks has an empty root unit (nothing to shard or gather).
+
     Args:
         model: a ``labkit.models.GPT`` (anything with a ModuleList ``h`` of blocks).
         lr, betas, eps: as ``torch.optim.Adam`` (no weight decay).

@@ -59,6 +59,10 @@ class BucketedDDP(BucketedModule):
           ``DistributedDataParallel(find_unused_parameters=True)`` leaves.
         * ``self.buckets_sent`` counts the all-reduces started since the last ``finish()``.
 
+    Buffers (BatchNorm's running statistics) are not broadcast, neither at construction nor
+    before each forward as ``DistributedDataParallel(broadcast_buffers=True)`` does: each rank
+    keeps those of its own batches (broadcast them yourself, or use SyncBatchNorm).
+
     Args:
         module: the model; the same architecture on every rank.
         bucket_cap_bytes: int > 0, bytes of gradients per bucket, counted in ``reduce_dtype``;

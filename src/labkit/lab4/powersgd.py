@@ -46,7 +46,8 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
           (vectors) it is all-reduced as it is and divided by the world size.
         * A compressed matrix M: one power-iteration step from Q (the warm start: this bucket's
           last Q, orthonormalised; on the bucket's first call, ``initial_qs``, orthonormalised);
-          P = M Q, all-reduce P (sum), orthonormalise P's columns (``orthogonalize_``),
+          P = M Q, all-reduce P (sum), orthonormalise P's columns (``orthogonalize_``; every
+          orthonormalisation with ``eps=state.orthogonalization_epsilon``, as torch's hook),
           Q = Mᵀ P, all-reduce Q and divide by the world size, M̂ = P Qᵀ. M̂ replaces M in the
           buffer and Q is kept in ``state.q[index]``.
         * Communication: one all-reduce of the uncompressed gradients, one of all the P's, one of

@@ -79,6 +79,9 @@ class ZeRO2Adam(BucketedShardedAdam):
         state: ``"exp_avg"``, ``"exp_avg_sq"`` ((S,) each: Adam's states of the pieces are views
             of them) and ``"master"`` (the slice) for 16-bit parameters.
 
+    An optimizer: it never touches the model's buffers (DDP broadcasts rank 0's before each
+    forward): each rank keeps the BatchNorm running statistics of its own batches.
+
     Args:
         params: the model's parameters (a list, or parameter groups with their own lr, betas,
             eps, weight_decay; frozen ones are skipped); one floating dtype and one device for
@@ -128,5 +131,6 @@ class ZeRO2Adam(BucketedShardedAdam):
         parameters; zero ``grad_shard`` and ``present``. ``closure`` (optional, given) runs
         first, as for ``torch.optim``; its loss is returned."""
         loss = run_closure(closure)
+        self.check_trainable()  # given: refuses a parameter unfrozen since construction
         raise NotImplementedError("exercise 4.3: finish, average the shard, hand the pieces their gradients, Adam, all-gather the parameters, reset the shard and the counts (labs/04_gradients.ipynb)")
         return loss
