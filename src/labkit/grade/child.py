@@ -12,7 +12,11 @@ adds what only the inside can see, each reported with its test (which then fails
 * **other threads**: dispatch modes (MemTracker's and FlopCounterMode's too) hold for one thread,
   so a thread started during a test gets a mode (``threading.setprofile``) that refuses torch
   operators of any work that is not the course's: a measurement cannot be dodged there;
-* **shared state**: torch's global state (default dtype, grad mode, modes, global hooks) is
+* **other processes**: a process started or signalled from student code during a test (however
+  spelled: ``os.fork`` under a DataLoader's workers, ``subprocess``, ``posix_spawn``...) is refused
+  at the interpreter's audit events: its work is out of the test's sight;
+* **shared state**: torch's global state (default dtype, grad mode, modes, global hooks, saved-
+  tensor hooks) is
   compared after every test with the session's start and put back; the tests' constant dicts
   (``TOL = dict(atol=..., rtol=...)``) are read-only and their modules' names are put back; the
   pytest plugins and hook functions are fixed once collected;
@@ -40,6 +44,8 @@ STUDENT = {os.path.realpath(f): [tuple(r) for r in rs] for f, rs in SPEC.get("st
 COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
 READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
                                                        sys.prefix, sys.base_prefix)) + ("/dev/",)
+PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
+             "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
                 "pytest_report_teststatus", "pytest_runtest_call", "pytest_pyfunc_call")
 
@@ -124,6 +130,11 @@ def _on_new_thread(frame, event, arg):
 
 
 def _audit(event, args):
+    if event in PROCESSES and State.exercise is not None and student_frame(sys._getframe(1)):
+        why = f"{event} from student code: a process does work the test's measurements and " \
+            "refusals do not see"
+        State.refused.append(f"{why} (from {student_frame(sys._getframe(1))})")
+        raise PermissionError(f"refused while grading: {why}")
     if event == "open" and State.exercise is not None and isinstance(args[0], (str, bytes)):
         path = os.path.realpath(os.fsdecode(args[0]))
         caller = sys._getframe(1)
@@ -142,7 +153,8 @@ def _torch_state() -> dict:
             "dispatch modes": torch._C._len_torch_dispatch_stack(),
             "torch-function modes": torch._C._len_torch_function_stack(),
             "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-            "global module and optimizer hooks": sum(map(len, hooks)), "_hooks": hooks}
+            "global module and optimizer hooks": sum(map(len, hooks)), "_hooks": hooks,
+            "saved-tensor hooks": torch._C._autograd._top_saved_tensors_default_hooks(True) is not None}
 
 
 def _restore() -> list[str]:
@@ -153,6 +165,8 @@ def _restore() -> list[str]:
     torch.set_default_dtype(before["default dtype"])
     torch.set_grad_enabled(before["grad mode"])
     torch.use_deterministic_algorithms(before["deterministic algorithms"])
+    while torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+        torch._C._autograd._pop_saved_tensors_default_hooks()  # the session starts with none
     while torch._C._len_torch_dispatch_stack() > before["dispatch modes"]:
         _pop_mode()
     while torch._C._len_torch_function_stack() > before["torch-function modes"]:
@@ -183,6 +197,12 @@ def pytest_sessionstart(session):
     State.torch, State.plugins = _torch_state(), _plugins(session.config)
     threading.setprofile(_on_new_thread)
     sys.addaudithook(_audit)
+    import _posixsubprocess  # multiprocessing's spawn calls it with no audit event of its own
+
+    def fork_exec(*args, _run=_posixsubprocess.fork_exec):
+        sys.audit("_posixsubprocess.fork_exec")
+        return _run(*args)
+    _posixsubprocess.fork_exec = fork_exec
 
 
 @pytest.hookimpl(trylast=True)
