@@ -181,12 +181,20 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
         assert "threads" in flagged(table, "5.6") and "not the course's" in flagged(table, "5.6")
 
 
-def test_shared_tolerances_cannot_be_widened(tmp_path, collected):
+@pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_through_loop_variable"])
+def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected, cheat):
     """widen_shared_tolerance: 5.6's forward reaches the tests' modules by computed names, tries
     to widen ATTN_TOL in place and to rebind it, then returns an answer off by 1e-3. The dict
-    is read-only, the rebinding is put back and fails the test: no forward test passes."""
-    sub = submission(tmp_path, "widen_shared_tolerance", solved=("lab5/flash_attention.py",))
+    is read-only, the rebinding is put back and fails the test: no forward test passes.
+    patch_through_loop_variable: torch.testing.assert_close rebound through a module reached by
+    a computed name (before: 4/22 with a forward of zeros): the names of the modules the tests
+    hold, and of theirs, are put back after each test, which fails: not one point."""
+    sub = submission(tmp_path, cheat, solved=("lab5/flash_attention.py",))
     table = grade(sub, collected, ["5.6"])
-    forward = [t for t in table["exercises"]["5.6"]["tests"] if "forward" in t["test"]]
+    tests = table["exercises"]["5.6"]["tests"]
+    forward = [t for t in tests if "forward" in t["test"]]
     assert forward and all(t["outcome"] == "failed" for t in forward), forward
     assert "dynamic names" in flagged(table, "5.6")
+    if cheat == "patch_through_loop_variable":
+        assert table["exercises"]["5.6"]["earned"] == 0, [(t["test"], t["outcome"]) for t in tests]
+        assert "testing.assert_close was rebound" in flagged(table, "5.6")

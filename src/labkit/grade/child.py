@@ -15,11 +15,12 @@ adds what only the inside can see, each reported with its test (which then fails
 * **other processes**: a process started or signalled from student code during a test (however
   spelled: ``os.fork`` under a DataLoader's workers, ``subprocess``, ``posix_spawn``...) is refused
   at the interpreter's audit events: its work is out of the test's sight;
-* **shared state**: torch's global state (default dtype, grad mode, modes, global hooks, saved-
-  tensor hooks) is
-  compared after every test with the session's start and put back; the tests' constant dicts
-  (``TOL = dict(atol=..., rtol=...)``) are read-only and their modules' names are put back; the
-  pytest plugins and hook functions are fixed once collected;
+* **shared state**: torch's global state (default dtype, grad mode, modes, global hooks,
+  saved-tensor hooks) is compared after every test with the session's start and put back; the
+  tests' constant dicts (``TOL = dict(atol=..., rtol=...)``) are read-only; their modules' names,
+  the functions, classes and modules of the modules they hold (``torch.testing.assert_close``)
+  and torch.Tensor's methods are put back; the pytest plugins and hook functions are fixed once
+  collected;
 * **files**: an audit hook notes the files student code opens outside the test's scratch folder.
 """
 from __future__ import annotations
@@ -65,7 +66,7 @@ class State:
     plugins: tuple = ()
     seen: dict = {}      # nodeid -> "failed" or "skipped", as the reports said
     tamper: list = []
-    modules: list = []   # (test module, its names once collected)
+    modules: list = []   # (namespace, its names once collected, whether names added count)
     kinds: dict = {}     # code object -> "student", "course" or ""
 
 
@@ -173,15 +174,15 @@ def _restore() -> list[str]:
         torch._C._pop_torch_function_stack()
     for hooks in now["_hooks"] if now["global module and optimizer hooks"] else ():
         hooks.clear()  # the course installs none
-    for mod, names in State.modules:  # the test modules' names, as collected
-        now = vars(mod)
-        for name in [n for n, v in names.items() if now.get(n, v) is not v] + \
-                [n for n in now if n not in names]:
-            changed.append(f"{mod.__name__}.{name} was rebound")
+    for ns, names, added in State.modules:  # the tests' and their libraries' names, as collected
+        now = vars(ns)
+        for name in [n for n, v in names.items() if now.get(n) is not v] + \
+                [n for n in now if added and n not in names]:
+            changed.append(f"{ns.__name__}.{name} was rebound")
             if name in names:
-                now[name] = names[name]
+                setattr(ns, name, names[name])
             else:
-                del now[name]
+                delattr(ns, name)
     return changed
 
 
@@ -222,7 +223,16 @@ def pytest_collection_finish(session):
             if name.isupper() and type(value) is dict and all(
                     isinstance(v, (int, float, str, bool, tuple, type(None))) for v in value.values()):
                 setattr(mod, name, frozen.setdefault(id(value), types.MappingProxyType(value)))
-        State.modules.append((mod, dict(vars(mod))))
+        State.modules.append((mod, dict(vars(mod)), True))
+    # what the tests call through the modules they hold (torch.testing.assert_close, F.x, a given
+    # function of the course), one level down too, and torch.Tensor's methods: put back if rebound
+    held = {id(m): m for _, names, _ in State.modules for m in names.values()
+            if isinstance(m, types.ModuleType)}
+    held.update({id(s): s for m in list(held.values()) for s in vars(m).values()
+                 if isinstance(s, types.ModuleType)})
+    code = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)
+    State.modules += [(ns, {n: v for n, v in vars(ns).items() if isinstance(v, code)}, False)
+                      for ns in held.values()] + [(torch.Tensor, dict(vars(torch.Tensor)), True)]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

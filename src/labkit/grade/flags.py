@@ -28,7 +28,7 @@ FLAGS = {  # flag: (zeroes the exercise, what it means)
                     "namespaces, gc, ctypes, builtins, private modules"),
     "processes": (True, "starts or signals processes"),
     "dynamic code": (True, "turns text or bytes into code or imports (eval, importlib, pkgutil, "
-                     "timeit, unpickling...)"),
+                     "timeit, doctest, profile, unpickling...)"),
     "patching": (True, "changes code that is not the student's: a module's attribute, a given "
                  "function or class, a name of the course's module"),
     "shortcut": (True, "uses what the exercise rebuilds (labkit.grade.shortcuts)"),
@@ -47,7 +47,10 @@ MODULES = {  # a module (and everything under it) -> the flag its use raises
     **dict.fromkeys(("subprocess", "multiprocessing", "pty", "ProcessPoolExecutor",
                      "create_subprocess_exec", "create_subprocess_shell"), "processes"),
     **dict.fromkeys(("importlib", "pkgutil", "runpy", "timeit", "code", "pickle", "marshal",
-                     "torch.hub", "torch.package", "torch.utils.cpp_extension"), "dynamic code"),
+                     "torch.hub", "torch.package", "torch.utils.cpp_extension", "codeop",
+                     "zipimport", "pydoc", "doctest", "bdb", "pdb", "cProfile", "Profile", "runctx",
+                     "Trace", "dictConfig"), "dynamic code"),  # the last ones run text as code
+    # or import by name; names matched on any expression too, so none as common as "run"
     **dict.fromkeys(("pytest", "pluggy", "conftest", "labkit.grade", "labkit.score_table",
                      "labkit.reference", "labkit.harness", "labkit.cross_check", "socket",
                      "urllib", "http"), "grader"),
