@@ -18,9 +18,9 @@ adds what only the inside can see, each reported with its test (which then fails
 * **shared state**: torch's global state (default dtype, grad mode, modes, global hooks,
   saved-tensor hooks) is compared after every test with the session's start and put back; the
   tests' constant dicts (``TOL = dict(atol=..., rtol=...)``) are read-only; their modules' names,
-  the functions, classes and modules of the modules they hold (``torch.testing.assert_close``)
-  and torch.Tensor's methods are put back; the pytest plugins and hook functions are fixed once
-  collected;
+  the functions and classes of what they compare and measure with (``torch.testing``, the
+  course's code) and torch.Tensor's methods are put back; the pytest plugins and hook functions
+  are fixed once collected;
 * **files**: an audit hook notes the files student code opens outside the test's scratch folder.
 """
 from __future__ import annotations
@@ -45,6 +45,7 @@ STUDENT = {os.path.realpath(f): [tuple(r) for r in rs] for f, rs in SPEC.get("st
 COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
 READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
                                                        sys.prefix, sys.base_prefix)) + ("/dev/",)
+COMPARE = ("torch.testing.", "_pytest.python_api.", "math.", "labkit.")
 PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
              "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
@@ -224,15 +225,17 @@ def pytest_collection_finish(session):
                     isinstance(v, (int, float, str, bool, tuple, type(None))) for v in value.values()):
                 setattr(mod, name, frozen.setdefault(id(value), types.MappingProxyType(value)))
         State.modules.append((mod, dict(vars(mod)), True))
-    # what the tests call through the modules they hold (torch.testing.assert_close, F.x, a given
-    # function of the course), one level down too, and torch.Tensor's methods: put back if rebound
-    held = {id(m): m for _, names, _ in State.modules for m in names.values()
-            if isinstance(m, types.ModuleType)}
-    held.update({id(s): s for m in list(held.values()) for s in vars(m).values()
-                 if isinstance(s, types.ModuleType)})
-    code = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)
+    # what the tests compare and measure with, and the course's given code: the functions,
+    # classes and modules of these modules and of their classes, and torch.Tensor's methods (not
+    # all of torch: torch, warnings and pytest rebind their own functions while tests run)
+    spaces = [m for n, m in list(sys.modules.items()) if isinstance(m, types.ModuleType) and
+              (n + ".").startswith(COMPARE)]
+    spaces += [c for m in spaces for c in vars(m).values()
+               if isinstance(c, type) and c.__module__ == m.__name__]
+    code = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType, property,
+            staticmethod, classmethod)
     State.modules += [(ns, {n: v for n, v in vars(ns).items() if isinstance(v, code)}, False)
-                      for ns in held.values()] + [(torch.Tensor, dict(vars(torch.Tensor)), True)]
+                      for ns in spaces] + [(torch.Tensor, dict(vars(torch.Tensor)), True)]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
