@@ -18,8 +18,8 @@ adds what only the inside can see, each reported with its test (which then fails
 * **shared state**: torch's global state (default dtype, grad mode, modes, global hooks,
   saved-tensor hooks) is compared after every test with the session's start and put back; the
   tests' constant dicts (``TOL = dict(atol=..., rtol=...)``) are read-only; their modules' names,
-  the functions and classes of what they compare and measure with (``torch.testing``, the
-  course's code) and torch.Tensor's methods are put back; the pytest plugins and hook functions
+  the functions and classes of what they compare and measure with (``torch.testing``,
+  ``torch.equal``, the course's code) and torch.Tensor's methods are put back; the pytest plugins and hook functions
   are fixed once collected;
 * **files**: an audit hook notes the files student code opens outside the test's scratch folder.
 """
@@ -46,6 +46,7 @@ COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
 READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
                                                        sys.prefix, sys.base_prefix)) + ("/dev/",)
 COMPARE = ("torch.testing.", "_pytest.python_api.", "math.", "labkit.")
+TORCH_CHECKS = ("equal", "allclose", "isclose")  # torch's own comparisons that the tests call
 PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
              "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
@@ -235,7 +236,8 @@ def pytest_collection_finish(session):
     code = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType, property,
             staticmethod, classmethod)
     State.modules += [(ns, {n: v for n, v in vars(ns).items() if isinstance(v, code)}, False)
-                      for ns in spaces] + [(torch.Tensor, dict(vars(torch.Tensor)), True)]
+                      for ns in spaces] + [(torch.Tensor, dict(vars(torch.Tensor)), True),
+                                           (torch, {n: vars(torch)[n] for n in TORCH_CHECKS}, False)]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

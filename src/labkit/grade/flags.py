@@ -250,13 +250,29 @@ class _Reader(ast.NodeVisitor):
             name, (kind, parts) = node.targets[0].id, self.chain(node.value)
             if kind == "module" and isinstance(node.value, (ast.Name, ast.Attribute)):
                 self.aliases[name] = ".".join(parts)  # a local alias of a module
-            elif any(isinstance(n, ast.Name) and n.id in {*self.modules, *self.opaque} and
-                     not any(isinstance(a, ast.Attribute) and a.value is n
-                             for a in ast.walk(node.value)) for n in ast.walk(node.value)):
-                self.opaque.add(name)  # ``[torch][0]``: a module used as a value
+                return self.generic_visit(node)
+        for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+            self._bind(target, node.value)
         self.generic_visit(node)
 
     visit_AugAssign = visit_AnnAssign = visit_Assign
+
+    def _bind(self, target, value) -> None:
+        """Names bound to what a module was turned into (``[torch][0]``, ``for m in [torch]``,
+        ``with x(torch) as m``, ``(m := [torch][0])``): a module used as a value."""
+        if value is not None and any(
+                isinstance(n, ast.Name) and n.id in {*self.modules, *self.opaque} and
+                not any(isinstance(a, ast.Attribute) and a.value is n for a in ast.walk(value))
+                for n in ast.walk(value)):
+            self.opaque |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+    def visit_withitem(self, node):
+        self._bind(node.optional_vars or ast.Tuple([]), node.context_expr)
+        self.generic_visit(node)
+
+    def visit_NamedExpr(self, node):
+        self._bind(node.target, node.value)
+        self.generic_visit(node)
 
     def visit_Delete(self, node):
         self._targets(node, node.targets, "del")
@@ -271,6 +287,7 @@ class _Reader(ast.NodeVisitor):
         if isinstance(node.target, ast.Name):
             self.literal_loops[node.target.id] = isinstance(node.iter, (ast.Tuple, ast.List)) and \
                 all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.iter.elts)
+        self._bind(node.target, node.iter)
         self.generic_visit(node)
 
     visit_comprehension = visit_For
