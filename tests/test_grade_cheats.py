@@ -181,16 +181,16 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
         assert "threads" in flagged(table, "5.6") and "not the course's" in flagged(table, "5.6")
 
 
-@pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_through_loop_variable",
+@pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_assert_close_through_a_parameter",
                                    "patch_inside_assert_close"])
 def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected, cheat):
     """widen_shared_tolerance: 5.6's forward reaches the tests' modules by computed names, tries
     to widen ATTN_TOL in place and to rebind it, then returns an answer off by 1e-3. The dict
     is read-only, the rebinding is put back and fails the test: no forward test passes.
-    patch_through_loop_variable: torch.testing.assert_close rebound through a module reached by
-    a computed name (before: 4/22 with a forward of zeros), or the function it calls inside
-    torch.testing._comparison (patch_inside_assert_close): the functions of the modules the
-    tests compare with are put back after each test, which fails: not one point."""
+    patch_assert_close_through_a_parameter: torch.testing.assert_close rebound through a module
+    reached by a computed name (before: 4/22 with a forward of zeros), or the function it calls
+    inside torch.testing._comparison (patch_inside_assert_close): the functions of the modules
+    the tests compare with are put back after each test, which fails: not one point."""
     sub = submission(tmp_path, cheat, solved=("lab5/flash_attention.py",))
     table = grade(sub, collected, ["5.6"])
     tests = table["exercises"]["5.6"]["tests"]
