@@ -220,14 +220,20 @@ def test_the_grader_stays_small():
     asked for about 1,500 lines and 100 entries), then 2,309 lines with the suite's score table
     (now labkit/score_table.py: not the grader) and 102 entries; 1,950 lines and 103 entries
     before the trim of dead code and redundant entries (1,922 and 102, no verdict changed); 105
-    with three entries that make a process pool or asyncio's subprocesses a zeroing flag. Lines
-    of src/labkit/grade; entries of the flags' lists; the shortcut table's distinct patterns,
-    data counted apart."""
+    with three entries that make a process pool or asyncio's subprocesses a zeroing flag; then
+    1,988 lines and 123 entries after a red team (tests/cheats: 48 more): the network modules,
+    frames' f_builtins and f_code, load_library, Formatter.get_field and eleven stdlib runners of
+    text as code (doctest, pdb, cProfile, zipimport...) as entries; dunders in path-like strings,
+    vars() of a module, setattr handed on as a value, a patch through a base that is no name and
+    a module bound by a loop, `with` or the walrus as rules; in the child, processes started
+    from student code refused, saved-tensor hooks and the functions and classes of what the tests
+    compare with put back. Lines of src/labkit/grade; entries of the flags' lists; the shortcut
+    table's distinct patterns, data counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").glob("*.py")}
     entries = sum(len(getattr(flags, name)) for name in LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps})
-    assert sum(sizes.values()) <= 1923, sizes
-    assert entries <= 105 and patterns <= 35, (entries, patterns)
+    assert sum(sizes.values()) <= 1988, sizes
+    assert entries <= 123 and patterns <= 35, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

@@ -120,7 +120,8 @@ def test_forged_or_late_records_void_the_lab(tmp_path, collected, cheat):
 def test_global_state_left_changed_is_put_back_and_fails_the_test(tmp_path, collected):
     """Code that runs at import (a decorator, a default value, a constant, a class body, a
     decorator of the student's own) and exercise bodies that leave torch's default dtype, grad
-    mode, global hooks or a dispatch mode changed; one that opens /proc/self/mem. The first test
+    mode, global hooks, saved-tensor hooks or a dispatch mode changed; one that opens
+    /proc/self/mem. The first test
     after each change fails, says what changed, and the state is put back; seeding torch at
     import changes nothing (the tests seed it themselves); the open is a flag."""
     sub = submission(tmp_path, "decorator_side_effect", "default_argument_side_effect",
@@ -130,10 +131,11 @@ def test_global_state_left_changed_is_put_back_and_fails_the_test(tmp_path, coll
                  load_cheat(CHEATS / "global_module_hook.txt")["code"])
     replace_body(module(sub, "lab1/accounting.py"), "predict_peak",
                  load_cheat(CHEATS / "read_process_memory.txt")["code"])
+    apply_cheat(sub / "src" / "labkit", "saved_tensors_hooks_left_on")
     table = grade(sub, collected, ["1.1", "1.2", "1.3", "1.4", "1.5"])
     messages = " ".join(t["message"] for e in table["exercises"].values() for t in e["tests"])
     for needle in ("torch's grad mode", "torch's default dtype", "global module and optimizer hooks",
-                   "dispatch modes"):
+                   "dispatch modes", "saved-tensor hooks"):
         assert needle in messages, needle
     assert "files: opened /proc/" in flagged(table, "1.5")
     assert table["exercises"]["1.1"]["failed"] >= 1 and "refused at run time" in flagged(table, "1.1")
@@ -158,28 +160,44 @@ def test_shortcuts_are_refused_at_the_dispatcher_however_spelled(tmp_path, colle
         assert "refused at run time" in flagged(table, ex)
 
 
-@pytest.mark.parametrize("cheat", ["attention_on_worker_thread", "return_zeros"])
+@pytest.mark.parametrize("cheat", ["attention_on_worker_thread", "attention_in_dataloader_worker",
+                                   "return_zeros"])
 def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
     """5.6's memory and FLOP tests: an O(S²) attention whose products run on a worker thread
     (where MemTracker and the FLOP counter of the test's thread see nothing; before: 22/22) is
-    refused there; a forward returning zeros (before: 4/22) fails the measurement tests too,
-    which now check the output they measured. Not one point of 5.6."""
+    refused there; one run in a DataLoader's worker process (before: the forked worker ended the
+    lab's test process) is refused when the worker is started; a forward returning zeros
+    (before: 4/22) fails the measurement tests too, which now check the output they measured.
+    Not one point of 5.6."""
     sub = submission(tmp_path, cheat, solved=("lab5/flash_attention.py",))
     table = grade(sub, collected, ["5.6"])
     e = table["exercises"]["5.6"]
     assert e["earned"] == 0, [(t["test"], t["outcome"]) for t in e["tests"]]
     if cheat == "return_zeros":
         assert any("not attention's" in t["message"] for t in e["tests"])
+    elif cheat == "attention_in_dataloader_worker":
+        assert "os.fork from student code" in flagged(table, "5.6")
     else:
         assert "threads" in flagged(table, "5.6") and "not the course's" in flagged(table, "5.6")
 
 
-def test_shared_tolerances_cannot_be_widened(tmp_path, collected):
+@pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_assert_close_through_a_parameter",
+                                   "patch_inside_assert_close"])
+def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected, cheat):
     """widen_shared_tolerance: 5.6's forward reaches the tests' modules by computed names, tries
     to widen ATTN_TOL in place and to rebind it, then returns an answer off by 1e-3. The dict
-    is read-only, the rebinding is put back and fails the test: no forward test passes."""
-    sub = submission(tmp_path, "widen_shared_tolerance", solved=("lab5/flash_attention.py",))
+    is read-only, the rebinding is put back and fails the test: no forward test passes.
+    patch_assert_close_through_a_parameter: torch.testing.assert_close rebound through a module
+    reached by a computed name (before: 4/22 with a forward of zeros), or the function it calls
+    inside torch.testing._comparison (patch_inside_assert_close): the functions of the modules
+    the tests compare with are put back after each test, which fails: not one point."""
+    sub = submission(tmp_path, cheat, solved=("lab5/flash_attention.py",))
     table = grade(sub, collected, ["5.6"])
-    forward = [t for t in table["exercises"]["5.6"]["tests"] if "forward" in t["test"]]
+    tests = table["exercises"]["5.6"]["tests"]
+    forward = [t for t in tests if "forward" in t["test"]]
     assert forward and all(t["outcome"] == "failed" for t in forward), forward
     assert "dynamic names" in flagged(table, "5.6")
+    if cheat != "widen_shared_tolerance":
+        assert table["exercises"]["5.6"]["earned"] == 0, [(t["test"], t["outcome"]) for t in tests]
+        assert load_cheat(CHEATS / f"{cheat}.txt")["needle"] in flagged(table, "5.6")
+        assert "was rebound" in flagged(table, "5.6")

@@ -12,10 +12,15 @@ adds what only the inside can see, each reported with its test (which then fails
 * **other threads**: dispatch modes (MemTracker's and FlopCounterMode's too) hold for one thread,
   so a thread started during a test gets a mode (``threading.setprofile``) that refuses torch
   operators of any work that is not the course's: a measurement cannot be dodged there;
-* **shared state**: torch's global state (default dtype, grad mode, modes, global hooks) is
-  compared after every test with the session's start and put back; the tests' constant dicts
-  (``TOL = dict(atol=..., rtol=...)``) are read-only and their modules' names are put back; the
-  pytest plugins and hook functions are fixed once collected;
+* **other processes**: a process started or signalled from student code during a test (however
+  spelled: ``os.fork`` under a DataLoader's workers, ``subprocess``, ``posix_spawn``...) is refused
+  at the interpreter's audit events: its work is out of the test's sight;
+* **shared state**: torch's global state (default dtype, grad mode, modes, global hooks,
+  saved-tensor hooks) is compared after every test with the session's start and put back; the
+  tests' constant dicts (``TOL = dict(atol=..., rtol=...)``) are read-only; their modules' names,
+  the functions and classes of what they compare and measure with (``torch.testing``,
+  ``torch.equal``, the course's code) and torch.Tensor's methods are put back; the pytest plugins and hook functions
+  are fixed once collected;
 * **files**: an audit hook notes the files student code opens outside the test's scratch folder.
 """
 from __future__ import annotations
@@ -40,6 +45,10 @@ STUDENT = {os.path.realpath(f): [tuple(r) for r in rs] for f, rs in SPEC.get("st
 COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
 READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
                                                        sys.prefix, sys.base_prefix)) + ("/dev/",)
+COMPARE = ("torch.testing.", "_pytest.python_api.", "math.", "labkit.")
+TORCH_CHECKS = ("equal", "allclose", "isclose")  # torch's own comparisons that the tests call
+PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
+             "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
                 "pytest_report_teststatus", "pytest_runtest_call", "pytest_pyfunc_call")
 
@@ -59,7 +68,7 @@ class State:
     plugins: tuple = ()
     seen: dict = {}      # nodeid -> "failed" or "skipped", as the reports said
     tamper: list = []
-    modules: list = []   # (test module, its names once collected)
+    modules: list = []   # (namespace, its names once collected, whether names added count)
     kinds: dict = {}     # code object -> "student", "course" or ""
 
 
@@ -124,6 +133,11 @@ def _on_new_thread(frame, event, arg):
 
 
 def _audit(event, args):
+    if event in PROCESSES and State.exercise is not None and student_frame(sys._getframe(1)):
+        why = f"{event} from student code: a process does work the test's measurements and " \
+            "refusals do not see"
+        State.refused.append(f"{why} (from {student_frame(sys._getframe(1))})")
+        raise PermissionError(f"refused while grading: {why}")
     if event == "open" and State.exercise is not None and isinstance(args[0], (str, bytes)):
         path = os.path.realpath(os.fsdecode(args[0]))
         caller = sys._getframe(1)
@@ -142,7 +156,8 @@ def _torch_state() -> dict:
             "dispatch modes": torch._C._len_torch_dispatch_stack(),
             "torch-function modes": torch._C._len_torch_function_stack(),
             "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-            "global module and optimizer hooks": sum(map(len, hooks)), "_hooks": hooks}
+            "global module and optimizer hooks": sum(map(len, hooks)), "_hooks": hooks,
+            "saved-tensor hooks": torch._C._autograd._top_saved_tensors_default_hooks(True) is not None}
 
 
 def _restore() -> list[str]:
@@ -153,21 +168,23 @@ def _restore() -> list[str]:
     torch.set_default_dtype(before["default dtype"])
     torch.set_grad_enabled(before["grad mode"])
     torch.use_deterministic_algorithms(before["deterministic algorithms"])
+    while torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+        torch._C._autograd._pop_saved_tensors_default_hooks()  # the session starts with none
     while torch._C._len_torch_dispatch_stack() > before["dispatch modes"]:
         _pop_mode()
     while torch._C._len_torch_function_stack() > before["torch-function modes"]:
         torch._C._pop_torch_function_stack()
     for hooks in now["_hooks"] if now["global module and optimizer hooks"] else ():
         hooks.clear()  # the course installs none
-    for mod, names in State.modules:  # the test modules' names, as collected
-        now = vars(mod)
-        for name in [n for n, v in names.items() if now.get(n, v) is not v] + \
-                [n for n in now if n not in names]:
-            changed.append(f"{mod.__name__}.{name} was rebound")
+    for ns, names, added in State.modules:  # the tests' and their libraries' names, as collected
+        now = vars(ns)
+        for name in [n for n, v in names.items() if now.get(n) is not v] + \
+                [n for n in now if added and n not in names]:
+            changed.append(f"{ns.__name__}.{name} was rebound")
             if name in names:
-                now[name] = names[name]
+                setattr(ns, name, names[name])
             else:
-                del now[name]
+                delattr(ns, name)
     return changed
 
 
@@ -183,6 +200,12 @@ def pytest_sessionstart(session):
     State.torch, State.plugins = _torch_state(), _plugins(session.config)
     threading.setprofile(_on_new_thread)
     sys.addaudithook(_audit)
+    import _posixsubprocess  # multiprocessing's spawn calls it with no audit event of its own
+
+    def fork_exec(*args, _run=_posixsubprocess.fork_exec):
+        sys.audit("_posixsubprocess.fork_exec")
+        return _run(*args)
+    _posixsubprocess.fork_exec = fork_exec
 
 
 @pytest.hookimpl(trylast=True)
@@ -202,7 +225,19 @@ def pytest_collection_finish(session):
             if name.isupper() and type(value) is dict and all(
                     isinstance(v, (int, float, str, bool, tuple, type(None))) for v in value.values()):
                 setattr(mod, name, frozen.setdefault(id(value), types.MappingProxyType(value)))
-        State.modules.append((mod, dict(vars(mod))))
+        State.modules.append((mod, dict(vars(mod)), True))
+    # what the tests compare and measure with, and the course's given code: the functions,
+    # classes and modules of these modules and of their classes, and torch.Tensor's methods (not
+    # all of torch: torch, warnings and pytest rebind their own functions while tests run)
+    spaces = [m for n, m in list(sys.modules.items()) if isinstance(m, types.ModuleType) and
+              (n + ".").startswith(COMPARE)]
+    spaces += [c for m in spaces for c in vars(m).values()
+               if isinstance(c, type) and c.__module__ == m.__name__]
+    code = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType, property,
+            staticmethod, classmethod)
+    State.modules += [(ns, {n: v for n, v in vars(ns).items() if isinstance(v, code)}, False)
+                      for ns in spaces] + [(torch.Tensor, dict(vars(torch.Tensor)), True),
+                                           (torch, {n: vars(torch)[n] for n in TORCH_CHECKS}, False)]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -15,19 +15,20 @@ be read: that is the ``dynamic names`` flag.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 
 from labkit.grade import shortcuts
 from labkit.grade.extract import DEFS, bound_names
 
 FLAGS = {  # flag: (zeroes the exercise, what it means)
-    "grader": (True, "reaches the grader, pytest, the tests, the references or the grader's "
-               "environment"),
+    "grader": (True, "reaches the grader, pytest, the tests, the references, the grader's "
+               "environment or the network"),
     "interpreter": (True, "reaches the interpreter's internals: sys.modules, frames, code, "
                     "namespaces, gc, ctypes, builtins, private modules"),
     "processes": (True, "starts or signals processes"),
     "dynamic code": (True, "turns text or bytes into code or imports (eval, importlib, pkgutil, "
-                     "timeit, unpickling...)"),
+                     "timeit, doctest, profile, unpickling...)"),
     "patching": (True, "changes code that is not the student's: a module's attribute, a given "
                  "function or class, a name of the course's module"),
     "shortcut": (True, "uses what the exercise rebuilds (labkit.grade.shortcuts)"),
@@ -46,9 +47,13 @@ MODULES = {  # a module (and everything under it) -> the flag its use raises
     **dict.fromkeys(("subprocess", "multiprocessing", "pty", "ProcessPoolExecutor",
                      "create_subprocess_exec", "create_subprocess_shell"), "processes"),
     **dict.fromkeys(("importlib", "pkgutil", "runpy", "timeit", "code", "pickle", "marshal",
-                     "torch.hub", "torch.package", "torch.utils.cpp_extension"), "dynamic code"),
+                     "torch.hub", "torch.package", "torch.utils.cpp_extension", "codeop",
+                     "zipimport", "pydoc", "doctest", "bdb", "pdb", "cProfile", "Profile", "runctx",
+                     "Trace", "dictConfig"), "dynamic code"),  # the last ones run text as code
+    # or import by name; names matched on any expression too, so none as common as "run"
     **dict.fromkeys(("pytest", "pluggy", "conftest", "labkit.grade", "labkit.score_table",
-                     "labkit.reference", "labkit.harness", "labkit.cross_check"), "grader"),
+                     "labkit.reference", "labkit.harness", "labkit.cross_check", "socket",
+                     "urllib", "http"), "grader"),
     **dict.fromkeys(("threading", "concurrent", "asyncio"), "threads"),
     "unittest": "special methods", "torch.library": "patching",
 }
@@ -59,14 +64,15 @@ BUILTINS = {"eval": "dynamic code", "exec": "dynamic code", "compile": "dynamic 
             "__import__": "dynamic code", "breakpoint": "interpreter", "globals": "dynamic names",
             "vars": "dynamic names", "locals": "dynamic names"}
 BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
-FRAMES = ("gi_frame", "cr_frame", "ag_frame", "tb_frame", "f_back", "f_globals", "f_locals")
+FRAMES = ("gi_frame", "cr_frame", "ag_frame", "tb_frame", "f_back", "f_globals", "f_locals",
+          "f_builtins", "f_code")
 DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", "__dict__",
               "__setattr__", "__repr__", "__str__", "__call__", "__len__", "__iter__", "__next__",
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
               "__torch_dispatch__")
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str", "Mock", "MagicMock")
-LEAVES = {"get_type_hints": "dynamic code", "attrgetter": "dynamic names",
-          "methodcaller": "dynamic names"}
+LEAVES = {"get_type_hints": "dynamic code", "load_library": "dynamic code",
+          "attrgetter": "dynamic names", "methodcaller": "dynamic names", "get_field": "dynamic names"}
 
 
 @dataclass(frozen=True)
@@ -100,8 +106,8 @@ def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]
                 or (resolved and (tail == m or tail.startswith(m + ".")))]
         if head == "sys" and nxt not in SYS_OK:
             out.append(("interpreter", f"sys.{nxt}".rstrip(".")))
-        if head == "os" and nxt.startswith(OS_PROCESSES + OS_ENVIRONMENT):  # environb, getenvb
-            out.append(("processes" if nxt.startswith(OS_PROCESSES) else "grader", f"os.{nxt}"))
+        if head in ("os", "posix") and nxt.startswith(OS_PROCESSES + OS_ENVIRONMENT):  # environb, getenvb
+            out.append(("processes" if nxt.startswith(OS_PROCESSES) else "grader", f"{head}.{nxt}"))
         if head in FRAMES or (_dunder(head) and head not in DUNDERS_OK):
             out.append(("interpreter", head))
         if head in LEAVES:
@@ -170,7 +176,8 @@ class _Reader(ast.NodeVisitor):
         elif _dunder(node.id) and node.id not in DUNDERS_OK:
             self.flag(node, "interpreter", node.id)
         elif node.id in BY_NAME and not getattr(node, "called", False):
-            self.flag(node, "dynamic names", f"{node.id} used as a value")
+            self.flag(node, "patching" if node.id in ("setattr", "delattr") else "dynamic names",
+                      f"{node.id} used as a value")
         elif node.id in self.aliases:
             self.flags(node, self.aliases[node.id].split("."))
             self.shortcut(node, *self.aliases[node.id].split("."))
@@ -178,7 +185,10 @@ class _Reader(ast.NodeVisitor):
                 self.flag(node, "dynamic names", f"the module {node.id} used as a value")
 
     def visit_Constant(self, node):
-        if isinstance(node.value, str) and _dunder(node.value) and node.value not in DUNDERS_OK:
+        """A dunder spelled in a string without spaces ("__eq__", "0.__globals__" for
+        ``string.Formatter().get_field``), not in prose."""
+        if isinstance(node.value, str) and not any(c.isspace() for c in node.value) and any(
+                _dunder(w) and w not in DUNDERS_OK for w in re.findall(r"\w+", node.value)):
             self.flag(node, "interpreter", repr(node.value))
 
     def visit_Call(self, node):
@@ -203,6 +213,9 @@ class _Reader(ast.NodeVisitor):
         if isinstance(func, ast.Attribute) and func.attr == "__setattr__" and args and \
                 self._not_own(args[0]):
             self.flag(node, "patching", ast.unparse(node)[:60])
+        if isinstance(func, ast.Name) and func.id == "vars" and args and \
+                self.chain(args[0])[0] in ("module", "?"):
+            self.flag(node, "interpreter", f"{ast.unparse(node)[:60]} (a module's namespace)")
         if isinstance(func, ast.Name) and func.id == "type" and len(args) == 3:
             self.flag(node, "dynamic names", "type(name, bases, namespace)")
         for kw in node.keywords:
@@ -219,7 +232,7 @@ class _Reader(ast.NodeVisitor):
             target = target.func if isinstance(target, ast.Call) else target.value
         if isinstance(target, ast.Call):
             return target.func.id in ("type", "vars", "getattr", "globals")
-        return isinstance(target, ast.Name) and (
+        return not isinstance(target, ast.Name) or (
             target.id in {*self.aliases, *self.course, *self.opaque, "cls"})
 
     def _targets(self, node, targets, verb: str) -> None:
@@ -237,13 +250,29 @@ class _Reader(ast.NodeVisitor):
             name, (kind, parts) = node.targets[0].id, self.chain(node.value)
             if kind == "module" and isinstance(node.value, (ast.Name, ast.Attribute)):
                 self.aliases[name] = ".".join(parts)  # a local alias of a module
-            elif any(isinstance(n, ast.Name) and n.id in {*self.modules, *self.opaque} and
-                     not any(isinstance(a, ast.Attribute) and a.value is n
-                             for a in ast.walk(node.value)) for n in ast.walk(node.value)):
-                self.opaque.add(name)  # ``[torch][0]``: a module used as a value
+                return self.generic_visit(node)
+        for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+            self._bind(target, node.value)
         self.generic_visit(node)
 
     visit_AugAssign = visit_AnnAssign = visit_Assign
+
+    def _bind(self, target, value) -> None:
+        """Names bound to what a module was turned into (``[torch][0]``, ``for m in [torch]``,
+        ``with x(torch) as m``, ``(m := [torch][0])``): a module used as a value."""
+        if value is not None and any(
+                isinstance(n, ast.Name) and n.id in {*self.modules, *self.opaque} and
+                not any(isinstance(a, ast.Attribute) and a.value is n for a in ast.walk(value))
+                for n in ast.walk(value)):
+            self.opaque |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+    def visit_withitem(self, node):
+        self._bind(node.optional_vars or ast.Tuple([]), node.context_expr)
+        self.generic_visit(node)
+
+    def visit_NamedExpr(self, node):
+        self._bind(node.target, node.value)
+        self.generic_visit(node)
 
     def visit_Delete(self, node):
         self._targets(node, node.targets, "del")
@@ -258,6 +287,7 @@ class _Reader(ast.NodeVisitor):
         if isinstance(node.target, ast.Name):
             self.literal_loops[node.target.id] = isinstance(node.iter, (ast.Tuple, ast.List)) and \
                 all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.iter.elts)
+        self._bind(node.target, node.iter)
         self.generic_visit(node)
 
     visit_comprehension = visit_For
