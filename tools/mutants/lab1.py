@@ -254,3 +254,19 @@ _INDEPENDENT_37 = [
            why="pairs each tensor with itself as the one updated before it"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_37
+
+
+# A third independent list (written before reading the graders, with the mutants above in
+# view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
+# group arguments. Appended to INDEPENDENT.
+_INDEPENDENT_M2 = [
+    Mutant("1.2", "lab1/accounting.py", find='moment = 2 if recipe == "bf16" else 4', replace="moment = weight",
+           why="keeps Adam's moments in the parameter dtype (2 bytes under mixed precision, where they are fp32)"),
+    Mutant("1.2", "lab1/accounting.py", find='"16bit+fp32": weight + 4}', replace='"16bit+fp32": 4}',
+           why="counts only the fp32 accumulator of a 16-bit + fp32 gradient buffer, not the 16-bit gradient"),
+    Mutant("1.3", "lab1/accounting.py", find="    ) * s + T * T  # causal mask, bool", replace="    ) * s + T * T * s  # causal mask, bool",
+           why="counts the causal mask at the activation dtype's size (it is bool, one byte)"),
+    Mutant("1.3", "lab1/accounting.py", find="    scalars = 3 * s  #", replace="    scalars = 3 * 4  #",
+           why="counts the loss scalars as float32 whatever the activation dtype"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

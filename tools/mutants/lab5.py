@@ -760,3 +760,41 @@ MUTANTS += [
            why="dodge: while saved bytes are counted, returns the right O from SDPA and a zero L "
                "(the right bytes and output; backward from them is wrong)"),
 ]
+
+
+# A third independent list (written before reading the graders, with the mutants above in
+# view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
+# group arguments. Appended to INDEPENDENT.
+_DW_LOOP = ("        d_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)\n"
+            "        for i in range(0, hidden.shape[0], c):\n"
+            "            h, t = hidden[i:i + c], targets[i:i + c]\n"
+            "            g = (h @ weight.T).to(acc)  # (c, V) fp32, recomputed\n"
+            "            g.sub_(lse[i:i + c, None]).exp_()  # softmax, in place\n"
+            "            keep = t != IGNORE_INDEX\n"
+            "            rows = torch.arange(len(t), device=g.device)[keep]\n"
+            "            g[rows, t[keep]] -= 1  # softmax − onehot\n"
+            "            g.mul_((scale * keep)[:, None])  # ignored rows contribute nothing\n"
+            "            d_hidden[i:i + c] = g.to(hidden.dtype) @ weight  # (c, V) @ (V, d)\n"
+            "            d_weight.addmm_(g.T, h.to(acc))")
+_INDEPENDENT_M2 = [
+    Mutant("5.6", "lab5/flash_attention.py", find="    qa = (q.to(acc_dtype) * scale).reshape(B * H, S, D)  # q pre-scaled",
+           replace="    qa = q.to(acc_dtype).reshape(B * H, S, D)  # q pre-scaled",
+           why="backward recomputes the probabilities without the 1/sqrt(d) scale"),
+    Mutant("5.7", "lab5/ring_attention.py", find="part = attention_with_lse(q, k_cur, v_cur, causal=causal and src == rank)",
+           replace="part = attention_with_lse(q, k_cur, v_cur, causal=causal)",
+           why="applies the causal mask to every block, not only the diagonal one"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="        total = torch.zeros((), dtype=acc, device=hidden.device)",
+           replace="        total = torch.zeros((), dtype=hidden.dtype, device=hidden.device)",
+           why="sums the chunks' losses in the input dtype (bf16) instead of float32"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py",
+           find=_DW_LOOP, replace=_DW_LOOP.replace("dtype=acc, device=weight.device", "dtype=weight.dtype, device=weight.device")
+           .replace("d_weight.addmm_(g.T, h.to(acc))", "d_weight.addmm_(g.T.to(weight.dtype), h)"),
+           why="accumulates d weight in the input dtype (bf16) over the chunks"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="            g = (h @ weight.T).to(acc)  # (c, V) fp32, recomputed",
+           replace="            g = h.to(acc) @ weight.T.to(acc)  # (c, V) fp32, recomputed",
+           why="recomputes the logits with an fp32 copy of the whole weight (V x d) each chunk, not the input-dtype matmul"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="            lse[i:i + chunk_size] = torch.logsumexp(logits, dim=1)",
+           replace="            lse[i:i + chunk_size] = torch.logsumexp(logits, dim=1) if i + chunk_size <= N else 0",
+           why="leaves the short last chunk's log-sum-exp at 0"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -261,3 +261,30 @@ MUTANTS += [
            why="dodge: on a plain 4-way data-parallel plan, where only the peak is graded, never "
                "all-reduces the gradients (the replicas drift apart; the bytes are the same)"),
 ]
+
+
+# A third independent list (written before reading the graders, with the mutants above in
+# view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
+# group arguments. Appended to INDEPENDENT.
+_INDEPENDENT_M2 = [
+    Mutant("7.1", "lab7/planner.py", find="host = host_bytes(model, min(cluster.gpus_per_node, cluster.n_gpus), cfg)",
+           replace="host = host_bytes(model, cluster.gpus_per_node, cfg)",
+           why="counts a full node's GPUs on the host even when the cluster has fewer GPUs"),
+    Mutant("7.1", "lab7/planner.py", find="    usable = cluster.memory_bytes * (1 - margin)\n",
+           replace="    usable = cluster.memory_bytes\n", why="forgets the safety margin on the GPU (keeps it on the host)"),
+    Mutant("7.2", "lab7/run_plan.py", find="    if plan.zero_stage == 0 and plan.dp > 1:",
+           replace="    if plan.dp > 1:", why="all-reduces and averages the gradients again under ZeRO (which already reduces them)"),
+    Mutant("7.2", "lab7/run_plan.py", find="        later_in_flight = min(first_in_flight, M - 1)",
+           replace="        later_in_flight = first_in_flight",
+           why="1F1B's later backwards hold as many micro-batches as the first (one finished already)"),
+    Mutant("7.2", "lab7/run_plan.py", find="    block = (12 * C * C + 7 * C) // T + 6 * C",
+           replace="    block = (12 * C * C + 13 * C) // T",
+           why="splits every bias and LayerNorm over the tensor-parallel ranks (row-parallel biases and LayerNorms stay whole)"),
+    Mutant("7.2", "lab7/run_plan.py", find="    if cfg.n_layer % plan.pp:",
+           replace="    if plan.pp > cfg.n_layer:", why="accepts a pipeline with unequal stages (pp not dividing n_layer)"),
+    Mutant("7.2", "lab7/run_plan.py", find="    shard = 4 * math.ceil(numel / D)",
+           replace="    shard = 4 * (numel // D)", why="rounds the shard down (ZeRO pads to whole shards)"),
+    Mutant("7.2", "lab7/run_plan.py", find='world_size=plan.pp, group=setup.groups["pp"])',
+           replace="world_size=plan.pp)", why="runs the pipeline's sends and receives over the whole world, not the pp group"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2
