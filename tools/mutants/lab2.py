@@ -393,5 +393,9 @@ _INDEPENDENT_M2 = [
            why="updates the fp32 master copy but never writes it back into the 16-bit parameter"),
     Mutant("2.8", "lab2/came.py", find="factored = g.dim() >= 2", replace="factored = g.dim() > 2",
            why="treats 2-D weights as vectors: keeps a full second moment (and no confidence factors)"),
+    Mutant("2.2", "lab2/quantize8bit.py",
+           find="low = torch.where(bucket >= 32768, (bucket << 16) | 0xFFFF, bucket << 16)",
+           replace="low = bucket << 16",
+           why="forgets that negative floats' bit patterns count downwards: the lowest value of a negative bucket is wrong"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

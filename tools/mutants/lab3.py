@@ -648,9 +648,8 @@ _INDEPENDENT_M2 = [
     Mutant("3.1", "lab3/loss_scaler.py", find="        self._found_inf = None\n        # END SOLUTION",
            replace="        # END SOLUTION",
            why="never resets the found-inf flag: the next step reuses the last step's verdict and skips unscaling"),
-    Mutant("3.1", "lab3/loss_scaler.py", find="inv_scale = self._scale.double().reciprocal().float()",
-           replace="inv_scale = 1.0 / self._scale",
-           why="reciprocal in float32 (GradScaler takes it in float64 and rounds once)"),
+    # (dropped: 1 / scale in float32 is correctly rounded; GradScaler's float64 reciprocal rounded
+    # to float32 differs only by a double rounding: equivalent (the graders passed))
     Mutant("3.8", "lab3/zero_bubble.py", find="            if k >= s:\n", replace="            if k > s:\n",
            why="holds back one W too many on every stage (off by one in the hold-back)"),
     Mutant("3.8", "lab3/zero_bubble.py", find="            start = max([free[r]] + [end[d] for d in deps])",

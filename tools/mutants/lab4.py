@@ -460,10 +460,15 @@ _INDEPENDENT_M2 = [
            why="forgets to zero the presence counts between steps: a parameter unused now still gets a (zero) gradient"),
     Mutant("4.4", "lab4/compression.py", find="    out[whole:].mul_(scales[whole // chunk:].float())\n",
            replace="", why="dequantize leaves the short last chunk unscaled"),
-    Mutant("4.4", "lab4/compression.py", find="per_element = scales.masked_fill(scales == 0, 1)",
-           replace="per_element = scales", why="divides an all-zero chunk by a zero scale (NaN codes)"),
+    # (dropped: an all-zero chunk divided by a zero scale gives NaN, and NaN cast to int8 is 0 on
+    # the CPU, the right code: equivalent here (implementation-defined on CUDA); graders passed)
     Mutant("4.5", "lab4/powersgd.py", find="    before = buf.detach().clone()\n",
            replace="    before = buf.detach()\n",
            why="keeps a view of the bucket, not a copy: the error (before - after) is always zero"),
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="        self.buckets_sent += 1\n", replace="",
+           why="forgets to count the bucket it sends"),
+    Mutant("4.4", "lab4/compression.py", find="        sent = parts[dist.get_rank(group)]",
+           replace="        sent = parts[0]",
+           why="takes rank 0's dequantized part as what this rank sent (error feedback wrong on the other ranks)"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -780,9 +780,8 @@ _INDEPENDENT_M2 = [
     Mutant("5.6", "lab5/flash_attention.py", find="    qa = (q.to(acc_dtype) * scale).reshape(B * H, S, D)  # q pre-scaled",
            replace="    qa = q.to(acc_dtype).reshape(B * H, S, D)  # q pre-scaled",
            why="backward recomputes the probabilities without the 1/sqrt(d) scale"),
-    Mutant("5.7", "lab5/ring_attention.py", find="part = attention_with_lse(q, k_cur, v_cur, causal=causal and src == rank)",
-           replace="part = attention_with_lse(q, k_cur, v_cur, causal=causal)",
-           why="applies the causal mask to every block, not only the diagonal one"),
+    # (dropped: causal=causal in the own-block branch is equivalent — that branch runs only for
+    # src == rank when causal; an earlier list found the same)
     Mutant("5.9", "lab5/chunked_cross_entropy.py", find="        total = torch.zeros((), dtype=acc, device=hidden.device)",
            replace="        total = torch.zeros((), dtype=hidden.dtype, device=hidden.device)",
            why="sums the chunks' losses in the input dtype (bf16) instead of float32"),
@@ -796,5 +795,12 @@ _INDEPENDENT_M2 = [
     Mutant("5.9", "lab5/chunked_cross_entropy.py", find="            lse[i:i + chunk_size] = torch.logsumexp(logits, dim=1)",
            replace="            lse[i:i + chunk_size] = torch.logsumexp(logits, dim=1) if i + chunk_size <= N else 0",
            why="leaves the short last chunk's log-sum-exp at 0"),
+    Mutant("5.6", "lab5/flash_attention.py",
+           find="    dk = [torch.zeros(B * H, min(S, k0 + block_k) - k0, D, dtype=acc_dtype, device=q.device)",
+           replace="    dk = [torch.zeros(B * H, block_k, D, dtype=acc_dtype, device=q.device)",
+           why="sizes every key block's gradient buffer as a full block (the short last block too)"),
+    Mutant("5.8", "lab5/sequence_parallel.py", find="        start = dist.get_rank(self.group) * x.shape[1]",
+           replace="        start = 0",
+           why="draws every rank's dropout mask from position 0: the ranks' slices share one mask, not the positions' own"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -471,5 +471,9 @@ _INDEPENDENT_M2 = [
     Mutant("6.6", "lab6/expert_parallel.py", find="source = torch.full((n_expert * capacity,), T, device=x.device)",
            replace="source = torch.zeros(n_expert * capacity, dtype=torch.long, device=x.device)",
            why="empty slots copy token 0 instead of a row of zeros"),
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="token = torch.arange(T, device=x.device)[:, None].expand(T, k)[kept]",
+           replace="token = torch.arange(T, device=x.device).repeat(k)[kept.reshape(-1)]",
+           why="lists the (token, choice) pairs choice-major while the mask is token-major (wrong token in a slot)"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2
