@@ -269,5 +269,8 @@ _INDEPENDENT_M2 = [
     Mutant("1.3", "lab1/accounting.py", find="head = (2 * B * T * C + norm_stats + B * T * V) * s",
            replace="head = (2 * B * T * C + norm_stats) * s + B * T * V * 4",
            why="counts the log-probabilities in float32 whatever the activation dtype (as if the loss upcast them)"),
+    Mutant("1.5", "lab1/accounting.py", find="embedding_grads = 2 * cfg.vocab_size * C * s",
+           replace="embedding_grads = cfg.vocab_size * C * s",
+           why="counts one of wte's two gradients at the end of backward (the embedding's and the head's, before their sum)"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -397,5 +397,8 @@ _INDEPENDENT_M2 = [
            find="low = torch.where(bucket >= 32768, (bucket << 16) | 0xFFFF, bucket << 16)",
            replace="low = bucket << 16",
            why="forgets that negative floats' bit patterns count downwards: the lowest value of a negative bucket is wrong"),
+    Mutant("2.5", "lab2/zero1.py", find="has_grad = bool(present[pc.index] > 0)",
+           replace="has_grad = bool(present[pc.index] >= self.world_size)",
+           why="steps a parameter only if every rank had its gradient (a parameter used on some ranks is not stepped)"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

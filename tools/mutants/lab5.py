@@ -802,5 +802,7 @@ _INDEPENDENT_M2 = [
     Mutant("5.8", "lab5/sequence_parallel.py", find="        start = dist.get_rank(self.group) * x.shape[1]",
            replace="        start = 0",
            why="draws every rank's dropout mask from position 0: the ranks' slices share one mask, not the positions' own"),
+    Mutant("5.5", "lab5/offload.py", find="            self.device_count += 1\n", replace="",
+           why="forgets to count the tensors it leaves on the device"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2
