@@ -347,6 +347,33 @@ def _unused_worker(rank, world_size):
     return out
 
 
+def _after_step_worker(rank, world_size):
+    """ZeRO2Adam on a tiny GPT: one backward and step() (no zero_grad); what grad_shard and
+    present hold afterwards."""
+    from labkit.lab4.zero2 import ZeRO2Adam
+
+    model = tiny_gpt()
+    opt = ZeRO2Adam(list(model.parameters()), lr=1e-3, bucket_cap_bytes=CAP)
+    x, y = SyntheticData(64, 32, 4, seed=1 + rank).batch(0)
+    model(x, y).backward()
+    opt.step()
+    return {"present": opt.present.clone(), "grad_shard": opt.grad_shard.clone()}
+
+
+@pytest.mark.exercise("4.3", points=1)
+def test_zero2_step_leaves_grad_shard_and_presence_counts_zero():
+    """Check, on 2 ranks, that step() itself zeroes ``grad_shard`` and ``present`` (the class
+    docstring: "zeros after step()"), not only the given zero_grad(): counts left over would give
+    a parameter no rank uses in the next backward a zero gradient, and Adam would move it."""
+    for rank, out in enumerate(launch(_after_step_worker, 2, timeout=120)):
+        for name in ("present", "grad_shard"):
+            left = out[name]
+            assert not bool(left.any()), (
+                f"rank {rank}: after step() {name} still holds {int((left != 0).sum())} non-zero "
+                f"entries of {left.numel()}: step() must zero grad_shard and present for the next "
+                f"step (a parameter missing from the next backward must get no gradient)")
+
+
 @pytest.mark.exercise("4.3", points=1)
 def test_zero2_parameters_used_on_some_ranks_only_match_ddp_and_adam():
     """Check, on 2 ranks, a block that runs on rank 0 only, a parameter used on rank 0 only, one

@@ -156,6 +156,38 @@ def test_16_bit_inputs_reduce_in_float32(dtype):
             f"{name} of {dtype} inputs: {m} — accumulated in {dtype}?"))
 
 
+@pytest.mark.exercise("5.9", points=1)
+def test_16_bit_gradients_are_accumulated_in_float32_and_rounded_once():
+    """Check bfloat16 inputs over 64 chunks of 4 tokens: d weight (summed over the chunks) and
+    d hidden are the float64 gradients of the same 16-bit logits, rounded once to bfloat16.
+
+    The reference takes the bfloat16 logits ``hidden @ weight.T`` exactly (in float64) and their
+    float64 softmax, so it differs from the contract's computation only by rounding. Accumulated
+    in float32 and rounded once, every entry of d weight lands within eps·|ref| + 1e-3·max|ref|
+    of it (measured ≤ 0.4 of that over 8 seeds; d hidden, rounded twice, within twice that);
+    summed in bfloat16 chunk after chunk, d weight drifts 3 to 5 times past it, and logits
+    recomputed by a float32 matmul (not the input dtype's, as forward took them) 2.5 to 6 times.
+    """
+    dtype = torch.bfloat16
+    hidden, weight, targets = _problem(256, 32, 512, dtype, seed=5)
+    _, d_hidden, d_weight = _ours(hidden, weight, targets, 4)
+    h, w = hidden.detach(), weight.detach()
+    p = (h @ w.T).double().softmax(dim=1)  # the 16-bit logits, exactly, and their softmax
+    p[torch.arange(len(targets)), targets] -= 1
+    p /= len(targets)
+    eps = torch.finfo(dtype).eps
+    for name, got, ref, k in (("d weight", d_weight, p.T @ h.double(), 1), ("d hidden", d_hidden, p @ w.double(), 2)):
+        err = (got.double() - ref).abs()
+        tol = k * (eps * ref.abs() + 1e-3 * ref.abs().max())
+        worst = int((err / tol).argmax())
+        assert bool((err <= tol).all()), (
+            f"{name} of bfloat16 inputs, chunk 4 of 256 tokens: entry {worst} is "
+            f"{got.reshape(-1)[worst].item():.6g}, the float64 value {ref.reshape(-1)[worst].item():.6g} "
+            f"(off by {err.reshape(-1)[worst].item():.3g}, allowed {tol.reshape(-1)[worst].item():.3g}): is "
+            f"d weight summed over the chunks in bfloat16 instead of a float32 accumulator, or are the "
+            f"logits recomputed in another dtype than forward's (hidden @ weight.T in the input dtype)?")
+
+
 class _LargestTensor(TorchDispatchMode):
     """The largest number of elements of any tensor an operator returns (views included)."""
 

@@ -201,7 +201,8 @@ def test_seed_100b_on_16_gpus_says_20_gpus_needed():
 
 @pytest.mark.exercise("7.1", points=2)
 def test_host_memory_that_never_holds_the_offloaded_states_is_named():
-    """Check the error when only offload fits the GPU and no node's host memory holds the states."""
+    """Check the error when only offload fits the GPU and no node's host memory holds the states,
+    and that a cluster smaller than a node counts only its own GPUs' shards on the host."""
     model = cost_model.ModelSpec(**SEED_100B)
     cluster = cost_model.Cluster(8, host_memory_bytes=100 * GB, host_adam_rate=1e9)
     with pytest.raises(ValueError) as err:
@@ -211,6 +212,22 @@ def test_host_memory_that_never_holds_the_offloaded_states_is_named():
         f"100B on 8 × 80 GB fits only offloaded (16Ψ/8 = 200 GB per GPU otherwise), and one node's "
         f"100 GB of host memory cannot hold 14 B × 100e9 of states and gradient buffers: the error "
         f"should name the host memory, got: {msg!r}")
+    # a cluster smaller than a node: only its own GPUs put their shards in the host memory
+    model = cost_model.ModelSpec(20e9, 40, 5120, 40, 2048, "20B")
+    cluster = cost_model.Cluster(2, gpus_per_node=8, host_memory_bytes=400 * GB, host_adam_rate=1e9)
+    fitting, _ = brute_force(model, cluster, 8, offload=(False, True))
+    try:
+        got = planner.plan(model, cluster, 8, offload=(False, True)).best
+    except ValueError as err:
+        raise AssertionError(
+            f"20B on 2 GPUs (8 per node) with 400 GB of host memory: plan found nothing ({err}), the "
+            f"brute-force search {fitting[0].config.label()} with {fitting[0].host / GB:.4g} GB on the "
+            f"host: a node of this cluster has 2 GPUs, not 8 (count min(gpus_per_node, n_gpus) "
+            f"shards, as evaluate does)") from None
+    assert got.config == fitting[0].config, (
+        f"20B on 2 GPUs (8 per node), 400 GB of host memory: plan chose {got.config.label()}, the "
+        f"brute-force search {fitting[0].config.label()}: is the host memory of a node counted for "
+        f"min(gpus_per_node, n_gpus) GPUs, as evaluate counts it?")
 
 
 @pytest.mark.exercise("7.1", points=2)

@@ -297,6 +297,7 @@ BAD_PLANS = [  # (plan fields, world_size, batch_size, the words the message mus
     (dict(tp=3), 3, 16, "plan.tp"),
     (dict(tp=8), 8, 16, "plan.tp"),  # T | n_embd = 128 but not n_head = 4: heads decide
     (dict(pp=8), 8, 16, "plan.pp"),
+    (dict(pp=3), 3, 16, "plan.pp"),  # P = 3 ≤ n_layer = 4 but not a divisor: unequal stages
     (dict(dp=4), 4, 6, "batch_size"),
     (dict(dp=2, pp=2, n_micro=4), 4, 12, "batch_size"),
     (dict(dp=2, tp=2, zero_stage=3), 4, 16, "plan.zero_stage"),

@@ -254,3 +254,23 @@ _INDEPENDENT_37 = [
            why="pairs each tensor with itself as the one updated before it"),
 ]
 INDEPENDENT = INDEPENDENT + _INDEPENDENT_37
+
+
+# A third independent list (written before reading the graders, with the mutants above in
+# view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
+# group arguments. Appended to INDEPENDENT.
+_INDEPENDENT_M2 = [
+    Mutant("1.2", "lab1/accounting.py", find='moment = 2 if recipe == "bf16" else 4', replace="moment = weight",
+           why="keeps Adam's moments in the parameter dtype (2 bytes under mixed precision, where they are fp32)"),
+    # (dropped: "16bit+fp32": 4 repeats a MUTANTS entry of 1.2)
+    # (dropped: the bool mask at the dtype's size repeats a MUTANTS entry of 1.3)
+    # (dropped: the scalars at 4 bytes in bf16 are 6 bytes off, within the 64-byte slack the
+    # contract compares activation_bytes with MemTracker at: equivalent under the contract)
+    Mutant("1.3", "lab1/accounting.py", find="head = (2 * B * T * C + norm_stats + B * T * V) * s",
+           replace="head = (2 * B * T * C + norm_stats) * s + B * T * V * 4",
+           why="counts the log-probabilities in float32 whatever the activation dtype (as if the loss upcast them)"),
+    Mutant("1.5", "lab1/accounting.py", find="embedding_grads = 2 * cfg.vocab_size * C * s",
+           replace="embedding_grads = cfg.vocab_size * C * s",
+           why="counts one of wte's two gradients at the end of backward (the embedding's and the head's, before their sum)"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -371,3 +371,34 @@ MUTANTS += [
            why="dodge: on a whole model at the default lr, where only the I/O is graded, streams "
                "the state in and out but leaves the parameters where they were"),
 ]
+
+
+# A third independent list (written before reading the graders, with the mutants above in
+# view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
+# group arguments. Appended to INDEPENDENT.
+_INDEPENDENT_M2 = [
+    Mutant("2.1", "lab2/adafactor.py", find="rho = min(lr, 1.0 / t ** 0.5)", replace="rho = min(lr, 1.0 / t)",
+           why="relative step size decays as 1/t instead of 1/sqrt(t)"),
+    Mutant("2.2", "lab2/quantize8bit.py", find="mid = (code[1:] + code[:-1]) / 2  # (255,)",
+           replace="mid = code[1:]  # (255,)",
+           why="boundaries at the code entries themselves: rounds down to the entry below, not the nearest"),
+    Mutant("2.3", "lab2/adam8bit.py", find="quantize_blockwise(m, self.code_m, block_size)",
+           replace="quantize_blockwise(m, self.code_v, block_size)",
+           why="quantizes the signed first moment with v's unsigned code (negative m lost)"),
+    Mutant("2.6", "lab2/zero_offload.py", find="self.host_grads[i].add_(grad.to(self.host_grads[i].device))",
+           replace="self.host_grads[i].copy_(grad.to(self.host_grads[i].device))",
+           why="a second backward before step() overwrites the host gradient instead of adding to it"),
+    Mutant("2.7", "lab2/nvme_offload.py", find="                p.copy_(weight.to(p.dtype))\n",
+           replace="                pass\n",
+           why="updates the fp32 master copy but never writes it back into the 16-bit parameter"),
+    Mutant("2.8", "lab2/came.py", find="factored = g.dim() >= 2", replace="factored = g.dim() > 2",
+           why="treats 2-D weights as vectors: keeps a full second moment (and no confidence factors)"),
+    Mutant("2.2", "lab2/quantize8bit.py",
+           find="low = torch.where(bucket >= 32768, (bucket << 16) | 0xFFFF, bucket << 16)",
+           replace="low = bucket << 16",
+           why="forgets that negative floats' bit patterns count downwards: the lowest value of a negative bucket is wrong"),
+    Mutant("2.5", "lab2/zero1.py", find="has_grad = bool(present[pc.index] > 0)",
+           replace="has_grad = bool(present[pc.index] >= self.world_size)",
+           why="steps a parameter only if every rank had its gradient (a parameter used on some ranks is not stepped)"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -639,3 +639,21 @@ MUTANTS += [
            why="dodge: all-gathers a buffer of the right size and dtype, but zeros, not the shards "
                "(the measured bytes and collectives are right, the parameters are not)"),
 ]
+
+
+# A third independent list (written before reading the graders, with the mutants above in
+# view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
+# group arguments. Appended to INDEPENDENT.
+_INDEPENDENT_M2 = [
+    Mutant("3.1", "lab3/loss_scaler.py", find="        self._found_inf = None\n        # END SOLUTION",
+           replace="        # END SOLUTION",
+           why="never resets the found-inf flag: the next step reuses the last step's verdict and skips unscaling"),
+    # (dropped: 1 / scale in float32 is correctly rounded; GradScaler's float64 reciprocal rounded
+    # to float32 differs only by a double rounding: equivalent (the graders passed))
+    Mutant("3.8", "lab3/zero_bubble.py", find="            if k >= s:\n", replace="            if k > s:\n",
+           why="holds back one W too many on every stage (off by one in the hold-back)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="            start = max([free[r]] + [end[d] for d in deps])",
+           replace="            start = max([end[d] for d in deps], default=free[r])",
+           why="starts an action when its dependencies end, forgetting that its rank may still be busy"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

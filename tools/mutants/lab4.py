@@ -445,3 +445,30 @@ MUTANTS += [
            why="dodge: with 4 KiB buckets, where only the bytes held are graded, drops each "
                "reduce-scattered output instead of adding it into grad_shard"),
 ]
+
+
+# A third independent list (written before reading the graders, with the mutants above in
+# view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
+# group arguments. Appended to INDEPENDENT.
+_INDEPENDENT_M2 = [
+    Mutant("4.1", "lab4/grad_accumulation.py",
+           find='sizes = counted if weight == "tokens" else [xi.shape[0] for xi, _ in micro]',
+           replace='sizes = counted if weight == "samples" else [xi.shape[0] for xi, _ in micro]',
+           why="swaps the two weightings (tokens weigh by samples and the other way round)"),
+    Mutant("4.3", "lab4/zero2.py", find="        self.present.zero_()\n        # END SOLUTION",
+           replace="        # END SOLUTION",
+           why="forgets to zero the presence counts between steps: a parameter unused now still gets a (zero) gradient"),
+    Mutant("4.4", "lab4/compression.py", find="    out[whole:].mul_(scales[whole // chunk:].float())\n",
+           replace="", why="dequantize leaves the short last chunk unscaled"),
+    # (dropped: an all-zero chunk divided by a zero scale gives NaN, and NaN cast to int8 is 0 on
+    # the CPU, the right code: equivalent here (implementation-defined on CUDA); graders passed)
+    Mutant("4.5", "lab4/powersgd.py", find="    before = buf.detach().clone()\n",
+           replace="    before = buf.detach()\n",
+           why="keeps a view of the bucket, not a copy: the error (before - after) is always zero"),
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="        self.buckets_sent += 1\n", replace="",
+           why="forgets to count the bucket it sends"),
+    Mutant("4.4", "lab4/compression.py", find="        sent = parts[dist.get_rank(group)]",
+           replace="        sent = parts[0]",
+           why="takes rank 0's dequantized part as what this rank sent (error feedback wrong on the other ranks)"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -760,3 +760,49 @@ MUTANTS += [
            why="dodge: while saved bytes are counted, returns the right O from SDPA and a zero L "
                "(the right bytes and output; backward from them is wrong)"),
 ]
+
+
+# A third independent list (written before reading the graders, with the mutants above in
+# view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
+# group arguments. Appended to INDEPENDENT.
+_DW_LOOP = ("        d_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)\n"
+            "        for i in range(0, hidden.shape[0], c):\n"
+            "            h, t = hidden[i:i + c], targets[i:i + c]\n"
+            "            g = (h @ weight.T).to(acc)  # (c, V) fp32, recomputed\n"
+            "            g.sub_(lse[i:i + c, None]).exp_()  # softmax, in place\n"
+            "            keep = t != IGNORE_INDEX\n"
+            "            rows = torch.arange(len(t), device=g.device)[keep]\n"
+            "            g[rows, t[keep]] -= 1  # softmax − onehot\n"
+            "            g.mul_((scale * keep)[:, None])  # ignored rows contribute nothing\n"
+            "            d_hidden[i:i + c] = g.to(hidden.dtype) @ weight  # (c, V) @ (V, d)\n"
+            "            d_weight.addmm_(g.T, h.to(acc))")
+_INDEPENDENT_M2 = [
+    Mutant("5.6", "lab5/flash_attention.py", find="    qa = (q.to(acc_dtype) * scale).reshape(B * H, S, D)  # q pre-scaled",
+           replace="    qa = q.to(acc_dtype).reshape(B * H, S, D)  # q pre-scaled",
+           why="backward recomputes the probabilities without the 1/sqrt(d) scale"),
+    # (dropped: causal=causal in the own-block branch is equivalent — that branch runs only for
+    # src == rank when causal; an earlier list found the same)
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="        total = torch.zeros((), dtype=acc, device=hidden.device)",
+           replace="        total = torch.zeros((), dtype=hidden.dtype, device=hidden.device)",
+           why="sums the chunks' losses in the input dtype (bf16) instead of float32"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py",
+           find=_DW_LOOP, replace=_DW_LOOP.replace("dtype=acc, device=weight.device", "dtype=weight.dtype, device=weight.device")
+           .replace("d_weight.addmm_(g.T, h.to(acc))", "d_weight.addmm_(g.T.to(weight.dtype), h)"),
+           why="accumulates d weight in the input dtype (bf16) over the chunks"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="            g = (h @ weight.T).to(acc)  # (c, V) fp32, recomputed",
+           replace="            g = h.to(acc) @ weight.T.to(acc)  # (c, V) fp32, recomputed",
+           why="recomputes the logits with an fp32 copy of the whole weight (V x d) each chunk, not the input-dtype matmul"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="            lse[i:i + chunk_size] = torch.logsumexp(logits, dim=1)",
+           replace="            lse[i:i + chunk_size] = torch.logsumexp(logits, dim=1) if i + chunk_size <= N else 0",
+           why="leaves the short last chunk's log-sum-exp at 0"),
+    Mutant("5.6", "lab5/flash_attention.py",
+           find="    dk = [torch.zeros(B * H, min(S, k0 + block_k) - k0, D, dtype=acc_dtype, device=q.device)",
+           replace="    dk = [torch.zeros(B * H, block_k, D, dtype=acc_dtype, device=q.device)",
+           why="sizes every key block's gradient buffer as a full block (the short last block too)"),
+    Mutant("5.8", "lab5/sequence_parallel.py", find="        start = dist.get_rank(self.group) * x.shape[1]",
+           replace="        start = 0",
+           why="draws every rank's dropout mask from position 0: the ranks' slices share one mask, not the positions' own"),
+    Mutant("5.5", "lab5/offload.py", find="            self.device_count += 1\n", replace="",
+           why="forgets to count the tensors it leaves on the device"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -457,3 +457,23 @@ MUTANTS += [
            why="dodge: makes both all-to-alls each way (the counted bytes) but combines the tokens "
                "it sent instead of the experts' outputs"),
 ]
+
+
+# A third independent list (written before reading the graders, with the mutants above in
+# view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
+# group arguments. Appended to INDEPENDENT.
+_INDEPENDENT_M2 = [
+    Mutant("6.6", "lab6/expert_parallel.py", find="(onehot.cumsum(0) - 1)", replace="onehot.cumsum(0)",
+           why="slots counted from 1: slot 0 stays empty and one token too few fits"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="rows = expert_ids * C + slots.clamp(min=0)",
+           replace="rows = expert_ids * E + slots.clamp(min=0)",
+           why="combine strides the flattened buffer by the expert count instead of the capacity"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="source = torch.full((n_expert * capacity,), T, device=x.device)",
+           replace="source = torch.zeros(n_expert * capacity, dtype=torch.long, device=x.device)",
+           why="empty slots copy token 0 instead of a row of zeros"),
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="token = torch.arange(T, device=x.device)[:, None].expand(T, k)[kept]",
+           replace="token = torch.arange(T, device=x.device).repeat(k)[kept.reshape(-1)]",
+           why="lists the (token, choice) pairs choice-major while the mask is token-major (wrong token in a slot)"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -261,3 +261,33 @@ MUTANTS += [
            why="dodge: on a plain 4-way data-parallel plan, where only the peak is graded, never "
                "all-reduces the gradients (the replicas drift apart; the bytes are the same)"),
 ]
+
+
+# A third independent list (written before reading the graders, with the mutants above in
+# view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
+# group arguments. Appended to INDEPENDENT.
+_INDEPENDENT_M2 = [
+    Mutant("7.1", "lab7/planner.py", find="host = host_bytes(model, min(cluster.gpus_per_node, cluster.n_gpus), cfg)",
+           replace="host = host_bytes(model, cluster.gpus_per_node, cfg)",
+           why="counts a full node's GPUs on the host even when the cluster has fewer GPUs"),
+    Mutant("7.1", "lab7/planner.py", find="    usable = cluster.memory_bytes * (1 - margin)\n",
+           replace="    usable = cluster.memory_bytes\n", why="forgets the safety margin on the GPU (keeps it on the host)"),
+    # (dropped: averaging again under ZeRO is equivalent in values — ZeRO-1 then reduce-scatters
+    # gradients already equal on every replica, ZeRO-2/3 leave .grad None so the loop skips; one
+    # extra all-reduce, which train_step's contract does not bound)
+    Mutant("7.2", "lab7/run_plan.py", find="        later_in_flight = min(first_in_flight, M - 1)",
+           replace="        later_in_flight = first_in_flight",
+           why="1F1B's later backwards hold as many micro-batches as the first (one finished already)"),
+    # (dropped: splitting the row-parallel biases and LayerNorms too moves predict_peak by
+    # 6·C·4 bytes per layer and state, far inside the 10% it is graded at against MemTracker)
+    Mutant("7.2", "lab7/run_plan.py", find="    if cfg.n_layer % plan.pp:",
+           replace="    if plan.pp > cfg.n_layer:", why="accepts a pipeline with unequal stages (pp not dividing n_layer)"),
+    # (dropped: rounding ZeRO's shard down is at most 4·(D−1) bytes per copy, far inside the 10%
+    # predict_peak is graded at)
+    Mutant("7.2", "lab7/run_plan.py", find='world_size=plan.pp, group=setup.groups["pp"])',
+           replace="world_size=plan.pp)", why="runs the pipeline's sends and receives over the whole world, not the pp group"),
+    Mutant("7.2", "lab7/run_plan.py", find="            if rank in (ranks[0], ranks[-1]):",
+           replace="            if rank == ranks[0]:",
+           why="keeps the embedding group on the first stage only: the last stage never sums the tied weight's gradient"),
+]
+INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2
