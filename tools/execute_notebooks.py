@@ -113,9 +113,12 @@ def nbval_command(paths: list[Path], workers: int = 2, cache_path: Path = CACHE,
     """The pytest command that executes ``paths`` with nbval and stores them in the cache.
 
     xdist hands out whole notebooks in the order given (--no-loadscope-reorder): the slowest
-    first (``slowest_first``), so that the two kernels finish together."""
+    first (``slowest_first``), so that the two kernels finish together. A kernel may take
+    minutes to answer its first message on a loaded 2-core machine (``make test`` runs the
+    solutions' tests beside it; nbval's 60 s once failed every cell of a lab that way)."""
     command = [python, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tools.nbval_book", "--nbval-lax",
-               "-q", f"--timeout={TIMEOUT}", "--book-cache", str(cache_path)]
+               "-q", f"--timeout={TIMEOUT}", "--nbval-kernel-startup-timeout=300",
+               "--book-cache", str(cache_path)]
     if report is not None:
         command += ["--book-report", str(report)]
     if workers > 1:
