@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from labkit.flat_params import master_dtype
+from labkit.optim_base import refuse_unfrozen
 from labkit.validate import adam_args
 
 __all__ = ["HostOffload"]
@@ -49,7 +50,7 @@ class HostOffload:
         if len(devices) != 1:
             raise ValueError(f"model's parameters must be on one device, got {sorted(map(str, devices))}")
         self.device = devices.pop()
-        self.model = model
+        self.frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         for name, p in named:
@@ -84,15 +85,10 @@ class HostOffload:
         raise NotImplementedError  # pragma: no cover - the subclass writes it
 
     def check_trainable(self) -> None:
-        """Refuse, naming them, parameters of the model that require grad now but did not when
-        this was built: their hooks and host masters are made at construction, so they would
-        silently not be trained (``torch.optim.Adam`` holds frozen parameters and steps them
-        once they have a gradient)."""
-        new = [n for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in self.index]
-        if new:
-            raise ValueError(f"parameters {new} have requires_grad=True but were frozen when "
-                             f"{type(self).__name__} was built: it trains the parameters that "
-                             "required grad then; build a new one after unfreezing")
+        """Refuse, naming them, parameters frozen when this was built and unfrozen since: their
+        hooks and host masters are made at construction, so they would silently not be trained
+        (``labkit.optim_base.refuse_unfrozen``)."""
+        refuse_unfrozen(self.frozen, type(self).__name__)
 
     def wait_for_copies(self) -> None:
         """Block until every gradient copy issued so far has reached its host buffer."""
