@@ -245,7 +245,7 @@ INDEPENDENT = [
 
 # Issue 37: written from the solutions (the bugs a careful student could still make after the
 # contract changes of this issue), measured before and after the graders were strengthened.
-_INDEPENDENT_37 = [
+INDEPENDENT += [
     Mutant("1.2", "lab1/accounting.py", find='master = 4 * n_params if recipe == "mixed" else 0',
            replace='master = 4 * n_params if recipe in ("mixed", "bf16-fp32-moments") else 0',
            why="gives bf16 parameters with fp32 moments an fp32 master copy too"),
@@ -253,13 +253,12 @@ _INDEPENDENT_37 = [
            replace="for prev, n in zip(sizes, sizes)) * s",
            why="pairs each tensor with itself as the one updated before it"),
 ]
-INDEPENDENT = INDEPENDENT + _INDEPENDENT_37
 
 
 # A third independent list (written before reading the graders, with the mutants above in
 # view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
-# group arguments. Appended to INDEPENDENT.
-_INDEPENDENT_M2 = [
+# group arguments.
+INDEPENDENT += [
     Mutant("1.2", "lab1/accounting.py", find='moment = 2 if recipe == "bf16" else 4', replace="moment = weight",
            why="keeps Adam's moments in the parameter dtype (2 bytes under mixed precision, where they are fp32)"),
     # (dropped: "16bit+fp32": 4 repeats a MUTANTS entry of 1.2)
@@ -273,4 +272,3 @@ _INDEPENDENT_M2 = [
            replace="embedding_grads = cfg.vocab_size * C * s",
            why="counts one of wte's two gradients at the end of backward (the embedding's and the head's, before their sum)"),
 ]
-INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -375,8 +375,8 @@ MUTANTS += [
 
 # A third independent list (written before reading the graders, with the mutants above in
 # view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
-# group arguments. Appended to INDEPENDENT.
-_INDEPENDENT_M2 = [
+# group arguments.
+INDEPENDENT += [
     Mutant("2.1", "lab2/adafactor.py", find="rho = min(lr, 1.0 / t ** 0.5)", replace="rho = min(lr, 1.0 / t)",
            why="relative step size decays as 1/t instead of 1/sqrt(t)"),
     Mutant("2.2", "lab2/quantize8bit.py", find="mid = (code[1:] + code[:-1]) / 2  # (255,)",
@@ -401,4 +401,3 @@ _INDEPENDENT_M2 = [
            replace="has_grad = bool(present[pc.index] >= self.world_size)",
            why="steps a parameter only if every rank had its gradient (a parameter used on some ranks is not stepped)"),
 ]
-INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

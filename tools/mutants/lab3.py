@@ -584,7 +584,7 @@ MUTANTS += [
            replace="            break", why="stops silently on a deadlock"),
 ]
 # Issue 37: written from the solutions, measured before and after the graders were strengthened.
-_INDEPENDENT_37 = [
+INDEPENDENT += [
     Mutant("3.4", "lab3/tensor_parallel.py",
            find="self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())",
            replace="self.bias = None if full.bias is None else nn.Parameter(full.bias.detach())",
@@ -596,7 +596,6 @@ _INDEPENDENT_37 = [
            replace="        self._found_inf = bool(found[0].item()) if found else False",
            why="reads the inf flag of the first (device, dtype) group only"),
 ]
-INDEPENDENT = INDEPENDENT + _INDEPENDENT_37
 
 # Dodges of a measurement (issue 34, item 5): the code runs the measured path cheaply and wrong
 # only while a measurement watches (a TorchDispatchMode is active — MemTracker, FlopCounterMode,
@@ -643,8 +642,8 @@ MUTANTS += [
 
 # A third independent list (written before reading the graders, with the mutants above in
 # view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
-# group arguments. Appended to INDEPENDENT.
-_INDEPENDENT_M2 = [
+# group arguments.
+INDEPENDENT += [
     Mutant("3.1", "lab3/loss_scaler.py", find="        self._found_inf = None\n        # END SOLUTION",
            replace="        # END SOLUTION",
            why="never resets the found-inf flag: the next step reuses the last step's verdict and skips unscaling"),
@@ -656,4 +655,3 @@ _INDEPENDENT_M2 = [
            replace="            start = max([end[d] for d in deps], default=free[r])",
            why="starts an action when its dependencies end, forgetting that its rank may still be busy"),
 ]
-INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

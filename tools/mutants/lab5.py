@@ -667,7 +667,7 @@ MUTANTS += [
 ]
 # Issue 37: written from the solutions (5.4's new FLOP count, 5.6's new mask), measured before
 # and after the graders were strengthened.
-_INDEPENDENT_37 = [
+INDEPENDENT += [
     Mutant("5.4", "lab5/selective_checkpoint.py",
            find='    count = flop_registry.get(getattr(op, "overloadpacket", op))',
            replace="    count = flop_registry.get(op)",
@@ -681,7 +681,6 @@ _INDEPENDENT_37 = [
            replace="",
            why="the forward forgets the causal mask inside the diagonal tiles"),
 ]
-INDEPENDENT = INDEPENDENT + _INDEPENDENT_37
 
 # Dodges of a measurement (issue 34, item 5): the code makes the measured bytes, FLOPs or
 # collectives right and the result wrong only while a measurement watches (saved-tensor hooks
@@ -764,7 +763,7 @@ MUTANTS += [
 
 # A third independent list (written before reading the graders, with the mutants above in
 # view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
-# group arguments. Appended to INDEPENDENT.
+# group arguments.
 _DW_LOOP = ("        d_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)\n"
             "        for i in range(0, hidden.shape[0], c):\n"
             "            h, t = hidden[i:i + c], targets[i:i + c]\n"
@@ -776,7 +775,7 @@ _DW_LOOP = ("        d_weight = torch.zeros(weight.shape, dtype=acc, device=weig
             "            g.mul_((scale * keep)[:, None])  # ignored rows contribute nothing\n"
             "            d_hidden[i:i + c] = g.to(hidden.dtype) @ weight  # (c, V) @ (V, d)\n"
             "            d_weight.addmm_(g.T, h.to(acc))")
-_INDEPENDENT_M2 = [
+INDEPENDENT += [
     Mutant("5.6", "lab5/flash_attention.py", find="    qa = (q.to(acc_dtype) * scale).reshape(B * H, S, D)  # q pre-scaled",
            replace="    qa = q.to(acc_dtype).reshape(B * H, S, D)  # q pre-scaled",
            why="backward recomputes the probabilities without the 1/sqrt(d) scale"),
@@ -805,4 +804,3 @@ _INDEPENDENT_M2 = [
     Mutant("5.5", "lab5/offload.py", find="            self.device_count += 1\n", replace="",
            why="forgets to count the tensors it leaves on the device"),
 ]
-INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2

@@ -160,9 +160,8 @@ MUTANTS = [
 ]
 
 # A second list for 6.1, 6.2 and 6.5, written from the solutions alone, before reading the graders
-# or the list above. It extends whatever INDEPENDENT list the other exercises of this file keep, so
-# the two halves merge in either order.
-INDEPENDENT = [*globals().get("INDEPENDENT", ()), *[
+# or the list above.
+INDEPENDENT = [
     # 6.1 the caching allocator: boundaries of every threshold, orders, memory held live
     Mutant("6.1", CA, find="return MIN_BLOCK_SIZE * math.ceil(size / MIN_BLOCK_SIZE)",
            replace="return MIN_BLOCK_SIZE * (size // MIN_BLOCK_SIZE + 1)",
@@ -264,13 +263,13 @@ INDEPENDENT = [*globals().get("INDEPENDENT", ()), *[
     Mutant("6.5", FU, find="        return 0.5 * x * (1 + t)\n",
            replace="        return torch.nn.functional.gelu(x)\n",
            why="forward uses the exact (erf) GELU instead of the tanh approximation"),
-]]
+]
 
 # ---------------------------------------------------------------------------------------------
 # 6.3 and 6.4: a second list, written from the solution modules before reading their graders
-# (issue 25). Appended to any INDEPENDENT list of the other exercises of lab 6.
+# (issue 25).
 DM = "lab6/device_mesh.py"
-_INDEPENDENT_63_64 = [
+INDEPENDENT += [
     # ------------------------------------------------------------------ 6.3 the device mesh
     Mutant("6.3", DM, find="    for size in reversed(shape):\n        rank, c = divmod(rank, size)\n"
                            "        coords.append(c)\n    return tuple(reversed(coords))",
@@ -314,13 +313,12 @@ _INDEPENDENT_63_64 = [
            replace="    if checkpointing != \"full\" and attention == \"naive\":",
            why="selective recomputation still keeps the attention scores"),
 ]
-INDEPENDENT = globals().get("INDEPENDENT", []) + _INDEPENDENT_63_64
 
 # ---------------------------------------------------------------------------------------------
 # Session 5 (mut6): a third list, written from the solution modules and the lab's instructions
 # before reading the graders or the lists above; the ones that duplicated a listed mutant's
-# effect were dropped. Appended to INDEPENDENT.
-_INDEPENDENT_S5 = [
+# effect were dropped.
+INDEPENDENT += [
     # ------------------------------------------------------------------ 6.1 the caching allocator
     Mutant("6.1", CA, find="            if size < self.max_split_size and block.size >= self.max_split_size:",
            replace="            if size <= self.max_split_size and block.size >= self.max_split_size:",
@@ -400,7 +398,6 @@ _INDEPENDENT_S5 = [
            replace="        (x,) = ctx.saved_tensors\n        t = torch.tanh(x + A * x * x * x)\n",
            why="recomputes tanh without the k factor in backward"),
 ]
-INDEPENDENT = INDEPENDENT + _INDEPENDENT_S5
 
 
 # ---- 6.6 expert parallelism (issue 39), from the solution (written after the graders: say so)
@@ -461,8 +458,8 @@ MUTANTS += [
 
 # A third independent list (written before reading the graders, with the mutants above in
 # view so as not to repeat them): bucket and chunk boundaries, dtypes, scaling, stale buffers,
-# group arguments. Appended to INDEPENDENT.
-_INDEPENDENT_M2 = [
+# group arguments.
+INDEPENDENT += [
     Mutant("6.6", "lab6/expert_parallel.py", find="(onehot.cumsum(0) - 1)", replace="onehot.cumsum(0)",
            why="slots counted from 1: slot 0 stays empty and one token too few fits"),
     Mutant("6.6", "lab6/expert_parallel.py", find="rows = expert_ids * C + slots.clamp(min=0)",
@@ -476,4 +473,3 @@ _INDEPENDENT_M2 = [
            replace="token = torch.arange(T, device=x.device).repeat(k)[kept.reshape(-1)]",
            why="lists the (token, choice) pairs choice-major while the mask is token-major (wrong token in a slot)"),
 ]
-INDEPENDENT = INDEPENDENT + _INDEPENDENT_M2
