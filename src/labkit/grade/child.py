@@ -19,8 +19,8 @@ adds what only the inside can see, each reported with its test (which then fails
   saved-tensor hooks) is compared after every test with the session's start and put back; the
   tests' constant dicts (``TOL = dict(atol=..., rtol=...)``) are read-only; their modules' names,
   the functions and classes of what they compare and measure with (``torch.testing``,
-  ``torch.equal``, the course's code) and torch.Tensor's methods are put back; the pytest plugins and hook functions
-  are fixed once collected;
+  ``torch.equal``, the course's code) and torch.Tensor's methods are put back; the pytest
+  plugins and hook functions are fixed once collected;
 * **files**: an audit hook notes the files student code opens outside the test's scratch folder.
 """
 from __future__ import annotations

@@ -85,7 +85,8 @@ LLAMA3_TABLE_4 = [(8192, 8, 1, 16, 64, 8192, 32, 430, 0.43),
 LLAMA3_405B = dict(n_params=405e9, n_layer=126, hidden=16384, n_head=128, n_kv_head=8,
                    ffn_hidden=53248, vocab_size=128256)
 
-KORTHIKANTI_TABLE_3_5 = [  # size, heads, hidden, layers, T, P, GPUs, batch, micro-batch, v, s full, s SP+selective, MFU
+KORTHIKANTI_TABLE_3_5 = [  # size, parameters, heads, hidden, layers, T, P, GPUs, batch, micro-batch,
+    # v (interleaved stages), seconds with full recompute, with SP + selective, MFU (SP + selective)
     ("22B", 22e9, 64, 6144, 48, 8, 1, 8, 4, 4, 1, 1.42, 1.10, 0.415),
     ("175B", 175e9, 96, 12288, 96, 8, 8, 64, 64, 1, 3, 18.13, 13.75, 0.514),
     ("530B", 530e9, 128, 20480, 105, 8, 35, 280, 280, 1, 3, 49.05, 37.83, 0.560),
