@@ -190,22 +190,17 @@ ADAM64 = dict(rtol=1e-9, atol=1e-9)
 
 def group_of(rank, world_size, size):
     """This rank's (group, ranks): the world (``size`` None), its group of ``size``
-    consecutive ranks (every rank creates every group, as ``dist.new_group`` requires), or, for
-    a list of ranks, the group of those (``(None, ranks)`` on a rank outside it)."""
+    consecutive ranks (``labkit.reference.lab4.pair_groups``), or, for a list of ranks, the
+    group of those (``(None, ranks)`` on a rank outside it; every rank creates it, as
+    ``dist.new_group`` requires)."""
     import torch.distributed as dist
 
-    if size is None:
-        return None, list(range(world_size))
+    from labkit.reference.lab4 import pair_groups
+
     if isinstance(size, list):
         group = dist.new_group(size)
         return (group if rank in size else None), size
-    mine = None
-    for start in range(0, world_size, size):
-        ranks = list(range(start, start + size))
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            mine = group, ranks
-    return mine
+    return pair_groups(rank, world_size, size)
 
 
 def dp_plans(n):
