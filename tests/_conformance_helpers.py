@@ -170,12 +170,14 @@ def reference_run(model: nn.Module, make_ref, G_steps, world: int, *, master: bo
 
 
 def assert_histories_close(got: list, want: list, what: str, **tol) -> None:
-    """Every parameter after every step, with ``tol`` (torch.testing.assert_close)."""
+    """Every parameter after every step, with ``tol`` (torch.testing.assert_close); a step's
+    parameters by name (a dict) or by position (a list)."""
     assert len(got) == len(want), f"{what}: {len(got)} steps, expected {len(want)}"
     for s, (g, w) in enumerate(zip(got, want)):
-        for name in w:
-            torch.testing.assert_close(g[name], w[name], **tol, msg=lambda m, s=s, name=name: (
-                f"{what}: {name} after step {s + 1}: {m}"))
+        for key in (w if isinstance(w, dict) else range(len(w))):
+            label = key if isinstance(w, dict) else f"parameter {key}"
+            torch.testing.assert_close(g[key], w[key], **tol, msg=lambda m, s=s, label=label: (
+                f"{what}: {label} after step {s + 1}: {m}"))
 
 
 # ---------------------------------------------------------------- inside ranks (data parallel)

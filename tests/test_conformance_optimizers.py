@@ -666,14 +666,6 @@ def _copies(params):
     return [torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad) for p in params]
 
 
-def _assert_steps_close(got, want, what, **tol):
-    assert len(got) == len(want), f"{what}: {len(got)} steps, expected {len(want)}"
-    for s, (g, w) in enumerate(zip(got, want)):
-        for i, (a, b) in enumerate(zip(g, w)):
-            torch.testing.assert_close(a, b, **tol, msg=lambda m, s=s, i=i: (
-                f"{what}: parameter {i} after step {s + 1}: {m}"))
-
-
 def _against_reference(info, params, G, what, tmp_path, *, between=None, spec=None, exclude=(),
                        where="got", setup=None):
     """``info`` on ``params`` against its reference (or, without one, nothing but finiteness);
@@ -694,7 +686,7 @@ def _against_reference(info, params, G, what, tmp_path, *, between=None, spec=No
                 f.copy_(_start[id(params[i])])
         want = _reference_drive(info, fresh, [[g[i] for i in keep] for g in G], between=between, setup=setup,
                                 spec=spec, master=kind == "master")
-        _assert_steps_close([[s[i] for i in keep] for s in got], want, f"{info.name}, {what}",
+        assert_histories_close([[s[i] for i in keep] for s in got], want, f"{info.name}, {what}",
                             **_tol(info, dtype, kind))
     return got, opt
 
@@ -746,7 +738,7 @@ def test_scalar_empty_3d_and_non_contiguous_parameters(info, dtype, tmp_path):
     # an optimizer computing in fp32 (CAME's grad_dtype) rounds the reductions at fp32's ulps
     tol = info.tol32 if getattr(opt, "grad_dtype", None) == torch.float32 else _tol(
         info, dtype, info.dtypes[dtype])
-    _assert_steps_close([[s[3]] for s in got], alone, f"{info.name}: a non-contiguous parameter vs "
+    assert_histories_close([[s[3]] for s in got], alone, f"{info.name}: a non-contiguous parameter vs "
                         "its contiguous copy", **tol)
 
 
@@ -847,7 +839,7 @@ def test_add_param_group_and_a_tensor_listed_twice(info, tmp_path):
             model(grads).backward()
             opt.step()
             opt.zero_grad()
-        _assert_steps_close([later], [together[-1]], f"{info.name}: add_param_group after "
+        assert_histories_close([later], [together[-1]], f"{info.name}: add_param_group after "
                             "construction vs the same groups at construction", **SAME)
     else:
         assert f"{info.name} has no lr scheduler" in info.deviations, (
@@ -856,7 +848,7 @@ def test_add_param_group_and_a_tensor_listed_twice(info, tmp_path):
     twice = _copies(once)
     a, _ = _drive(info, once, G, _ctx(tmp_path, "once"))
     b, _ = _drive(info, twice, G, _ctx(tmp_path, "twice"), spec=[twice[0], twice[0], twice[1]])
-    _assert_steps_close(b, a, f"{info.name}: a tensor listed twice (it must be stepped once per "
+    assert_histories_close(b, a, f"{info.name}: a tensor listed twice (it must be stepped once per "
                         "step, as one parameter)", **SAME)
     p = _fresh_params(shapes, dtype)
     with pytest.raises(ValueError):
@@ -890,7 +882,7 @@ def test_state_dict_round_trips_in_every_dtype(info, dtype, at, tmp_path):
         opt.step()
         opt.zero_grad()
         resumed.append([p.detach().clone() for p in again])
-    _assert_steps_close(resumed, straight, f"{info.name} in {dtype}: state_dict() after {at} steps, "
+    assert_histories_close(resumed, straight, f"{info.name} in {dtype}: state_dict() after {at} steps, "
                         "loaded into a new optimizer, then the rest", rtol=0, atol=0)
 
 
@@ -935,7 +927,7 @@ def test_requires_grad_switched_during_training(info, tmp_path):
                 t.grad = g.clone() if p.requires_grad else None
             ref.step()
             ref.zero_grad()
-            _assert_steps_close([list(params)], [twins], f"{info.name}, step {s + 1}, requires_grad "
+            assert_histories_close([list(params)], [twins], f"{info.name}, step {s + 1}, requires_grad "
                                 "switched (one frozen after step 1, one unfrozen)",
                                 **_tol(info, dtype, "reference"))
         if s == 0:
@@ -978,7 +970,7 @@ def test_load_state_dict_of_its_reference(info, tmp_path):
     opt.load_state_dict(copy.deepcopy(ref.state_dict()))
     model(G[2]).backward()
     opt.step()
-    _assert_steps_close([list(theirs)], [want[2]], f"{info.name}: torch's state_dict loaded, then a "
+    assert_histories_close([list(theirs)], [want[2]], f"{info.name}: torch's state_dict loaded, then a "
                         "step", **_tol(info, dtype, "reference"))
 
 
