@@ -52,7 +52,7 @@ MTNLG_SLOWER = (
     "1's 529.6B and Korthikanti's full-recompute 530B: the same model, T8·P35, full recomputation, within "
     "10%): MT-NLG's three step times fit 0.197 s per micro-batch plus 12.7 s, the model's 0.166 s plus "
     "5.9 s (its 1F1B bubble of 34 slots and the all-reduce) — 1.31 to 1.37 times the published throughput")
-OFF_BAND = {  # runs whose published throughput rests on what the model leaves out whose published throughput rests on what the model leaves out
+OFF_BAND = {  # runs whose published throughput rests on what the model leaves out
     DEEPSEEK: "the model charges the 64-way all-to-all across 8 nodes in full (DualPipe hides it) "
               "and needs full recomputation to fit its 16-bit activations (FP8 caching let the run "
               "skip it): 0.42 of the published throughput",
