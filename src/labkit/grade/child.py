@@ -1,27 +1,15 @@
 """The pytest plugin of the grader's child: run the graded tests, report each outcome to the parent.
 
-Loaded with ``-p labkit.grade.child`` in the process that runs student code, behind the wall
-(:mod:`labkit.grade.isolation`). Nothing here decides a grade and nothing here is secret: student
-code in this process can reach all of it. It *reports*, one JSON line per test on an inherited
-pipe; the parent (:mod:`labkit.grade.runner`) decides by rules this process cannot change. It
-adds what only the inside can see, each reported with its test (which then fails):
-
-* **shortcuts at the dispatcher**: while an exercise's tests run, a ``TorchDispatchMode`` refuses
-  an operator the exercise rebuilds (:mod:`labkit.grade.shortcuts`) when student code is on the
-  stack, however it was spelled (``F.gelu``, ``torch._C._nn.gelu``, ``torch.ops.aten.gelu``...);
-* **other threads**: dispatch modes (MemTracker's and FlopCounterMode's too) hold for one thread,
-  so a thread started during a test gets a mode (``threading.setprofile``) that refuses torch
-  operators of any work that is not the course's: a measurement cannot be dodged there;
-* **other processes**: a process started or signalled from student code during a test (however
-  spelled: ``os.fork`` under a DataLoader's workers, ``subprocess``, ``posix_spawn``...) is refused
-  at the interpreter's audit events: its work is out of the test's sight;
-* **shared state**: torch's global state (default dtype, grad mode, modes, global hooks,
-  saved-tensor hooks) is compared after every test with the session's start and put back; the
-  tests' constant dicts (``TOL = dict(atol=..., rtol=...)``) are read-only; their modules' names,
-  the functions and classes of what they compare and measure with (``torch.testing``,
-  ``torch.equal``, the course's code) and torch.Tensor's methods are put back; the pytest
-  plugins and hook functions are fixed once collected;
-* **files**: an audit hook notes the files student code opens outside the test's scratch folder.
+Loaded with ``-p labkit.grade.child`` in the process that runs student code, behind the wall.
+Nothing here decides a grade or is secret: student code can reach all of it. It *reports*, one
+JSON line per test on an inherited pipe, and adds what only the inside sees, each failing its
+test (docs/grading.md, "What is refused"): a ``TorchDispatchMode`` refuses the operators the
+exercise rebuilds (:mod:`labkit.grade.shortcuts`) however spelled; a thread started during a test
+gets a mode that refuses torch work that is not the course's (dispatch modes, MemTracker's and
+FlopCounterMode's too, hold for one thread); audit events refuse processes started from student
+code; torch's global state, the tests' names and what they compare with are put back after
+each test; the pytest plugins are fixed once collected; files opened outside the scratch
+folder are noted.
 """
 from __future__ import annotations
 

@@ -1,21 +1,17 @@
 """Red flags: what in a student's code the instructor should look at, found by reading it.
 
-Code in the process that runs student code can reach everything else in it, so the grader does
-not enumerate tricks: the trusted parent reads the code extraction took (exercise bodies, added
-definitions) and raises per exercise the flags of :data:`FLAGS`. Those that zero the exercise
-(graded as its stub: its code is not merged, so it never runs) name what no exercise here needs
-and what can change any verdict in the test process; the others are for review.
-
-Names are read through the module's imports and the function's aliases (``F.gelu`` is
-``torch.nn.functional.gelu``; after ``m = torch.testing``, ``m.x`` is ``torch.testing.x``), and
-every tail of a chain is checked (``torch.sys.modules`` reaches ``sys.modules``). A name that is
-computed (``getattr(x, name)``, ``getattr`` passed as a value, a module used as a value) cannot
-be read: that is the ``dynamic names`` flag.
+The trusted parent reads what extraction took (exercise bodies, added definitions) and raises per
+exercise the flags of :data:`FLAGS` (docs/grading.md says which zero the exercise, and why). Names
+are read through the module's imports and the function's aliases (``F.gelu`` is
+``torch.nn.functional.gelu``), every tail of a chain is checked (``torch.sys.modules`` reaches
+``sys.modules``), and a name that is computed cannot be read: that is the ``dynamic names`` flag.
 """
 from __future__ import annotations
 
 import ast
 import re
+import sys
+import types
 from dataclasses import dataclass, field
 
 from labkit.grade import shortcuts
@@ -57,20 +53,25 @@ MODULES = {  # a module (and everything under it) -> the flag its use raises
     **dict.fromkeys(("threading", "concurrent", "asyncio"), "threads"),
     "unittest": "special methods", "torch.library": "patching",
 }
-SYS_OK = ("maxsize", "float_info", "byteorder", "version_info", "stdout", "stderr")
+SYS_OK = {"stdout", "stderr"} | {n for n, v in vars(sys).items()
+                                 if n[0] != "_" and isinstance(v, (int, float, str, tuple))}
+"""What of ``sys`` is harmless: its streams and plain values (``sys.maxsize``, ``sys.float_info``);
+its functions and containers (``sys.modules``, ``sys._getframe``) are the interpreter's."""
 OS_PROCESSES = ("fork", "exec", "spawn", "posix_spawn", "kill", "system", "popen", "_exit", "abort")
 OS_ENVIRONMENT = ("environ", "getenv", "putenv", "unsetenv")
 BUILTINS = {"eval": "dynamic code", "exec": "dynamic code", "compile": "dynamic code",
-            "__import__": "dynamic code", "breakpoint": "interpreter", "globals": "dynamic names",
+            "breakpoint": "interpreter", "globals": "dynamic names",
             "vars": "dynamic names", "locals": "dynamic names"}
 BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
-FRAMES = ("gi_frame", "cr_frame", "ag_frame", "tb_frame", "f_back", "f_globals", "f_locals",
-          "f_builtins", "f_code")
+FRAMES = {a for t in (types.FrameType, types.TracebackType, types.GeneratorType, types.CodeType,
+                      types.CoroutineType, types.AsyncGeneratorType)
+          for a in dir(t) if a[0] != "_" and "_" in a}
+"""The attributes of frames, tracebacks, generators and code objects (``f_back``, ``tb_frame``...)."""
 DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", "__dict__",
               "__setattr__", "__repr__", "__str__", "__call__", "__len__", "__iter__", "__next__",
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
               "__torch_dispatch__")
-VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str", "Mock", "MagicMock")
+VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")  # mocks: unittest
 LEAVES = {"get_type_hints": "dynamic code", "load_library": "dynamic code",
           "attrgetter": "dynamic names", "methodcaller": "dynamic names", "get_field": "dynamic names"}
 

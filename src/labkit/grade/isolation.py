@@ -1,20 +1,11 @@
 """The wall at the operating system: how the child that runs student code is shut in.
 
-Inside one Python process no sandbox holds, so the grader shuts in the process that runs student
-code with what Linux gives, at one of three levels (which machine gets which: docs/grading.md;
-every output names the level a run had):
-
-* ``namespaces``: its own PID, mount and network namespaces (``unshare``). Their first process
-  (this module run as a script, which imports nothing of labkit) makes every mount read-only but
-  the scratch folder, mounts a fresh ``/dev/shm`` and an empty folder over the course's
-  solutions, brings up loopback only, then starts the tests; when they end the kernel kills every
-  process left in the namespace. As root the tests run as the dedicated user (``setpriv``); as
-  an ordinary user, in a user namespace with every capability dropped.
-* ``user``: root where namespaces are refused: the tests run as the dedicated user, and every
-  process of that user is killed (:meth:`Isolation.sweep`) before the score is written.
-* ``none``: neither works here, or the instructor turned it off.
-
-:func:`choose` tries the strongest that may work, once per run.
+Three levels (docs/grading.md says which machine gets which; every output names it):
+``namespaces``, its own PID, mount and network namespaces (``unshare``), whose first process (this
+module run as a script) seals the mounts read-only but the scratch folder, hides the solutions
+and brings up loopback, the tests running as the dedicated user (as root) or with every
+capability dropped (in a user namespace); ``user``, root where namespaces are refused: the
+dedicated user, whose processes are killed after (:meth:`Isolation.sweep`); ``none``.
 """
 from __future__ import annotations
 

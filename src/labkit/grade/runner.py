@@ -1,15 +1,11 @@
 """The trusted side of ``labkit-grade``: build the graded copy, run the children, decide, score.
 
-No student code runs in this process. For one submission it copies the course (git-tracked
-files, without ``solutions/``), lists its graded tests (:mod:`labkit.grade.collect`: the only list
-of tests and points it trusts), merges the exercise code in (:mod:`labkit.grade.extract`), reads
-the red flags (:mod:`labkit.grade.flags`; an exercise with one that zeroes is graded as its stub),
-and appends to each graded test file one **tripwire** per exercise: a randomly named test that
-must fail, which a blanket "every test passes" tamper makes pass. Each lab's tests then run in a
-child ``pytest`` behind the wall (:mod:`labkit.grade.isolation`) that sends one JSON line per test
-on an inherited pipe (:mod:`labkit.grade.child`); :func:`read_records` voids a lab's run on any
-line it cannot trust, and a test without a record fails. The score is
-:func:`labkit.score_table._table`'s.
+No student code runs in this process. It copies the course without ``solutions/``, lists the
+graded tests from it (:mod:`.collect`: the only list of tests and points it trusts), merges the
+exercise code in (:mod:`.extract`), reads the red flags (:mod:`.flags`), plants one **tripwire**
+per exercise (a randomly named test that must fail: a blanket "every test passes" tamper makes it
+pass), runs each lab's tests in a child behind the wall (:mod:`.isolation`, :mod:`.child`) and
+decides each test from its one record on the result pipe (:func:`read_records`).
 """
 from __future__ import annotations
 
@@ -29,8 +25,9 @@ from pathlib import Path
 
 from labkit.grade import extract, flags, isolation
 from labkit.grade.submission import find_labkit, read_submitted, unpack
+from labkit.score_table import LEFT_OUT, OUTCOMES
 
-LEFT_OUT = ("solutions/", ".git/")
+NOT_COPIED = ("solutions/", ".git/")
 MAX_PIPE_BYTES = 32 * 2**20     # what the parent keeps of a child's result pipe
 OUTPUT_TAIL = 64 * 2**10        # what the parent keeps of a child's output
 TRIPWIRE = '''
@@ -64,7 +61,7 @@ def course_files(root: Path) -> list[str]:
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = [d for d in dirnames if d not in skip and not d.endswith(".egg-info")]
             files += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames]
-    return sorted(p for p in files if not p.startswith(LEFT_OUT) and (root / p).is_file())
+    return sorted(p for p in files if not p.startswith(NOT_COPIED) and (root / p).is_file())
 
 
 def copy_course(root: Path, dest: Path) -> None:
@@ -306,14 +303,10 @@ def _decide(test: dict, record: dict | None, note: str, zeroed: list | None, voi
             note.strip() or "the test process ended early or was killed"))[:1500]
     else:
         outcome = record.get("outcome")
-        if outcome == "needs CUDA" and not test.get("cuda_only_here"):
-            outcome, record = "failed", {"message": "reported as needing CUDA, which this test "
-                                         "does not on this machine"}
-        if outcome == "not graded" and not test.get("may_be_ungraded", True):
-            outcome, record = "failed", {"message": "reported as not graded (an optional "
-                                         "reference missing), which this machine has"}
-        out["outcome"] = outcome if outcome in ("passed", "failed", "not attempted", "needs CUDA",
-                                                "not graded") else "failed"
+        if outcome in LEFT_OUT and outcome not in test.get("may_skip", ()):
+            outcome, record = "failed", {"message": f"reported as {outcome!r}, which this test "
+                                         "cannot be on this machine"}
+        out["outcome"] = outcome if outcome in OUTCOMES else "failed"
         out["message"] = str(record.get("message") or "")
         if record.get("details"):
             out["details"] = str(record["details"])
