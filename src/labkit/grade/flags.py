@@ -53,10 +53,10 @@ MODULES = {  # a module (and everything under it) -> the flag its use raises
     **dict.fromkeys(("threading", "concurrent", "asyncio"), "threads"),
     "unittest": "special methods", "torch.library": "patching",
 }
-SYS_OK = {"stdout", "stderr"} | {n for n, v in vars(sys).items()
-                                 if n[0] != "_" and isinstance(v, (int, float, str, tuple))}
-"""What of ``sys`` is harmless: its streams and plain values (``sys.maxsize``, ``sys.float_info``);
-its functions and containers (``sys.modules``, ``sys._getframe``) are the interpreter's."""
+SYS_OK = {"stdout", "stderr", "getsizeof"} | {n for n, v in vars(sys).items()
+                                              if n[0] != "_" and isinstance(v, (int, float, str, tuple))}
+"""What of ``sys`` is harmless: its streams, ``getsizeof`` and its plain values (``sys.maxsize``,
+``sys.float_info``); its other functions and its containers (``sys.modules``) are the interpreter's."""
 OS_PROCESSES = ("fork", "exec", "spawn", "posix_spawn", "kill", "system", "popen", "_exit", "abort")
 OS_ENVIRONMENT = ("environ", "getenv", "putenv", "unsetenv")
 BUILTINS = {"eval": "dynamic code", "exec": "dynamic code", "compile": "dynamic code",
@@ -124,6 +124,18 @@ def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]
     return out
 
 
+def _as_code(value) -> ast.Module | None:
+    """``value`` parsed, if it is a string of Python that does more than name something (a call,
+    an import, a statement); else None ("cpu", "attn.weight", "Time (s)" read as names only)."""
+    try:
+        tree = ast.parse(value) if isinstance(value, str) and len(value) < 10**5 else None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return tree if tree and tree.body and not (len(tree.body) == 1 and isinstance(
+        tree.body[0], ast.Expr) and isinstance(tree.body[0].value, (ast.Name, ast.Attribute,
+                                                                     ast.Constant))) else None
+
+
 class _Reader(ast.NodeVisitor):
     """The flags of one unit of a student's code (a function, a class, a constant)."""
 
@@ -166,6 +178,8 @@ class _Reader(ast.NodeVisitor):
         self.flags(node, parts if kind in ("module", "?") else parts[1:], kind)
         if kind != "self":
             self.shortcut(node, *(parts if kind == "module" else parts[1:]))
+        if node.attr == "__setattr__" and not getattr(node, "called", False):
+            self.flag(node, "patching", "__setattr__ used as a value")  # like setattr's
         while isinstance(node, ast.Attribute):
             node = node.value
         if not isinstance(node, ast.Name):  # a name at the base was read with the chain
@@ -187,10 +201,20 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Constant(self, node):
         """A dunder spelled in a string without spaces ("__eq__", "0.__globals__" for
-        ``string.Formatter().get_field``), not in prose."""
-        if isinstance(node.value, str) and not any(c.isspace() for c in node.value) and any(
-                _dunder(w) and w not in DUNDERS_OK for w in re.findall(r"\w+", node.value)):
+        ``string.Formatter().get_field``, "__setattr__" for ``getattr``), not in prose."""
+        words = re.findall(r"\w+", node.value) if isinstance(node.value, str) and \
+            not any(c.isspace() for c in node.value) else []
+        if "__setattr__" in words:
+            self.flag(node, "patching", repr(node.value))
+        elif any(_dunder(w) and w not in DUNDERS_OK for w in words):
             self.flag(node, "interpreter", repr(node.value))
+        text = _as_code(node.value)
+        if text is not None:  # text that is code (for timeit, profile.run...) is read as code,
+            ast.increment_lineno(text, node.lineno - 1)  # by a reader of its own (its names
+            reader = _Reader(self.path, self.aliases, self.modules, self.course, self.unit,
+                             self.exercises)  # bind nothing here)
+            reader.generic_visit(text)
+            self.found += reader.found
 
     def visit_Call(self, node):
         func, args = node.func, node.args
@@ -211,9 +235,10 @@ class _Reader(ast.NodeVisitor):
                 for child in (*args[1:], *node.keywords):
                     self.visit(child)
                 return
-        if isinstance(func, ast.Attribute) and func.attr == "__setattr__" and args and \
-                self._not_own(args[0]):
-            self.flag(node, "patching", ast.unparse(node)[:60])
+        if isinstance(func, ast.Attribute) and func.attr == "__setattr__":
+            func.called = True  # object.__setattr__(self, ...) sets the student's own object
+            if not args or self._not_own(args[0]):
+                self.flag(node, "patching", ast.unparse(node)[:60])
         if isinstance(func, ast.Name) and func.id == "vars" and args and \
                 self.chain(args[0])[0] in ("module", "?"):
             self.flag(node, "interpreter", f"{ast.unparse(node)[:60]} (a module's namespace)")
