@@ -135,25 +135,29 @@ FLAGGED = [  # (an exercise body, the flag it raises, whether that flag zeroes t
     ("x = (lambda: 0).__code__", "interpreter", True),
     ("object.__subclasses__()", "interpreter", True),
     ("return torch.sys.modules", "interpreter", True),
+    ("import gc\nreturn gc.get_objects()", "interpreter", True),
     ("eval('1')", "dynamic code", True),
-    ("import importlib\nimportlib.import_module('os')", "dynamic code", True),
-    ("import subprocess\nsubprocess.run(['true'])", "processes", True),
-    ("os.system('true')", "processes", True),
-    ("return os.environ['HOME']", "grader", True),
-    ("return os.environb[b'HOME']", "grader", True),
-    ("return os.getenvb(b'HOME')", "grader", True),
+    ("import importlib\nimportlib.import_module('os')", "module", True),
+    ("import subprocess\nsubprocess.run(['true'])", "module", True),
+    ("os.system('true')", "module", True),
+    ("return os.environ['HOME']", "module", True),
+    ("return torch.serialization.pickle.loads", "module", True),
+    ("return [torch][0]", "module", True),
     ("from concurrent.futures import ProcessPoolExecutor\nProcessPoolExecutor().submit(print)",
      "processes", True),
     ("import asyncio\nasyncio.create_subprocess_exec('true')", "processes", True),
+    ("torch.hub.load('a', 'b')", "dynamic code", True),
     ("import labkit.grade.child", "grader", True),
     ("import labkit.score_table", "grader", True),
     ("torch.nn.functional.gelu = print", "patching", True),
     ("setattr(torch, 'x', 1)", "patching", True),
     ("m = torch.testing\nm.assert_close = print", "patching", True),
+    ("f = object.__setattr__\nf(torch.testing, 'assert_close', print)", "patching", True),
+    ("torch.testing._comparison._DTYPE_PRECISIONS.update(x=1)", "patching", True),
     ("given.cache = 1", "patching", True),
     ("global given\ngiven = None", "patching", True),
+    ("import timeit\ntimeit.timeit('import sys; sys.modules')", "interpreter", True),
     ("return getattr(os, name)", "dynamic names", False),
-    ("return [torch][0]", "dynamic names", False),
     ("return torch._C._nn.gelu", "private torch", False),
     ("import threading\nthreading.Thread(target=print).start()", "threads", False),
     ("class Liar(float):\n    pass", "special methods", False),
@@ -212,8 +216,7 @@ def test_every_exercise_of_the_shortcut_table_exists_and_its_patterns_match_what
     assert shortcuts.matching("5.7", "_scaled_dot_product_flash_attention_for_cpu") is None
 
 
-LISTS = ("MODULES", "SYS_OK", "OS_PROCESSES", "OS_ENVIRONMENT", "BUILTINS", "BY_NAME", "FRAMES",
-         "DUNDERS_OK", "VALUE_TYPES", "LEAVES")
+LISTS = ("MODULES", "BUILTINS", "BY_NAME", "FRAMES", "DUNDERS_OK", "VALUE_TYPES", "MUTATORS")
 
 
 def written_entries(path: Path, lists: tuple[str, ...]) -> int:
@@ -243,8 +246,8 @@ def test_the_grader_stays_small():
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 1988, sizes
-    assert entries <= 123 and patterns <= 35, (entries, patterns)
+    assert sum(sizes.values()) <= 2092, sizes
+    assert entries <= 119 and patterns <= 36, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:
@@ -421,7 +424,8 @@ def test_the_autograder_zip_gives_full_marks_to_a_solution_and_zero_to_the_stubs
 
 def test_the_student_edition_ships_a_readme_for_students(tmp_path):
     """The edition's README says where to write code (the lab folders), how to check and score
-    it, the book and Colab, and says nothing of solutions/, make stubs or make test."""
+    it, which modules exercise code may use, the book and Colab, and says nothing of
+    solutions/, make stubs or make test."""
     sys.path.insert(0, str(ROOT / "tools"))
     import student_edition
 
@@ -429,7 +433,7 @@ def test_the_student_edition_ships_a_readme_for_students(tmp_path):
     readme = (tmp_path / "edition" / "README.md").read_text()
     assert "README.md" in copied and not any(p.startswith("solutions/") for p in copied)
     for words in ("src/labkit/lab1/", "src/labkit/lab7/", 'labkit.check("1.2")', "make grade",
-                  "make book", "colab.research.google.com"):
+                  "make book", "colab.research.google.com", "may use these modules", "`numpy`"):
         assert words in readme, words
     for words in ("solutions/", "make stubs", "make test", "LABKIT_SOLUTIONS"):
         assert words not in readme, words

@@ -182,7 +182,7 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
 
 
 @pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_assert_close_through_a_parameter",
-                                   "patch_inside_assert_close"])
+                                   "patch_inside_assert_close", "patch_assert_close_at_import"])
 def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected, cheat):
     """widen_shared_tolerance: 5.6's forward reaches the tests' modules by computed names, tries
     to widen ATTN_TOL in place and to rebind it, then returns an answer off by 1e-3. The dict
@@ -190,8 +190,11 @@ def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected
     patch_assert_close_through_a_parameter: torch.testing.assert_close rebound through a module
     reached by a computed name (before: 4/22 with a forward of zeros), or the function it calls
     inside torch.testing._comparison (patch_inside_assert_close): the functions of the modules
-    the tests compare with are put back after each test, which fails: not one point."""
-    sub = submission(tmp_path, cheat, solved=("lab5/flash_attention.py",))
+    the tests compare with are put back after each test, which fails: not one point. Rebound at
+    import, before a test ran (patch_assert_close_at_import, with a forward of zeros): recorded
+    before any student code was imported, the change voids the lab's run."""
+    extra = ("return_zeros",) if cheat == "patch_assert_close_at_import" else ()
+    sub = submission(tmp_path, cheat, *extra, solved=("lab5/flash_attention.py",))
     table = grade(sub, collected, ["5.6"])
     tests = table["exercises"]["5.6"]["tests"]
     forward = [t for t in tests if "forward" in t["test"]]

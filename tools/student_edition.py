@@ -82,6 +82,10 @@ def student_readme(root: Path = ROOT) -> str:
     url = _repository_url(root)
     colab = url.replace("https://github.com/", "https://colab.research.google.com/github/")
     rows = "\n".join(f"| `src/labkit/{lab}/` | [{nb}]({nb}) | {title} |" for lab, nb, title in _labs(root))
+    from labkit.grade.flags import MODULES
+
+    allowed = ", ".join(f"`{m}`" for m, flag in MODULES.items() if flag in (None, "threads")
+                        and m != "__future__")
     return f"""# {title} — student edition
 
 Your copy of the course: the book, seven labs, and `labkit`, the package you build in them.
@@ -123,7 +127,8 @@ What your instructors grade: the bodies of the exercise functions and the functi
 classes you add beside them. Code at the top level of a file, changes to the given code and new
 files are not taken; calling the library function an exercise rebuilds (PyTorch's SDPA in the
 FlashAttention exercise, GradScaler's kernels in the loss scaler, …) is refused while that
-exercise is graded.
+exercise is graded. Exercise code may use these modules and names only: {allowed}; any other
+module (however it is reached) earns the exercise no points when it is graded.
 
 ## The book
 

@@ -13,6 +13,7 @@ folder are noted.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -33,8 +34,7 @@ STUDENT = {os.path.realpath(f): [tuple(r) for r in rs] for f, rs in SPEC.get("st
 COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
 READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
                                                        sys.prefix, sys.base_prefix)) + ("/dev/",)
-COMPARE = ("torch.testing.", "_pytest.python_api.", "math.", "labkit.")
-TORCH_CHECKS = ("equal", "allclose", "isclose")  # torch's own comparisons that the tests call
+COMPARE = ("torch.testing.", "torch.nn.functional.", "_pytest.python_api.", "math.", "labkit.")
 PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
              "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
@@ -49,6 +49,8 @@ def _send(record: dict) -> None:
 
 class State:
     """What this process saw: of the session, and of the test that runs now."""
+    early = None         # a Snapshot before any student code was imported
+    snap = None          # a Snapshot once the tests were collected
     exercise: str | None = None
     refused: list = []
     flags: list = []
@@ -56,7 +58,6 @@ class State:
     plugins: tuple = ()
     seen: dict = {}      # nodeid -> "failed" or "skipped", as the reports said
     tamper: list = []
-    modules: list = []   # (namespace, its names once collected, whether names added count)
     kinds: dict = {}     # code object -> "student", "course" or ""
 
 
@@ -164,16 +165,7 @@ def _restore() -> list[str]:
         torch._C._pop_torch_function_stack()
     for hooks in now["_hooks"] if now["global module and optimizer hooks"] else ():
         hooks.clear()  # the course installs none
-    for ns, names, added in State.modules:  # the tests' and their libraries' names, as collected
-        now = vars(ns)
-        for name in [n for n, v in names.items() if now.get(n) is not v] + \
-                [n for n in now if added and n not in names]:
-            changed.append(f"{ns.__name__}.{name} was rebound")
-            if name in names:
-                setattr(ns, name, names[name])
-            else:
-                delattr(ns, name)
-    return changed
+    return changed + State.snap.changes()
 
 
 def _plugins(config) -> tuple:
@@ -183,8 +175,98 @@ def _plugins(config) -> tuple:
         id(impl.function) for h in REPORT_HOOKS for impl in getattr(pm.hook, h).get_hookimpls()))
 
 
+class Snapshot:
+    """What the tests depend on, recorded to be compared and put back: the names of namespaces
+    (``names``: name -> value, and whether names added count), the code and defaults of their
+    functions, and their tables of constants (``ATTN_TOL``, ``_DTYPE_PRECISIONS``: dicts of plain
+    values named in capitals) by value, however they are reached (``gc``, a function's defaults)."""
+
+    def __init__(self, spaces: list[tuple]):
+        self.spaces = spaces
+        self.functions = [(f, f.__code__, f.__defaults__, f.__kwdefaults__) for _, names, _ in
+                          spaces for f in names.values() if isinstance(f, types.FunctionType)]
+        self.values = []
+        for ns, _, _ in spaces:
+            for name, value in list(vars(ns).items()):
+                if name.strip("_").isupper() and type(value) is dict and 0 < len(value) < 10**4 \
+                        and _plain(value):
+                    try:
+                        kept = copy.deepcopy(value)
+                        if kept == value:
+                            self.values.append((f"{ns.__name__}.{name}", value, kept))
+                    except Exception:  # noqa: BLE001 - what cannot be copied or compared is not kept
+                        pass
+
+    def changes(self) -> list[str]:
+        """What differs from the record, each put back."""
+        changed = []
+        for ns, names, added in self.spaces:
+            now = vars(ns)
+            for name in [n for n, v in names.items() if now.get(n) is not v] + \
+                    [n for n in now if added and n not in names]:
+                changed.append(f"{ns.__name__}.{name} was rebound")
+                if name in names:
+                    setattr(ns, name, names[name])
+                else:
+                    delattr(ns, name)
+        for f, code, defaults, kwdefaults in self.functions:
+            if (f.__code__, f.__defaults__, f.__kwdefaults__) != (code, defaults, kwdefaults):
+                changed.append(f"the code or defaults of {f.__module__}.{f.__qualname__} changed")
+                f.__code__, f.__defaults__, f.__kwdefaults__ = code, defaults, kwdefaults
+        for label, value, kept in self.values:
+            if value != kept:
+                changed.append(f"{label} was changed in place")
+                value.clear()
+                value.update(copy.deepcopy(kept))
+        return changed
+
+
+def _plain(value) -> bool:
+    """Numbers, strings, dtypes and None, and tuples and dicts of them: a table of constants."""
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    if isinstance(value, (tuple, frozenset)):
+        return all(map(_plain, value))
+    return isinstance(value, (int, float, str, type(None), torch.dtype))
+
+
+def _compared() -> list:
+    """The modules the tests compare and measure with (torch.testing, the course's references...)
+    as loaded now, and their classes."""
+    spaces = [m for n, m in list(sys.modules.items()) if isinstance(m, types.ModuleType) and
+              (n + ".").startswith(COMPARE)]
+    return spaces + [c for m in spaces for c in vars(m).values()
+                     if isinstance(c, type) and c.__module__ == m.__name__]
+
+
+def _torch_functions() -> dict:
+    """torch's public functions (``torch.equal``, ``torch.logsumexp``...), which tests compare
+    and compute references with."""
+    return {n: v for n, v in vars(torch).items() if not n.startswith("_") and
+            isinstance(v, (types.FunctionType, types.BuiltinFunctionType))}
+
+
+def _code(ns) -> dict:
+    """The functions, classes and modules a namespace holds, by name."""
+    return {n: v for n, v in vars(ns).items() if isinstance(v, (
+        types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType, property,
+        staticmethod, classmethod))}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
+    """Before any student code is imported: the references loaded and what the tests compare
+    with recorded (code that runs at import, when a module's constants are built, comes before
+    the names of the tests' modules can be recorded)."""
+    import importlib
+    import pkgutil
+
+    import labkit.reference
+
+    for info in pkgutil.walk_packages(labkit.reference.__path__, "labkit.reference."):
+        importlib.import_module(info.name)
+    State.early = Snapshot([(ns, _code(ns), False) for ns in _compared()] + [
+        (torch.Tensor, dict(vars(torch.Tensor)), False), (torch, _torch_functions(), False)])
     State.torch, State.plugins = _torch_state(), _plugins(session.config)
     threading.setprofile(_on_new_thread)
     sys.addaudithook(_audit)
@@ -206,26 +288,24 @@ def pytest_collection_finish(session):
            .startswith("_pytest.") for p in added):
         State.tamper.append("a pytest plugin was registered while the tests were collected")
     State.plugins = _plugins(session.config)
-    tests, frozen = os.path.realpath(str(session.config.rootpath / "tests")) + os.sep, {}
-    for mod in [m for m in list(sys.modules.values()) if
-                os.path.realpath(getattr(m, "__file__", None) or "/").startswith(tests)]:
+    State.tamper += [f"{c} while the tests were collected" for c in State.early.changes()]
+    tests = os.path.realpath(str(session.config.rootpath / "tests")) + os.sep
+    test_modules = [m for m in list(sys.modules.values()) if
+                    os.path.realpath(getattr(m, "__file__", None) or "/").startswith(tests)]
+    # the tests' modules, what they compare and measure with, the course's given code, torch's
+    # functions and torch.Tensor's methods (not all of torch: torch, warnings and pytest rebind
+    # their own modules' names while tests run)
+    State.snap = Snapshot([(m, dict(vars(m)), True) for m in test_modules] + [
+        (ns, _code(ns), False) for ns in _compared()] + [
+        (torch.Tensor, dict(vars(torch.Tensor)), True), (torch, _torch_functions(), False)])
+    frozen = {}  # the tests' constant dicts of plain values: read-only from now on
+    for mod in test_modules:
         for name, value in list(vars(mod).items()):
             if name.isupper() and type(value) is dict and all(
                     isinstance(v, (int, float, str, bool, tuple, type(None))) for v in value.values()):
-                setattr(mod, name, frozen.setdefault(id(value), types.MappingProxyType(value)))
-        State.modules.append((mod, dict(vars(mod)), True))
-    # what the tests compare and measure with, and the course's given code: the functions,
-    # classes and modules of these modules and of their classes, and torch.Tensor's methods (not
-    # all of torch: torch, warnings and pytest rebind their own functions while tests run)
-    spaces = [m for n, m in list(sys.modules.items()) if isinstance(m, types.ModuleType) and
-              (n + ".").startswith(COMPARE)]
-    spaces += [c for m in spaces for c in vars(m).values()
-               if isinstance(c, type) and c.__module__ == m.__name__]
-    code = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType, property,
-            staticmethod, classmethod)
-    State.modules += [(ns, {n: v for n, v in vars(ns).items() if isinstance(v, code)}, False)
-                      for ns in spaces] + [(torch.Tensor, dict(vars(torch.Tensor)), True),
-                                           (torch, {n: vars(torch)[n] for n in TORCH_CHECKS}, False)]
+                proxy = frozen.setdefault(id(value), types.MappingProxyType(value))
+                setattr(mod, name, proxy)
+                State.snap.spaces[test_modules.index(mod)][1][name] = proxy
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -9,22 +9,27 @@ are read through the module's imports and the function's aliases (``F.gelu`` is
 from __future__ import annotations
 
 import ast
+import functools
+import importlib
 import re
-import sys
 import types
 from dataclasses import dataclass, field
+
+import torch
 
 from labkit.grade import shortcuts
 from labkit.grade.extract import DEFS, bound_names
 
 FLAGS = {  # flag: (zeroes the exercise, what it means)
+    "module": (True, "uses a module or a function no exercise here needs, or a module as a value "
+               "(the modules exercise code may use: labkit.grade.flags.MODULES)"),
     "grader": (True, "reaches the grader, pytest, the tests, the references, the grader's "
                "environment or the network"),
     "interpreter": (True, "reaches the interpreter's internals: sys.modules, frames, code, "
                     "namespaces, gc, ctypes, builtins, private modules"),
     "processes": (True, "starts or signals processes"),
-    "dynamic code": (True, "turns text or bytes into code or imports (eval, importlib, pkgutil, "
-                     "timeit, doctest, profile, unpickling...)"),
+    "dynamic code": (True, "turns text or bytes into code or imports (eval, torch.hub, "
+                     "unpickling...)"),
     "patching": (True, "changes code that is not the student's: a module's attribute, a given "
                  "function or class, a name of the course's module"),
     "shortcut": (True, "uses what the exercise rebuilds (labkit.grade.shortcuts)"),
@@ -33,32 +38,38 @@ FLAGS = {  # flag: (zeroes the exercise, what it means)
                       "beyond aten)"),
     "threads": (False, "starts threads"),
     "special methods": (False, "makes objects that can answer the tests' checks: special "
-                        "methods, a subclass of a value type, a metaclass, mocks"),
+                        "methods, a subclass of a value type, a metaclass"),
     "files": (False, "opened a file outside the test's scratch folder (seen at run time)"),
 }
 ZEROES = {name for name, (zero, _) in FLAGS.items() if zero}
-MODULES = {  # a module (and everything under it) -> the flag its use raises
-    **dict.fromkeys(("gc", "ctypes", "inspect", "builtins", "atexit", "signal", "faulthandler"),
-                    "interpreter"),
-    **dict.fromkeys(("subprocess", "multiprocessing", "pty", "ProcessPoolExecutor",
-                     "create_subprocess_exec", "create_subprocess_shell"), "processes"),
-    **dict.fromkeys(("importlib", "pkgutil", "runpy", "timeit", "code", "pickle", "marshal",
-                     "torch.hub", "torch.package", "torch.utils.cpp_extension", "codeop",
-                     "zipimport", "pydoc", "doctest", "bdb", "pdb", "cProfile", "Profile", "runctx",
-                     "Trace", "dictConfig"), "dynamic code"),  # the last ones run text as code
-    # or import by name; names matched on any expression too, so none as common as "run"
-    **dict.fromkeys(("pytest", "pluggy", "conftest", "labkit.grade", "labkit.score_table",
-                     "labkit.reference", "labkit.harness", "labkit.cross_check", "socket",
-                     "urllib", "http"), "grader"),
-    **dict.fromkeys(("threading", "concurrent", "asyncio"), "threads"),
-    "unittest": "special methods", "torch.library": "patching",
+MODULES = {  # what exercise code may use (None: freely), and what it may not, by dotted prefix:
+    # the longest prefix that matches a name's real path decides; a path no prefix matches is a
+    # module no exercise needs (the "module" flag)
+    **dict.fromkeys(("torch", "numpy", "math", "functools", "itertools", "operator", "collections",
+                     "heapq", "bisect", "copy", "dataclasses", "enum", "typing", "abc", "contextlib",
+                     "re", "time", "warnings", "weakref", "fractions", "statistics", "random",
+                     "numbers", "labkit", "__future__", "os.path", "os.sep", "os.cpu_count",
+                     "logging.getLogger", "logging.debug", "logging.info", "logging.warning",
+                     "gc.collect", "types.SimpleNamespace", "sys.maxsize", "sys.float_info",
+                     "sys.byteorder", "sys.version_info", "sys.platform", "sys.stdout",
+                     "sys.stderr", "sys.getsizeof")),
+    **dict.fromkeys(("threading", "concurrent", "asyncio", "queue"), "threads"),
+    **dict.fromkeys(("sys", "gc"), "interpreter"),
+    **dict.fromkeys(("torch.library", "operator.setitem", "operator.delitem"), "patching"),
+    **dict.fromkeys(("torch.multiprocessing", "torch.distributed.run", "torch.distributed.launch",
+                     "torch.distributed.launcher", "torch.distributed.elastic",
+                     "torch.utils.collect_env", "torch.utils.bottleneck", "asyncio.subprocess",
+                     "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell",
+                     "concurrent.futures.process", "concurrent.futures.ProcessPoolExecutor"),
+                    "processes"),
+    **dict.fromkeys(("torch.hub", "torch.package", "torch.utils.cpp_extension",
+                     "torch.utils.benchmark", "torch.ops.load_library", "numpy.load",
+                     "numpy.ctypeslib", "numpy.f2py", "typing.get_type_hints", "typing.ForwardRef"),
+                    "dynamic code"),  # they run or load text, bytes or files as code
+    **dict.fromkeys(("labkit.grade", "labkit.score_table", "labkit.reference", "labkit.harness",
+                     "labkit.cross_check"), "grader"),
+    **dict.fromkeys(("operator.attrgetter", "operator.methodcaller"), "dynamic names"),
 }
-SYS_OK = {"stdout", "stderr", "getsizeof"} | {n for n, v in vars(sys).items()
-                                              if n[0] != "_" and isinstance(v, (int, float, str, tuple))}
-"""What of ``sys`` is harmless: its streams, ``getsizeof`` and its plain values (``sys.maxsize``,
-``sys.float_info``); its other functions and its containers (``sys.modules``) are the interpreter's."""
-OS_PROCESSES = ("fork", "exec", "spawn", "posix_spawn", "kill", "system", "popen", "_exit", "abort")
-OS_ENVIRONMENT = ("environ", "getenv", "putenv", "unsetenv")
 BUILTINS = {"eval": "dynamic code", "exec": "dynamic code", "compile": "dynamic code",
             "breakpoint": "interpreter", "globals": "dynamic names",
             "vars": "dynamic names", "locals": "dynamic names"}
@@ -70,10 +81,12 @@ FRAMES = {a for t in (types.FrameType, types.TracebackType, types.GeneratorType,
 DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", "__dict__",
               "__setattr__", "__repr__", "__str__", "__call__", "__len__", "__iter__", "__next__",
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
-              "__torch_dispatch__")
-VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")  # mocks: unittest
-LEAVES = {"get_type_hints": "dynamic code", "load_library": "dynamic code",
-          "attrgetter": "dynamic names", "methodcaller": "dynamic names", "get_field": "dynamic names"}
+              "__torch_dispatch__", "__slots__", "__version__")
+VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
+MUTATORS = {n for t in (dict, list, set) for n in dir(t) if n[0] != "_"} - {
+    n for t in (types.MappingProxyType, tuple, frozenset, torch.Tensor) for n in dir(t)}
+"""The methods that change a dict, list or set in place (``update``, ``append``...; not those
+of a tensor, like ``add``)."""
 
 
 @dataclass(frozen=True)
@@ -96,26 +109,61 @@ def _dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
+def _verdict(path: str) -> str | None:
+    """The flag of a dotted path by :data:`MODULES` (None: exercise code may use it)."""
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in MODULES:
+            return MODULES[".".join(parts[:n])]
+    return "module"
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str):
+    """The module ``name`` as the interpreter has it, if exercise code may use its package
+    (a package no exercise needs is never imported here); else None."""
+    if MODULES.get(name.split(".")[0], "module") not in (None, "threads") or \
+            any(p.startswith("_") for p in name.split(".")):
+        return None
+    try:
+        return importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - not a module, or one that does not import here
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def real_paths(parts: tuple[str, ...]) -> tuple[str, ...]:
+    """The path as written and, for every module reached through an attribute of another, the
+    path from that module's real name (``torch.sys.modules`` is also ``sys.modules``;
+    ``np.os.system``, ``os.system``)."""
+    out, obj = [".".join(parts)], _module(parts[0])
+    for i, name in enumerate(parts[1:], 1):
+        if not isinstance(obj, types.ModuleType) or name.startswith("_"):
+            break
+        try:
+            nxt = getattr(obj, name, None)
+        except Exception:  # noqa: BLE001 - a module's __getattr__ that raises
+            nxt = None
+        obj = nxt if nxt is not None else _module(f"{obj.__name__}.{name}")
+        if isinstance(obj, types.ModuleType) and obj.__name__ != ".".join(parts[:i + 1]):
+            out.append(".".join((obj.__name__, *parts[i + 1:])))
+    return tuple(out)
+
+
 def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]:
-    """(flag, what) for an attribute chain of ``kind`` (:meth:`_Reader.chain`): every tail of a
-    module's path; an expression's attributes against the modules' last names; on a local object
-    (``err.code``) only frames, dunders, ``sys`` and ``os``."""
-    out, resolved = [], kind == "module"
-    for i, head in enumerate(parts):
-        tail, nxt = ".".join(parts[i:]), (parts[i + 1] if i + 1 < len(parts) else "")
-        out += [(flag, m) for m, flag in MODULES.items() if (kind == "?" and head == m.split(".")[-1])
-                or (resolved and (tail == m or tail.startswith(m + ".")))]
-        if head == "sys" and nxt not in SYS_OK:
-            out.append(("interpreter", f"sys.{nxt}".rstrip(".")))
-        if head in ("os", "posix") and nxt.startswith(OS_PROCESSES + OS_ENVIRONMENT):  # environb, getenvb
-            out.append(("processes" if nxt.startswith(OS_PROCESSES) else "grader", f"{head}.{nxt}"))
+    """(flag, what) for an attribute chain of ``kind`` (:meth:`_Reader.chain`): a module's path
+    and the real paths it reaches, by :data:`MODULES`; on any chain, frames, dunders and a
+    module's namespace; torch's private namespaces."""
+    out = []
+    if kind == "module" and parts:
+        for path in real_paths(tuple(parts)):
+            flag = _verdict(path)
+            if flag:
+                out.append((flag, path))
+    for head in parts:
         if head in FRAMES or (_dunder(head) and head not in DUNDERS_OK):
             out.append(("interpreter", head))
-        if head in LEAVES:
-            out.append((LEAVES[head], head))
-    if resolved and parts and parts[0].startswith("_") and parts[0] != "__future__":
-        out.append(("interpreter", parts[0]))
-    if resolved and parts[:1] == ["torch"] and (
+    if kind == "module" and parts[:1] == ["torch"] and (
             any(p.startswith("_") and not _dunder(p) for p in parts[1:-1]) or
             (parts[1:2] == ["ops"] and parts[2:3] not in ([], ["aten"]))):
         out.append(("private torch", ".".join(parts)))
@@ -136,11 +184,32 @@ def _as_code(value) -> ast.Module | None:
                                                                      ast.Constant))) else None
 
 
+def _spine(node):
+    """The names an expression's value may be (not what a call, an operator or a comprehension
+    makes a new object of)."""
+    if isinstance(node, ast.Name):
+        yield node
+    elif not isinstance(node, (ast.Call, ast.Lambda, ast.BinOp, ast.UnaryOp, ast.Compare,
+                               ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp,
+                               ast.JoinedStr)):
+        for child in ast.iter_child_nodes(node):
+            yield from _spine(child)
+
+
+def _target_names(target) -> set[str]:
+    """The names an assignment's target binds (``a``, ``a, *b``), not those it writes into."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*map(_target_names, target.elts))
+    return _target_names(target.value) if isinstance(target, ast.Starred) else set()
+
+
 class _Reader(ast.NodeVisitor):
     """The flags of one unit of a student's code (a function, a class, a constant)."""
 
-    def __init__(self, path, aliases, modules, course, unit, exercises):
-        self.path, self.aliases, self.modules, self.course = path, dict(aliases), modules, course
+    def __init__(self, path, aliases, course, unit, exercises):
+        self.path, self.aliases, self.course = path, dict(aliases), course
         self.unit, self.exercises, self.found = unit, exercises, []
         self.literal_loops: dict[str, bool] = {}
         self.opaque: set[str] = set()  # local names bound to what a module was turned into
@@ -178,6 +247,8 @@ class _Reader(ast.NodeVisitor):
         self.flags(node, parts if kind in ("module", "?") else parts[1:], kind)
         if kind != "self":
             self.shortcut(node, *(parts if kind == "module" else parts[1:]))
+        if kind == "module" and not getattr(node, "aliased", False) and _module(".".join(parts)):
+            self.flag(node, "module", f"the module {ast.unparse(node)} used as a value")
         if node.attr == "__setattr__" and not getattr(node, "called", False):
             self.flag(node, "patching", "__setattr__ used as a value")  # like setattr's
         while isinstance(node, ast.Attribute):
@@ -196,22 +267,25 @@ class _Reader(ast.NodeVisitor):
         elif node.id in self.aliases:
             self.flags(node, self.aliases[node.id].split("."))
             self.shortcut(node, *self.aliases[node.id].split("."))
-            if node.id in self.modules:
-                self.flag(node, "dynamic names", f"the module {node.id} used as a value")
+            if isinstance(node.ctx, ast.Load) and not getattr(node, "aliased", False) and \
+                    _module(self.aliases[node.id]):
+                self.flag(node, "module", f"the module {node.id} used as a value")
 
     def visit_Constant(self, node):
-        """A dunder spelled in a string without spaces ("__eq__", "0.__globals__" for
-        ``string.Formatter().get_field``, "__setattr__" for ``getattr``), not in prose."""
-        words = re.findall(r"\w+", node.value) if isinstance(node.value, str) and \
-            not any(c.isspace() for c in node.value) else []
+        """In a string without spaces ("__eq__", "0.__globals__" for ``getattr`` or a
+        ``Formatter``) or in a format field ("{0.f_back.f_globals}"), not in prose: dunders and
+        frames' attributes; and text that is code, read as code."""
+        value = node.value if isinstance(node.value, str) else ""
+        fields = re.findall(r"\{([^{}]*)\}", value) + [value] * (not re.search(r"\s", value))
+        words = {w for f in fields for w in re.findall(r"\w+", f)}
         if "__setattr__" in words:
-            self.flag(node, "patching", repr(node.value))
-        elif any(_dunder(w) and w not in DUNDERS_OK for w in words):
-            self.flag(node, "interpreter", repr(node.value))
+            self.flag(node, "patching", repr(value)[:60])
+        elif any(w in FRAMES or (_dunder(w) and w not in DUNDERS_OK) for w in words):
+            self.flag(node, "interpreter", repr(value)[:60])
         text = _as_code(node.value)
         if text is not None:  # text that is code (for timeit, profile.run...) is read as code,
             ast.increment_lineno(text, node.lineno - 1)  # by a reader of its own (its names
-            reader = _Reader(self.path, self.aliases, self.modules, self.course, self.unit,
+            reader = _Reader(self.path, self.aliases, self.course, self.unit,
                              self.exercises)  # bind nothing here)
             reader.generic_visit(text)
             self.found += reader.found
@@ -235,6 +309,11 @@ class _Reader(ast.NodeVisitor):
                 for child in (*args[1:], *node.keywords):
                     self.visit(child)
                 return
+        if isinstance(func, ast.Attribute) and func.attr in MUTATORS:  # RECIPES.update(...),
+            kind, parts = self.chain(func.value)  # dict.update(RECIPES, ...); not torch.add
+            target = args[0] if parts in (["dict"], ["list"], ["set"]) and args else func.value
+            if self._not_own(target) and not (kind == "module" and _module(".".join(parts))):
+                self.flag(node, "patching", f"{ast.unparse(node)[:60]} changes it in place")
         if isinstance(func, ast.Attribute) and func.attr == "__setattr__":
             func.called = True  # object.__setattr__(self, ...) sets the student's own object
             if not args or self._not_own(args[0]):
@@ -275,7 +354,8 @@ class _Reader(ast.NodeVisitor):
                 isinstance(node.targets[0], ast.Name):
             name, (kind, parts) = node.targets[0].id, self.chain(node.value)
             if kind == "module" and isinstance(node.value, (ast.Name, ast.Attribute)):
-                self.aliases[name] = ".".join(parts)  # a local alias of a module
+                self.aliases[name] = ".".join(parts)  # a local alias (its uses are read)
+                node.value.aliased = True
                 return self.generic_visit(node)
         for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
             self._bind(target, node.value)
@@ -284,13 +364,17 @@ class _Reader(ast.NodeVisitor):
     visit_AugAssign = visit_AnnAssign = visit_Assign
 
     def _bind(self, target, value) -> None:
-        """Names bound to what a module was turned into (``[torch][0]``, ``for m in [torch]``,
-        ``with x(torch) as m``, ``(m := [torch][0])``): a module used as a value."""
-        if value is not None and any(
-                isinstance(n, ast.Name) and n.id in {*self.modules, *self.opaque} and
-                not any(isinstance(a, ast.Attribute) and a.value is n for a in ast.walk(value))
-                for n in ast.walk(value)):
-            self.opaque |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        """Names bound to what may be a module, a name of the course or what is reached from
+        them (``[F][0]``, ``for m in [torch.nn]``, ``(m := given)``, ``RECIPES["mixed"]``):
+        foreign objects, like what they came from. What a call returns is the student's own
+        (``torch.zeros(3)``, ``dict(RECIPES)``)."""
+        if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
+                and len(target.elts) == len(value.elts):  # a, b = [], math.inf: one by one
+            for t, v in zip(target.elts, value.elts):
+                self._bind(t, v)
+        elif value is not None and any(n.id in {*self.aliases, *self.course, *self.opaque}
+                                       for n in _spine(value)):
+            self.opaque |= _target_names(target)
 
     def visit_withitem(self, node):
         self._bind(node.optional_vars or ast.Tuple([]), node.context_expr)
@@ -344,24 +428,29 @@ class _Reader(ast.NodeVisitor):
         module's top is read where its names are used: a leftover ``import gc`` zeroes nothing)."""
         base = node.module + "." if isinstance(node, ast.ImportFrom) and node.module else ""
         for alias in node.names:
-            self.flags(node, (base + alias.name).split("."))
-            self.shortcut(node, *(base + alias.name).split("."))
+            path = base + alias.name if alias.name != "*" else node.module
+            if not any(m.startswith(path + ".") and MODULES[m] is None for m in MODULES):
+                self.flags(node, path.split("."))  # (import sys: sys.maxsize may be used)
+            self.shortcut(node, *path.split("."))
 
     visit_ImportFrom = visit_Import
 
 
-def aliases(tree: ast.Module) -> tuple[dict[str, str], set[str]]:
-    """{local name: dotted path} of a module's imports (anywhere in it), and the names bound to
-    modules."""
-    out, modules = {}, set()
+def aliases(tree: ast.Module) -> dict[str, str]:
+    """{local name: dotted path} of a module's imports (anywhere in it; ``from m import *`` as
+    the names ``m`` really exports)."""
+    out = {}
     for node in ast.walk(tree):
         for a in getattr(node, "names", []) if isinstance(node, ast.Import) else []:
             top = a.name.split(".")[0]
             out[a.asname or top] = a.name if a.asname else top
-            modules.add(a.asname or top)
         if isinstance(node, ast.ImportFrom) and node.module and not node.level:
             out.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
-    return out, modules
+            if any(a.name == "*" for a in node.names):  # the names the module really exports
+                mod = _module(node.module)
+                out.update({n: f"{node.module}.{n}" for n in getattr(mod, "__all__", None) or [
+                    n for n in dir(mod) if not n.startswith("_")]} if mod else {})
+    return out
 
 
 def read(merged, pristine: str) -> dict[str, list[Flag]]:
@@ -371,11 +460,12 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
     other added definitions); those of one that no exercise uses, to every exercise of the
     module (it may run at import)."""
     p_tree = ast.parse(pristine)
-    names, modules = aliases(ast.parse(merged.source))
-    course = {n.name for n in p_tree.body if isinstance(n, DEFS)} | set(aliases(p_tree)[0])
+    names = aliases(ast.parse(merged.source))
+    course = {n.name for n in p_tree.body if isinstance(n, DEFS) and n.name not in merged.units} \
+        | set(aliases(p_tree))  # (an exercise function is the student's own)
     found, uses, binds = {}, {}, {}
     for unit, node, exercises in merged.taken:
-        reader = _Reader(merged.path, names, modules, course, unit, exercises)
+        reader = _Reader(merged.path, names, course, unit, exercises)
         if not isinstance(node, (ast.Import, ast.ImportFrom)):
             reader.visit(node)
         found[unit] = reader.found

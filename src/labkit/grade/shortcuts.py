@@ -22,7 +22,8 @@ COMM_HOOKS = "DDP's comm hooks (PowerSGD's too)", ("ddp_comm_hooks",)
 
 REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its reference, patterns)
     "1.1": ("the built model's own parameter count", ("GPT", "*parameters")),
-    "1.3": ("the measured saved activations", ("saved_tensors_hooks", "[Mm]em*[Tt]racker", "measure")),
+    "1.3": ("the measured saved activations", ("*saved_tensors*", "save_on_cpu", "[Mm]em*[Tt]racker",
+                                                "measure")),
     "2.1": ("torch.optim.Adafactor", ("*[Aa]dafactor",)),
     "2.2": ("bitsandbytes' block-wise quantization", ("bitsandbytes",)),
     "2.3": ("bitsandbytes' 8-bit Adam and torch's Adam", ("bitsandbytes", *ADAM)),
