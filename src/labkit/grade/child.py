@@ -185,17 +185,9 @@ class Snapshot:
         self.spaces = spaces
         self.functions = [(f, f.__code__, f.__defaults__, f.__kwdefaults__) for _, names, _ in
                           spaces for f in names.values() if isinstance(f, types.FunctionType)]
-        self.values = []
-        for ns, _, _ in spaces:
-            for name, value in list(vars(ns).items()):
-                if name.strip("_").isupper() and type(value) is dict and 0 < len(value) < 10**4 \
-                        and _plain(value):
-                    try:
-                        kept = copy.deepcopy(value)
-                        if kept == value:
-                            self.values.append((f"{ns.__name__}.{name}", value, kept))
-                    except Exception:  # noqa: BLE001 - what cannot be copied or compared is not kept
-                        pass
+        self.values = [(f"{ns.__name__}.{n}", v, copy.deepcopy(v)) for ns, _, _ in spaces
+                       for n, v in list(vars(ns).items()) if n.strip("_").isupper() and
+                       type(v) is dict and 0 < len(v) < 10**4 and _plain(v)]
 
     def changes(self) -> list[str]:
         """What differs from the record, each put back."""

@@ -3,8 +3,9 @@
 The trusted parent reads what extraction took (exercise bodies, added definitions) and raises per
 exercise the flags of :data:`FLAGS` (docs/grading.md says which zero the exercise, and why). Names
 are read through the module's imports and the function's aliases (``F.gelu`` is
-``torch.nn.functional.gelu``), every tail of a chain is checked (``torch.sys.modules`` reaches
-``sys.modules``), and a name that is computed cannot be read: that is the ``dynamic names`` flag.
+``torch.nn.functional.gelu``) and through the modules the interpreter really has
+(``torch.sys.modules`` is ``sys.modules``), against :data:`MODULES`, what exercise code may use;
+a name that is computed cannot be read: that is the ``dynamic names`` flag.
 """
 from __future__ import annotations
 
@@ -466,7 +467,8 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
     found, uses, binds = {}, {}, {}
     for unit, node, exercises in merged.taken:
         reader = _Reader(merged.path, names, course, unit, exercises)
-        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or \
+                any(a.name == "*" for a in node.names):  # (whose names cannot be read)
             reader.visit(node)
         found[unit] = reader.found
         uses[unit] = {getattr(n, "id", getattr(n, "attr", None)) for n in ast.walk(node)}
