@@ -246,8 +246,8 @@ def test_the_grader_stays_small():
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2092, sizes
-    assert entries <= 119 and patterns <= 36, (entries, patterns)
+    assert sum(sizes.values()) <= 2185, sizes
+    assert entries <= 127 and patterns <= 35, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

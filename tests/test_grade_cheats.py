@@ -204,3 +204,26 @@ def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected
         assert table["exercises"]["5.6"]["earned"] == 0, [(t["test"], t["outcome"]) for t in tests]
         assert load_cheat(CHEATS / f"{cheat}.txt")["needle"] in flagged(table, "5.6")
         assert "was rebound" in flagged(table, "5.6")
+
+
+LAUNDERED = {"call_laundered_class_patch": ("1.1", "count_params"),
+             "class_attribute_foreign_class": ("1.2", "static_bytes"),
+             "closure_returned_foreign_class": ("1.3", "activation_bytes"),
+             "exception_args_foreign_class": ("1.5", "predict_peak")}
+
+
+def test_a_class_of_torch_patched_through_a_laundered_name_is_put_back(tmp_path, collected):
+    """torch.nn.Module._named_members (under parameters(), which the tests' references count)
+    replaced through names the reading takes for the student's own: a call's result, a class
+    attribute, a closure's return, an exception's argument, one shape per exercise of lab 1, each
+    returning 0. The child records torch.nn's classes before any student code is imported and
+    puts them back after each test, which fails: 1.1 (whose reference the patch zeroes) earns
+    nothing, and each exercise says what was rebound."""
+    sub = student_edition(tmp_path / "sub")
+    for cheat, (_, function) in LAUNDERED.items():
+        apply_cheat(sub / "src" / "labkit", {**load_cheat(CHEATS / f"{cheat}.txt"),
+                                             "edit": f"body {function}"})
+    table = grade(sub, collected, ["1.1", "1.2", "1.3", "1.5"])
+    assert table["exercises"]["1.1"]["earned"] == 0, table["exercises"]["1.1"]
+    for cheat, (ex, _) in LAUNDERED.items():
+        assert "Module._named_members was rebound" in flagged(table, ex), (cheat, flagged(table, ex))

@@ -34,7 +34,8 @@ STUDENT = {os.path.realpath(f): [tuple(r) for r in rs] for f, rs in SPEC.get("st
 COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
 READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
                                                        sys.prefix, sys.base_prefix)) + ("/dev/",)
-COMPARE = ("torch.testing.", "torch.nn.functional.", "_pytest.python_api.", "math.", "labkit.")
+COMPARE = ("torch.testing.", "torch.nn.", "torch.optim.", f"{pytest.approx.__module__}.", "math.",
+           "labkit.")  # what the tests compare and compute references with, found by the object
 PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
              "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
@@ -239,10 +240,11 @@ def _torch_functions() -> dict:
 
 
 def _code(ns) -> dict:
-    """The functions, classes and modules a namespace holds, by name."""
+    """The functions, classes and modules a namespace holds, by name, and a class's constants
+    (``ApproxBase.DEFAULT_RELATIVE_TOLERANCE``)."""
     return {n: v for n, v in vars(ns).items() if isinstance(v, (
         types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType, property,
-        staticmethod, classmethod))}
+        staticmethod, classmethod)) or (isinstance(ns, type) and n.isupper() and _plain(v))}
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import operator
 import re
 import types
 from dataclasses import dataclass, field
@@ -49,23 +50,29 @@ MODULES = {  # what exercise code may use (None: freely), and what it may not, b
     **dict.fromkeys(("torch", "numpy", "math", "functools", "itertools", "operator", "collections",
                      "heapq", "bisect", "copy", "dataclasses", "enum", "typing", "abc", "contextlib",
                      "re", "time", "warnings", "weakref", "fractions", "statistics", "random",
-                     "numbers", "labkit", "__future__", "os.path", "os.sep", "os.cpu_count",
-                     "logging.getLogger", "logging.debug", "logging.info", "logging.warning",
+                     "numbers", "labkit", "logging", "__future__", "os.path", "os.sep",
+                     "os.cpu_count",
                      "gc.collect", "types.SimpleNamespace", "sys.maxsize", "sys.float_info",
                      "sys.byteorder", "sys.version_info", "sys.platform", "sys.stdout",
                      "sys.stderr", "sys.getsizeof")),
     **dict.fromkeys(("threading", "concurrent", "asyncio", "queue"), "threads"),
     **dict.fromkeys(("sys", "gc"), "interpreter"),
-    **dict.fromkeys(("torch.library", "operator.setitem", "operator.delitem"), "patching"),
+    **dict.fromkeys(("torch.library", "operator.setitem", "operator.delitem",
+                     "functools.update_wrapper", *(f"operator.{n}" for n in dir(operator)
+                                                   if n[0] == "i" and {n[1:], n[1:] + "_"} & set(dir(operator)))),
+                    "patching"),  # (operator.iadd, ior...: in place)
     **dict.fromkeys(("torch.multiprocessing", "torch.distributed.run", "torch.distributed.launch",
                      "torch.distributed.launcher", "torch.distributed.elastic",
                      "torch.utils.collect_env", "torch.utils.bottleneck", "asyncio.subprocess",
+                     "logging.handlers",
                      "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell",
                      "concurrent.futures.process", "concurrent.futures.ProcessPoolExecutor"),
                     "processes"),
     **dict.fromkeys(("torch.hub", "torch.package", "torch.utils.cpp_extension",
-                     "torch.utils.benchmark", "torch.ops.load_library", "numpy.load",
-                     "numpy.ctypeslib", "numpy.f2py", "typing.get_type_hints", "typing.ForwardRef"),
+                     "torch.utils.benchmark", "torch.ops.load_library", "torch.fx", "numpy.load",
+                     "numpy.ctypeslib", "numpy.f2py", "numpy.testing", "numpy.lib.format",
+                     "numpy.lib.npyio", "typing.get_type_hints", "typing.ForwardRef",
+                     "typing.get_args", "logging.config"),
                     "dynamic code"),  # they run or load text, bytes or files as code
     **dict.fromkeys(("labkit.grade", "labkit.score_table", "labkit.reference", "labkit.harness",
                      "labkit.cross_check"), "grader"),
@@ -82,7 +89,8 @@ FRAMES = {a for t in (types.FrameType, types.TracebackType, types.GeneratorType,
 DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", "__dict__",
               "__setattr__", "__repr__", "__str__", "__call__", "__len__", "__iter__", "__next__",
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
-              "__torch_dispatch__", "__slots__", "__version__")
+              "__torch_dispatch__", "__slots__", "__version__", "__qualname__", "__module__",
+              "__doc__")
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
 MUTATORS = {n for t in (dict, list, set) for n in dir(t) if n[0] != "_"} - {
     n for t in (types.MappingProxyType, tuple, frozenset, torch.Tensor) for n in dir(t)}
@@ -133,34 +141,54 @@ def _module(name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def real_paths(parts: tuple[str, ...]) -> tuple[str, ...]:
-    """The path as written and, for every module reached through an attribute of another, the
-    path from that module's real name (``torch.sys.modules`` is also ``sys.modules``;
-    ``np.os.system``, ``os.system``)."""
-    out, obj = [".".join(parts)], _module(parts[0])
-    for i, name in enumerate(parts[1:], 1):
-        if not isinstance(obj, types.ModuleType) or name.startswith("_"):
+def _objects(parts: tuple[str, ...]) -> tuple:
+    """The objects along a dotted path as the interpreter has them, as far as they resolve
+    through modules and classes (private names too; a submodule not yet loaded is imported)."""
+    out, obj = [], _module(parts[0])
+    for i, name in enumerate(parts):
+        if i:
+            if not isinstance(obj, (types.ModuleType, type)):
+                break
+            try:
+                nxt = getattr(obj, name, None)
+            except Exception:  # noqa: BLE001 - a module's __getattr__ that raises
+                nxt = None
+            obj = nxt if nxt is not None or not isinstance(obj, types.ModuleType) else \
+                _module(f"{obj.__name__}.{name}")
+        if obj is None:
             break
-        try:
-            nxt = getattr(obj, name, None)
-        except Exception:  # noqa: BLE001 - a module's __getattr__ that raises
-            nxt = None
-        obj = nxt if nxt is not None else _module(f"{obj.__name__}.{name}")
-        if isinstance(obj, types.ModuleType) and obj.__name__ != ".".join(parts[:i + 1]):
-            out.append(".".join((obj.__name__, *parts[i + 1:])))
+        out.append(obj)
     return tuple(out)
 
 
+@functools.cache
+def _denied() -> dict:
+    """{id of an object: (its flag, its entry)} for the entries of :data:`MODULES` that name a
+    function or a class, so that ``numpy.load`` is refused however it is reached."""
+    found = {}
+    for entry, flag in MODULES.items():
+        objs = _objects(tuple(entry.split(".")))
+        if flag and len(objs) == entry.count(".") + 1 and not isinstance(objs[-1], types.ModuleType):
+            found[id(objs[-1])] = (flag, entry)
+    return found
+
+
 def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]:
-    """(flag, what) for an attribute chain of ``kind`` (:meth:`_Reader.chain`): a module's path
-    and the real paths it reaches, by :data:`MODULES`; on any chain, frames, dunders and a
-    module's namespace; torch's private namespaces."""
+    """(flag, what) for an attribute chain of ``kind`` (:meth:`_Reader.chain`): for a module's
+    path, by :data:`MODULES`, the path as written, the path from every module it reaches by its
+    real name (``torch.sys.modules`` is ``sys.modules``) and every function or class it reaches;
+    private names; on any chain, frames, dunders and a module's namespace."""
     out = []
     if kind == "module" and parts:
-        for path in real_paths(tuple(parts)):
-            flag = _verdict(path)
-            if flag:
-                out.append((flag, path))
+        objs = _objects(tuple(parts))
+        paths = [".".join(parts)] + [".".join((o.__name__, *parts[i + 1:])) for i, o in
+                                     enumerate(objs) if isinstance(o, types.ModuleType)
+                                     and o.__name__ != ".".join(parts[:i + 1])]
+        out += [(_verdict(path), path) for path in paths if _verdict(path)]
+        out += [_denied()[id(o)] for o in objs if id(o) in _denied()]
+        private = [p for p in parts[1:] if p.startswith("_") and not _dunder(p)]
+        if private and parts[0] not in ("torch", "labkit"):
+            out.append(("interpreter", ".".join(parts)))
     for head in parts:
         if head in FRAMES or (_dunder(head) and head not in DUNDERS_OK):
             out.append(("interpreter", head))
@@ -171,6 +199,12 @@ def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]
     if kind != "local" and "__dict__" in parts:
         out.append(("interpreter", ".".join(parts)))  # a module's namespace
     return out
+
+
+def _is_module(parts: list[str]) -> bool:
+    """Whether a module's path names a module (however reached: torch.nn.modules.activation.F)."""
+    objs = _objects(tuple(parts))
+    return len(objs) == len(parts) and isinstance(objs[-1], types.ModuleType)
 
 
 def _as_code(value) -> ast.Module | None:
@@ -213,6 +247,7 @@ class _Reader(ast.NodeVisitor):
         self.path, self.aliases, self.course = path, dict(aliases), course
         self.unit, self.exercises, self.found = unit, exercises, []
         self.literal_loops: dict[str, bool] = {}
+        self.local: set[str] = set()  # parameters and names the unit binds (compile = ...)
         self.opaque: set[str] = set()  # local names bound to what a module was turned into
 
     def flag(self, node, name: str, what: str) -> None:
@@ -248,17 +283,22 @@ class _Reader(ast.NodeVisitor):
         self.flags(node, parts if kind in ("module", "?") else parts[1:], kind)
         if kind != "self":
             self.shortcut(node, *(parts if kind == "module" else parts[1:]))
-        if kind == "module" and not getattr(node, "aliased", False) and _module(".".join(parts)):
+        if kind == "module" and not getattr(node, "aliased", False) and _is_module(parts):
             self.flag(node, "module", f"the module {ast.unparse(node)} used as a value")
         if node.attr == "__setattr__" and not getattr(node, "called", False):
             self.flag(node, "patching", "__setattr__ used as a value")  # like setattr's
+        elif node.attr in MUTATORS and not getattr(node, "called", False) and (
+                parts[:-1] in (["dict"], ["list"], ["set"]) or self._not_own(node.value)):
+            self.flag(node, "patching", f"{ast.unparse(node)[:60]} used as a value")
         while isinstance(node, ast.Attribute):
             node = node.value
         if not isinstance(node, ast.Name):  # a name at the base was read with the chain
             self.visit(node)
 
     def visit_Name(self, node):
-        if node.id in BUILTINS and node.id not in self.aliases:
+        if isinstance(node.ctx, ast.Store):
+            self.local.add(node.id)
+        if node.id in BUILTINS and node.id not in self.aliases and node.id not in self.local:
             self.flag(node, BUILTINS[node.id], node.id)
         elif _dunder(node.id) and node.id not in DUNDERS_OK:
             self.flag(node, "interpreter", node.id)
@@ -269,7 +309,7 @@ class _Reader(ast.NodeVisitor):
             self.flags(node, self.aliases[node.id].split("."))
             self.shortcut(node, *self.aliases[node.id].split("."))
             if isinstance(node.ctx, ast.Load) and not getattr(node, "aliased", False) and \
-                    _module(self.aliases[node.id]):
+                    _is_module(self.aliases[node.id].split(".")):
                 self.flag(node, "module", f"the module {node.id} used as a value")
 
     def visit_Constant(self, node):
@@ -311,9 +351,10 @@ class _Reader(ast.NodeVisitor):
                     self.visit(child)
                 return
         if isinstance(func, ast.Attribute) and func.attr in MUTATORS:  # RECIPES.update(...),
+            func.called = True
             kind, parts = self.chain(func.value)  # dict.update(RECIPES, ...); not torch.add
             target = args[0] if parts in (["dict"], ["list"], ["set"]) and args else func.value
-            if self._not_own(target) and not (kind == "module" and _module(".".join(parts))):
+            if self._not_own(target) and not (kind == "module" and _is_module(parts)):
                 self.flag(node, "patching", f"{ast.unparse(node)[:60]} changes it in place")
         if isinstance(func, ast.Attribute) and func.attr == "__setattr__":
             func.called = True  # object.__setattr__(self, ...) sets the student's own object
@@ -324,10 +365,15 @@ class _Reader(ast.NodeVisitor):
             self.flag(node, "interpreter", f"{ast.unparse(node)[:60]} (a module's namespace)")
         if isinstance(func, ast.Name) and func.id == "type" and len(args) == 3:
             self.flag(node, "dynamic names", "type(name, bases, namespace)")
+        kind, parts = self.chain(func)
+        callee = _objects(tuple(parts))[-1:] if kind == "module" else ()
         for kw in node.keywords:
             if kw.arg in ("weights_only", "allow_pickle") and getattr(kw.value, "value", None) \
-                    is not (kw.arg == "weights_only"):
-                self.flag(node, "dynamic code", f"{kw.arg}={ast.unparse(kw.value)} (unpickling)")
+                    is not (kw.arg == "weights_only") or (kw.arg is None and callee and
+                                                          callee[0] is torch.load):
+                self.flag(node, "dynamic code", f"{ast.unparse(node)[:60]} (unpickling)")
+        if callee and callee[0] is functools.wraps and (len(args) > 1 or node.keywords):
+            self.flag(node, "patching", f"{ast.unparse(node)[:60]} (setattr by names)")
         self.generic_visit(node)
 
     def _not_own(self, target) -> bool:
@@ -338,8 +384,13 @@ class _Reader(ast.NodeVisitor):
             target = target.func if isinstance(target, ast.Call) else target.value
         if isinstance(target, ast.Call):
             return target.func.id in ("type", "vars", "getattr", "globals")
-        return not isinstance(target, ast.Name) or (
-            target.id in {*self.aliases, *self.course, *self.opaque, "cls"})
+        if isinstance(target, ast.Name):
+            return target.id in {*self.aliases, *self.course, *self.opaque, "cls"}
+        if isinstance(target, (ast.Tuple, ast.List, ast.Set, ast.Dict)):  # [torch.testing][0]
+            return any(self._not_own(e) for e in ast.iter_child_nodes(target)
+                       if not isinstance(e, ast.expr_context))
+        return not isinstance(target, (ast.Constant, ast.ListComp, ast.SetComp, ast.DictComp,
+                                       ast.BinOp, ast.JoinedStr))  # new objects: the student's
 
     def _targets(self, node, targets, verb: str) -> None:
         for t in targets:
@@ -351,6 +402,10 @@ class _Reader(ast.NodeVisitor):
     def visit_Assign(self, node):
         self._targets(node, node.targets if isinstance(node, ast.Assign) else [node.target],
                       "assignment to")
+        if isinstance(node, ast.AugAssign) and self._not_own(node.target):  # RECIPES |= {...}
+            self.flag(node, "patching", f"{ast.unparse(node)[:60]} (in place)")
+        if isinstance(node, ast.AnnAssign):
+            self._annotation(node.annotation)
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
                 isinstance(node.targets[0], ast.Name):
             name, (kind, parts) = node.targets[0].id, self.chain(node.value)
@@ -387,6 +442,48 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Delete(self, node):
         self._targets(node, node.targets, "del")
+        self.generic_visit(node)
+
+    def _annotation(self, node) -> None:
+        """An annotation is evaluated by get_type_hints (singledispatch, dataclasses): a name, a
+        subscript, ``X | None`` or a string of them only; a string is read as code."""
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            try:
+                node = ast.parse(node.value, mode="eval").body
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return
+            reader = _Reader(self.path, self.aliases, self.course, self.unit, self.exercises)
+            reader.visit(node)
+            self.found += reader.found
+        if not all(isinstance(n, (ast.Name, ast.Attribute, ast.Subscript, ast.Constant, ast.Tuple,
+                                  ast.List, ast.expr_context, ast.BitOr)) or
+                   (isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitOr)) for n in ast.walk(node)):
+            self.flag(node, "dynamic code", f"the annotation {ast.unparse(node)[:50]}")
+
+    def visit_arg(self, node):
+        if node.annotation is not None:
+            self._annotation(node.annotation)
+        self.generic_visit(node)
+
+    def visit_FunctionDef(self, node):
+        if node.returns is not None:
+            self._annotation(node.returns)
+        self.local |= {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+        positional = node.args.posonlyargs + node.args.args
+        for arg, default in [*zip(positional[len(positional) - len(node.args.defaults):],
+                                  node.args.defaults), *zip(node.args.kwonlyargs,
+                                                            node.args.kw_defaults)]:
+            self._bind(ast.Name(arg.arg), default)  # def f(M=torch.nn.Module): M is foreign
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Match(self, node):
+        """``match torch.nn.Module: case M:`` binds M to the subject."""
+        for case in node.cases:
+            self._bind(ast.Tuple([ast.Name(n.name) for n in ast.walk(case.pattern)
+                                  if isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name]),
+                       node.subject)
         self.generic_visit(node)
 
     def visit_Global(self, node):
