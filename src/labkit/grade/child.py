@@ -7,9 +7,9 @@ test (docs/grading.md, "What is refused"): a ``TorchDispatchMode`` refuses the o
 exercise rebuilds (:mod:`labkit.grade.shortcuts`) however spelled; a thread started during a test
 gets a mode that refuses torch work that is not the course's (dispatch modes, MemTracker's and
 FlopCounterMode's too, hold for one thread); audit events refuse processes started from student
-code; torch's global state, the tests' names and what they compare with are put back after
-each test; the pytest plugins are fixed once collected; files opened outside the scratch
-folder are noted.
+code; what the tests compare with (:class:`Snapshot`), recorded before any student code is
+imported, and torch's global state are put back after each test; the pytest plugins are fixed
+once collected; files opened outside the scratch folder are noted.
 """
 from __future__ import annotations
 
