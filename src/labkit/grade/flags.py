@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit.grade import shortcuts
-from labkit.grade.extract import DEFS, bound_names
+from labkit.grade.extract import BUILTIN_NAMES, DEFS, bound_names
 
 FLAGS = {  # flag: (zeroes the exercise, what it means)
     "module": (True, "uses a module or a function no exercise here needs, or a module as a value "
                "(the modules exercise code may use: labkit.grade.flags.MODULES)"),
-    "grader": (True, "reaches the grader, pytest, the tests, the references, the grader's "
-               "environment or the network"),
+    "grader": (True, "reaches the grader, the tests' references or the score table"),
     "interpreter": (True, "reaches the interpreter's internals: sys.modules, frames, code, "
-                    "namespaces, gc, ctypes, builtins, private modules"),
-    "processes": (True, "starts or signals processes"),
+                    "namespaces, gc, builtins, a module's private names"),
+    "processes": (True, "starts processes"),
     "dynamic code": (True, "turns text or bytes into code or imports (eval, torch.hub, "
                      "unpickling...)"),
     "patching": (True, "changes code that is not the student's: a module's attribute, a given "
@@ -51,25 +50,25 @@ MODULES = {  # what exercise code may use (None: freely), and what it may not, b
                      "heapq", "bisect", "copy", "dataclasses", "enum", "typing", "abc", "contextlib",
                      "re", "time", "warnings", "weakref", "fractions", "statistics", "random",
                      "numbers", "labkit", "logging", "__future__", "os.path", "os.sep",
-                     "os.cpu_count",
-                     "gc.collect", "types.SimpleNamespace", "sys.maxsize", "sys.float_info",
-                     "sys.byteorder", "sys.version_info", "sys.platform", "sys.stdout",
-                     "sys.stderr", "sys.getsizeof")),
+                     "os.cpu_count", "gc.collect", "types.SimpleNamespace", "sys.maxsize",
+                     "sys.float_info", "sys.byteorder", "sys.version_info", "sys.platform",
+                     "sys.stdout", "sys.stderr", "sys.getsizeof")),
     **dict.fromkeys(("threading", "concurrent", "asyncio", "queue"), "threads"),
     **dict.fromkeys(("sys", "gc"), "interpreter"),
     **dict.fromkeys(("torch.library", "operator.setitem", "operator.delitem",
-                     "functools.update_wrapper", *(f"operator.{n}" for n in dir(operator)
-                                                   if n[0] == "i" and {n[1:], n[1:] + "_"} & set(dir(operator)))),
-                    "patching"),  # (operator.iadd, ior...: in place)
+                     "functools.update_wrapper"), "patching"),
+    **dict.fromkeys((f"operator.{n}" for n in dir(operator) if n[0] == "i" and  # iadd, ior...:
+                     {n[1:], n[1:] + "_"} & set(dir(operator))), "patching"),  # in place
     **dict.fromkeys(("torch.multiprocessing", "torch.distributed.run", "torch.distributed.launch",
                      "torch.distributed.launcher", "torch.distributed.elastic",
-                     "torch.utils.collect_env", "torch.utils.bottleneck", "asyncio.subprocess",
-                     "logging.handlers",
-                     "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell",
+                     "torch.utils.collect_env", "torch.utils.bottleneck", "logging.handlers",
+                     "asyncio.subprocess", "asyncio.create_subprocess_exec",
+                     "asyncio.create_subprocess_shell",
                      "concurrent.futures.process", "concurrent.futures.ProcessPoolExecutor"),
                     "processes"),
     **dict.fromkeys(("torch.hub", "torch.package", "torch.utils.cpp_extension",
-                     "torch.utils.benchmark", "torch.ops.load_library", "torch.fx", "numpy.load",
+                     "torch.utils.benchmark", "torch.ops.load_library", "torch.fx",
+                     "torch.jit.CompilationUnit", "torch.jit.load", "numpy.load",
                      "numpy.ctypeslib", "numpy.f2py", "numpy.testing", "numpy.lib.format",
                      "numpy.lib.npyio", "typing.get_type_hints", "typing.ForwardRef",
                      "typing.get_args", "logging.config"),
@@ -82,6 +81,12 @@ BUILTINS = {"eval": "dynamic code", "exec": "dynamic code", "compile": "dynamic 
             "breakpoint": "interpreter", "globals": "dynamic names",
             "vars": "dynamic names", "locals": "dynamic names"}
 BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
+INTERNALS = ("sys", "os", "posix", "builtins", "ctypes", "gc", "importlib", "subprocess", "pickle",
+             "inspect", "_module")
+"""Attributes of objects that hold such modules (``np.zeros(1).ctypes``, a warnings catcher's
+``_module``): read on anything but a module's path (which is resolved)."""
+VIEWS = ("next", "iter", "max", "min", "reversed", "weakref.proxy", "collections.ChainMap")
+"""What returns its argument, or a view of it (a call of the student's own function may too)."""
 FRAMES = {a for t in (types.FrameType, types.TracebackType, types.GeneratorType, types.CodeType,
                       types.CoroutineType, types.AsyncGeneratorType)
           for a in dir(t) if a[0] != "_" and "_" in a}
@@ -92,10 +97,10 @@ DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", 
               "__torch_dispatch__", "__slots__", "__version__", "__qualname__", "__module__",
               "__doc__")
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
-MUTATORS = {n for t in (dict, list, set) for n in dir(t) if n[0] != "_"} - {
-    n for t in (types.MappingProxyType, tuple, frozenset, torch.Tensor) for n in dir(t)}
-"""The methods that change a dict, list or set in place (``update``, ``append``...; not those
-of a tensor, like ``add``)."""
+MUTATORS = {n for t in (dict, list, set) for n in dir(t)} - {
+    n for t in (types.MappingProxyType, tuple, frozenset) for n in dir(t)} | {"__init__"}
+"""The methods that change a dict, list or set in place (``update``, ``append``, ``__setitem__``,
+``__ior__``...; on a foreign object, like a tensor's ``add_``)."""
 
 
 @dataclass(frozen=True)
@@ -186,11 +191,15 @@ def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]
                                      and o.__name__ != ".".join(parts[:i + 1])]
         out += [(_verdict(path), path) for path in paths if _verdict(path)]
         out += [_denied()[id(o)] for o in objs if id(o) in _denied()]
+        out += [(v, where) for where in map(_defined_at, objs)  # a re-export of what is refused
+                if where and (v := _verdict(where)) not in (None, "module")]
         private = [p for p in parts[1:] if p.startswith("_") and not _dunder(p)]
         if private and parts[0] not in ("torch", "labkit"):
             out.append(("interpreter", ".".join(parts)))
     for head in parts:
-        if head in FRAMES or (_dunder(head) and head not in DUNDERS_OK):
+        if head in FRAMES or (_dunder(head) and head not in DUNDERS_OK) or (
+                kind != "module" and (head in INTERNALS or (head[:1] == "_" and
+                                                            head.lstrip("_") in INTERNALS))):
             out.append(("interpreter", head))
     if kind == "module" and parts[:1] == ["torch"] and (
             any(p.startswith("_") and not _dunder(p) for p in parts[1:-1]) or
@@ -199,6 +208,15 @@ def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]
     if kind != "local" and "__dict__" in parts:
         out.append(("interpreter", ".".join(parts)))  # a module's namespace
     return out
+
+
+def _defined_at(obj) -> str | None:
+    """"module.qualname" of where a function or class is defined, if it says."""
+    try:
+        where = f"{obj.__module__}.{obj.__qualname__}"
+    except Exception:  # noqa: BLE001 - no such attributes, or ones that raise
+        return None
+    return where if isinstance(obj.__module__, str) and isinstance(obj.__qualname__, str) else None
 
 
 def _is_module(parts: list[str]) -> bool:
@@ -248,7 +266,8 @@ class _Reader(ast.NodeVisitor):
         self.unit, self.exercises, self.found = unit, exercises, []
         self.literal_loops: dict[str, bool] = {}
         self.local: set[str] = set()  # parameters and names the unit binds (compile = ...)
-        self.opaque: set[str] = set()  # local names bound to what a module was turned into
+        self.opaque: set[str] = set()  # local names of foreign objects
+        self.holders: set[str] = set()  # local names of new containers of foreign objects
 
     def flag(self, node, name: str, what: str) -> None:
         self.found.append(Flag(name, f"{self.path}:{getattr(node, 'lineno', 0)}", f"`{what}`",
@@ -288,7 +307,8 @@ class _Reader(ast.NodeVisitor):
         if node.attr == "__setattr__" and not getattr(node, "called", False):
             self.flag(node, "patching", "__setattr__ used as a value")  # like setattr's
         elif node.attr in MUTATORS and not getattr(node, "called", False) and (
-                parts[:-1] in (["dict"], ["list"], ["set"]) or self._not_own(node.value)):
+                parts[:-1] in (["dict"], ["list"], ["set"], ["object"]) or
+                self._not_own(node.value)):
             self.flag(node, "patching", f"{ast.unparse(node)[:60]} used as a value")
         while isinstance(node, ast.Attribute):
             node = node.value
@@ -350,11 +370,16 @@ class _Reader(ast.NodeVisitor):
                 for child in (*args[1:], *node.keywords):
                     self.visit(child)
                 return
-        if isinstance(func, ast.Attribute) and func.attr in MUTATORS:  # RECIPES.update(...),
-            func.called = True
-            kind, parts = self.chain(func.value)  # dict.update(RECIPES, ...); not torch.add
-            target = args[0] if parts in (["dict"], ["list"], ["set"]) and args else func.value
-            if self._not_own(target) and not (kind == "module" and _is_module(parts)):
+        if isinstance(func, ast.Attribute) and (func.attr in MUTATORS or (
+                func.attr.endswith("_") and not func.attr.startswith("_"))):  # RECIPES.update(),
+            func.called = True  # dict.update(RECIPES, ...), T.add_(1); not torch.add, F.relu_
+            kind, parts = self.chain(func.value)
+            objs = _objects(tuple(parts)) if kind == "module" else ()
+            unbound = parts in (["dict"], ["list"], ["set"], ["object"]) or (
+                objs and len(objs) == len(parts) and isinstance(objs[-1], type))
+            target = (args[0] if args else None) if unbound else func.value
+            if target is not None and self._not_own(target) and not (
+                    kind == "module" and _is_module(parts)):
                 self.flag(node, "patching", f"{ast.unparse(node)[:60]} changes it in place")
         if isinstance(func, ast.Attribute) and func.attr == "__setattr__":
             func.called = True  # object.__setattr__(self, ...) sets the student's own object
@@ -378,14 +403,21 @@ class _Reader(ast.NodeVisitor):
 
     def _not_own(self, target) -> bool:
         """A target that is not the student's own object: a module, a given name, the class of
-        an object (``type(x)``, ``cls``), a namespace (``vars(m)``), anything reached from them."""
+        an object (``type(x)``, ``cls``), a namespace (``vars(m)``), anything reached from them,
+        an element of a container that holds them."""
+        through = False
         while isinstance(target, (ast.Attribute, ast.Subscript)) or (
                 isinstance(target, ast.Call) and not isinstance(target.func, ast.Name)):
-            target = target.func if isinstance(target, ast.Call) else target.value
+            if isinstance(target, ast.Call) and self.chain(target.func)[0] == "module" and \
+                    ".".join(self.chain(target.func)[1]) not in VIEWS:
+                return False  # a library's function makes a new object: torch.einsum(...).mul_()
+            through, target = True, target.func if isinstance(target, ast.Call) else target.value
         if isinstance(target, ast.Call):
-            return target.func.id in ("type", "vars", "getattr", "globals")
+            return target.func.id in ("type", "vars", "getattr", "globals") or \
+                self._origin(target) == "foreign"
         if isinstance(target, ast.Name):
-            return target.id in {*self.aliases, *self.course, *self.opaque, "cls"}
+            return target.id in {*self.aliases, *self.course, *self.opaque, "cls"} or (
+                through and target.id in self.holders)
         if isinstance(target, (ast.Tuple, ast.List, ast.Set, ast.Dict)):  # [torch.testing][0]
             return any(self._not_own(e) for e in ast.iter_child_nodes(target)
                        if not isinstance(e, ast.expr_context))
@@ -419,18 +451,50 @@ class _Reader(ast.NodeVisitor):
 
     visit_AugAssign = visit_AnnAssign = visit_Assign
 
-    def _bind(self, target, value) -> None:
+    def _bind(self, target, value, element: bool = False) -> None:
         """Names bound to what may be a module, a name of the course or what is reached from
-        them (``[F][0]``, ``for m in [torch.nn]``, ``(m := given)``, ``RECIPES["mixed"]``):
-        foreign objects, like what they came from. What a call returns is the student's own
-        (``torch.zeros(3)``, ``dict(RECIPES)``)."""
+        them (``[F][0]``, ``(m := given)``, ``RECIPES["mixed"]``): foreign, like what they came
+        from; names bound to a new container that holds such objects (``{"fp32":
+        torch.float32}``): the student's own, but not its elements. ``element``: the target
+        takes the value's elements (a for loop). What a call returns is the student's own."""
         if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
-                and len(target.elts) == len(value.elts):  # a, b = [], math.inf: one by one
+                and len(target.elts) == len(value.elts) and not element:  # a, b = [], math.inf
             for t, v in zip(target.elts, value.elts):
                 self._bind(t, v)
-        elif value is not None and any(n.id in {*self.aliases, *self.course, *self.opaque}
-                                       for n in _spine(value)):
-            self.opaque |= _target_names(target)
+        elif value is not None:
+            names, origin = _target_names(target), self._origin(value, element)
+            self.opaque = self.opaque - names | (names if origin == "foreign" else set())
+            self.holders = self.holders - names | (names if origin == "holder" else set())
+
+    def _origin(self, value, element: bool = False) -> str:
+        """"foreign", "holder" (a new container of foreign objects) or "" (the student's own)."""
+        if isinstance(value, (ast.Name, ast.Attribute)) and self.chain(value)[0] == "module":
+            objs, parts = _objects(tuple(self.chain(value)[1])), self.chain(value)[1]
+            plain = len(objs) == len(parts) and not callable(objs[-1]) and not isinstance(
+                objs[-1], (types.ModuleType, dict, list, set))  # torch.float32, math.pi
+            return "" if plain else "foreign"
+        if isinstance(value, ast.Name):
+            if value.id in {*self.course, *self.opaque}:
+                return "foreign"
+            return ("foreign" if element else "holder") if value.id in self.holders else ""
+        if isinstance(value, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+            inner = {self._origin(e) for e in ast.iter_child_nodes(value)
+                     if not isinstance(e, ast.expr_context) and e is not None}
+            return "" if not inner - {""} else "foreign" if element else "holder"
+        if isinstance(value, ast.Subscript):
+            return self._origin(value.value, element=True)
+        if isinstance(value, (ast.Attribute, ast.Starred, ast.NamedExpr)):
+            return "foreign" if self._origin(value.value, element) == "foreign" else ""
+        if isinstance(value, (ast.IfExp, ast.BoolOp)):
+            origins = {self._origin(v, element) for v in ast.iter_child_nodes(value)}
+            return "foreign" if "foreign" in origins else "holder" if "holder" in origins else ""
+        if isinstance(value, ast.Call):  # what a call of the student's own function (or of
+            kind, parts = self.chain(value.func)  # next, iter, max, weakref.proxy...) returns
+            if (kind in ("self", "local") and parts[0] not in BUILTIN_NAMES - set(VIEWS)) or \
+                    ".".join(parts) in VIEWS:  # may be what it was given
+                return "foreign" if {self._origin(a) for a in [*value.args, *(
+                    k.value for k in value.keywords)]} - {""} else ""
+        return ""  # a call, an operator, a comprehension: a new object
 
     def visit_withitem(self, node):
         self._bind(node.optional_vars or ast.Tuple([]), node.context_expr)
@@ -495,7 +559,7 @@ class _Reader(ast.NodeVisitor):
         if isinstance(node.target, ast.Name):
             self.literal_loops[node.target.id] = isinstance(node.iter, (ast.Tuple, ast.List)) and \
                 all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.iter.elts)
-        self._bind(node.target, node.iter)
+        self._bind(node.target, node.iter, element=True)
         self.generic_visit(node)
 
     visit_comprehension = visit_For
@@ -508,7 +572,8 @@ class _Reader(ast.NodeVisitor):
     visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
 
     def visit_ClassDef(self, node):
-        for base in node.bases:
+        enum = any(self.chain(b)[1][:1] == ["enum"] for b in node.bases)  # class R(str, Enum)
+        for base in [] if enum else node.bases:
             if (self.chain(base)[1] or [""])[-1] in VALUE_TYPES:
                 self.flag(base, "special methods", f"class {node.name}({ast.unparse(base)})")
         if any(kw.arg == "metaclass" for kw in node.keywords):

@@ -145,7 +145,11 @@ def prepare(submission_labkit: Path, workspace: Path, tests: dict) -> Prepared:
         student, why = read_submitted(submission_labkit / Path(rel).relative_to("labkit"),
                                       submission_labkit)
         merged = extract.merge(pristine, student, rel, missing=why)
-        found = flags.read(merged, pristine) if merged.taken else {}
+        try:
+            found = flags.read(merged, pristine) if merged.taken else {}
+        except Exception as exc:  # noqa: BLE001 - a code the reading cannot read is not run
+            found = {ex: [flags.Flag("interpreter", rel, f"unreadable by the grader ({exc!r:.80})")]
+                     for ex in modules[rel]}
         zero = {ex for ex, fs in found.items() if any(f.zeroes for f in fs)}
         if zero:  # merge again without their code, nor any added code that carries such a flag
             skip = {u for u, ids in merged.units.items() if set(ids) & zero} | \
