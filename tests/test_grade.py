@@ -545,3 +545,22 @@ def test_the_childs_torch_caches_stay_in_its_writable_folder(tmp_path, monkeypat
     env = _base_env(tmp_path / "ws", tmp_path / "tmp")
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR", "HOME"):
         assert env[name].startswith(str(tmp_path / "tmp")), (name, env[name])
+
+
+def test_code_the_reading_cannot_read_is_graded_as_the_stub(tmp_path, monkeypatch):
+    """Should the reading fail on a module (a bug of the grader's, a construct it does not
+    know), the module's exercises are graded as their stubs with the reason shown, never run
+    unread, and the grader goes on with the other modules."""
+    workspace = tmp_path / "course"
+    runner.copy_course(ROOT, workspace)
+    sub = student_edition(tmp_path / "sub", solved=("lab1/accounting.py",))
+
+    def unreadable(merged, pristine):
+        if merged.path.endswith("accounting.py"):
+            raise RecursionError("too deep")
+        return {}
+    monkeypatch.setattr(flags, "read", unreadable)
+    prep = runner.prepare(submission.find_labkit(sub), workspace, {})
+    assert {"1.1", "1.2", "1.3", "1.4", "1.5"} <= set(prep.zeroed)
+    assert "unreadable by the grader" in prep.zeroed["1.1"][0]
+    assert 'NotImplementedError("exercise 1.1' in (workspace / "src/labkit/lab1/accounting.py").read_text()
