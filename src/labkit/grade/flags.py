@@ -81,16 +81,25 @@ BUILTINS = {"eval": "dynamic code", "exec": "dynamic code", "compile": "dynamic 
             "breakpoint": "interpreter", "globals": "dynamic names",
             "vars": "dynamic names", "locals": "dynamic names"}
 BY_NAME = ("getattr", "setattr", "delattr", "hasattr")
+CONTAINERS = ("list", "dict", "set", "tuple", "frozenset", "sorted", "copy.copy", "copy.deepcopy",
+              "collections.defaultdict", "collections.OrderedDict", "collections.Counter",
+              "collections.deque")
+"""What makes a new container of what it is given (a copy: the student's own container)."""
 INTERNALS = ("sys", "os", "posix", "builtins", "ctypes", "gc", "importlib", "subprocess", "pickle",
              "inspect", "_module")
 """Attributes of objects that hold such modules (``np.zeros(1).ctypes``, a warnings catcher's
 ``_module``): read on anything but a module's path (which is resolved)."""
-VIEWS = ("next", "iter", "max", "min", "reversed", "weakref.proxy", "collections.ChainMap")
+VIEWS = ("next", "iter", "max", "min", "reversed", "getattr", "filter", "map", "zip", "enumerate",
+         "weakref.proxy", "collections.ChainMap")
 """What returns its argument, or a view of it (a call of the student's own function may too)."""
 FRAMES = {a for t in (types.FrameType, types.TracebackType, types.GeneratorType, types.CodeType,
                       types.CoroutineType, types.AsyncGeneratorType)
           for a in dir(t) if a[0] != "_" and "_" in a}
 """The attributes of frames, tracebacks, generators and code objects (``f_back``, ``tb_frame``...)."""
+DATA_MODEL = {n for t in (int, float, str, list, dict, set, tuple) for n in dir(t)
+              if n[:2] == n[-2:] == "__"} - set(dir(object))
+"""The operators' and containers' methods (``__iadd__``, ``__lt__`` of an int...): on the
+student's own objects, as harmless as the operators; on foreign ones, MUTATORS says."""
 DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", "__dict__",
               "__setattr__", "__repr__", "__str__", "__call__", "__len__", "__iter__", "__next__",
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
@@ -197,7 +206,7 @@ def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]
         if private and parts[0] not in ("torch", "labkit"):
             out.append(("interpreter", ".".join(parts)))
     for head in parts:
-        if head in FRAMES or (_dunder(head) and head not in DUNDERS_OK) or (
+        if head in FRAMES or (_dunder(head) and head not in {*DUNDERS_OK, *DATA_MODEL}) or (
                 kind != "module" and (head in INTERNALS or (head[:1] == "_" and
                                                             head.lstrip("_") in INTERNALS))):
             out.append(("interpreter", head))
@@ -249,6 +258,13 @@ def _spine(node):
             yield from _spine(child)
 
 
+def _type_like(node) -> bool:
+    """Names, subscripts, literals and ``X | None`` only: what an annotation or a type alias is."""
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Subscript, ast.Constant, ast.Tuple,
+                              ast.List, ast.expr_context, ast.BitOr)) or
+               (isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitOr)) for n in ast.walk(node))
+
+
 def _target_names(target) -> set[str]:
     """The names an assignment's target binds (``a``, ``a, *b``), not those it writes into."""
     if isinstance(target, ast.Name):
@@ -266,6 +282,7 @@ class _Reader(ast.NodeVisitor):
         self.unit, self.exercises, self.found = unit, exercises, []
         self.literal_loops: dict[str, bool] = {}
         self.local: set[str] = set()  # parameters and names the unit binds (compile = ...)
+        self.texts: set[str] = set()  # the module's constants that are not types: text
         self.opaque: set[str] = set()  # local names of foreign objects
         self.holders: set[str] = set()  # local names of new containers of foreign objects
 
@@ -411,6 +428,8 @@ class _Reader(ast.NodeVisitor):
             if isinstance(target, ast.Call) and self.chain(target.func)[0] == "module" and \
                     ".".join(self.chain(target.func)[1]) not in VIEWS:
                 return False  # a library's function makes a new object: torch.einsum(...).mul_()
+            if isinstance(target, ast.Attribute) and target.attr == "__class__":
+                return True  # x.__class__.step = f: the class of anything, like type(x)
             through, target = True, target.func if isinstance(target, ast.Call) else target.value
         if isinstance(target, ast.Call):
             return target.func.id in ("type", "vars", "getattr", "globals") or \
@@ -438,6 +457,10 @@ class _Reader(ast.NodeVisitor):
             self.flag(node, "patching", f"{ast.unparse(node)[:60]} (in place)")
         if isinstance(node, ast.AnnAssign):
             self._annotation(node.annotation)
+        if getattr(node, "value", None) is not None and (not _type_like(node.value) or (
+                isinstance(node.value, ast.Constant) and isinstance(node.value.value, str))):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                self.texts |= _target_names(target)  # not a type: a text, if annotated with
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
                 isinstance(node.targets[0], ast.Name):
             name, (kind, parts) = node.targets[0].id, self.chain(node.value)
@@ -486,15 +509,42 @@ class _Reader(ast.NodeVisitor):
         if isinstance(value, (ast.Attribute, ast.Starred, ast.NamedExpr)):
             return "foreign" if self._origin(value.value, element) == "foreign" else ""
         if isinstance(value, (ast.IfExp, ast.BoolOp)):
-            origins = {self._origin(v, element) for v in ast.iter_child_nodes(value)}
+            origins = {self._origin(v, element) for v in (
+                [value.body, value.orelse] if isinstance(value, ast.IfExp) else value.values)}
             return "foreign" if "foreign" in origins else "holder" if "holder" in origins else ""
-        if isinstance(value, ast.Call):  # what a call of the student's own function (or of
-            kind, parts = self.chain(value.func)  # next, iter, max, weakref.proxy...) returns
-            if (kind in ("self", "local") and parts[0] not in BUILTIN_NAMES - set(VIEWS)) or \
-                    ".".join(parts) in VIEWS:  # may be what it was given
-                return "foreign" if {self._origin(a) for a in [*value.args, *(
-                    k.value for k in value.keywords)]} - {""} else ""
-        return ""  # a call, an operator, a comprehension: a new object
+        if isinstance(value, ast.Call):  # sorted([cls])[0]: an element of what it made
+            return "foreign" if element and self._returns(value) == "holder" else \
+                self._returns(value)
+        if isinstance(value, ast.Attribute) and value.attr == "__class__":
+            return "foreign"  # the class of anything, like type(x)
+        return ""  # an operator, a comprehension: a new object
+
+    def _returns(self, call) -> str:
+        """The origin of what a call returns: torch's, numpy's and math's functions make new
+        objects; ``type``, ``vars`` and ``globals`` reach what is not the student's; a container
+        made of foreign objects (``dict(...)``, ``sorted``, ``copy.copy``) holds them, but a class
+        or function it is given comes back as it is; any other function may return what it was
+        given (``functools.reduce``, ``next``, the student's own helpers)."""
+        kind, parts = self.chain(call.func)
+        given = [*call.args, *(k.value for k in call.keywords)]
+        origins = {self._origin(a) for a in given} - {""}
+        if kind == "module" and parts[0] in ("torch", "numpy", "math"):
+            return ""
+        if parts in (["type"], ["vars"], ["globals"]):
+            return "foreign"
+        if isinstance(call.func, ast.Attribute) and not (kind == "module" and _is_module(
+                parts[:-1])) and self._origin(call.func.value) in ("foreign", "holder"):
+            return "foreign"  # a method of a foreign object or container: table.get("sgd")
+        if kind == "local" and len(parts) == 1 and parts[0] in BUILTIN_NAMES and \
+                parts[0] not in (*VIEWS, *CONTAINERS):
+            return ""  # isinstance, len, ...: a new value
+        if not origins:
+            return ""
+        if ".".join(parts) in CONTAINERS and not any(  # a class, a function: itself
+                self.chain(a)[0] == "module" and callable((_objects(tuple(self.chain(a)[1]))
+                                                           or [None])[-1]) for a in given):
+            return "holder"
+        return "foreign"
 
     def visit_withitem(self, node):
         self._bind(node.optional_vars or ast.Tuple([]), node.context_expr)
@@ -519,9 +569,8 @@ class _Reader(ast.NodeVisitor):
             reader = _Reader(self.path, self.aliases, self.course, self.unit, self.exercises)
             reader.visit(node)
             self.found += reader.found
-        if not all(isinstance(n, (ast.Name, ast.Attribute, ast.Subscript, ast.Constant, ast.Tuple,
-                                  ast.List, ast.expr_context, ast.BitOr)) or
-                   (isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitOr)) for n in ast.walk(node)):
+        if not _type_like(node) or any(isinstance(n, ast.Name) and n.id in self.texts
+                                       for n in ast.walk(node)):  # x: t, t = "..." (a text)
             self.flag(node, "dynamic code", f"the annotation {ast.unparse(node)[:50]}")
 
     def visit_arg(self, node):
@@ -627,8 +676,13 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
     course = {n.name for n in p_tree.body if isinstance(n, DEFS) and n.name not in merged.units} \
         | set(aliases(p_tree))  # (an exercise function is the student's own)
     found, uses, binds = {}, {}, {}
+    texts = {n for label, node, _ in merged.taken if label.startswith("the constant ")
+             and not (isinstance(node.value, ast.Constant) and not isinstance(node.value.value, str))
+             and not (_type_like(node.value) and not isinstance(node.value, ast.Constant))
+             for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
     for unit, node, exercises in merged.taken:
         reader = _Reader(merged.path, names, course, unit, exercises)
+        reader.texts = set(texts)
         if not isinstance(node, (ast.Import, ast.ImportFrom)) or \
                 any(a.name == "*" for a in node.names):  # (whose names cannot be read)
             reader.visit(node)
