@@ -250,7 +250,7 @@ def test_the_grader_stays_small():
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2308, sizes
+    assert sum(sizes.values()) <= 2298, sizes
     assert entries <= 165 and patterns <= 35, (entries, patterns)
 
 
@@ -563,5 +563,5 @@ def test_code_the_reading_cannot_read_is_graded_as_the_stub(tmp_path, monkeypatc
     monkeypatch.setattr(flags, "read", unreadable)
     prep = runner.prepare(submission.find_labkit(sub), workspace, {})
     assert {"1.1", "1.2", "1.3", "1.4", "1.5"} <= set(prep.zeroed)
-    assert "unreadable by the grader" in prep.zeroed["1.1"][0]
+    assert prep.zeroed["1.1"][0].startswith("unreadable: RecursionError('too deep')")
     assert 'NotImplementedError("exercise 1.1' in (workspace / "src/labkit/lab1/accounting.py").read_text()

@@ -41,6 +41,8 @@ FLAGS = {  # flag: (zeroes the exercise, what it means)
     "special methods": (False, "makes objects that can answer the tests' checks: special "
                         "methods, a subclass of a value type, a metaclass"),
     "files": (False, "opened a file outside the test's scratch folder (seen at run time)"),
+    "unreadable": (True, "the grader could not read this code (a fault of the grader's: report "
+                   "it); it is not run unread"),
 }
 ZEROES = {name for name, (zero, _) in FLAGS.items() if zero}
 MODULES = {  # what exercise code may use (None: freely), and what it may not, by dotted prefix:
@@ -244,18 +246,6 @@ def _as_code(value) -> ast.Module | None:
     return tree if tree and tree.body and not (len(tree.body) == 1 and isinstance(
         tree.body[0], ast.Expr) and isinstance(tree.body[0].value, (ast.Name, ast.Attribute,
                                                                      ast.Constant))) else None
-
-
-def _spine(node):
-    """The names an expression's value may be (not what a call, an operator or a comprehension
-    makes a new object of)."""
-    if isinstance(node, ast.Name):
-        yield node
-    elif not isinstance(node, (ast.Call, ast.Lambda, ast.BinOp, ast.UnaryOp, ast.Compare,
-                               ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp,
-                               ast.JoinedStr)):
-        for child in ast.iter_child_nodes(node):
-            yield from _spine(child)
 
 
 def _type_like(node) -> bool:

@@ -148,7 +148,7 @@ def prepare(submission_labkit: Path, workspace: Path, tests: dict) -> Prepared:
         try:
             found = flags.read(merged, pristine) if merged.taken else {}
         except Exception as exc:  # noqa: BLE001 - a code the reading cannot read is not run
-            found = {ex: [flags.Flag("interpreter", rel, f"unreadable by the grader ({exc!r:.80})")]
+            found = {ex: [flags.Flag("unreadable", rel, f"{exc!r:.80}")]
                      for ex in modules[rel]}
         zero = {ex for ex, fs in found.items() if any(f.zeroes for f in fs)}
         if zero:  # merge again without their code, nor any added code that carries such a flag
