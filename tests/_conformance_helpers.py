@@ -281,19 +281,23 @@ def bucketed_run(G, me, group, cap, *, no_sync=False):
     return out
 
 
+def zero_optimizer(name, model, group, cap=None):
+    """ZeRO-1, ZeRO-2 (bucket ``cap``) or ZeRO-3 with Adam at ``LR`` over ``model``."""
+    if name == "ZeRO1":
+        from labkit.lab2.zero1 import ZeRO1
+        return ZeRO1(list(model.parameters()), torch.optim.Adam, group=group, lr=LR)
+    if name == "ZeRO2Adam":
+        from labkit.lab4.zero2 import ZeRO2Adam
+        return ZeRO2Adam(list(model.parameters()), lr=LR, group=group, bucket_cap_bytes=cap)
+    from labkit.lab3.zero3 import ZeRO3
+    return ZeRO3(model, lr=LR, group=group)
+
+
 def optimizer_run(name, G, me, group, cap=None, *, no_sync=False, dtype=torch.float64):
     """ZeRO-1, ZeRO-2 (bucket ``cap``) or ZeRO-3 + Adam on the toy in ``dtype``: the parameters
     after each step."""
     model = Toy(dtype)
-    if name == "ZeRO1":
-        from labkit.lab2.zero1 import ZeRO1
-        opt = ZeRO1(list(model.parameters()), torch.optim.Adam, group=group, lr=LR)
-    elif name == "ZeRO2Adam":
-        from labkit.lab4.zero2 import ZeRO2Adam
-        opt = ZeRO2Adam(list(model.parameters()), lr=LR, group=group, bucket_cap_bytes=cap)
-    else:
-        from labkit.lab3.zero3 import ZeRO3
-        opt = ZeRO3(model, lr=LR, group=group)
+    opt = zero_optimizer(name, model, group, cap)
     out = []
     for step in G:
         backwards(step[me], model, opt.no_sync if no_sync else None)

@@ -75,7 +75,8 @@ import pytest
 import torch
 
 from _conformance_helpers import (ADAM64, ALL, F64, assert_runs_close, bucketed_run, ddp_run,
-                                  dp_plans, group_of, optimizer_run, plan_gradients, toy_grads)
+                                  dp_plans, group_of, optimizer_run, plan_gradients, toy_grads,
+                                  zero_optimizer)
 
 HOOK_TOL = dict(rtol=1e-4, atol=1e-6)
 LR = 0.05
@@ -425,10 +426,7 @@ def _edge_run(wrapper, kind, me, group, cap):
     the first step."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from labkit.lab2.zero1 import ZeRO1
-    from labkit.lab3.zero3 import ZeRO3
     from labkit.lab4.bucketed_ddp import BucketedDDP
-    from labkit.lab4.zero2 import ZeRO2Adam
 
     model = _edge_model(kind)
     forward, finish = model, None
@@ -438,12 +436,8 @@ def _edge_run(wrapper, kind, me, group, cap):
     elif wrapper == "BucketedDDP":
         forward = BucketedDDP(model, bucket_cap_bytes=cap, group=group)
         finish, opt = forward.finish, torch.optim.Adam(model.parameters(), lr=LR)
-    elif wrapper == "ZeRO1":
-        opt = ZeRO1(list(model.parameters()), torch.optim.Adam, group=group, lr=LR)
-    elif wrapper == "ZeRO2Adam":
-        opt = ZeRO2Adam(list(model.parameters()), lr=LR, group=group, bucket_cap_bytes=cap)
     else:
-        opt = ZeRO3(model, lr=LR, group=group)
+        opt = zero_optimizer(wrapper, model, group, cap)
     params, buffers = [], None
     for s in range(EDGE_STEPS):
         forward(_edge_batch(kind, me, s)).backward()
