@@ -628,9 +628,9 @@ class _Reader(ast.NodeVisitor):
     def visit_Import(self, node):
         """An import inside the student's code is read like what it imports (an import at the
         module's top is read where its names are used: a leftover ``import gc`` zeroes nothing)."""
-        base = node.module + "." if isinstance(node, ast.ImportFrom) and node.module else ""
+        base = _absolute(node, self.path) + "." if isinstance(node, ast.ImportFrom) else ""
         for alias in node.names:
-            path = base + alias.name if alias.name != "*" else node.module
+            path = base + alias.name if alias.name != "*" else base[:-1]
             if not any(m.startswith(path + ".") and MODULES[m] is None for m in MODULES):
                 self.flags(node, path.split("."))  # (import sys: sys.maxsize may be used)
             self.shortcut(node, *path.split("."))
@@ -638,19 +638,28 @@ class _Reader(ast.NodeVisitor):
     visit_ImportFrom = visit_Import
 
 
-def aliases(tree: ast.Module) -> dict[str, str]:
+def _absolute(node: ast.ImportFrom, path: str) -> str:
+    """The module a ``from`` import names, a relative one (``from .. import grade``) resolved
+    from the importing module's path ("labkit/lab1/accounting.py")."""
+    package = path.removesuffix(".py").split("/")[:-1]
+    base = package[:max(0, len(package) + 1 - node.level)] if node.level else []
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def aliases(tree: ast.Module, path: str) -> dict[str, str]:
     """{local name: dotted path} of a module's imports (anywhere in it; ``from m import *`` as
-    the names ``m`` really exports)."""
+    the names ``m`` really exports), ``path`` the module's ("labkit/lab1/accounting.py")."""
     out = {}
     for node in ast.walk(tree):
         for a in getattr(node, "names", []) if isinstance(node, ast.Import) else []:
             top = a.name.split(".")[0]
             out[a.asname or top] = a.name if a.asname else top
-        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            out.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+        if isinstance(node, ast.ImportFrom):
+            module = _absolute(node, path)
+            out.update({a.asname or a.name: f"{module}.{a.name}" for a in node.names})
             if any(a.name == "*" for a in node.names):  # the names the module really exports
-                mod = _module(node.module)
-                out.update({n: f"{node.module}.{n}" for n in getattr(mod, "__all__", None) or [
+                mod = _module(module)
+                out.update({n: f"{module}.{n}" for n in getattr(mod, "__all__", None) or [
                     n for n in dir(mod) if not n.startswith("_")]} if mod else {})
     return out
 
@@ -662,9 +671,9 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
     other added definitions); those of one that no exercise uses, to every exercise of the
     module (it may run at import)."""
     p_tree = ast.parse(pristine)
-    names = aliases(ast.parse(merged.source))
+    names = aliases(ast.parse(merged.source), merged.path)
     course = {n.name for n in p_tree.body if isinstance(n, DEFS) and n.name not in merged.units} \
-        | set(aliases(p_tree))  # (an exercise function is the student's own)
+        | set(aliases(p_tree, merged.path))  # (an exercise function is the student's own)
     found, uses, binds = {}, {}, {}
     texts = {n for label, node, _ in merged.taken if label.startswith("the constant ")
              and not (isinstance(node.value, ast.Constant) and not isinstance(node.value.value, str))
