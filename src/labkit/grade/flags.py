@@ -14,6 +14,7 @@ import functools
 import importlib
 import operator
 import re
+import sys
 import types
 from dataclasses import dataclass, field
 
@@ -233,7 +234,8 @@ def _defined_at(obj) -> str | None:
 def _is_module(parts: list[str]) -> bool:
     """Whether a module's path names a module (however reached: torch.nn.modules.activation.F)."""
     objs = _objects(tuple(parts))
-    return len(objs) == len(parts) and isinstance(objs[-1], types.ModuleType)
+    return ".".join(parts) in sys.modules or (  # (types: loaded, though not resolved here)
+        len(objs) == len(parts) and isinstance(objs[-1], types.ModuleType))
 
 
 def _as_code(value) -> ast.Module | None:
@@ -264,6 +266,13 @@ def _target_names(target) -> set[str]:
     return _target_names(target.value) if isinstance(target, ast.Starred) else set()
 
 
+def _path(node) -> str | None:
+    """"box" or "box.t.u" of a name or an attribute chain on a name, else None."""
+    if isinstance(node, ast.Attribute) and _path(node.value):
+        return f"{_path(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else None
+
+
 class _Reader(ast.NodeVisitor):
     """The flags of one unit of a student's code (a function, a class, a constant)."""
 
@@ -273,8 +282,8 @@ class _Reader(ast.NodeVisitor):
         self.literal_loops: dict[str, bool] = {}
         self.local: set[str] = set()  # parameters and names the unit binds (compile = ...)
         self.texts: set[str] = set()  # the module's constants that are not types: text
-        self.opaque: set[str] = set()  # local names of foreign objects
-        self.holders: set[str] = set()  # local names of new containers of foreign objects
+        self.opaque: set[str] = set()  # local names and paths (holder.t) of foreign objects
+        self.holders: set[str] = set()  # ... of the student's objects that hold foreign ones
 
     def flag(self, node, name: str, what: str) -> None:
         self.found.append(Flag(name, f"{self.path}:{getattr(node, 'lineno', 0)}", f"`{what}`",
@@ -373,6 +382,8 @@ class _Reader(ast.NodeVisitor):
                 self.flag(node, "dynamic names", ast.unparse(node)[:60])
             if func.id in ("setattr", "delattr") and self._not_own(args[0]):
                 self.flag(node, "patching", ast.unparse(node)[:60])
+            if func.id == "setattr" and len(args) > 2 and isinstance(args[1], ast.Constant):
+                self._bind(ast.Attribute(args[0], str(args[1].value), ast.Store()), args[2])
             if kind != "?":  # the object is read like an attribute's base, not as a value
                 for child in (*args[1:], *node.keywords):
                     self.visit(child)
@@ -388,6 +399,9 @@ class _Reader(ast.NodeVisitor):
             if target is not None and self._not_own(target) and not (
                     kind == "module" and _is_module(parts)):
                 self.flag(node, "patching", f"{ast.unparse(node)[:60]} changes it in place")
+            if _path(target) and any(self._origin(a) for a in [*args[bool(unbound):], *(
+                    k.value for k in node.keywords)]):
+                self.holders.add(_path(target))  # box.append(given): box holds it
         if isinstance(func, ast.Attribute) and func.attr == "__setattr__":
             func.called = True  # object.__setattr__(self, ...) sets the student's own object
             if not args or self._not_own(args[0]):
@@ -413,8 +427,13 @@ class _Reader(ast.NodeVisitor):
         an object (``type(x)``, ``cls``), a namespace (``vars(m)``), anything reached from them,
         an element of a container that holds them."""
         through = False
-        while isinstance(target, (ast.Attribute, ast.Subscript)) or (
-                isinstance(target, ast.Call) and not isinstance(target.func, ast.Name)):
+        while True:
+            path = _path(target)
+            if path in self.opaque or (through and path in self.holders):
+                return True  # box.t, box[0] of box.t = given, box.append(given): what it holds
+            if not isinstance(target, (ast.Attribute, ast.Subscript)) and not (
+                    isinstance(target, ast.Call) and not isinstance(target.func, ast.Name)):
+                break
             if isinstance(target, ast.Call) and self.chain(target.func)[0] == "module" and \
                     ".".join(self.chain(target.func)[1]) not in VIEWS:
                 return False  # a library's function makes a new object: torch.einsum(...).mul_()
@@ -425,8 +444,7 @@ class _Reader(ast.NodeVisitor):
             return target.func.id in ("type", "vars", "getattr", "globals") or \
                 self._origin(target) == "foreign"
         if isinstance(target, ast.Name):
-            return target.id in {*self.aliases, *self.course, *self.opaque, "cls"} or (
-                through and target.id in self.holders)
+            return target.id in {*self.aliases, *self.course, "cls"}
         if isinstance(target, (ast.Tuple, ast.List, ast.Set, ast.Dict)):  # [torch.testing][0]
             return any(self._not_own(e) for e in ast.iter_child_nodes(target)
                        if not isinstance(e, ast.expr_context))
@@ -475,7 +493,10 @@ class _Reader(ast.NodeVisitor):
             for t, v in zip(target.elts, value.elts):
                 self._bind(t, v)
         elif value is not None:
-            names, origin = _target_names(target), self._origin(value, element)
+            names, origin = _target_names(target) | {_path(target)} - {None}, \
+                self._origin(value, element)
+            if isinstance(target, ast.Subscript) and origin and _path(target.value):
+                return self.holders.add(_path(target.value))  # box["t"] = given: box holds it
             self.opaque = self.opaque - names | (names if origin == "foreign" else set())
             self.holders = self.holders - names | (names if origin == "holder" else set())
 
@@ -496,6 +517,8 @@ class _Reader(ast.NodeVisitor):
             return "" if not inner - {""} else "foreign" if element else "holder"
         if isinstance(value, ast.Subscript):
             return self._origin(value.value, element=True)
+        if _path(value) in self.opaque or _path(value) in self.holders:  # box.t
+            return "foreign" if _path(value) in self.opaque or element else "holder"
         if isinstance(value, (ast.Attribute, ast.Starred, ast.NamedExpr)):
             return "foreign" if self._origin(value.value, element) == "foreign" else ""
         if isinstance(value, (ast.IfExp, ast.BoolOp)):
@@ -643,7 +666,7 @@ def _absolute(node: ast.ImportFrom, path: str) -> str:
     from the importing module's path ("labkit/lab1/accounting.py")."""
     package = path.removesuffix(".py").split("/")[:-1]
     base = package[:max(0, len(package) + 1 - node.level)] if node.level else []
-    return ".".join([*base, *([node.module] if node.module else [])])
+    return ".".join(p for p in [*base, node.module] if p)
 
 
 def aliases(tree: ast.Module, path: str) -> dict[str, str]:
