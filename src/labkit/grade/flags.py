@@ -284,6 +284,8 @@ class _Reader(ast.NodeVisitor):
         self.texts: set[str] = set()  # the module's constants that are not types: text
         self.opaque: set[str] = set()  # local names and paths (holder.t) of foreign objects
         self.holders: set[str] = set()  # ... of the student's objects that hold foreign ones
+        self.globals: set[str] = set()  # the names it declares global
+        self.giving: set[str] = set()  # the student's functions that return foreign objects
 
     def flag(self, node, name: str, what: str) -> None:
         self.found.append(Flag(name, f"{self.path}:{getattr(node, 'lineno', 0)}", f"`{what}`",
@@ -492,6 +494,8 @@ class _Reader(ast.NodeVisitor):
                 and len(target.elts) == len(value.elts) and not element:  # a, b = [], math.inf
             for t, v in zip(target.elts, value.elts):
                 self._bind(t, v)
+        elif isinstance(value, ast.Lambda) and self._origin(value.body):
+            self.giving |= _target_names(target)  # get = lambda: torch.optim.SGD
         elif value is not None:
             names, origin = _target_names(target) | {_path(target)} - {None}, \
                 self._origin(value, element)
@@ -543,8 +547,9 @@ class _Reader(ast.NodeVisitor):
         origins = {self._origin(a) for a in given} - {""}
         if kind == "module" and parts[0] in ("torch", "numpy", "math"):
             return ""
-        if parts in (["type"], ["vars"], ["globals"]):
-            return "foreign"
+        if parts in (["type"], ["vars"], ["globals"]) or (kind in ("local", "self") and
+                                                          parts[-1] in self.giving):
+            return "foreign"  # (giving: the student's functions that return foreign objects)
         if isinstance(call.func, ast.Attribute) and not (kind == "module" and _is_module(
                 parts[:-1])) and self._origin(call.func.value) in ("foreign", "holder"):
             return "foreign"  # a method of a foreign object or container: table.get("sgd")
@@ -558,6 +563,13 @@ class _Reader(ast.NodeVisitor):
                                                            or [None])[-1]) for a in given):
             return "holder"
         return "foreign"
+
+    def visit_Return(self, node):
+        if node.value is not None and self._origin(node.value):
+            self.giving.add(self.unit.split(".")[-1])
+        self.generic_visit(node)
+
+    visit_Yield = visit_YieldFrom = visit_Return
 
     def visit_withitem(self, node):
         self._bind(node.optional_vars or ast.Tuple([]), node.context_expr)
@@ -613,6 +625,7 @@ class _Reader(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Global(self, node):
+        self.globals |= set(node.names)
         for name in sorted(set(node.names) & self.course):
             self.flag(node, "patching", f"global {name}")
 
@@ -702,15 +715,30 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
              and not (isinstance(node.value, ast.Constant) and not isinstance(node.value.value, str))
              and not (_type_like(node.value) and not isinstance(node.value, ast.Constant))
              for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
-    for unit, node, exercises in merged.taken:
-        reader = _Reader(merged.path, names, course, unit, exercises)
-        reader.texts = set(texts)
-        if not isinstance(node, (ast.Import, ast.ImportFrom)) or \
-                any(a.name == "*" for a in node.names):  # (whose names cannot be read)
-            reader.visit(node)
-        found[unit] = reader.found
-        uses[unit] = {getattr(n, "id", getattr(n, "attr", None)) for n in ast.walk(node)}
-        binds[unit] = bound_names(node)
+    seed: tuple = ({}, set(), set(), set())  # aliases, opaque, holders, giving: shared
+    for _ in range(3):  # again while units share foreign objects not yet known to the others
+        shared = (dict(seed[0]), *map(set, seed[1:]))
+        for unit, node, exercises in merged.taken:
+            reader = _Reader(merged.path, {**names, **seed[0]}, course, unit, exercises)
+            reader.texts, reader.opaque, reader.holders, reader.giving = set(texts), *map(
+                set, seed[1:])
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or \
+                    any(a.name == "*" for a in node.names):  # (whose names cannot be read)
+                reader.visit(node)
+            found[unit] = reader.found
+            uses[unit] = {getattr(n, "id", getattr(n, "attr", None)) for n in ast.walk(node)}
+            binds[unit] = bound_names(node)
+            top = unit.startswith("the constant ")  # a module-level name, a global, self's
+            kept = {p for p in (*reader.aliases, *reader.opaque, *reader.holders) if top or
+                    p.split(".")[0] in ("self", "cls", *reader.globals)}  # attributes
+            shared[0].update({p: a for p, a in reader.aliases.items() if p in kept and
+                              names.get(p) != a})
+            shared[1].update(kept & reader.opaque)
+            shared[2].update(kept & reader.holders)
+            shared[3].update(reader.giving)
+        if shared == seed:
+            break
+        seed = shared
     owners = {u: set(exs) for u, _, exs in merged.taken if u in merged.units}
     changed = True
     while changed:  # who uses each added definition, through other added definitions too
