@@ -227,3 +227,22 @@ def test_a_class_of_torch_patched_through_a_laundered_name_is_put_back(tmp_path,
     assert table["exercises"]["1.1"]["earned"] == 0, table["exercises"]["1.1"]
     for cheat, (ex, _) in LAUNDERED.items():
         assert "Module._named_members was rebound" in flagged(table, ex), (cheat, flagged(table, ex))
+
+
+@pytest.mark.parametrize("cheat", ["rt7a_adam_class_from_toolkit_instance",
+                                   "rt7a_adam_class_from_torch_table",
+                                   "rt7b_unpickle_bytes_via_datapipes_decoder"])
+def test_what_an_exercise_rebuilds_is_refused_however_it_was_reached(tmp_path, collected, cheat):
+    """3.2 handed to torch's Adam, its class reached with no name the reading can match: the
+    type of a toolkit object's optimizer, an element of a table of torch's, a class unpickled from
+    bytes by a public torch function (before: 16/16, 14/16, 14/16). Every torch optimizer's step
+    runs the global pre-hooks, where the child refuses the one the exercise rebuilds when student
+    code steps it; unpickling from student code is refused whatever function does it. 0/16,
+    each test saying why."""
+    sub = submission(tmp_path, cheat, solved=("lab3/mixed_precision.py",), count_params=False)
+    table = grade(sub, collected, ["3.2"])
+    e = table["exercises"]["3.2"]
+    assert e["earned"] == 0, [(t["test"], t["outcome"]) for t in e["tests"]]
+    needle = load_cheat(CHEATS / f"{cheat}.txt")["needle"]
+    assert any(needle in t["message"] for t in e["tests"]), [t["message"][:200] for t in e["tests"]]
+    assert "refused at run time" in flagged(table, "3.2")

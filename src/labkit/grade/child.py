@@ -22,6 +22,7 @@ import types
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode
 
 from labkit.grade import shortcuts
@@ -122,12 +123,29 @@ def _on_new_thread(frame, event, arg):
         Refuse(State.exercise, side=True).__enter__()  # never left: it ends with the thread
 
 
+def _refuse(why: str, frame) -> None:
+    State.refused.append(f"{why} (from {student_frame(frame)})")
+    raise PermissionError(f"refused while grading: {why}")
+
+
+def _step_hook(optimizer, args, kwargs):
+    """A torch optimizer's step (every one runs the global pre-hooks): refused when it is what
+    the exercise rebuilds and student code steps it, however its class was reached."""
+    ex, cls = State.exercise, type(optimizer)
+    names = [n for c in cls.__mro__ for n in (*c.__module__.split("."), c.__qualname__)]
+    if ex not in shortcuts.STEPS_GIVEN and shortcuts.matching(ex or "", *names) and \
+            student_frame(sys._getframe(1)):
+        _refuse(shortcuts.reason(ex, f"{cls.__module__}.{cls.__qualname__}.step"),
+                sys._getframe(1))
+
+
 def _audit(event, args):
+    if event == "pickle.find_class" and student_frame(sys._getframe(1)):
+        _refuse(f"unpickling {args[0]}.{args[1]} from student code: names from bytes, code the "
+                "reading cannot see", sys._getframe(1))
     if event in PROCESSES and State.exercise is not None and student_frame(sys._getframe(1)):
-        why = f"{event} from student code: a process does work the test's measurements and " \
-            "refusals do not see"
-        State.refused.append(f"{why} (from {student_frame(sys._getframe(1))})")
-        raise PermissionError(f"refused while grading: {why}")
+        _refuse(f"{event} from student code: a process does work the test's measurements and "
+                "refusals do not see", sys._getframe(1))
     if event == "open" and State.exercise is not None and isinstance(args[0], (str, bytes)):
         path = os.path.realpath(os.fsdecode(args[0]))
         caller = sys._getframe(1)
@@ -147,6 +165,7 @@ def _torch_state() -> dict:
             "torch-function modes": torch._C._len_torch_function_stack(),
             "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
             "global module and optimizer hooks": sum(map(len, hooks)), "_hooks": hooks,
+            "_saved": [dict(h) for h in hooks],
             "saved-tensor hooks": torch._C._autograd._top_saved_tensors_default_hooks(True) is not None}
 
 
@@ -164,8 +183,10 @@ def _restore() -> list[str]:
         _pop_mode()
     while torch._C._len_torch_function_stack() > before["torch-function modes"]:
         torch._C._pop_torch_function_stack()
-    for hooks in now["_hooks"] if now["global module and optimizer hooks"] else ():
-        hooks.clear()  # the course installs none
+    for hooks, saved in zip(before["_hooks"], before["_saved"]):
+        if hooks != saved:  # the course installs none; the grader, its own
+            hooks.clear()
+            hooks.update(saved)
     return changed + State.snap.changes()
 
 
@@ -261,6 +282,7 @@ def pytest_sessionstart(session):
         importlib.import_module(info.name)
     State.early = Snapshot([(ns, _code(ns), False) for ns in _compared()] + [
         (torch.Tensor, dict(vars(torch.Tensor)), False), (torch, _torch_functions(), False)])
+    register_optimizer_step_pre_hook(_step_hook)
     State.torch, State.plugins = _torch_state(), _plugins(session.config)
     threading.setprofile(_on_new_thread)
     sys.addaudithook(_audit)

@@ -52,7 +52,7 @@ MODULES = {  # what exercise code may use (None: freely), and what it may not, b
     **dict.fromkeys(("torch", "numpy", "math", "functools", "itertools", "operator", "collections",
                      "heapq", "bisect", "copy", "dataclasses", "enum", "typing", "abc", "contextlib",
                      "re", "time", "warnings", "weakref", "fractions", "statistics", "random",
-                     "numbers", "labkit", "logging", "__future__", "os.path", "os.sep",
+                     "numbers", "labkit", "logging", "__future__", "os.path", "posixpath", "os.sep",
                      "os.cpu_count", "gc.collect", "types.SimpleNamespace", "sys.maxsize",
                      "sys.float_info", "sys.byteorder", "sys.version_info", "sys.platform",
                      "sys.stdout", "sys.stderr", "sys.getsizeof")),
@@ -108,6 +108,9 @@ DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", 
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
               "__torch_dispatch__", "__slots__", "__version__", "__qualname__", "__module__",
               "__doc__")
+TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typing.NewType",
+               "typing.TypeVar")
+"""What makes a class from its arguments (a module's constant made by one is no text)."""
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
 MUTATORS = {n for t in (dict, list, set) for n in dir(t)} - {
     n for t in (types.MappingProxyType, tuple, frozenset) for n in dir(t)} | {"__init__"}
@@ -161,7 +164,7 @@ def _module(name: str):
 def _objects(parts: tuple[str, ...]) -> tuple:
     """The objects along a dotted path as the interpreter has them, as far as they resolve
     through modules and classes (private names too; a submodule not yet loaded is imported)."""
-    out, obj = [], _module(parts[0])
+    out, obj = [], _module(parts[0]) or sys.modules.get(parts[0])
     for i, name in enumerate(parts):
         if i:
             if not isinstance(obj, (types.ModuleType, type)):
@@ -206,7 +209,7 @@ def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]
         out += [(v, where) for where in map(_defined_at, objs)  # a re-export of what is refused
                 if where and (v := _verdict(where)) not in (None, "module")]
         private = [p for p in parts[1:] if p.startswith("_") and not _dunder(p)]
-        if private and parts[0] not in ("torch", "labkit"):
+        if private and parts[0] != "torch":
             out.append(("interpreter", ".".join(parts)))
     for head in parts:
         if head in FRAMES or (_dunder(head) and head not in {*DUNDERS_OK, *DATA_MODEL}) or (
@@ -257,6 +260,19 @@ def _type_like(node) -> bool:
                (isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitOr)) for n in ast.walk(node))
 
 
+def _makes_type(value, names: dict) -> bool:
+    """A call that makes a class (``enum.Enum("Kind", "A B")``, ``namedtuple(...)``): what an
+    annotation may name, not a text ``get_type_hints`` would run."""
+    path = _path(value.func) if isinstance(value, ast.Call) else None
+    parts = [*names.get(path.split(".")[0], path.split(".")[0]).split("."),
+             *path.split(".")[1:]] if path else []
+    objs = _objects(tuple(parts)) if parts else ()
+    makers = [_objects(tuple(m.split(".")))[-1] for m in TYPE_MAKERS]
+    return len(objs) == len(parts) > 0 and any(objs[-1] is m or (
+        isinstance(objs[-1], type) and isinstance(m, type) and issubclass(objs[-1], m))
+        for m in makers)
+
+
 def _target_names(target) -> set[str]:
     """The names an assignment's target binds (``a``, ``a, *b``), not those it writes into."""
     if isinstance(target, ast.Name):
@@ -279,7 +295,7 @@ class _Reader(ast.NodeVisitor):
     def __init__(self, path, aliases, course, unit, exercises):
         self.path, self.aliases, self.course = path, dict(aliases), course
         self.unit, self.exercises, self.found = unit, exercises, []
-        self.literal_loops: dict[str, bool] = {}
+        self.literal_loops: dict[str, list] = {}  # name -> the literal strings it takes
         self.local: set[str] = set()  # parameters and names the unit binds (compile = ...)
         self.texts: set[str] = set()  # the module's constants that are not types: text
         self.opaque: set[str] = set()  # local names and paths (holder.t) of foreign objects
@@ -309,9 +325,13 @@ class _Reader(ast.NodeVisitor):
             return "module", self.aliases[node.id].split(".") + attrs
         return ("self" if node.id in ("self", "cls") else "local"), [node.id] + attrs
 
-    def shortcut(self, node, *names: str) -> None:
+    def shortcut(self, node, *names: str, module: bool = False) -> None:
+        """The ``shortcut`` flag for ``names`` (of a module's path: where each object it reaches
+        is defined too, ``torch.optim.adam._single_tensor_adam`` re-exported elsewhere)."""
+        real = [n for o in _objects(names) for n in (o.__name__ if isinstance(
+            o, types.ModuleType) else _defined_at(o) or "").split(".")] if module else []
         for ex in self.exercises:
-            hit = shortcuts.matching(ex, *names)
+            hit = shortcuts.matching(ex, *names, *real)
             if hit:
                 self.flag(node, "shortcut", f"{hit} in exercise {ex}")
 
@@ -319,7 +339,7 @@ class _Reader(ast.NodeVisitor):
         kind, parts = self.chain(node)
         self.flags(node, parts if kind in ("module", "?") else parts[1:], kind)
         if kind != "self":
-            self.shortcut(node, *(parts if kind == "module" else parts[1:]))
+            self.shortcut(node, *(parts if kind == "module" else parts[1:]), module=kind == "module")
         if kind == "module" and not getattr(node, "aliased", False) and _is_module(parts):
             self.flag(node, "module", f"the module {ast.unparse(node)} used as a value")
         if node.attr == "__setattr__" and not getattr(node, "called", False):
@@ -336,6 +356,7 @@ class _Reader(ast.NodeVisitor):
     def visit_Name(self, node):
         if isinstance(node.ctx, ast.Store):
             self.local.add(node.id)
+            self.literal_loops.pop(node.id, None)
         if node.id in BUILTINS and node.id not in self.aliases and node.id not in self.local:
             self.flag(node, BUILTINS[node.id], node.id)
         elif _dunder(node.id) and node.id not in DUNDERS_OK:
@@ -345,7 +366,7 @@ class _Reader(ast.NodeVisitor):
                       f"{node.id} used as a value")
         elif node.id in self.aliases:
             self.flags(node, self.aliases[node.id].split("."))
-            self.shortcut(node, *self.aliases[node.id].split("."))
+            self.shortcut(node, *self.aliases[node.id].split("."), module=True)
             if isinstance(node.ctx, ast.Load) and not getattr(node, "aliased", False) and \
                     _is_module(self.aliases[node.id].split(".")):
                 self.flag(node, "module", f"the module {node.id} used as a value")
@@ -374,13 +395,14 @@ class _Reader(ast.NodeVisitor):
         if isinstance(func, ast.Name) and func.id in BY_NAME and len(args) >= 2:
             func.called = True
             kind, parts = self.chain(args[0])
-            if isinstance(args[1], ast.Constant) and isinstance(args[1].value, str):
+            literal = [args[1].value] if isinstance(args[1], ast.Constant) and isinstance(
+                args[1].value, str) else self.literal_loops.get(getattr(args[1], "id", None))
+            for name in literal or ():  # getattr(m, "x"); for name in ("a", "b"): getattr(m, name)
                 resolved = kind in ("module", "?")
-                self.flags(node, parts + [args[1].value] if resolved else [args[1].value],
+                self.flags(node, parts + [name] if resolved else [name],
                            kind if resolved else "local")
-                self.shortcut(node, args[1].value)
-            elif kind != "self" and not (isinstance(args[1], ast.Name) and
-                                         self.literal_loops.get(args[1].id)):
+                self.shortcut(node, name)
+            if literal is None and kind != "self":
                 self.flag(node, "dynamic names", ast.unparse(node)[:60])
             if func.id in ("setattr", "delattr") and self._not_own(args[0]):
                 self.flag(node, "patching", ast.unparse(node)[:60])
@@ -393,11 +415,7 @@ class _Reader(ast.NodeVisitor):
         if isinstance(func, ast.Attribute) and (func.attr in MUTATORS or (
                 func.attr.endswith("_") and not func.attr.startswith("_"))):  # RECIPES.update(),
             func.called = True  # dict.update(RECIPES, ...), T.add_(1); not torch.add, F.relu_
-            kind, parts = self.chain(func.value)
-            objs = _objects(tuple(parts)) if kind == "module" else ()
-            unbound = parts in (["dict"], ["list"], ["set"], ["object"]) or (
-                objs and len(objs) == len(parts) and isinstance(objs[-1], type))
-            target = (args[0] if args else None) if unbound else func.value
+            (target, unbound), (kind, parts) = self._receiver(func, args), self.chain(func.value)
             if target is not None and self._not_own(target) and not (
                     kind == "module" and _is_module(parts)):
                 self.flag(node, "patching", f"{ast.unparse(node)[:60]} changes it in place")
@@ -406,7 +424,8 @@ class _Reader(ast.NodeVisitor):
                 self.holders.add(_path(target))  # box.append(given): box holds it
         if isinstance(func, ast.Attribute) and func.attr == "__setattr__":
             func.called = True  # object.__setattr__(self, ...) sets the student's own object
-            if not args or self._not_own(args[0]):
+            target = self._receiver(func, args)[0]
+            if target is None or self._not_own(target):
                 self.flag(node, "patching", ast.unparse(node)[:60])
         if isinstance(func, ast.Name) and func.id == "vars" and args and \
                 self.chain(args[0])[0] in ("module", "?"):
@@ -424,6 +443,15 @@ class _Reader(ast.NodeVisitor):
             self.flag(node, "patching", f"{ast.unparse(node)[:60]} (setattr by names)")
         self.generic_visit(node)
 
+    def _receiver(self, func, args) -> tuple:
+        """(what a method call changes, whether it was called on the class): ``x`` of
+        ``x.update(...)``, of ``dict.update(x, ...)``, of ``object.__setattr__(x, ...)``."""
+        kind, parts = self.chain(func.value)
+        objs = _objects(tuple(parts)) if kind == "module" else ()
+        unbound = parts in (["dict"], ["list"], ["set"], ["object"], ["type"]) or bool(
+            objs and len(objs) == len(parts) and isinstance(objs[-1], type))
+        return ((args[0] if args else None) if unbound else func.value), unbound
+
     def _not_own(self, target) -> bool:
         """A target that is not the student's own object: a module, a given name, the class of
         an object (``type(x)``, ``cls``), a namespace (``vars(m)``), anything reached from them,
@@ -436,12 +464,18 @@ class _Reader(ast.NodeVisitor):
             if not isinstance(target, (ast.Attribute, ast.Subscript)) and not (
                     isinstance(target, ast.Call) and not isinstance(target.func, ast.Name)):
                 break
-            if isinstance(target, ast.Call) and self.chain(target.func)[0] == "module" and \
-                    ".".join(self.chain(target.func)[1]) not in VIEWS:
+            if isinstance(target, ast.Call) and self._made_new(target):
                 return False  # a library's function makes a new object: torch.einsum(...).mul_()
             if isinstance(target, ast.Attribute) and target.attr == "__class__":
                 return True  # x.__class__.step = f: the class of anything, like type(x)
             through, target = True, target.func if isinstance(target, ast.Call) else target.value
+        if through and self._origin(target):
+            return True  # [c for c in (given,)][0], [given][0]
+        if isinstance(target, ast.Call) and target.func.id in ("vars", "getattr") and target.args:
+            obj = target.args[0]  # vars(own), getattr(own, "a"): the student's (unless it holds
+            name = target.args[1:2] and getattr(target.args[1], "value", None)  # foreign ones)
+            return self._not_own(ast.Attribute(obj, name) if isinstance(name, str) else obj) or \
+                any(p.startswith(f"{_path(obj)}.") for p in self.opaque | self.holders)
         if isinstance(target, ast.Call):
             return target.func.id in ("type", "vars", "getattr", "globals") or \
                 self._origin(target) == "foreign"
@@ -523,6 +557,17 @@ class _Reader(ast.NodeVisitor):
             return self._origin(value.value, element=True)
         if _path(value) in self.opaque or _path(value) in self.holders:  # box.t
             return "foreign" if _path(value) in self.opaque or element else "holder"
+        if isinstance(value, ast.Attribute) and value.attr in ("__class__", "__name__",
+                                                              "__qualname__", "__doc__"):
+            return "foreign" if value.attr == "__class__" else ""  # (a class; a text)
+        if isinstance(value, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            saved = set(self.opaque), set(self.holders)  # [c for c in (given,)]: holds them
+            for gen in value.generators:
+                self._bind(gen.target, gen.iter, element=True)
+            inner = {self._origin(getattr(value, k)) for k in ("elt", "key", "value")
+                     if hasattr(value, k)}
+            self.opaque, self.holders = saved
+            return "" if not inner - {""} else "foreign" if element else "holder"
         if isinstance(value, (ast.Attribute, ast.Starred, ast.NamedExpr)):
             return "foreign" if self._origin(value.value, element) == "foreign" else ""
         if isinstance(value, (ast.IfExp, ast.BoolOp)):
@@ -532,9 +577,13 @@ class _Reader(ast.NodeVisitor):
         if isinstance(value, ast.Call):  # sorted([cls])[0]: an element of what it made
             return "foreign" if element and self._returns(value) == "holder" else \
                 self._returns(value)
-        if isinstance(value, ast.Attribute) and value.attr == "__class__":
-            return "foreign"  # the class of anything, like type(x)
-        return ""  # an operator, a comprehension: a new object
+        return ""  # an operator: a new object
+
+    def _made_new(self, call) -> bool:
+        """A call of a library module's function (``torch.einsum``, ``np.zeros``, a class of
+        it): a new object; not a class's method (``torch.optim.SGD.mro()``)."""
+        kind, parts = self.chain(call.func)
+        return kind == "module" and ".".join(parts) not in VIEWS and _is_module(parts[:-1])
 
     def _returns(self, call) -> str:
         """The origin of what a call returns: torch's, numpy's and math's functions make new
@@ -545,7 +594,7 @@ class _Reader(ast.NodeVisitor):
         kind, parts = self.chain(call.func)
         given = [*call.args, *(k.value for k in call.keywords)]
         origins = {self._origin(a) for a in given} - {""}
-        if kind == "module" and parts[0] in ("torch", "numpy", "math"):
+        if parts[:1] in (["torch"], ["numpy"], ["math"]) and self._made_new(call):
             return ""
         if parts in (["type"], ["vars"], ["globals"]) or (kind in ("local", "self") and
                                                           parts[-1] in self.giving):
@@ -612,7 +661,20 @@ class _Reader(ast.NodeVisitor):
                                   node.args.defaults), *zip(node.args.kwonlyargs,
                                                             node.args.kw_defaults)]:
             self._bind(ast.Name(arg.arg), default)  # def f(M=torch.nn.Module): M is foreign
+        own = _scope(node.body)  # a name the function binds is its own throughout (Python's
+        comprehended = {id(n) for c in own if isinstance(c, ast.comprehension)  # rule), but
+                        for n in ast.walk(c.target)}  # a comprehension's loop names
+        bound = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)} | {
+            n.id for n in own if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+            and id(n) not in comprehended} | {getattr(n, "name", None) for n in own}
+        bound -= {g for n in own if isinstance(n, (ast.Global, ast.Nonlocal)) for g in n.names}
+        outer, course = self.aliases, self.course
+        self.aliases = {n: a for n, a in outer.items() if n not in bound} | aliases(
+            node.body, self.path)
+        self.course = course - bound
         self.generic_visit(node)
+        self.aliases = {**outer, **{g: self.aliases[g] for g in self.globals & set(self.aliases)}}
+        self.course = course
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
@@ -630,12 +692,22 @@ class _Reader(ast.NodeVisitor):
             self.flag(node, "patching", f"global {name}")
 
     def visit_For(self, node):
-        """A loop over literal names (``for name in ("dp", "tp")``) reads like the names."""
-        if isinstance(node.target, ast.Name):
-            self.literal_loops[node.target.id] = isinstance(node.iter, (ast.Tuple, ast.List)) and \
-                all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.iter.elts)
+        """A loop over literal names (``for name in ("dp", "tp")``, ``for obj, name in ((a,
+        "x"), ...)``) reads like the names, until the name is bound again."""
+        self.visit(node.target)
+        names = [node.target] if isinstance(node.target, ast.Name) else getattr(node.target,
+                                                                                "elts", [])
+        rows = [[e] if isinstance(node.target, ast.Name) else getattr(e, "elts", [])
+                for e in getattr(node.iter, "elts", [None])]
+        for i, name in enumerate(names):
+            values = [row[i] if len(row) == len(names) else None for row in rows]
+            if isinstance(name, ast.Name) and all(isinstance(getattr(v, "value", None), str)
+                                                  and isinstance(v, ast.Constant) for v in values):
+                self.literal_loops[name.id] = [v.value for v in values]
         self._bind(node.target, node.iter, element=True)
-        self.generic_visit(node)
+        for child in (node.iter, *getattr(node, "ifs", []), *getattr(node, "body", []),
+                      *getattr(node, "orelse", [])):
+            self.visit(child)
 
     visit_comprehension = visit_For
 
@@ -669,7 +741,7 @@ class _Reader(ast.NodeVisitor):
             path = base + alias.name if alias.name != "*" else base[:-1]
             if not any(m.startswith(path + ".") and MODULES[m] is None for m in MODULES):
                 self.flags(node, path.split("."))  # (import sys: sys.maxsize may be used)
-            self.shortcut(node, *path.split("."))
+            self.shortcut(node, *path.split("."), module=True)
 
     visit_ImportFrom = visit_Import
 
@@ -682,11 +754,22 @@ def _absolute(node: ast.ImportFrom, path: str) -> str:
     return ".".join(p for p in [*base, node.module] if p)
 
 
-def aliases(tree: ast.Module, path: str) -> dict[str, str]:
-    """{local name: dotted path} of a module's imports (anywhere in it; ``from m import *`` as
-    the names ``m`` really exports), ``path`` the module's ("labkit/lab1/accounting.py")."""
+def _scope(nodes) -> list:
+    """The nodes of one scope: not those inside its functions, lambdas and classes."""
+    out, todo = [], list(nodes)
+    while todo:
+        out.append(todo.pop())
+        if not isinstance(out[-1], (*DEFS, ast.Lambda)):
+            todo += ast.iter_child_nodes(out[-1])
+    return out
+
+
+def aliases(nodes, path: str) -> dict[str, str]:
+    """{local name: dotted path} of the imports of one scope (``nodes``: a module's body, a
+    function's; ``from m import *`` as the names ``m`` really exports), ``path`` the module's
+    ("labkit/lab1/accounting.py")."""
     out = {}
-    for node in ast.walk(tree):
+    for node in _scope(nodes):
         for a in getattr(node, "names", []) if isinstance(node, ast.Import) else []:
             top = a.name.split(".")[0]
             out[a.asname or top] = a.name if a.asname else top
@@ -707,14 +790,14 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
     other added definitions); those of one that no exercise uses, to every exercise of the
     module (it may run at import)."""
     p_tree = ast.parse(pristine)
-    names = aliases(ast.parse(merged.source), merged.path)
+    names = aliases(ast.parse(merged.source).body, merged.path)
     course = {n.name for n in p_tree.body if isinstance(n, DEFS) and n.name not in merged.units} \
-        | set(aliases(p_tree, merged.path))  # (an exercise function is the student's own)
+        | set(aliases(p_tree.body, merged.path))  # (an exercise function is the student's own)
     found, uses, binds = {}, {}, {}
     texts = {n for label, node, _ in merged.taken if label.startswith("the constant ")
              and not (isinstance(node.value, ast.Constant) and not isinstance(node.value.value, str))
              and not (_type_like(node.value) and not isinstance(node.value, ast.Constant))
-             for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
+             and not _makes_type(node.value, names) for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
     seed: tuple = ({}, set(), set(), set())  # aliases, opaque, holders, giving: shared
     for _ in range(3):  # again while units share foreign objects not yet known to the others
         shared = (dict(seed[0]), *map(set, seed[1:]))
