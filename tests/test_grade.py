@@ -217,7 +217,7 @@ def test_every_exercise_of_the_shortcut_table_exists_and_its_patterns_match_what
 
 
 LISTS = ("MODULES", "BUILTINS", "BY_NAME", "VIEWS", "CONTAINERS", "INTERNALS", "FRAMES", "DUNDERS_OK",
-         "VALUE_TYPES", "MUTATORS", "DATA_MODEL")
+         "VALUE_TYPES", "MUTATORS", "DATA_MODEL", "TYPE_MAKERS")
 
 
 def written_entries(path: Path, lists: tuple[str, ...]) -> int:
@@ -565,3 +565,34 @@ def test_code_the_reading_cannot_read_is_graded_as_the_stub(tmp_path, monkeypatc
     assert {"1.1", "1.2", "1.3", "1.4", "1.5"} <= set(prep.zeroed)
     assert prep.zeroed["1.1"][0].startswith("unreadable: RecursionError('too deep')")
     assert 'NotImplementedError("exercise 1.1' in (workspace / "src/labkit/lab1/accounting.py").read_text()
+
+
+RANK_PROBE = '''
+import os, sys
+os.environ["LABKIT_GRADE_EXERCISE"] = "4.4"
+sys.path.insert(0, sys.argv[1])
+import student_rank
+from labkit.ranks import launch
+try:
+    print("result", launch(student_rank.start_a_process, world_size=1, start_method="forkserver"))
+except Exception as exc:
+    print("refused" if "refused while grading" in str(exc) else f"error {exc!r}")
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_started_from_a_fresh_interpreter_gets_the_childs_hooks(tmp_path):
+    """On a GPU labkit.ranks starts ranks with forkserver: fresh interpreters that inherit none
+    of the child's hooks. The child's PYTHONPATH (runner._base_env) holds site/sitecustomize.py,
+    which installs them in every interpreter behind the wall: a process started from student code
+    in such a rank is refused. Without the grader's spec, the same rank starts it."""
+    (tmp_path / "student_rank.py").write_text(
+        "import subprocess\n\n\ndef start_a_process(rank, world_size):\n"
+        "    return subprocess.run(['true']).returncode\n")
+    env = runner._base_env(ROOT, tmp_path / "tmp")
+    spec = {"fd": -1, "scratch": str(tmp_path), "course": str(ROOT),
+            "student": {str(tmp_path / "student_rank.py"): [[1, 5]]}}
+    outs = [subprocess.run([sys.executable, "-c", RANK_PROBE, str(tmp_path)], env=env | extra,
+                           capture_output=True, text=True, timeout=240).stdout.strip().splitlines()
+            for extra in ({"LABKIT_GRADE_SPEC": json.dumps(spec)}, {})]
+    assert outs[0][-1:] == ["refused"] and outs[1][-1:] == ["result [0]"], outs

@@ -61,6 +61,7 @@ class State:
     seen: dict = {}      # nodeid -> "failed" or "skipped", as the reports said
     tamper: list = []
     kinds: dict = {}     # code object -> "student", "course" or ""
+    guarded = False      # guard() ran in this process
 
 
 def _kind(code) -> str:
@@ -282,8 +283,19 @@ def pytest_sessionstart(session):
         importlib.import_module(info.name)
     State.early = Snapshot([(ns, _code(ns), False) for ns in _compared()] + [
         (torch.Tensor, dict(vars(torch.Tensor)), False), (torch, _torch_functions(), False)])
-    register_optimizer_step_pre_hook(_step_hook)
+    guard()
     State.torch, State.plugins = _torch_state(), _plugins(session.config)
+
+
+def guard() -> None:
+    """The hooks of every process behind the wall, once: this plugin's, and those of a rank
+    that forkserver or spawn starts from a fresh interpreter (``site/sitecustomize.py`` calls
+    this there, the exercise being graded in ``LABKIT_GRADE_EXERCISE``; a forked rank inherits
+    them): torch's optimizer steps, new threads, audit events (processes, unpickling)."""
+    if State.guarded:
+        return
+    State.guarded, State.exercise = True, os.environ.get("LABKIT_GRADE_EXERCISE")
+    register_optimizer_step_pre_hook(_step_hook)
     threading.setprofile(_on_new_thread)
     sys.addaudithook(_audit)
     import _posixsubprocess  # multiprocessing's spawn calls it with no audit event of its own
@@ -292,6 +304,8 @@ def pytest_sessionstart(session):
         sys.audit("_posixsubprocess.fork_exec")
         return _run(*args)
     _posixsubprocess.fork_exec = fork_exec
+    if State.exercise in shortcuts.REBUILDS:  # a rank of this exercise's test: never left
+        Refuse(State.exercise).__enter__()
 
 
 @pytest.hookimpl(trylast=True)
@@ -328,6 +342,7 @@ def pytest_collection_finish(session):
 def pytest_runtest_protocol(item, nextitem):
     mark = item.get_closest_marker("exercise")
     State.exercise, State.refused, State.flags = (mark.args[0] if mark and mark.args else "?"), [], []
+    os.environ["LABKIT_GRADE_EXERCISE"] = State.exercise  # for a rank's fresh interpreter
     mode = Refuse(State.exercise) if State.exercise in shortcuts.REBUILDS else None
     if mode is not None:
         mode.__enter__()
@@ -335,6 +350,7 @@ def pytest_runtest_protocol(item, nextitem):
     if mode is not None and torch._C._len_torch_dispatch_stack() == State.torch["dispatch modes"] + 1:
         mode.__exit__(None, None, None)  # else a mode was left on: _restore pops it, and says so
     State.exercise = None
+    os.environ.pop("LABKIT_GRADE_EXERCISE", None)
     problems = State.refused + _restore()
     tamper = State.tamper + ([] if _plugins(item.config) == State.plugins else
                              ["pytest's plugins or hook functions changed while the tests ran"])

@@ -401,7 +401,8 @@ class _Reader(ast.NodeVisitor):
                 resolved = kind in ("module", "?")
                 self.flags(node, parts + [name] if resolved else [name],
                            kind if resolved else "local")
-                self.shortcut(node, name)
+                self.shortcut(node, *(parts if kind == "module" else []), name,
+                              module=kind == "module")
             if literal is None and kind != "self":
                 self.flag(node, "dynamic names", ast.unparse(node)[:60])
             if func.id in ("setattr", "delattr") and self._not_own(args[0]):

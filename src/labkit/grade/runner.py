@@ -121,7 +121,8 @@ def _base_env(workspace: Path, tmp: Path) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("LABKIT_", "PYTEST_", "COV_")) and k not in ("PYTHONPATH",)}
-    env.update(PYTHONPATH=str(workspace / "src"), PYTHONDONTWRITEBYTECODE="1",
+    env.update(PYTHONPATH=f"{workspace / 'src/labkit/grade/site'}:{workspace / 'src'}",
+               PYTHONDONTWRITEBYTECODE="1",
                TMPDIR=str(tmp), HOME=str(tmp), USER="labkit-student", MPLCONFIGDIR=str(tmp / "mpl"),
                TORCHINDUCTOR_CACHE_DIR=str(tmp / "torchinductor"), TRITON_CACHE_DIR=str(tmp / "triton"),
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONHASHSEED="0",
