@@ -181,16 +181,18 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
         assert "threads" in flagged(table, "5.6") and "not the course's" in flagged(table, "5.6")
 
 
-@pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_assert_close_through_a_parameter",
-                                   "patch_inside_assert_close", "patch_assert_close_at_import"])
+@pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_assert_close_through_a_partial",
+                                   "patch_inside_assert_close_through_a_partial",
+                                   "patch_assert_close_at_import"])
 def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected, cheat):
     """widen_shared_tolerance: 5.6's forward reaches the tests' modules by computed names, tries
     to widen ATTN_TOL in place and to rebind it, then returns an answer off by 1e-3. The dict
     is read-only, the rebinding is put back and fails the test: no forward test passes.
-    patch_assert_close_through_a_parameter: torch.testing.assert_close rebound through a module
-    reached by a computed name (before: 4/22 with a forward of zeros), or the function it calls
-    inside torch.testing._comparison (patch_inside_assert_close): the functions of the modules
-    the tests compare with are put back after each test, which fails: not one point. Rebound at
+    patch_assert_close_through_a_partial: torch.testing.assert_close rebound through a module
+    reached by a computed name and a partial's call (before: 4/22 with a forward of zeros), or
+    the function it calls inside torch.testing._comparison
+    (patch_inside_assert_close_through_a_partial): the functions of the modules the tests
+    compare with are put back after each test, which fails: not one point. Rebound at
     import, before a test ran (patch_assert_close_at_import, with a forward of zeros): recorded
     before any student code was imported, the change voids the lab's run."""
     extra = ("return_zeros",) if cheat == "patch_assert_close_at_import" else ()
@@ -206,17 +208,17 @@ def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected
         assert "was rebound" in flagged(table, "5.6")
 
 
-LAUNDERED = {"call_laundered_class_patch": ("1.1", "count_params"),
-             "class_attribute_foreign_class": ("1.2", "static_bytes"),
-             "closure_returned_foreign_class": ("1.3", "activation_bytes"),
+LAUNDERED = {"laundered_by_computed_setattr": ("1.1", "count_params"),
+             "laundered_by_vars_item": ("1.2", "static_bytes"),
+             "laundered_by_partial_call": ("1.3", "activation_bytes"),
              "exception_args_foreign_class": ("1.5", "predict_peak")}
 
 
 def test_a_class_of_torch_patched_through_a_laundered_name_is_put_back(tmp_path, collected):
     """torch.nn.Module._named_members (under parameters(), which the tests' references count)
-    replaced through names the reading takes for the student's own: a call's result, a class
-    attribute, a closure's return, an exception's argument, one shape per exercise of lab 1, each
-    returning 0. The child records torch.nn's classes before any student code is imported and
+    replaced through names the reading cannot follow: an attribute set by a computed name, an
+    item of an object's namespace, a partial's call, an exception's argument, one shape per
+    exercise of lab 1, each returning 0. The child records torch.nn's classes before any student code is imported and
     puts them back after each test, which fails: 1.1 (whose reference the patch zeroes) earns
     nothing, and each exercise says what was rebound."""
     sub = student_edition(tmp_path / "sub")

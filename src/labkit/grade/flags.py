@@ -10,6 +10,7 @@ a name that is computed cannot be read: that is the ``dynamic names`` flag.
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import importlib
 import operator
@@ -108,11 +109,13 @@ DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", 
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
               "__torch_dispatch__", "__slots__", "__version__", "__qualname__", "__module__",
               "__doc__")
+HIGHER_ORDER = ("functools.reduce", "itertools.accumulate", "itertools.starmap", "map", "filter")
+"""What calls the function it is given first (its result holds none of that function)."""
 TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typing.NewType",
                "typing.TypeVar")
 """What makes a class from its arguments (a module's constant made by one is no text)."""
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
-MUTATORS = {n for t in (dict, list, set) for n in dir(t)} - {
+MUTATORS = {n for t in (dict, list, set, collections.deque) for n in dir(t)} - {
     n for t in (types.MappingProxyType, tuple, frozenset) for n in dir(t)} | {"__init__"}
 """The methods that change a dict, list or set in place (``update``, ``append``, ``__setitem__``,
 ``__ior__``...; on a foreign object, like a tensor's ``add_``)."""
@@ -273,6 +276,42 @@ def _makes_type(value, names: dict) -> bool:
         for m in makers)
 
 
+def _plain(obj) -> bool:
+    """What no code can change: a value that is not callable (``torch.float32``, ``math.pi``),
+    a type whose attributes cannot be set (``np.float32``, ``int``), a built-in function or
+    method (``math.ceil``, ``F.gelu``); not a module, a dict, a list or a set."""
+    return not isinstance(obj, (types.ModuleType, dict, list, set)) and (
+        not callable(obj) or isinstance(obj, (types.BuiltinFunctionType, types.MethodDescriptorType,
+                                              types.WrapperDescriptorType)) or
+        (isinstance(obj, type) and bool(obj.__flags__ & 256)))  # Py_TPFLAGS_IMMUTABLETYPE
+
+
+def _literal_names(unit) -> dict[str, list[str]]:
+    """{name: the strings it takes} of the names whose every binding in ``unit`` is a loop over
+    literal strings (``for name in ("dp", "tp")``, or a position of literal tuples: ``for obj,
+    name in ((a, "x"), ...)``); what any other binding makes (an empty loop too) is computed."""
+    found, other, looped = {}, set(), set()
+    for loop in ast.walk(unit):
+        if not isinstance(loop, (ast.For, ast.AsyncFor, ast.comprehension)):
+            continue
+        names = [loop.target] if isinstance(loop.target, ast.Name) else getattr(loop.target,
+                                                                                "elts", [])
+        rows = [[e] if isinstance(loop.target, ast.Name) else getattr(e, "elts", [])
+                for e in getattr(loop.iter, "elts", [None])]
+        for i, name in enumerate(n for n in names if isinstance(n, ast.Name)):
+            looped.add(id(name))
+            values = [row[i] if len(row) == len(names) else None for row in rows]
+            if values and all(isinstance(v, ast.Constant) and isinstance(v.value, str)
+                              for v in values):
+                found.setdefault(name.id, []).extend(v.value for v in values)
+            else:
+                other.add(name.id)
+    other |= {n.id for n in ast.walk(unit) if isinstance(n, ast.Name) and
+              not isinstance(n.ctx, ast.Load) and id(n) not in looped}
+    other |= {a.arg for a in ast.walk(unit) if isinstance(a, ast.arg)}
+    return {name: values for name, values in found.items() if name not in other}
+
+
 def _target_names(target) -> set[str]:
     """The names an assignment's target binds (``a``, ``a, *b``), not those it writes into."""
     if isinstance(target, ast.Name):
@@ -296,12 +335,26 @@ class _Reader(ast.NodeVisitor):
         self.path, self.aliases, self.course = path, dict(aliases), course
         self.unit, self.exercises, self.found = unit, exercises, []
         self.literal_loops: dict[str, list] = {}  # name -> the literal strings it takes
+        self.functions: list[tuple] = []  # (name, parameters) of those being read, innermost last
+        self.branches = 0  # how deep in branches the reading is
+        self.writers: dict[str, set] = {}  # function -> (position, name) of parameters it changes
         self.local: set[str] = set()  # parameters and names the unit binds (compile = ...)
         self.texts: set[str] = set()  # the module's constants that are not types: text
         self.opaque: set[str] = set()  # local names and paths (holder.t) of foreign objects
         self.holders: set[str] = set()  # ... of the student's objects that hold foreign ones
         self.globals: set[str] = set()  # the names it declares global
         self.giving: set[str] = set()  # the student's functions that return foreign objects
+
+    def visit(self, node):
+        """Read ``node``; inside a branch (a test, a loop, a ``try``) a name bound again may not be
+        (``if c: K = 0``), so it stays foreign if it was."""
+        branch = isinstance(node, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With,
+                                   ast.AsyncWith, ast.Match, ast.IfExp, ast.BoolOp))
+        self.branches += branch
+        try:
+            return super().visit(node)
+        finally:
+            self.branches -= branch
 
     def flag(self, node, name: str, what: str) -> None:
         self.found.append(Flag(name, f"{self.path}:{getattr(node, 'lineno', 0)}", f"`{what}`",
@@ -344,7 +397,8 @@ class _Reader(ast.NodeVisitor):
             self.flag(node, "module", f"the module {ast.unparse(node)} used as a value")
         if node.attr == "__setattr__" and not getattr(node, "called", False):
             self.flag(node, "patching", "__setattr__ used as a value")  # like setattr's
-        elif node.attr in MUTATORS and not getattr(node, "called", False) and (
+        elif node.attr in MUTATORS and not getattr(node, "called", False) and not (
+                kind == "module" and _is_module(parts[:-1])) and (  # operator.add: a function
                 parts[:-1] in (["dict"], ["list"], ["set"], ["object"]) or
                 self._not_own(node.value)):
             self.flag(node, "patching", f"{ast.unparse(node)[:60]} used as a value")
@@ -356,7 +410,6 @@ class _Reader(ast.NodeVisitor):
     def visit_Name(self, node):
         if isinstance(node.ctx, ast.Store):
             self.local.add(node.id)
-            self.literal_loops.pop(node.id, None)
         if node.id in BUILTINS and node.id not in self.aliases and node.id not in self.local:
             self.flag(node, BUILTINS[node.id], node.id)
         elif _dunder(node.id) and node.id not in DUNDERS_OK:
@@ -423,6 +476,15 @@ class _Reader(ast.NodeVisitor):
             if _path(target) and any(self._origin(a) for a in [*args[bool(unbound):], *(
                     k.value for k in node.keywords)]):
                 self.holders.add(_path(target))  # box.append(given): box holds it
+        if self.chain(func)[0] == "module" and args and _path(args[0]) and any(
+                self._origin(a) for a in args[1:]) and self.chain(func)[1][0] not in ("torch", "numpy", "math"):
+            self.holders.add(_path(args[0]))  # heapq.heappush(heap, (0, given)): heap holds it
+        written = self.writers.get((self.chain(func)[1] or [""])[-1], set())  # (position, name)
+        if any(self._origin(a) for i, a in enumerate(args)
+               if {i, i + 1} & {w[0] for w in written}) or any(
+                self._origin(k.value) for k in node.keywords if k.arg in {w[1] for w in written}):
+            self.flag(node, "patching", f"{ast.unparse(node)[:60]} (a function that changes "
+                      "what it is given, given what is not the student's)")
         if isinstance(func, ast.Attribute) and func.attr == "__setattr__":
             func.called = True  # object.__setattr__(self, ...) sets the student's own object
             target = self._receiver(func, args)[0]
@@ -467,6 +529,8 @@ class _Reader(ast.NodeVisitor):
                 break
             if isinstance(target, ast.Call) and self._made_new(target):
                 return False  # a library's function makes a new object: torch.einsum(...).mul_()
+            if isinstance(target, ast.Call) and self._origin(target) == "foreign":
+                return True  # box.setdefault("k", given).step = f
             if isinstance(target, ast.Attribute) and target.attr == "__class__":
                 return True  # x.__class__.step = f: the class of anything, like type(x)
             through, target = True, target.func if isinstance(target, ast.Call) else target.value
@@ -480,6 +544,9 @@ class _Reader(ast.NodeVisitor):
         if isinstance(target, ast.Call):
             return target.func.id in ("type", "vars", "getattr", "globals") or \
                 self._origin(target) == "foreign"
+        if isinstance(target, ast.Name) and self.functions and target.id in self.functions[-1][1]:
+            name, params = self.functions[-1]  # a write into a parameter: the callers' business
+            self.writers.setdefault(name, set()).add((params.index(target.id), target.id))
         if isinstance(target, ast.Name):
             return target.id in {*self.aliases, *self.course, "cls"}
         if isinstance(target, (ast.Tuple, ast.List, ast.Set, ast.Dict)):  # [torch.testing][0]
@@ -507,7 +574,7 @@ class _Reader(ast.NodeVisitor):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 self.texts |= _target_names(target)  # not a type: a text, if annotated with
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
-                isinstance(node.targets[0], ast.Name):
+                isinstance(node.targets[0], ast.Name) and not getattr(node, "in_class", False):
             name, (kind, parts) = node.targets[0].id, self.chain(node.value)
             if kind == "module" and isinstance(node.value, (ast.Name, ast.Attribute)):
                 self.aliases[name] = ".".join(parts)  # a local alias (its uses are read)
@@ -529,23 +596,27 @@ class _Reader(ast.NodeVisitor):
                 and len(target.elts) == len(value.elts) and not element:  # a, b = [], math.inf
             for t, v in zip(target.elts, value.elts):
                 self._bind(t, v)
+        elif isinstance(value, ast.Name) and value.id in ("self", "cls") and \
+                isinstance(target, ast.Name):  # me = self: me.kind is self.kind
+            for known in (self.opaque, self.holders):
+                known |= {target.id + p[len(value.id):] for p in known
+                          if p.startswith(value.id + ".")}
         elif isinstance(value, ast.Lambda) and self._origin(value.body):
             self.giving |= _target_names(target)  # get = lambda: torch.optim.SGD
         elif value is not None:
             names, origin = _target_names(target) | {_path(target)} - {None}, \
-                self._origin(value, element)
+                self._origin(value, element or isinstance(target, (ast.Tuple, ast.List)))
             if isinstance(target, ast.Subscript) and origin and _path(target.value):
                 return self.holders.add(_path(target.value))  # box["t"] = given: box holds it
-            self.opaque = self.opaque - names | (names if origin == "foreign" else set())
-            self.holders = self.holders - names | (names if origin == "holder" else set())
+            kept = set() if self.branches else names  # (what a branch binds may not be bound)
+            self.opaque = self.opaque - kept | (names if origin == "foreign" else set())
+            self.holders = self.holders - kept | (names if origin == "holder" else set())
 
     def _origin(self, value, element: bool = False) -> str:
         """"foreign", "holder" (a new container of foreign objects) or "" (the student's own)."""
         if isinstance(value, (ast.Name, ast.Attribute)) and self.chain(value)[0] == "module":
             objs, parts = _objects(tuple(self.chain(value)[1])), self.chain(value)[1]
-            plain = len(objs) == len(parts) and not callable(objs[-1]) and not isinstance(
-                objs[-1], (types.ModuleType, dict, list, set))  # torch.float32, math.pi
-            return "" if plain else "foreign"
+            return "" if len(objs) == len(parts) and _plain(objs[-1]) else "foreign"
         if isinstance(value, ast.Name):
             if value.id in {*self.course, *self.opaque}:
                 return "foreign"
@@ -592,8 +663,11 @@ class _Reader(ast.NodeVisitor):
         made of foreign objects (``dict(...)``, ``sorted``, ``copy.copy``) holds them, but a class
         or function it is given comes back as it is; any other function may return what it was
         given (``functools.reduce``, ``next``, the student's own helpers)."""
+        if isinstance(call.func, ast.Lambda):
+            return self._origin(call.func.body)  # (lambda: given)()
         kind, parts = self.chain(call.func)
-        given = [*call.args, *(k.value for k in call.keywords)]
+        given = [*call.args[".".join(parts) in HIGHER_ORDER:],  # reduce(operator.mul, shape)
+                 *(k.value for k in call.keywords if k.arg != "key")]
         origins = {self._origin(a) for a in given} - {""}
         if parts[:1] in (["torch"], ["numpy"], ["math"]) and self._made_new(call):
             return ""
@@ -616,7 +690,7 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Return(self, node):
         if node.value is not None and self._origin(node.value):
-            self.giving.add(self.unit.split(".")[-1])
+            self.giving.add(self.functions[-1][0] if self.functions else self.unit.split(".")[-1])
         self.generic_visit(node)
 
     visit_Yield = visit_YieldFrom = visit_Return
@@ -673,7 +747,15 @@ class _Reader(ast.NodeVisitor):
         self.aliases = {n: a for n, a in outer.items() if n not in bound} | aliases(
             node.body, self.path)
         self.course = course - bound
+        made = [(_path(d) or "").split(".")[-1] for d in node.decorator_list]
+        if node.name in self.giving and {"property", "cached_property"} & set(made):
+            self.opaque |= {f"self.{node.name}", f"cls.{node.name}"}  # self.kind: what it gives
+        elif set(made) & self.giving:
+            self.opaque.add(node.name)  # @keep def K(): K is what keep returns
+        self.functions.append((node.name, [a.arg for a in (*node.args.posonlyargs, *node.args.args,
+                                                           *node.args.kwonlyargs)]))
         self.generic_visit(node)
+        self.functions.pop()
         self.aliases = {**outer, **{g: self.aliases[g] for g in self.globals & set(self.aliases)}}
         self.course = course
 
@@ -684,7 +766,7 @@ class _Reader(ast.NodeVisitor):
         for case in node.cases:
             self._bind(ast.Tuple([ast.Name(n.name) for n in ast.walk(case.pattern)
                                   if isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name]),
-                       node.subject)
+                       node.subject, element=True)
         self.generic_visit(node)
 
     def visit_Global(self, node):
@@ -692,23 +774,11 @@ class _Reader(ast.NodeVisitor):
         for name in sorted(set(node.names) & self.course):
             self.flag(node, "patching", f"global {name}")
 
+    visit_Nonlocal = visit_Global
+
     def visit_For(self, node):
-        """A loop over literal names (``for name in ("dp", "tp")``, ``for obj, name in ((a,
-        "x"), ...)``) reads like the names, until the name is bound again."""
-        self.visit(node.target)
-        names = [node.target] if isinstance(node.target, ast.Name) else getattr(node.target,
-                                                                                "elts", [])
-        rows = [[e] if isinstance(node.target, ast.Name) else getattr(e, "elts", [])
-                for e in getattr(node.iter, "elts", [None])]
-        for i, name in enumerate(names):
-            values = [row[i] if len(row) == len(names) else None for row in rows]
-            if isinstance(name, ast.Name) and all(isinstance(getattr(v, "value", None), str)
-                                                  and isinstance(v, ast.Constant) for v in values):
-                self.literal_loops[name.id] = [v.value for v in values]
         self._bind(node.target, node.iter, element=True)
-        for child in (node.iter, *getattr(node, "ifs", []), *getattr(node, "body", []),
-                      *getattr(node, "orelse", [])):
-            self.visit(child)
+        self.generic_visit(node)
 
     visit_comprehension = visit_For
 
@@ -732,7 +802,33 @@ class _Reader(ast.NodeVisitor):
                 if isinstance(t, ast.Name)]
             for name in [n for n in names if _dunder(n) and n not in DUNDERS_OK]:
                 self.flag(stmt, "special methods", f"{name} in class {node.name}")
+            self.class_level(stmt, node.name)
         self.generic_visit(node)
+
+    def class_level(self, stmt, cls: str) -> None:
+        """A name bound in a class body is reached as ``self.X``, ``cls.X`` and ``Cls.X`` by every
+        unit: foreign there if it holds a foreign object; a module there is a module used as a
+        value (``class H: T = torch``)."""
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            base = _absolute(stmt, self.path) + "." if isinstance(stmt, ast.ImportFrom) else ""
+            bound = {a.asname or a.name.split(".")[0]: (base + a.name).split(".")
+                     for a in stmt.names}
+            for name, parts in bound.items():
+                if _is_module(parts):
+                    self.flag(stmt, "module", f"the module {'.'.join(parts)} bound in class {cls}")
+            origins = {n: "" if _plain((_objects(tuple(p)) or [None])[-1]) else "foreign"
+                       for n, p in bound.items()}
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+            stmt.in_class = True  # (no alias: self.T is not read through T)
+            origin = self._origin(stmt.value)
+            origins = {n: origin for t in getattr(stmt, "targets", [getattr(stmt, "target", None)])
+                       for n in _target_names(t)}
+        else:
+            return
+        for name, origin in origins.items():
+            paths = {f"{root}.{name}" for root in ("self", "cls", cls)}
+            self.opaque |= paths if origin == "foreign" else set()
+            self.holders |= paths if origin == "holder" else set()
 
     def visit_Import(self, node):
         """An import inside the student's code is read like what it imports (an import at the
@@ -799,13 +895,18 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
              and not (isinstance(node.value, ast.Constant) and not isinstance(node.value.value, str))
              and not (_type_like(node.value) and not isinstance(node.value, ast.Constant))
              and not _makes_type(node.value, names) for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
-    seed: tuple = ({}, set(), set(), set())  # aliases, opaque, holders, giving: shared
-    for _ in range(3):  # again while units share foreign objects not yet known to the others
-        shared = (dict(seed[0]), *map(set, seed[1:]))
+    classes = {n.name for n in ast.walk(ast.parse(merged.source)) if isinstance(n, ast.ClassDef)}
+    seed: tuple = ({}, set(), set(), set(), {})  # aliases, opaque, holders, giving, writers
+    for _ in range(len(merged.taken) + 1):  # again while units share what others do not know
+        shared = (dict(seed[0]), *map(set, seed[1:4]), {f: set(w) for f, w in seed[4].items()})
         for unit, node, exercises in merged.taken:
             reader = _Reader(merged.path, {**names, **seed[0]}, course, unit, exercises)
             reader.texts, reader.opaque, reader.holders, reader.giving = set(texts), *map(
-                set, seed[1:])
+                set, seed[1:4])
+            reader.writers = {f: set(w) for f, w in seed[4].items()}
+            reader.literal_loops = _literal_names(node)
+            if unit.endswith("(a class constant)"):
+                reader.class_level(node, unit.split(".")[0])
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or \
                     any(a.name == "*" for a in node.names):  # (whose names cannot be read)
                 reader.visit(node)
@@ -814,12 +915,14 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
             binds[unit] = bound_names(node)
             top = unit.startswith("the constant ")  # a module-level name, a global, self's
             kept = {p for p in (*reader.aliases, *reader.opaque, *reader.holders) if top or
-                    p.split(".")[0] in ("self", "cls", *reader.globals)}  # attributes
+                    p.split(".")[0] in ("self", "cls", unit, *classes, *reader.globals)}
             shared[0].update({p: a for p, a in reader.aliases.items() if p in kept and
                               names.get(p) != a})
             shared[1].update(kept & reader.opaque)
             shared[2].update(kept & reader.holders)
             shared[3].update(reader.giving)
+            for f, w in reader.writers.items():
+                shared[4].setdefault(f, set()).update(w)
         if shared == seed:
             break
         seed = shared
