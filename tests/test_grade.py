@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -217,7 +218,7 @@ def test_every_exercise_of_the_shortcut_table_exists_and_its_patterns_match_what
 
 
 LISTS = ("MODULES", "BUILTINS", "BY_NAME", "VIEWS", "CONTAINERS", "INTERNALS", "FRAMES", "DUNDERS_OK",
-         "VALUE_TYPES", "MUTATORS", "DATA_MODEL", "TYPE_MAKERS")
+         "VALUE_TYPES", "MUTATORS", "DATA_MODEL", "TYPE_MAKERS", "HIGHER_ORDER")
 
 
 def written_entries(path: Path, lists: tuple[str, ...]) -> int:
@@ -589,10 +590,12 @@ def test_a_rank_started_from_a_fresh_interpreter_gets_the_childs_hooks(tmp_path)
     (tmp_path / "student_rank.py").write_text(
         "import subprocess\n\n\ndef start_a_process(rank, world_size):\n"
         "    return subprocess.run(['true']).returncode\n")
-    env = runner._base_env(ROOT, tmp_path / "tmp")
+    short = Path(tempfile.mkdtemp(prefix="lk-"))  # forkserver's socket lives in TMPDIR: a
+    env = runner._base_env(ROOT, short)  # Unix socket's path has at most 107 bytes
     spec = {"fd": -1, "scratch": str(tmp_path), "course": str(ROOT),
             "student": {str(tmp_path / "student_rank.py"): [[1, 5]]}}
     outs = [subprocess.run([sys.executable, "-c", RANK_PROBE, str(tmp_path)], env=env | extra,
                            capture_output=True, text=True, timeout=240).stdout.strip().splitlines()
             for extra in ({"LABKIT_GRADE_SPEC": json.dumps(spec)}, {})]
+    shutil.rmtree(short, ignore_errors=True)
     assert outs[0][-1:] == ["refused"] and outs[1][-1:] == ["result [0]"], outs
