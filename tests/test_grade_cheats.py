@@ -59,10 +59,10 @@ def test_each_cheat_of_the_corpus_is_zeroed_flagged_or_dropped(tmp_path, path):
 
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
-    """The graded tests of labs 1, 3, 5 and 6, collected once from the pristine course."""
+    """The graded tests of labs 1, 2, 3, 5 and 6, collected once from the pristine course."""
     ws = tmp_path_factory.mktemp("collect") / "course"
     runner.copy_course(ROOT, ws)
-    return runner.collect(ws, labs=["1", "3", "5", "6"])
+    return runner.collect(ws, labs=["1", "2", "3", "5", "6"])
 
 
 def grade(sub, collected, exercises):
@@ -248,3 +248,27 @@ def test_what_an_exercise_rebuilds_is_refused_however_it_was_reached(tmp_path, c
     needle = load_cheat(CHEATS / f"{cheat}.txt")["needle"]
     assert any(needle in t["message"] for t in e["tests"]), [t["message"][:200] for t in e["tests"]]
     assert "refused at run time" in flagged(table, "3.2")
+
+
+@pytest.mark.parametrize("cheat, exercise, needle", [
+    ("rt8a_adam_step_on_course_io_thread", "2.7", "torch.optim.adam.Adam.step is refused"),
+    ("rt8a_clean_rank_from_course_thread", "2.7", "refused while grading"),
+    ("rt8a_step_hook_removed_by_handle", "3.2", "hooks were replaced"),
+    ("rt8a_fair_copy_copy_master", "3.2", None), ("rt8a_fair_own_adam_class_stepped", "3.2", None)])
+def test_work_handed_to_a_course_thread_is_refused_and_honest_work_is_not(tmp_path, collected,
+                                                                           cheat, exercise, needle):
+    """2.7's step handed to the course's own I/O pool (torch's Adam stepped there: before, 24/24)
+    or a spawned rank started from it: a thread started during a test is refused what student
+    code is refused, whoever calls. 3.2 stepping torch's Adam after removing the child's step hook
+    by a handle given its key (before: 16/16): the hooks are compared after each test. Honest 3.2
+    work the child once refused (0/16): a master made with copy.copy (pickling caches
+    Tensor.__slotnames__, now cached before the record) and the student's own Optimizer subclass
+    named Adam (the step hook judges library classes only): full marks."""
+    module_ = {"2.7": "lab2/nvme_offload.py", "3.2": "lab3/mixed_precision.py"}[exercise]
+    sub = submission(tmp_path, cheat, solved=(module_,), count_params=False)
+    e = grade(sub, collected, [exercise])["exercises"][exercise]
+    messages = [t["message"][:200] for t in e["tests"] if t["outcome"] != "passed"]
+    if needle is None:
+        assert e["earned"] == e["possible"], messages
+    else:
+        assert e["earned"] < e["possible"] and any(needle in m for m in messages), messages

@@ -14,6 +14,7 @@ once collected; files opened outside the scratch folder are noted.
 from __future__ import annotations
 
 import copy
+import copyreg
 import json
 import os
 import sys
@@ -39,6 +40,7 @@ COMPARE = ("torch.testing.", "torch.nn.", f"{pytest.approx.__module__}.", "math.
            "labkit.")  # what the tests compare and compute references with, found by the object
 PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
              "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
+HOOKS = "global module and optimizer hooks"
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
                 "pytest_report_teststatus", "pytest_runtest_call", "pytest_pyfunc_call")
 
@@ -62,6 +64,7 @@ class State:
     tamper: list = []
     kinds: dict = {}     # code object -> "student", "course" or ""
     guarded = False      # guard() ran in this process
+    side: set = set()    # the threads started during a test
 
 
 def _kind(code) -> str:
@@ -121,30 +124,39 @@ class Refuse(TorchDispatchMode):
 def _on_new_thread(frame, event, arg):
     sys.setprofile(None)
     if State.exercise is not None:
+        State.side.add(threading.get_ident())
         Refuse(State.exercise, side=True).__enter__()  # never left: it ends with the thread
 
 
+def _acting(frame) -> str | None:
+    """Who acts: the innermost student frame, or, on a thread started during a test (the
+    course's pools too, which student code may hand work to), that thread."""
+    return student_frame(frame) or (f"thread {threading.get_ident()}" if State.exercise and
+                                     threading.get_ident() in State.side else None)
+
+
 def _refuse(why: str, frame) -> None:
-    State.refused.append(f"{why} (from {student_frame(frame)})")
+    State.refused.append(f"{why} (from {_acting(frame)})")
     raise PermissionError(f"refused while grading: {why}")
 
 
 def _step_hook(optimizer, args, kwargs):
     """A torch optimizer's step (every one runs the global pre-hooks): refused when it is what
     the exercise rebuilds and student code steps it, however its class was reached."""
-    ex, cls = State.exercise, type(optimizer)
-    names = [n for c in cls.__mro__ for n in (*c.__module__.split("."), c.__qualname__)]
-    if ex not in shortcuts.STEPS_GIVEN and shortcuts.matching(ex or "", *names) and \
-            student_frame(sys._getframe(1)):
+    ex, cls = State.exercise, type(optimizer)  # (the course's and the student's classes aside)
+    names = [n for c in cls.__mro__ if not c.__module__.startswith("labkit.")
+             for n in (*c.__module__.split("."), c.__qualname__)]
+    if ex not in shortcuts.STEPS_GIVEN and shortcuts.matching(ex or "", inside=tuple(names)) \
+            and _acting(sys._getframe(1)):
         _refuse(shortcuts.reason(ex, f"{cls.__module__}.{cls.__qualname__}.step"),
                 sys._getframe(1))
 
 
 def _audit(event, args):
-    if event == "pickle.find_class" and student_frame(sys._getframe(1)):
+    if event == "pickle.find_class" and _acting(sys._getframe(1)):
         _refuse(f"unpickling {args[0]}.{args[1]} from student code: names from bytes, code the "
                 "reading cannot see", sys._getframe(1))
-    if event in PROCESSES and State.exercise is not None and student_frame(sys._getframe(1)):
+    if event in PROCESSES and State.exercise is not None and _acting(sys._getframe(1)):
         _refuse(f"{event} from student code: a process does work the test's measurements and "
                 "refusals do not see", sys._getframe(1))
     if event == "open" and State.exercise is not None and isinstance(args[0], (str, bytes)):
@@ -165,7 +177,7 @@ def _torch_state() -> dict:
             "dispatch modes": torch._C._len_torch_dispatch_stack(),
             "torch-function modes": torch._C._len_torch_function_stack(),
             "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-            "global module and optimizer hooks": sum(map(len, hooks)), "_hooks": hooks,
+            HOOKS: sum(map(len, hooks)), "_hooks": hooks,
             "_saved": [dict(h) for h in hooks],
             "saved-tensor hooks": torch._C._autograd._top_saved_tensors_default_hooks(True) is not None}
 
@@ -175,6 +187,8 @@ def _restore() -> list[str]:
     before, now = State.torch, _torch_state()
     changed = [f"torch's {k} ({before[k]} -> {now[k]})" for k in before
                if not k.startswith("_") and now[k] != before[k]]
+    if now["_saved"] != before["_saved"] and now[HOOKS] == before[HOOKS]:
+        changed.append(f"torch's {HOOKS} were replaced")  # (one removed, another added)
     torch.set_default_dtype(before["default dtype"])
     torch.set_grad_enabled(before["grad mode"])
     torch.use_deterministic_algorithms(before["deterministic algorithms"])
@@ -281,6 +295,8 @@ def pytest_sessionstart(session):
 
     for info in pkgutil.walk_packages(labkit.reference.__path__, "labkit.reference."):
         importlib.import_module(info.name)
+    for cls in (torch.Tensor, torch.nn.Parameter):  # pickling caches cls.__slotnames__: now
+        copyreg._slotnames(cls)
     State.early = Snapshot([(ns, _code(ns), False) for ns in _compared()] + [
         (torch.Tensor, dict(vars(torch.Tensor)), False), (torch, _torch_functions(), False)])
     guard()

@@ -223,9 +223,23 @@ def _path_flags(parts: list[str], kind: str = "module") -> list[tuple[str, str]]
             any(p.startswith("_") and not _dunder(p) for p in parts[1:-1]) or
             (parts[1:2] == ["ops"] and parts[2:3] not in ([], ["aten"]))):
         out.append(("private torch", ".".join(parts)))
+        if any(_imports(o) for o in _objects(tuple(parts))):  # torch._utils._import_dotted_name
+            out.append(("dynamic code", f"{'.'.join(parts)} (imports what it is told to)"))
     if kind != "local" and "__dict__" in parts:
         out.append(("interpreter", ".".join(parts)))  # a module's namespace
     return out
+
+
+def _imports(obj) -> bool:
+    """Whether a function's code (its nested functions' too) imports by a name it computes
+    (``__import__``, ``importlib.import_module``)."""
+    todo = [obj.__code__] if isinstance(obj, types.FunctionType) else []
+    while todo:
+        code = todo.pop()
+        if {"__import__", "import_module"} & set(code.co_names):
+            return True
+        todo += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return False
 
 
 def _defined_at(obj) -> str | None:
@@ -381,10 +395,13 @@ class _Reader(ast.NodeVisitor):
     def shortcut(self, node, *names: str, module: bool = False) -> None:
         """The ``shortcut`` flag for ``names`` (of a module's path: where each object it reaches
         is defined too, ``torch.optim.adam._single_tensor_adam`` re-exported elsewhere)."""
-        real = [n for o in _objects(names) for n in (o.__name__ if isinstance(
-            o, types.ModuleType) else _defined_at(o) or "").split(".")] if module else []
+        real = [(o.__name__ if isinstance(o, types.ModuleType) else _defined_at(o) or "")
+                for o in _objects(names)] if module else []
+        inside = tuple(n for r in real if not r.startswith("labkit.") for n in r.split(".")
+                       if n not in names)  # (where it is defined, if not what is written)
         for ex in self.exercises:
-            hit = shortcuts.matching(ex, *names, *real)
+            hit = shortcuts.matching(ex, *names, *(n for r in real for n in r.split(".")),
+                                     inside=inside)
             if hit:
                 self.flag(node, "shortcut", f"{hit} in exercise {ex}")
 

@@ -54,10 +54,13 @@ STEPS_GIVEN = ("3.7", "4.3")
 optimizers stepped from their code are not refused at run time (their names still are)."""
 
 
-def matching(exercise: str, *names: str) -> str | None:
-    """The first of ``names`` that a pattern of ``exercise`` matches, or None."""
+def matching(exercise: str, *names: str, inside: tuple = ()) -> str | None:
+    """The first of ``names`` that a pattern of ``exercise`` matches, or None; a name of
+    ``inside`` (where a library's object is defined: ``torch.optim.sparse_adam``) may match
+    anywhere in it (``SparseAdam``, ``_FunctionalAdam`` are torch's Adam too)."""
     patterns = REBUILDS.get(exercise, ("", ()))[1]
-    return next((n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)), None)
+    return next((n for n in (*names, *inside) if any(fnmatch.fnmatchcase(
+        n, f"*{p}*" if n in inside else p) for p in patterns)), None)
 
 
 def reason(exercise: str, name: str) -> str:
