@@ -245,14 +245,18 @@ def test_the_grader_stays_small():
     turned the deny-list of modules into an allow-list read through the interpreter's real
     modules and objects, and the child into a snapshot taken before any student code is
     imported: more lines (2,308) and names (165), and a reading that refuses what nobody
-    listed. Lines of src/labkit/grade; names written in the flags' lists; the shortcut table's
+    listed. Three more rounds (rt7-rt9: about 100 attempts, some 50 holes, 15 false flags or
+    refusals) made the reading follow names per scope and foreign objects through attributes,
+    containers, helpers and their parameters across units, and the child refuse by what runs
+    (optimizer steps, unpickling, a thread of the test, ranks started afresh): 2,640 lines, 176
+    names. Lines of src/labkit/grade; names written in the flags' lists; the shortcut table's
     distinct patterns, counted apart."""
-    sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").glob("*.py")}
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2298, sizes
-    assert entries <= 165 and patterns <= 35, (entries, patterns)
+    assert sum(sizes.values()) <= 2640, sizes
+    assert entries <= 176 and patterns <= 35, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

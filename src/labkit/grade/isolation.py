@@ -122,8 +122,10 @@ def choose(requested: str | None = None) -> Isolation:
 
 
 def _try(cand: Isolation) -> str | None:
-    """None if a child behind ``cand`` imports torch and pytest, writes its scratch folder and
-    cannot write beside it; else what went wrong."""
+    """None if a child behind ``cand`` imports torch and pytest, writes its scratch folder,
+    cannot write beside it and can start this Python again (a rank that forkserver or spawn
+    starts: not so as the dedicated user when the interpreter lies in a folder only root may
+    read, like /root/.pyenv); else what went wrong."""
     if not sys.platform.startswith("linux") or not shutil.which("setpriv") or \
             (cand.level == "namespaces" and not shutil.which("unshare")):
         return "needs Linux with util-linux's unshare and setpriv"
@@ -131,9 +133,14 @@ def _try(cand: Isolation) -> str | None:
     try:
         base.chmod(0o755)
         (base / "scratch").mkdir()
-        probe = ("import pathlib, sys, torch, pytest\n(pathlib.Path(sys.argv[1]) / 'ok').touch()\n"
+        probe = ("import pathlib, subprocess, sys, torch, pytest\n"
+                 "(pathlib.Path(sys.argv[1]) / 'ok').touch()\n"
                  "try:\n    open(sys.argv[2], 'w')\nexcept OSError:\n    pass\nelse:\n"
-                 "    sys.exit('it could write outside its scratch folder')\n")
+                 "    sys.exit('it could write outside its scratch folder')\n"
+                 "try:\n    subprocess.run([sys.executable, '-c', ''], check=True)\n"
+                 "except (OSError, subprocess.CalledProcessError) as exc:\n"
+                 "    sys.exit(f'it cannot start this Python again, as ranks started afresh do "
+                 "({exc})')\n")
         done = subprocess.run(cand.wrap([sys.executable, "-c", probe, str(base / "scratch"),
                                          str(base / "outside")], base / "scratch"),
                               capture_output=True, text=True, timeout=120)
