@@ -272,3 +272,43 @@ def test_work_handed_to_a_course_thread_is_refused_and_honest_work_is_not(tmp_pa
         assert e["earned"] == e["possible"], messages
     else:
         assert e["earned"] < e["possible"] and any(needle in m for m in messages), messages
+
+
+OPTIM_PATCHES = ("rt9b_cached_lambda_gives_foreign_class", "rt9b_dataclass_default_factory",
+                 "rt9b_enum_member_by_subscript", "rt9b_exception_args_foreign",
+                 "rt9b_helper_called_from_list", "rt9b_instance_method_result_patched",
+                 "rt9b_map_lambda_returns_foreign", "rt9b_numpy_object_array_element",
+                 "rt9b_own_subclass_mro_reaches_base", "rt9b_partial_of_next_over_foreign",
+                 "rt9b_property_built_by_call", "rt9b_reduce_lambda_returns_foreign",
+                 "rt9b_singledispatch_registered_returns_foreign", "rt9b_torch_identity_function",
+                 "rt9b_weakref_dereferenced")
+LAB1 = {"1.1": "count_params", "1.2": "static_bytes", "1.3": "activation_bytes",
+        "1.4": "korthikanti_activation_bytes", "1.5": "predict_peak"}
+
+
+@pytest.mark.parametrize("group", range(3))
+def test_torch_optim_patched_where_the_reading_cannot_follow_is_put_back(tmp_path, collected, group):
+    """torch.optim.SGD.step replaced through fifteen routes the reading does not follow (a cached
+    or mapped lambda, a dataclass's default factory, an Enum member, a weak reference, an object
+    array, torch.jit.annotate...; rt9b), five at a time, one per exercise of lab 1: the child
+    records torch.optim's (and torch.autograd's) classes and functions before any student code,
+    puts each change back after the test and fails it, saying what was rebound."""
+    cheats = OPTIM_PATCHES[group * 5:group * 5 + 5]
+    sub = student_edition(tmp_path / "sub")
+    for cheat, function in zip(cheats, LAB1.values()):
+        apply_cheat(sub / "src" / "labkit", {**load_cheat(CHEATS / f"{cheat}.txt"),
+                                             "edit": f"body {function}"})
+    table = grade(sub, collected, list(LAB1))
+    for cheat, ex in zip(cheats, LAB1):
+        assert "SGD.step was rebound" in flagged(table, ex), (cheat, flagged(table, ex))
+
+
+def test_torch_autograd_patched_through_a_table_of_torch_is_put_back(tmp_path, collected):
+    """6.5's backward replaces torch.autograd.gradcheck, reached as a key of
+    torch.overrides.get_overridable_functions() (before: the gradcheck test passed with a wrong
+    backward): recorded before any student code, put back after the test, which fails."""
+    sub = submission(tmp_path, "rt9b_overridable_functions_give_torch", solved=("lab6/fusion.py",),
+                     count_params=False)
+    table = grade(sub, collected, ["6.5"])
+    assert table["exercises"]["6.5"]["earned"] == 0, table["exercises"]["6.5"]
+    assert "gradcheck was rebound" in flagged(table, "6.5")

@@ -576,8 +576,9 @@ class _Reader(ast.NodeVisitor):
         for t in targets:
             if isinstance(t, (ast.Tuple, ast.List)):
                 self._targets(node, t.elts, verb)
-            elif isinstance(t, (ast.Attribute, ast.Subscript)) and self._not_own(t.value):
-                self.flag(t, "patching", f"{verb} {ast.unparse(t)[:60]}")
+            elif isinstance(t, (ast.Attribute, ast.Subscript)) and (self._not_own(t.value) or
+                                                                    getattr(t, "attr", "") == "__class__"):
+                self.flag(t, "patching", f"{verb} {ast.unparse(t)[:60]}")  # (x.__class__ = K)
 
     def visit_Assign(self, node):
         self._targets(node, node.targets if isinstance(node, ast.Assign) else [node.target],
