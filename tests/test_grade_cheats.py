@@ -254,7 +254,8 @@ def test_what_an_exercise_rebuilds_is_refused_however_it_was_reached(tmp_path, c
     ("rt8a_adam_step_on_course_io_thread", "2.7", "torch.optim.adam.Adam.step is refused"),
     ("rt8a_clean_rank_from_course_thread", "2.7", "refused while grading"),
     ("rt8a_step_hook_removed_by_handle", "3.2", "hooks were replaced"),
-    ("rt8a_fair_copy_copy_master", "3.2", None), ("rt8a_fair_own_adam_class_stepped", "3.2", None)])
+    ("rt8a_fair_copy_copy_master", "3.2", None), ("rt8a_fair_own_adam_class_stepped", "3.2", None),
+    ("rt9a_fair_static_bytes_last_call_memo", "1.2", None)])
 def test_work_handed_to_a_course_thread_is_refused_and_honest_work_is_not(tmp_path, collected,
                                                                            cheat, exercise, needle):
     """2.7's step handed to the course's own I/O pool (torch's Adam stepped there: before, 24/24)
@@ -263,8 +264,11 @@ def test_work_handed_to_a_course_thread_is_refused_and_honest_work_is_not(tmp_pa
     by a handle given its key (before: 16/16): the hooks are compared after each test. Honest 3.2
     work the child once refused (0/16): a master made with copy.copy (pickling caches
     Tensor.__slotnames__, now cached before the record) and the student's own Optimizer subclass
-    named Adam (the step hook judges library classes only): full marks."""
-    module_ = {"2.7": "lab2/nvme_offload.py", "3.2": "lab3/mixed_precision.py"}[exercise]
+    named Adam (the step hook judges library classes only), and 1.2 memoizing its last answer in
+    its own class's constants (the child records no exercise module's class constants): full
+    marks."""
+    module_ = {"2.7": "lab2/nvme_offload.py", "3.2": "lab3/mixed_precision.py",
+               "1.2": "lab1/accounting.py"}[exercise]
     sub = submission(tmp_path, cheat, solved=(module_,), count_params=False)
     e = grade(sub, collected, [exercise])["exercises"][exercise]
     messages = [t["message"][:200] for t in e["tests"] if t["outcome"] != "passed"]

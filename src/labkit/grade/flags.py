@@ -351,6 +351,8 @@ class _Reader(ast.NodeVisitor):
         self.literal_loops: dict[str, list] = {}  # name -> the literal strings it takes
         self.functions: list[tuple] = []  # (name, parameters) of those being read, innermost last
         self.branches = 0  # how deep in branches the reading is
+        self.assigned: set[str] = set()  # attribute paths the unit assigns (counts.parameters)
+        self.own_classes: set[str] = set()  # the classes the submission defines
         self.writers: dict[str, set] = {}  # function -> (position, name) of parameters it changes
         self.local: set[str] = set()  # parameters and names the unit binds (compile = ...)
         self.texts: set[str] = set()  # the module's constants that are not types: text
@@ -408,7 +410,9 @@ class _Reader(ast.NodeVisitor):
     def visit_Attribute(self, node):
         kind, parts = self.chain(node)
         self.flags(node, parts if kind in ("module", "?") else parts[1:], kind)
-        if kind != "self":
+        own = kind == "local" and (parts[0] in self.own_classes or any(  # the student's class,
+            ".".join(parts[:i]) in self.assigned for i in range(2, len(parts) + 1)))  # fields
+        if kind != "self" and not own and not isinstance(node.ctx, ast.Store):
             self.shortcut(node, *(parts if kind == "module" else parts[1:]), module=kind == "module")
         if kind == "module" and not getattr(node, "aliased", False) and _is_module(parts):
             self.flag(node, "module", f"the module {ast.unparse(node)} used as a value")
@@ -497,8 +501,9 @@ class _Reader(ast.NodeVisitor):
                 self._origin(a) for a in args[1:]) and self.chain(func)[1][0] not in ("torch", "numpy", "math"):
             self.holders.add(_path(args[0]))  # heapq.heappush(heap, (0, given)): heap holds it
         written = self.writers.get((self.chain(func)[1] or [""])[-1], set())  # (position, name)
+        shift = int(isinstance(func, ast.Attribute))  # obj.m(a): a is m's second parameter
         if any(self._origin(a) for i, a in enumerate(args)
-               if {i, i + 1} & {w[0] for w in written}) or any(
+               if i + shift in {w[0] for w in written}) or any(
                 self._origin(k.value) for k in node.keywords if k.arg in {w[1] for w in written}):
             self.flag(node, "patching", f"{ast.unparse(node)[:60]} (a function that changes "
                       "what it is given, given what is not the student's)")
@@ -573,6 +578,7 @@ class _Reader(ast.NodeVisitor):
                                        ast.BinOp, ast.JoinedStr))  # new objects: the student's
 
     def _targets(self, node, targets, verb: str) -> None:
+        self.assigned |= {_path(t) for t in targets if isinstance(t, ast.Attribute)} - {None}
         for t in targets:
             if isinstance(t, (ast.Tuple, ast.List)):
                 self._targets(node, t.elts, verb)
@@ -693,8 +699,13 @@ class _Reader(ast.NodeVisitor):
                                                           parts[-1] in self.giving):
             return "foreign"  # (giving: the student's functions that return foreign objects)
         if isinstance(call.func, ast.Attribute) and not (kind == "module" and _is_module(
-                parts[:-1])) and self._origin(call.func.value) in ("foreign", "holder"):
-            return "foreign"  # a method of a foreign object or container: table.get("sgd")
+                parts[:-1])):  # a method: of a foreign object or container (table.get("sgd")),
+            receiver, unbound = self._receiver(call.func, call.args)  # or of a library class
+            if self._origin(call.func.value if receiver is None else receiver) in (
+                    "foreign", "holder"):  # called on an instance (torch.Tensor.float(x): x's)
+                return "foreign"
+            if call.func.attr in ("get", "setdefault", "pop"):
+                origins = {self._origin(a) for a in given[1:]} - {""}  # (a key never comes back)
         if kind == "local" and len(parts) == 1 and parts[0] in BUILTIN_NAMES and \
                 parts[0] not in (*VIEWS, *CONTAINERS):
             return ""  # isinstance, len, ...: a new value
@@ -922,7 +933,7 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
             reader.texts, reader.opaque, reader.holders, reader.giving = set(texts), *map(
                 set, seed[1:4])
             reader.writers = {f: set(w) for f, w in seed[4].items()}
-            reader.literal_loops = _literal_names(node)
+            reader.literal_loops, reader.own_classes = _literal_names(node), classes - course
             if unit.endswith("(a class constant)"):
                 reader.class_level(node, unit.split(".")[0])
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or \
