@@ -9,7 +9,9 @@ dedicated user, whose processes are killed after (:meth:`Isolation.sweep`); ``no
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
+import functools
 import os
 import pwd
 import shutil
@@ -59,6 +61,7 @@ class Isolation:
             return command
         if uid is not None:
             os.chown(scratch, uid, uid)
+            command = [_shared_python() if c == sys.executable else c for c in command]
         drop = ["setpriv", "--no-new-privs"] + (["--clear-groups"] if os.geteuid() == 0 else []) \
             + ([f"--reuid={uid}", f"--regid={uid}"] if uid is not None else [])
         if self.level == "user":
@@ -88,6 +91,30 @@ class Isolation:
 
     def describe(self) -> dict:
         return {"level": self.level, "how": self.how, "guarantees": STOPS[self.level]}
+
+
+@functools.cache
+def _shared_python() -> str:
+    """This Python if every user may run it; else (it lies in a folder only root may read, like
+    /root/.pyenv) a copy in a virtual environment others may run, seeing this one's packages:
+    the dedicated user must start it, and start it again (ranks started afresh)."""
+    real = os.path.realpath(sys.executable)
+    if all(os.stat(d).st_mode & 0o005 == 0o005 for d in Path(real).parents) and \
+            os.stat(real).st_mode & 0o005 == 0o005:
+        return sys.executable
+    venv = Path(tempfile.mkdtemp(prefix="labkit-python-"))
+    atexit.register(shutil.rmtree, venv, True)
+    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(venv)],
+                   check=True, capture_output=True)
+    site = subprocess.run([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig."
+                           "get_paths()['purelib'])"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (Path(site) / "labkit_grader.pth").write_text("\n".join(sys.path[1:]) + "\n")
+    for folder, _, files in os.walk(venv):
+        for path in [folder, *(os.path.join(folder, f) for f in files)]:
+            os.chmod(path, os.stat(path).st_mode | (0o555 if os.path.isdir(path) or
+                                                    os.access(path, os.X_OK) else 0o444))
+    return str(venv / "bin/python")
 
 
 _chosen: dict[str, Isolation] = {}
