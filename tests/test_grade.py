@@ -249,13 +249,13 @@ def test_the_grader_stays_small():
     refusals) made the reading follow names per scope and foreign objects through attributes,
     containers, helpers and their parameters across units, and the child refuse by what runs
     (optimizer steps, unpickling, a thread of the test, ranks started afresh) and record
-    torch.optim and torch.autograd: 2,696 lines, 176 names. Lines of src/labkit/grade; names
+    torch.optim and torch.autograd: 2,710 lines, 176 names. Lines of src/labkit/grade; names
     written in the flags' lists; the shortcut table's distinct patterns, counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2696, sizes
+    assert sum(sizes.values()) <= 2710, sizes
     assert entries <= 176 and patterns <= 35, (entries, patterns)
 
 

@@ -378,7 +378,14 @@ class _Reader(ast.NodeVisitor):
 
     def flags(self, node, parts, kind="module") -> None:
         for name, what in _path_flags(parts, kind):
-            self.flag(node, name, what)
+            if not (getattr(node, "own_operand", False) and name == "patching"):
+                self.flag(node, name, what)
+
+    def _in_place_operator(self, node) -> bool:
+        """``operator.iadd`` and its kin (which change their first operand), however named."""
+        kind, parts = self.chain(node)
+        return kind == "module" and parts[:1] == ["operator"] and len(parts) == 2 and \
+            MODULES.get(".".join(parts)) == "patching" and parts[1].startswith("i")
 
     def chain(self, node) -> tuple[str, list[str]]:
         """("module", its path) for a chain resolved through an alias; ("self", attributes) on
@@ -466,6 +473,13 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Call(self, node):
         func, args = node.func, node.args
+        if self._in_place_operator(func) and args and not self._not_own(args[0]):
+            func.own_operand = True  # operator.iadd(own, x): like own += x
+        higher = ".".join(self.chain(func)[1]) in HIGHER_ORDER
+        if higher and args and self._in_place_operator(args[0]) and (  # reduce(operator.iadd,
+                len(args) > 2 and not self._not_own(args[2]) or  # parts, own) changes own, or
+                len(args) == 2 and not self._origin(args[1])):  # the student's own elements
+            args[0].own_operand = True
         if isinstance(func, ast.Name) and func.id in BY_NAME and len(args) >= 2:
             func.called = True
             kind, parts = self.chain(args[0])
