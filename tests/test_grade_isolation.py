@@ -124,24 +124,11 @@ def test_the_wall_holds_around_a_cheating_exercise(tmp_path, level):
     assert "dynamic names" in " ".join(grades["submission"]["flags"]["1.1"])
 
 
-def _python_for_everyone(base: Path, as_user: list[str]) -> str:
-    """A Python with this one's packages that another user may run and that may start itself
-    again: this one, or (when it lives in a private folder, as under /root) a copy of it in a
-    virtual environment in ``base`` that sees this one's site-packages."""
-    again = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import torch'], check=True)"
-    if subprocess.run([*as_user, sys.executable, "-c", again], capture_output=True).returncode == 0:
-        return sys.executable
-    venv = base / "python"
-    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(venv)], check=True)
-    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print("
-                           "sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    (Path(site) / "labkit_test.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    for dirpath, _, files in os.walk(venv):
-        for name in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
-            os.chmod(name, os.stat(name).st_mode | 0o555 if os.path.isdir(name) or
-                     os.access(name, os.X_OK) else os.stat(name).st_mode | 0o444)
-    python = str(venv / "bin" / "python")
+def _python_for_everyone(as_user: list[str]) -> str:
+    """A Python with this one's packages that another user may run and start again: the one the
+    grader gives its dedicated user (isolation._shared_python: this one, or a copy others may
+    run when it lives in a private folder, as under /root)."""
+    python = isolation._shared_python()
     if subprocess.run([*as_user, python, "-c", "import pytest, torch"],
                       capture_output=True).returncode:
         pytest.skip(f"this checkout's packages ({sysconfig.get_paths()['purelib']}) lie in a "
@@ -159,7 +146,7 @@ def test_the_wall_holds_when_an_ordinary_user_grades(tmp_path):
     base, token = Path(tempfile.mkdtemp(prefix="labkit-user-grade-")), f"labkit-{secrets.token_hex(8)}"
     try:
         base.chmod(0o755)
-        python = _python_for_everyone(base, as_user)
+        python = _python_for_everyone(as_user)
         course, out = base / "course", base / "out"
         runner.copy_course(ROOT, course)  # no .git: git refuses a repository of another user
         srv = _listener()
