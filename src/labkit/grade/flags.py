@@ -312,10 +312,8 @@ def _literal_names(unit) -> dict[str, list[str]]:
                                                                                 "elts", [])
         rows = [[e] if isinstance(loop.target, ast.Name) else getattr(e, "elts", [])
                 for e in getattr(loop.iter, "elts", [None])]
-        for i, name in enumerate(names):  # (position i among all the targets)
-            if not isinstance(name, ast.Name):
-                continue
-            looped.add(id(name))
+        for i, name in [(i, n) for i, n in enumerate(names) if isinstance(n, ast.Name)]:
+            looped.add(id(name))  # (i: its position among all the targets)
             values = [row[i] if len(row) == len(names) else None for row in rows]
             if values and all(isinstance(v, ast.Constant) and isinstance(v.value, str)
                               for v in values):
