@@ -1,6 +1,6 @@
 """`make test`: the checks of the course, two cores kept busy, and the time of each part.
 
-    python tools/make_test.py [--only isolation,stubs,solutions,two-nodes,lint,notebooks,book,site]
+    python tools/make_test.py [--only isolation,stubs,solutions,grader,two-nodes,lint,notebooks,book,site]
 
 Parts (each starts once the parts it depends on have passed, ``AFTER``; on a failure nothing
 new starts, and what runs is waited for and reported):
@@ -9,7 +9,9 @@ new starts, and what runs is waited for and reported):
    grader's OS isolation needs (bubblewrap, via apt, as tools/ensure_chromium.sh does Chromium),
    before any test runs.
 1. ``stubs`` (every graded test must FAIL on the student stubs), ``solutions`` (every test of
-   tests/ passes with the reference solutions), ``two-nodes`` (tests/test_two_nodes.py: the
+   tests/ passes with the reference solutions), ``grader`` (tests/test_grade*.py, the grader's
+   own tests: each grades a submission in a child, so they are a part of their own that the
+   other core takes up while the solutions' run goes on), ``two-nodes`` (tests/test_two_nodes.py: the
    README's two-node torchrun command, two agents on 127.0.0.1) and ``lint`` (``ruff check .``;
    skipped with a message while ruff is not installed), side by side.
 2. ``notebooks`` (once stubs, two-nodes and lint have passed, beside the solutions' run):
@@ -47,6 +49,7 @@ NOTEBOOK_TIMES = LOGS / "notebooks.json"   # each notebook's result and seconds 
 
 
 ISOLATION = ROOT / "tools" / "autograder" / "ensure_isolation.sh"
+GRADER_TESTS = "tests/test_grade*.py"  # the grader part's files; the solutions part ignores them
 NO_RUFF = "lint: skipped, ruff is not installed in .venv (requirements.txt)"
 
 
@@ -64,8 +67,10 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
         # --durations: the slowest tests, at the end of each log (what to look at when it is slow)
         "stubs": (pytest + ["-q", "-m", "exercise", "--stubs-must-fail", "--tb=no", "--durations=15", "tests"],
                   {"LABKIT_SOLUTIONS": None}),
-        "solutions": (pytest + ["-q", "--durations=25", "tests", "--ignore=tests/test_two_nodes.py"],
-                      with_solutions),
+        "solutions": (pytest + ["-q", "--durations=25", "tests", "--ignore=tests/test_two_nodes.py",
+                                f"--ignore-glob={GRADER_TESTS}"], with_solutions),
+        "grader": (pytest + ["-q", "--durations=25"]
+                   + sorted(str(t.relative_to(ROOT)) for t in ROOT.glob(GRADER_TESTS)), with_solutions),
         "two-nodes": (pytest + ["-q", "-rs", "tests/test_two_nodes.py"], with_solutions),
         "lint": ([str(ruff), "check", "."] if ruff.exists() else ["echo", NO_RUFF], {}),
         # the slowest notebooks first, by the last run's times where there was one
@@ -85,7 +90,8 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
 # shorter parts of the first round have ended, on the core the stubs' run leaves free, while
 # the solutions' run goes on (three processes on two cores for a while, none left idle).
 AFTER = {"isolation": (),
-         "stubs": ("isolation",), "solutions": ("isolation",), "two-nodes": ("isolation",),
+         "stubs": ("isolation",), "solutions": ("isolation",), "grader": ("isolation",),
+         "two-nodes": ("isolation",),
          "lint": ("isolation",),
          "notebooks": ("stubs", "two-nodes", "lint"),
          "book": ("notebooks",),
