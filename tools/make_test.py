@@ -8,14 +8,13 @@ new starts, and what runs is waited for and reported):
 0. ``isolation`` (only where tools/autograder/ensure_isolation.sh exists): installs what the
    grader's OS isolation needs (bubblewrap, via apt, as tools/ensure_chromium.sh does Chromium),
    before any test runs.
-1. ``stubs`` (every graded test must FAIL on the student stubs), ``solutions`` (every test of
-   tests/ passes with the reference solutions), ``grader`` (tests/test_grade*.py, the grader's
-   own tests: each grades a submission in a child, so they are a part of their own that the
-   other core takes up while the solutions' run goes on), ``two-nodes`` (tests/test_two_nodes.py: the
-   README's two-node torchrun command, two agents on 127.0.0.1) and ``lint`` (``ruff check .``;
-   skipped with a message while ruff is not installed), side by side.
-2. ``notebooks`` (once stubs, two-nodes and lint have passed, beside the solutions' run):
-   nbval (``pytest --nbval-lax``, tools/nbval_book.py) executes every chapter, lab and test
+1. Side by side (the order of ``AFTER``): ``solutions`` (every test of tests/ passes with the
+   reference solutions), ``grader`` (tests/test_grade*.py, the grader's own tests: each grades
+   a submission in a child, a part of its own so that the two cores share the work),
+   ``two-nodes`` (tests/test_two_nodes.py: the README's two-node torchrun command, two agents
+   on 127.0.0.1), ``lint`` (``ruff check .``; skipped with a message while ruff is not
+   installed), then ``stubs`` (every graded test must FAIL on the student stubs), and
+2. ``notebooks``: nbval (``pytest --nbval-lax``, tools/nbval_book.py) executes every chapter, lab and test
    notebook once, two kernels at a time (pytest-xdist), the slowest first, fails with a
    cell's error, and stores each chapter's outputs in the book's jupyter-cache
    (_build/.jupyter_cache, emptied first so nothing stale is reused).
@@ -86,14 +85,15 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
 
 
 # Each part starts once the parts it names here have passed (parts not selected with --only
-# count as passed). The notebooks need no result of the solutions' run: they start when the
-# shorter parts of the first round have ended, on the core the stubs' run leaves free, while
-# the solutions' run goes on (three processes on two cores for a while, none left idle).
+# count as passed). The longest chain is notebooks -> book -> site (the site check mostly waits on
+# Chromium): the notebooks start first, with the solutions' and the grader's runs, and the stubs'
+# run once the short parts have ended; two cores shared by four or five processes, none idle,
+# and the site check's waiting overlaps the last of the pytest runs (a run of 2026-12-06: 846 s
+# wall when the notebooks waited for the stubs, idle time at the end).
 AFTER = {"isolation": (),
-         "stubs": ("isolation",), "solutions": ("isolation",), "grader": ("isolation",),
-         "two-nodes": ("isolation",),
-         "lint": ("isolation",),
-         "notebooks": ("stubs", "two-nodes", "lint"),
+         "notebooks": ("isolation",), "solutions": ("isolation",), "grader": ("isolation",),
+         "two-nodes": ("isolation",), "lint": ("isolation",),
+         "stubs": ("two-nodes", "lint"),
          "book": ("notebooks",),
          "site": ("book",)}
 
