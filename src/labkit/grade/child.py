@@ -86,7 +86,9 @@ def _kind(code) -> str:
 def student_frame(frame=None) -> str | None:
     """"file:line" of the innermost frame of student code on this thread's stack, or None."""
     frame = frame or sys._getframe(1)
-    while frame is not None and _kind(frame.f_code) != "student":
+    while frame is not None and _kind(frame.f_code) != "student" and not (  # a module's top:
+            frame.f_code.co_name == "<module>" and any(  # a constant, a default value
+                a <= frame.f_lineno <= b for a, b in STUDENT.get(os.path.realpath(frame.f_code.co_filename), ()))):
         frame = frame.f_back
     return frame and f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
@@ -163,12 +165,16 @@ def _audit(event, args):
     if event in PROCESSES and State.exercise is not None and _acting(sys._getframe(1)):
         _refuse(f"{event} from student code: a process does work the test's measurements and "
                 "refusals do not see", sys._getframe(1))
-    if event == "open" and State.exercise is not None and isinstance(args[0], (str, bytes)):
-        path = os.path.realpath(os.fsdecode(args[0]))
-        caller = sys._getframe(1)
-        if not (path + os.sep).startswith(READ_OK) and not caller.f_code.co_filename.startswith(
-                "<frozen") and student_frame(caller):
-            State.flags.append(f"files: opened {path} (from {student_frame(caller)})")
+    if event == "open" and _acting(sys._getframe(1)):  # (at import too)
+        path = os.path.realpath(os.fsdecode(args[0])) if isinstance(args[0], (str, bytes)) else ""
+        if State.exercise is not None and not (path + os.sep).startswith(READ_OK) and not \
+                sys._getframe(1).f_code.co_filename.startswith("<frozen"):
+            State.flags.append(f"files: opened {path} (from {_acting(sys._getframe(1))})")
+        if not path or (path.startswith("/proc/") and (  # /dev/fd/3, /dev/stdout: /proc/PID/fd
+                any(c in (args[1] or "") for c in "wax+") or (args[2] or 0) & 0o3103)):
+            _refuse(f"opening {args[0]!r} from student code: a file descriptor, or one of the "
+                    "process's own for writing (the result pipe is the grader's; the wall "
+                    "stops other writes outside the scratch folder)", sys._getframe(1))
 
 
 def _torch_state() -> dict:
@@ -228,7 +234,8 @@ class Snapshot:
                           spaces for f in names.values() if isinstance(f, types.FunctionType)]
         self.values = [(f"{ns.__name__}.{n}", v, copy.deepcopy(v)) for ns, _, _ in spaces
                        for n, v in list(vars(ns).items()) if n.strip("_").isupper() and
-                       type(v) is dict and 0 < len(v) < 10**4 and _plain(v)]
+                       type(v) is dict and 0 < len(v) < 10**4 and _plain(v) and
+                       not ns.__name__.startswith(EXERCISES)]  # (the student's own tables)
 
     def changes(self) -> list[str]:
         """What differs from the record, each put back."""
@@ -237,7 +244,7 @@ class Snapshot:
             now = vars(ns)
             for name in [n for n, v in names.items() if now.get(n) is not v and
                          not _torch_wrap(now.get(n), v)] + \
-                    [n for n in now if added and n not in names]:
+                    [n for n in now if added and n not in names and n != "__warningregistry__"]:
                 changed.append(f"{ns.__name__}.{name} was rebound")
                 if name in names:
                     setattr(ns, name, names[name])
