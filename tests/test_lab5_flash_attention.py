@@ -70,6 +70,19 @@ def _inputs(b, h, s, d, strided=False):
         return torch.randn(b, s, h, d).transpose(1, 2)
     return torch.randn(b, h, s, d)
 
+def _as_given(fn):
+    """``fn``, checked to leave its tensor arguments as the test gave them: a forward that rewrote
+    the test's q, k or v in place would choose what the test's reference is computed from."""
+    def run(*args, **kwargs):
+        kept = [(i, a.detach().clone()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        out = fn(*args, **kwargs)
+        for i, before in kept:
+            assert torch.equal(args[i].detach(), before), (
+                f"{fn.__name__} changed its argument {'qkv'[i] if i < 3 else i} in place: it must "
+                "leave its inputs as given")
+        return out
+    return run
+
 
 @pytest.mark.exercise("5.6", points=2)
 @pytest.mark.parametrize("causal", [False, True])
@@ -77,6 +90,7 @@ def test_flash_forward_matches_sdpa(causal):
     """Check O against F.scaled_dot_product_attention and L against logsumexp of the scores
     (every other shape with strided inputs)."""
     from labkit.lab5.flash_attention import flash_attention_forward
+    flash_attention_forward = _as_given(flash_attention_forward)
 
     for i, (b, h, s, d, bq, bk) in enumerate(ATTN_SHAPES):
         q, k, v = (_inputs(b, h, s, d, strided=i % 2) for _ in range(3))
@@ -131,6 +145,7 @@ def test_flash_keeps_float64_accuracy(causal):
     float32 land near 1e-7.
     """
     from labkit.lab5.flash_attention import flash_attention, flash_attention_forward
+    flash_attention_forward = _as_given(flash_attention_forward)
 
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, 2, 150, 16, dtype=torch.float64, requires_grad=True)
@@ -164,6 +179,7 @@ def test_flash_keeps_statistics_in_float32_for_16_bit_inputs(dtype):
     2e-3 for float16.
     """
     from labkit.lab5.flash_attention import flash_attention_forward
+    flash_attention_forward = _as_given(flash_attention_forward)
 
     torch.manual_seed(4)
     q, k, v = (torch.randn(2, 2, 300, 16, dtype=dtype) for _ in range(3))
@@ -193,6 +209,7 @@ def test_flash_backward_of_16_bit_inputs_matches_float64_gradients(dtype):
     errors 7e-3 and 8e-4). Accumulating in the 16-bit dtype is ~10x off, or fails to run.
     """
     from labkit.lab5.flash_attention import flash_attention_backward, flash_attention_forward
+    flash_attention_forward = _as_given(flash_attention_forward)
 
     torch.manual_seed(4)
     q, k, v, g = (torch.randn(2, 2, 300, 16, dtype=dtype) for _ in range(4))
@@ -254,9 +271,12 @@ def _attention_peak(fn, s, b=1, h=2, d=32):
 
     q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
     grad_out = torch.randn(b, h, s, d)
+    given = [x.detach().clone() for x in (q, k, v)]
     with MemTracker() as tracker:
         out = fn(q, k, v)
         out.backward(grad_out)
+    assert all(map(torch.equal, (q.detach(), k.detach(), v.detach()), given)), \
+        "the measured run changed q, k or v in place: it must leave its inputs as given"
     _check_measured(out, q, k, v, grad_out)
     return sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
 
@@ -327,6 +347,7 @@ def test_causal_flash_skips_the_tiles_above_the_diagonal():
     of the tiles that touch the diagonal or lie below it (forward: QKᵀ and PV; backward: the
     recomputed QKᵀ, dV, dP, dQ, dK), far below the non-causal count (S = 6 tiles of keys)."""
     from labkit.lab5.flash_attention import flash_attention_backward, flash_attention_forward
+    flash_attention_forward = _as_given(flash_attention_forward)
 
     b, h, s, d, bq, bk = 1, 2, 96, 8, 16, 16
     q, k, v, grad_out = (torch.randn(b, h, s, d) for _ in range(4))
