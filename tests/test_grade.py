@@ -249,14 +249,18 @@ def test_the_grader_stays_small():
     refusals) made the reading follow names per scope and foreign objects through attributes,
     containers, helpers and their parameters across units, and the child refuse by what runs
     (optimizer steps, unpickling, a thread of the test, ranks started afresh) and record
-    torch.optim and torch.autograd: 2,710 lines, 176 names. Lines of src/labkit/grade; names
-    written in the flags' lists; the shortcut table's distinct patterns, counted apart."""
+    torch.optim and torch.autograd: 2,710 lines, 176 names. Two more rounds (rt11: 8 holes, 13
+    false zeros or refusals of honest work) added a refusal of file descriptors (the result pipe),
+    measuring contexts as shortcuts, the "measured elsewhere" flag, and narrower rules for the
+    student's own instances, fields, classes and TYPE_CHECKING imports: 2,782 lines, 178 names, 40
+    patterns. Lines of src/labkit/grade; names written in the flags' lists; the shortcut table's
+    distinct patterns (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
-    patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps})
+    patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2710, sizes
-    assert entries <= 176 and patterns <= 35, (entries, patterns)
+    assert sum(sizes.values()) <= 2782, sizes
+    assert entries <= 178 and patterns <= 40, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:
@@ -603,3 +607,24 @@ def test_a_rank_started_from_a_fresh_interpreter_gets_the_childs_hooks(tmp_path)
             for extra in ({"LABKIT_GRADE_SPEC": json.dumps(spec)}, {})]
     shutil.rmtree(short, ignore_errors=True)
     assert outs[0][-1:] == ["refused"] and outs[1][-1:] == ["result [0]"], outs
+
+
+def test_the_childs_record_leaves_the_students_own_tables_and_warnings_registry_alone():
+    """Two refusals of honest work (rt11b): 1.3 filling its own module-level table
+    (``_ITEMSIZE.setdefault``) was "changed in place", 3.1's ``warnings.warn(..., stacklevel=2)``
+    added ``__warningregistry__`` to the test's module, "rebound" (4/6 and 4/15 points). The
+    child's record keeps the course's tables and names, not an exercise module's capitals tables
+    (the student's; the reading guards the course's) nor the registry warnings keeps."""
+    import types
+
+    from labkit.grade import child
+
+    own, tests, ref = (types.ModuleType(n) for n in ("labkit.lab1.x", "tests.x", "labkit.y"))
+    own._ITEMSIZE, ref.TOL = {"fp32": 4}, {"atol": 1e-6}
+    snap = child.Snapshot([(own, {}, False), (tests, dict(vars(tests)), True), (ref, {}, False)])
+    own._ITEMSIZE["bf16"] = 2
+    tests.__warningregistry__ = {"version": 0}
+    assert snap.changes() == []
+    ref.TOL["atol"], tests.ANSWER = 1.0, 42
+    assert snap.changes() == ["tests.x.ANSWER was rebound", "labkit.y.TOL was changed in place"]
+    assert ref.TOL == {"atol": 1e-6} and not hasattr(tests, "ANSWER")

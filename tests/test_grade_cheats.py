@@ -316,3 +316,43 @@ def test_torch_autograd_patched_through_a_table_of_torch_is_put_back(tmp_path, c
     table = grade(sub, collected, ["6.5"])
     assert table["exercises"]["6.5"]["earned"] == 0, table["exercises"]["6.5"]
     assert "gradcheck was rebound" in flagged(table, "6.5")
+
+
+@pytest.mark.parametrize("cheat", ["rt11a_forged_records_then_segfault",
+                                   "rt11a_forged_records_with_tripwires_and_done"])
+def test_the_result_pipe_is_out_of_student_reach(tmp_path, collected, cheat):
+    """1.1 writing "passed" records on every file descriptor the child might hold, then crashing
+    it before the genuine records come (the second also forging the tripwires' records, their
+    names read from the test file, and "done"): 34/34 before. Opening a file descriptor, or a
+    file outside the scratch folder for writing, from student code is refused (audit hook), so
+    nothing reaches the pipe: the crash leaves 1.1's tests without a result, 0 points."""
+    sub = submission(tmp_path, cheat, count_params=False)
+    e = grade(sub, collected, ["1.1"])["exercises"]["1.1"]
+    assert e["earned"] == 0, [(t["test"], t["outcome"], t["message"][:120]) for t in e["tests"]]
+
+
+@pytest.mark.parametrize("cheat, test, needle", [
+    ("rt11a_inputs_zeroed_before_the_reference",
+     "tests/test_lab5_flash_attention.py::test_flash_forward_matches_sdpa", "changed its argument"),
+    ("rt11a_memo_replays_the_baseline_call",
+     "tests/test_lab4_grad_accumulation.py::test_accumulation_activation_peak_is_one_micro_batch",
+     "with k = ")])  # (k = 4's peak, or now k = 1's, answered from the memo: no bytes saved)
+def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, cheat, test, needle):
+    """5.6's forward zeroing the test's q and v in place and returning attention of zeros (8/22
+    when the reference was computed after the call, from the same tensors); 4.1 answering the
+    measured k = 4 call from a memo of the test's own k = 1 run (full marks when k = 1 ran
+    first). The tests now check that the forward leaves its inputs as given and measure k = 4
+    first: with the reference solutions plus the cheat (plain pytest), the test fails, saying why."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "solutions" / "labkit", tmp_path / "labkit")
+    apply_cheat(tmp_path / "labkit", cheat)
+    if cheat.startswith("rt11a_memo"):
+        apply_cheat(tmp_path / "labkit", f"{cheat}_table")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                          cwd=ROOT, env={**os.environ, "LABKIT_SOLUTIONS": str(tmp_path)},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and needle in done.stdout, done.stdout[-2000:]

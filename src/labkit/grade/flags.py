@@ -38,10 +38,12 @@ FLAGS = {  # flag: (zeroes the exercise, what it means)
     "shortcut": (True, "uses what the exercise rebuilds (labkit.grade.shortcuts)"),
     "dynamic names": (False, "looks attributes or namespaces up by computed names"),
     "private torch": (False, "reaches a private torch namespace (torch._C, torch._VF, torch.ops "
-                      "beyond aten)"),
+                      "beyond aten) or a private attribute of an object not the student's"),
     "threads": (False, "starts threads"),
     "special methods": (False, "makes objects that can answer the tests' checks: special "
                         "methods, a subclass of a value type, a metaclass"),
+    "measured elsewhere": (False, "takes tensor data out of torch (.numpy(), torch.from_numpy) "
+                           "in an exercise whose tests measure torch's work, which they then miss"),
     "files": (False, "opened a file outside the test's scratch folder (seen at run time)"),
     "unreadable": (True, "the grader could not read this code (a fault of the grader's: report "
                    "it); it is not run unread"),
@@ -108,7 +110,7 @@ DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", 
               "__setattr__", "__repr__", "__str__", "__call__", "__len__", "__iter__", "__next__",
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
               "__torch_dispatch__", "__slots__", "__version__", "__qualname__", "__module__",
-              "__doc__")
+              "__doc__", "__match_args__", "__members__")
 HIGHER_ORDER = ("functools.reduce", "itertools.accumulate", "itertools.starmap", "map", "filter")
 """What calls the function it is given first (its result holds none of that function)."""
 TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typing.NewType",
@@ -305,13 +307,19 @@ def _literal_names(unit) -> dict[str, list[str]]:
     literal strings (``for name in ("dp", "tp")``, or a position of literal tuples: ``for obj,
     name in ((a, "x"), ...)``); what any other binding makes (an empty loop too) is computed."""
     found, other, looped = {}, set(), set()
+    stores = collections.Counter(n.id for n in ast.walk(unit) if isinstance(n, ast.Name) and
+                                 not isinstance(n.ctx, ast.Load))
+    tuples = {a.targets[0].id: a.value for a in ast.walk(unit) if isinstance(a, ast.Assign) and
+              len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and stores[
+                  a.targets[0].id] == 1 and isinstance(a.value, ast.Tuple)}  # rows = ("a", "b")
     for loop in ast.walk(unit):
         if not isinstance(loop, (ast.For, ast.AsyncFor, ast.comprehension)):
             continue
+        iterable = tuples.get(getattr(loop.iter, "id", None), loop.iter)  # for f in rows
         names = [loop.target] if isinstance(loop.target, ast.Name) else getattr(loop.target,
                                                                                 "elts", [])
         rows = [[e] if isinstance(loop.target, ast.Name) else getattr(e, "elts", [])
-                for e in getattr(loop.iter, "elts", [None])]
+                for e in getattr(iterable, "elts", [None])]
         for i, name in [(i, n) for i, n in enumerate(names) if isinstance(n, ast.Name)]:
             looped.add(id(name))  # (i: its position among all the targets)
             values = [row[i] if len(row) == len(names) else None for row in rows]
@@ -353,6 +361,10 @@ class _Reader(ast.NodeVisitor):
         self.branches = 0  # how deep in branches the reading is
         self.assigned: set[str] = set()  # attribute paths the unit assigns (counts.parameters)
         self.own_classes: set[str] = set()  # the classes the submission defines
+        self.instances: set[str] = set()  # names bound to new objects of those (or namespaces)
+        self.plain: set[str] = set()  # the student's classes of no base but their own
+        self.plain_classes: list[bool] = []  # per class being read: in plain
+        self.fields: set[str] = set()  # what the submission assigns on self (self._module)
         self.writers: dict[str, set] = {}  # function -> (position, name) of parameters it changes
         self.local: set[str] = set()  # parameters and names the unit binds (compile = ...)
         self.texts: set[str] = set()  # the module's constants that are not types: text
@@ -378,7 +390,8 @@ class _Reader(ast.NodeVisitor):
 
     def flags(self, node, parts, kind="module") -> None:
         for name, what in _path_flags(parts, kind):
-            if not (getattr(node, "own_operand", False) and name == "patching"):
+            if not (getattr(node, "own_operand", False) and name == "patching") and not (
+                    getattr(node, "literal", False) and name == "dynamic names"):
                 self.flag(node, name, what)
 
     def _in_place_operator(self, node) -> bool:
@@ -416,13 +429,21 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Attribute(self, node):
         kind, parts = self.chain(node)
-        self.flags(node, parts if kind in ("module", "?") else parts[1:], kind)
-        own = kind == "local" and (parts[0] in self.own_classes or any(  # the student's class,
-            ".".join(parts[:i]) in self.assigned for i in range(2, len(parts) + 1)))  # fields
+        mine = kind == "self" and parts[1] in {*self.fields, "__dict__"}  # self._module: own
+        self.flags(node, parts if kind in ("module", "?") else parts[1 + mine:], kind)
+        own = kind == "local" and (parts[0] in {*self.own_classes, *self.instances} or any(
+            ".".join(parts[:i]) in self.assigned for i in range(2, len(parts) + 1)))  # (fields)
         if kind != "self" and not own and not isinstance(node.ctx, ast.Store):
             self.shortcut(node, *(parts if kind == "module" else parts[1:]), module=kind == "module")
         if kind == "module" and not getattr(node, "aliased", False) and _is_module(parts):
             self.flag(node, "module", f"the module {ast.unparse(node)} used as a value")
+        if kind in ("local", "?") and not own and node.attr[:1] == "_" and not _dunder(node.attr) \
+                and node.attr not in {*self.fields, *dir(collections.namedtuple("T", ""))}:  # not
+            # t._replace; group._get_backend(dev) is below torch's API
+            self.flag(node, "private torch", f"{ast.unparse(node)[:60]} (a private attribute)")
+        if node.attr in ("numpy", "from_numpy") and not (kind == "module" and _is_module(parts)) \
+                and set(self.exercises) & set(shortcuts.MEASURED):
+            self.flag(node, "measured elsewhere", ast.unparse(node)[:60])
         if node.attr == "__setattr__" and not getattr(node, "called", False):
             self.flag(node, "patching", "__setattr__ used as a value")  # like setattr's
         elif node.attr in MUTATORS and not getattr(node, "called", False) and not (
@@ -480,6 +501,14 @@ class _Reader(ast.NodeVisitor):
                 len(args) > 2 and not self._not_own(args[2]) or  # parts, own) changes own, or
                 len(args) == 2 and not self._origin(args[1])):  # the student's own elements
             args[0].own_operand = True
+        getter = ".".join(self.chain(func)[1]) if self.chain(func)[0] == "module" else ""
+        if getter in ("operator.attrgetter", "operator.methodcaller") and args and all(
+                isinstance(a, ast.Constant) and isinstance(a.value, str)
+                for a in args[:None if getter.endswith("getter") else 1]):
+            func.literal = True  # attrgetter("start", "id"): each name read like getattr's
+            for name in args[:None if getter.endswith("getter") else 1]:
+                self.flags(node, name.value.split("."), "local")
+                self.shortcut(node, *name.value.split("."))
         if isinstance(func, ast.Name) and func.id in BY_NAME and len(args) >= 2:
             func.called = True
             kind, parts = self.chain(args[0])
@@ -584,7 +613,8 @@ class _Reader(ast.NodeVisitor):
             name, params = self.functions[-1]  # a write into a parameter: the callers' business
             self.writers.setdefault(name, set()).add((params.index(target.id), target.id))
         if isinstance(target, ast.Name):
-            return target.id in {*self.aliases, *self.course, "cls"}
+            return target.id in {*self.aliases, *self.course} or target.id == "cls" and not (
+                self.plain_classes and self.plain_classes[-1])  # (cls of the student's class)
         if isinstance(target, (ast.Tuple, ast.List, ast.Set, ast.Dict)):  # [torch.testing][0]
             return any(self._not_own(e) for e in ast.iter_child_nodes(target)
                        if not isinstance(e, ast.expr_context))
@@ -647,6 +677,13 @@ class _Reader(ast.NodeVisitor):
             if isinstance(target, ast.Subscript) and origin and _path(target.value):
                 return self.holders.add(_path(target.value))  # box["t"] = given: box holds it
             kept = set() if self.branches else names  # (what a branch binds may not be bound)
+            made = value  # _Kept(), _Kept().add(n), SimpleNamespace(...): a new own object
+            while isinstance(made, (ast.Call, ast.Attribute)):
+                made = made.func if isinstance(made, ast.Call) else made.value
+            new = isinstance(value, ast.Call) and not origin and not element and (
+                getattr(made, "id", None) in self.own_classes or
+                self.chain(value.func) == ("module", ["types", "SimpleNamespace"]))
+            self.instances = self.instances - names | (names if new else set())
             self.opaque = self.opaque - kept | (names if origin == "foreign" else set())
             self.holders = self.holders - kept | (names if origin == "holder" else set())
 
@@ -804,6 +841,12 @@ class _Reader(ast.NodeVisitor):
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
+    def visit_If(self, node):
+        """``if TYPE_CHECKING:`` (typing's): its body never runs (nor do :func:`aliases` read it)."""
+        if self.chain(node.test) == ("module", ["typing", "TYPE_CHECKING"]):
+            return [self.visit(n) for n in (node.test, *node.orelse)]
+        self.generic_visit(node)
+
     def visit_Match(self, node):
         """``match torch.nn.Module: case M:`` binds M to the subject."""
         for case in node.cases:
@@ -833,6 +876,7 @@ class _Reader(ast.NodeVisitor):
     visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
 
     def visit_ClassDef(self, node):
+        self.plain_classes.append(node.name in self.plain)
         enum = any(self.chain(b)[1][:1] == ["enum"] for b in node.bases)  # class R(str, Enum)
         for base in [] if enum else node.bases:
             if (self.chain(base)[1] or [""])[-1] in VALUE_TYPES:
@@ -847,6 +891,7 @@ class _Reader(ast.NodeVisitor):
                 self.flag(stmt, "special methods", f"{name} in class {node.name}")
             self.class_level(stmt, node.name)
         self.generic_visit(node)
+        self.plain_classes.pop()
 
     def class_level(self, stmt, cls: str) -> None:
         """A name bound in a class body is reached as ``self.X``, ``cls.X`` and ``Cls.X`` by every
@@ -877,6 +922,7 @@ class _Reader(ast.NodeVisitor):
         """An import inside the student's code is read like what it imports (an import at the
         module's top is read where its names are used: a leftover ``import gc`` zeroes nothing)."""
         base = _absolute(node, self.path) + "." if isinstance(node, ast.ImportFrom) else ""
+        node.literal = True  # (attrgetter is judged where it is called: with literal names?)
         for alias in node.names:
             path = base + alias.name if alias.name != "*" else base[:-1]
             if not any(m.startswith(path + ".") and MODULES[m] is None for m in MODULES):
@@ -899,7 +945,9 @@ def _scope(nodes) -> list:
     out, todo = [], list(nodes)
     while todo:
         out.append(todo.pop())
-        if not isinstance(out[-1], (*DEFS, ast.Lambda)):
+        if isinstance(out[-1], ast.If) and (_path(out[-1].test) or "").endswith("TYPE_CHECKING"):
+            todo += [out[-1].test, *out[-1].orelse]  # (its body: see _Reader.visit_If)
+        elif not isinstance(out[-1], (*DEFS, ast.Lambda)):
             todo += ast.iter_child_nodes(out[-1])
     return out
 
@@ -938,7 +986,13 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
              and not (isinstance(node.value, ast.Constant) and not isinstance(node.value.value, str))
              and not (_type_like(node.value) and not isinstance(node.value, ast.Constant))
              and not _makes_type(node.value, names) for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
-    classes = {n.name for n in ast.walk(ast.parse(merged.source)) if isinstance(n, ast.ClassDef)}
+    classes = {n.name: n for n in ast.walk(ast.parse(merged.source)) if isinstance(n, ast.ClassDef)}
+    plain: set = set()  # the student's classes of no base but such classes: ``cls`` is theirs
+    for _ in classes:
+        plain |= {c for c, n in classes.items() if c not in course and not n.keywords and
+                  all(getattr(b, "id", None) in plain for b in n.bases)}
+    fields = {t.attr for _, node, _ in merged.taken for t in ast.walk(node) if isinstance(
+        t, ast.Attribute) and isinstance(t.ctx, ast.Store) and getattr(t.value, "id", "") == "self"}
     seed: tuple = ({}, set(), set(), set(), {})  # aliases, opaque, holders, giving, writers
     for _ in range(len(merged.taken) + 1):  # again while units share what others do not know
         shared = (dict(seed[0]), *map(set, seed[1:4]), {f: set(w) for f, w in seed[4].items()})
@@ -947,7 +1001,8 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
             reader.texts, reader.opaque, reader.holders, reader.giving = set(texts), *map(
                 set, seed[1:4])
             reader.writers = {f: set(w) for f, w in seed[4].items()}
-            reader.literal_loops, reader.own_classes = _literal_names(node), classes - course
+            reader.literal_loops, reader.own_classes = _literal_names(node), set(classes) - course
+            reader.fields, reader.plain = fields, plain
             if unit.endswith("(a class constant)"):
                 reader.class_level(node, unit.split(".")[0])
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or \
