@@ -158,7 +158,8 @@ FLAGGED = [  # (an exercise body, the flag it raises, whether that flag zeroes t
     ("given.cache = 1", "patching", True),
     ("global given\ngiven = None", "patching", True),
     ("import timeit\ntimeit.timeit('import sys; sys.modules')", "interpreter", True),
-    ("return getattr(os, name)", "dynamic names", False),
+    ("return getattr(os, name)", "interpreter", True),  # a module's names, like vars(os)
+    ("return getattr(given, name)", "dynamic names", False),
     ("return torch._C._nn.gelu", "private torch", False),
     ("import threading\nthreading.Thread(target=print).start()", "threads", False),
     ("class Liar(float):\n    pass", "special methods", False),
@@ -252,14 +253,16 @@ def test_the_grader_stays_small():
     torch.optim and torch.autograd: 2,710 lines, 176 names. Two more rounds (rt11: 8 holes, 13
     false zeros or refusals of honest work) added a refusal of file descriptors (the result pipe),
     measuring contexts as shortcuts, the "measured elsewhere" flag, and narrower rules for the
-    student's own instances, fields, classes and TYPE_CHECKING imports: 2,782 lines, 178 names, 40
+    student's own instances, fields, classes and TYPE_CHECKING imports, and a module's names looked
+    up by computed names made an interpreter flag like vars(module); the user-level wall grades one lab at a time (its
+    sweep killed a sibling lab's child): 2,786 lines, 178 names, 40
     patterns. Lines of src/labkit/grade; names written in the flags' lists; the shortcut table's
     distinct patterns (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2782, sizes
+    assert sum(sizes.values()) <= 2786, sizes
     assert entries <= 178 and patterns <= 40, (entries, patterns)
 
 

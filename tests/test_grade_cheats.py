@@ -65,6 +65,14 @@ def collected(tmp_path_factory):
     return runner.collect(ws, labs=["1", "2", "3", "5", "6"])
 
 
+@pytest.fixture
+def unread(monkeypatch):
+    """The grader without its reading (``flags.read`` finds nothing): for the tests of what is
+    behind it, the child's refusals and records and the parent's rules, with cheats the reading
+    zeroes (they must hold where a reading misses)."""
+    monkeypatch.setattr(flags, "read", lambda merged, pristine: {})
+
+
 def grade(sub, collected, exercises):
     return runner.grade_submission(sub, course=ROOT, exercises=exercises, jobs=1, timeout=600,
                                    collected=collected)
@@ -95,35 +103,39 @@ def test_honest_work_in_unusual_styles_keeps_full_marks_and_no_flag(tmp_path, co
     assert table["submission"]["flags"] == {} and table["submission"]["zeroed"] == {}
 
 
-def test_a_blanket_pass_makes_the_tripwires_pass_and_voids_the_lab(tmp_path, collected):
+def test_a_blanket_pass_makes_the_tripwires_pass_and_voids_the_lab(tmp_path, collected, unread):
     """functools_reduce_getattr: 1.2's body reaches sys.modules by computed names and registers
-    a pytest plugin that reports every test passed (before: 34/34 on lab 1). The reading flags
-    the computed names; at run time the plugin set changed and the tripwire tests passed: the
-    lab's run is void, 1.1's honest points included."""
+    a pytest plugin that reports every test passed (before: 34/34 on lab 1). The reading zeroes
+    it now (graded here without the reading); at run time the plugin set changed and the tripwire
+    tests passed: the lab's run is void, 1.1's honest points included."""
     table = grade(submission(tmp_path, "functools_reduce_getattr"), collected, ["1.1", "1.2"])
     assert table["earned"] == 0, table["exercises"]
-    assert "dynamic names" in flagged(table, "1.2") and "tampering" in flagged(table, "1.2")
+    assert "tampering" in flagged(table, "1.2")
     assert all(t["message"].startswith("void:") for e in table["exercises"].values()
                for t in e["tests"])
 
 
-@pytest.mark.parametrize("cheat", ["forged_records_on_every_fd", "records_after_done"])
-def test_forged_or_late_records_void_the_lab(tmp_path, collected, cheat):
+@pytest.mark.parametrize("cheat, needle", [("forged_records_on_every_fd", "two records for one test"),
+                                           ("records_after_done", "after the test run said it was done")])
+def test_forged_or_late_records_void_the_lab(tmp_path, collected, unread, cheat, needle):
     """Lines written on every file descriptor from 1.3's body (the result pipe is one): a second
     record for a test (the real plugin still sends its own), or records after a forged "done".
-    There is no key to steal or signing function to call: the parent's rules void the run."""
+    There is no key to steal or signing function to call: the parent's rules void the run. (The
+    reading zeroes both, os reached by computed names; graded here without it. Opening the pipe
+    instead is refused: test_the_result_pipe_is_out_of_student_reach.)"""
     table = grade(submission(tmp_path, cheat), collected, ["1.1", "1.3"])
     assert table["earned"] == 0, table["exercises"]
-    assert load_cheat(CHEATS / f"{cheat}.txt")["needle"] in flagged(table, "1.3")
+    assert needle in flagged(table, "1.3")
 
 
-def test_global_state_left_changed_is_put_back_and_fails_the_test(tmp_path, collected):
+def test_global_state_left_changed_is_put_back_and_fails_the_test(tmp_path, collected, unread):
     """Code that runs at import (a decorator, a default value, a constant, a class body, a
     decorator of the student's own) and exercise bodies that leave torch's default dtype, grad
     mode, global hooks, saved-tensor hooks or a dispatch mode changed; one that opens
     /proc/self/mem. The first test
     after each change fails, says what changed, and the state is put back; seeding torch at
-    import changes nothing (the tests seed it themselves); the open is a flag."""
+    import changes nothing (the tests seed it themselves); the open is a flag. (Graded without the
+    reading, which zeroes the saved-tensor hooks and the dispatch mode: measuring contexts.)"""
     sub = submission(tmp_path, "decorator_side_effect", "default_argument_side_effect",
                      "module_constant_side_effect", "own_decorator_runs_at_import",
                      "class_body_statement", "default_dtype_in_body", "mode_left_on")
@@ -142,11 +154,12 @@ def test_global_state_left_changed_is_put_back_and_fails_the_test(tmp_path, coll
     assert table["exercises"]["1.2"]["earned"] == 0 and table["exercises"]["1.3"]["earned"] == 0
 
 
-def test_shortcuts_are_refused_at_the_dispatcher_however_spelled(tmp_path, collected):
+def test_shortcuts_are_refused_at_the_dispatcher_however_spelled(tmp_path, collected, unread):
     """Reached by computed names, which the reading cannot resolve: 5.6 through torch._VF's flash
     kernel (before: 17/22), 3.1 through the scale-update kernel (before: 15/15), 6.5 through
     F.gelu handed to a worker thread. Each operator is refused at PyTorch's dispatcher while the
-    exercise's tests run; every test that reached one fails with the reason."""
+    exercise's tests run; every test that reached one fails with the reason. (The reading now
+    zeroes these, a module's names looked up by computed names: graded here without it.)"""
     sub = submission(tmp_path, "vf_flash_attention_computed", "amp_update_scale_computed",
                      "gelu_on_worker_thread", solved=("lab5/flash_attention.py",
                                                       "lab3/loss_scaler.py", "lab6/fusion.py"))
@@ -184,7 +197,7 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
 @pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_assert_close_through_a_partial",
                                    "patch_inside_assert_close_through_a_partial",
                                    "patch_assert_close_at_import"])
-def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected, cheat):
+def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected, unread, cheat):
     """widen_shared_tolerance: 5.6's forward reaches the tests' modules by computed names, tries
     to widen ATTN_TOL in place and to rebind it, then returns an answer off by 1e-3. The dict
     is read-only, the rebinding is put back and fails the test: no forward test passes.
@@ -201,10 +214,8 @@ def test_shared_tolerances_and_comparisons_cannot_be_changed(tmp_path, collected
     tests = table["exercises"]["5.6"]["tests"]
     forward = [t for t in tests if "forward" in t["test"]]
     assert forward and all(t["outcome"] == "failed" for t in forward), forward
-    assert "dynamic names" in flagged(table, "5.6")
     if cheat != "widen_shared_tolerance":
         assert table["exercises"]["5.6"]["earned"] == 0, [(t["test"], t["outcome"]) for t in tests]
-        assert load_cheat(CHEATS / f"{cheat}.txt")["needle"] in flagged(table, "5.6")
         assert "was rebound" in flagged(table, "5.6")
 
 

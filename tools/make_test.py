@@ -68,6 +68,8 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
                   {"LABKIT_SOLUTIONS": None}),
         "solutions": (pytest + ["-q", "--durations=25", "tests", "--ignore=tests/test_two_nodes.py",
                                 f"--ignore-glob={GRADER_TESTS}"], with_solutions),
+        # one process: the user-level wall's sweep kills every process of the dedicated user,
+        # a grading beside it in another worker too
         "grader": (pytest + ["-q", "--durations=25"]
                    + sorted(str(t.relative_to(ROOT)) for t in ROOT.glob(GRADER_TESTS)), with_solutions),
         "two-nodes": (pytest + ["-q", "-rs", "tests/test_two_nodes.py"], with_solutions),

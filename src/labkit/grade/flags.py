@@ -29,7 +29,8 @@ FLAGS = {  # flag: (zeroes the exercise, what it means)
                "(the modules exercise code may use: labkit.grade.flags.MODULES)"),
     "grader": (True, "reaches the grader, the tests' references or the score table"),
     "interpreter": (True, "reaches the interpreter's internals: sys.modules, frames, code, "
-                    "namespaces, gc, builtins, a module's private names"),
+                    "namespaces (a module's, by computed names too), gc, builtins, a module's "
+                    "private names"),
     "processes": (True, "starts processes"),
     "dynamic code": (True, "turns text or bytes into code or imports (eval, torch.hub, "
                      "unpickling...)"),
@@ -521,7 +522,8 @@ class _Reader(ast.NodeVisitor):
                 self.shortcut(node, *(parts if kind == "module" else []), name,
                               module=kind == "module")
             if literal is None and kind != "self":
-                self.flag(node, "dynamic names", ast.unparse(node)[:60])
+                self.flag(node, "interpreter" if kind == "module" and _is_module(parts) else
+                          "dynamic names", ast.unparse(node)[:60])  # a module's, like vars(m)
             if func.id in ("setattr", "delattr") and self._not_own(args[0]):
                 self.flag(node, "patching", ast.unparse(node)[:60])
             if func.id == "setattr" and len(args) > 2 and isinstance(args[1], ast.Constant):
