@@ -128,7 +128,10 @@ classes you add beside them. Code at the top level of a file, changes to the giv
 files are not taken; calling the library function an exercise rebuilds (PyTorch's SDPA in the
 FlashAttention exercise, GradScaler's kernels in the loss scaler, …) is refused while that
 exercise is graded. Exercise code may use these modules and names only: {allowed}; any other
-module (however it is reached) earns the exercise no points when it is graded.
+module (however it is reached) earns the exercise no points when it is graded, and so does a
+module's name looked up by a name you compute (write `torch.float16`, or `getattr(torch,
+"float16")`, not `getattr(torch, "float" + bits)`). Where the tests measure torch's work (memory,
+FLOPs, saved tensors), keep it in torch: tensors taken to numpy are flagged for the instructor.
 
 ## The book
 
