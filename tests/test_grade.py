@@ -631,3 +631,31 @@ def test_the_childs_record_leaves_the_students_own_tables_and_warnings_registry_
     ref.TOL["atol"], tests.ANSWER = 1.0, 42
     assert snap.changes() == ["tests.x.ANSWER was rebound", "labkit.y.TOL was changed in place"]
     assert ref.TOL == {"atol": 1e-6} and not hasattr(tests, "ANSWER")
+
+
+@pytest.mark.parametrize("level, most", [("user", 1), ("namespaces", 2)])
+def test_the_user_level_wall_grades_one_lab_at_a_time(tmp_path, monkeypatch, level, most):
+    """The user-level wall's sweep kills every process of the dedicated user: with two labs
+    graded at once it killed the other lab's child (seen as 3/5 on honest work). At that level
+    the labs run one at a time whatever --jobs says; under namespaces, two at once."""
+    import threading
+    import time
+
+    from labkit.grade import isolation
+
+    running, seen, lock = [0], [], threading.Lock()
+
+    def fake_child(prep, files, exercises, tmp, timeout, wall):
+        with lock:
+            running[0] += 1
+            seen.append(running[0])
+        time.sleep(0.3)
+        with lock:
+            running[0] -= 1
+        return ['{"kind": "done"}'], ""
+    monkeypatch.setattr(runner, "run_child", fake_child)
+    tests = {f"tests/test_lab{n}_x.py::test_a": {"exercise": f"{n}.1", "points": 1, "test": "test_a",
+                                                 "file": f"tests/test_lab{n}_x.py"} for n in (1, 2)}
+    prep = runner.Prepared(tmp_path, tests)
+    runner.grade_prepared(prep, None, jobs=2, timeout=5, wall=isolation.Isolation(level, "test"))
+    assert max(seen) == most, seen
