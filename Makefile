@@ -51,7 +51,7 @@ test-stubs: setup
 	$(PY) tools/make_test.py --only stubs
 
 test-solutions: setup
-	$(PY) tools/make_test.py --only solutions,grader,cheats
+	$(PY) tools/make_test.py --only solutions,grader
 
 test-notebooks: setup
 	$(PY) tools/make_test.py --only notebooks

@@ -108,8 +108,8 @@ def test_the_wall_holds_around_a_cheating_exercise(tmp_path, level, monkeypatch)
     grader runs without it (``flags.read`` finds nothing)."""
     monkeypatch.setattr(flags, "read", lambda merged, pristine: {})
     if level == "user":  # its sweep kills every process of its user: here the fallback uid, so
-        monkeypatch.setattr(isolation, "USER", "labkit-no-such-user")  # that gradings of other
-    try:  # tests beside it (as labkit-student, make test's other grader part) are not touched
+        monkeypatch.setattr(isolation, "USER", "labkit-no-such-user")  # that gradings beside it
+    try:  # (as labkit-student: another xdist worker's, another grader's) are not touched
         wall = isolation.choose(level)
     except ValueError as exc:
         pytest.skip(str(exc))

@@ -1,6 +1,6 @@
 """`make test`: the checks of the course, two cores kept busy, and the time of each part.
 
-    python tools/make_test.py [--only isolation,stubs,solutions,grader,cheats,two-nodes,lint,notebooks,book,site]
+    python tools/make_test.py [--only isolation,stubs,solutions,grader,two-nodes,lint,notebooks,book,site]
 
 Parts (each starts once the parts it depends on have passed, ``AFTER``; on a failure nothing
 new starts, and what runs is waited for and reported):
@@ -9,9 +9,8 @@ new starts, and what runs is waited for and reported):
    grader's OS isolation needs (bubblewrap, via apt, as tools/ensure_chromium.sh does Chromium),
    before any test runs.
 1. Side by side (the order of ``AFTER``): ``solutions`` (every test of tests/ passes with the
-   reference solutions), ``grader`` and ``cheats`` (tests/test_grade*.py, the grader's own
-   tests, which grade submissions in children: parts of their own, test_grade_cheats.py apart,
-   so that the two cores share the work),
+   reference solutions), ``grader`` (tests/test_grade*.py, the grader's own tests, which grade
+   submissions in children: a part of its own, so that the two cores share the work),
    ``two-nodes`` (tests/test_two_nodes.py: the README's two-node torchrun command, two agents
    on 127.0.0.1), ``lint`` (``ruff check .``; skipped with a message while ruff is not
    installed), then ``stubs`` (every graded test must FAIL on the student stubs), and
@@ -49,7 +48,6 @@ NOTEBOOK_TIMES = LOGS / "notebooks.json"   # each notebook's result and seconds 
 
 
 ISOLATION = ROOT / "tools" / "autograder" / "ensure_isolation.sh"
-CHEATS_TESTS = "test_grade_cheats.py"  # the corpus and the gradings of cheats: a part apart
 GRADER_TESTS = "tests/test_grade*.py"  # the grader part's files; the solutions part ignores them
 NO_RUFF = "lint: skipped, ruff is not installed in .venv (requirements.txt)"
 
@@ -70,12 +68,10 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
                   {"LABKIT_SOLUTIONS": None}),
         "solutions": (pytest + ["-q", "--durations=25", "tests", "--ignore=tests/test_two_nodes.py",
                                 f"--ignore-glob={GRADER_TESTS}"], with_solutions),
-        # two parts, each one process (the user-level wall's sweep, test_grade_isolation's, runs
-        # as a user of its own: it kills every process of its user)
-        "grader": (pytest + ["-q", "--durations=25"] + sorted(
-            str(t.relative_to(ROOT)) for t in ROOT.glob(GRADER_TESTS) if t.name != CHEATS_TESTS),
-                   with_solutions),
-        "cheats": (pytest + ["-q", "--durations=25", f"tests/{CHEATS_TESTS}"], with_solutions),
+        # one process (2026-12-06, fresh clones: 815 s for make test; split in two, 862 s and
+        # 10% more CPU, the two cores shared by one more process)
+        "grader": (pytest + ["-q", "--durations=25"]
+                   + sorted(str(t.relative_to(ROOT)) for t in ROOT.glob(GRADER_TESTS)), with_solutions),
         "two-nodes": (pytest + ["-q", "-rs", "tests/test_two_nodes.py"], with_solutions),
         "lint": ([str(ruff), "check", "."] if ruff.exists() else ["echo", NO_RUFF], {}),
         # the slowest notebooks first, by the last run's times where there was one
@@ -98,7 +94,6 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
 # wall when the notebooks waited for the stubs, idle time at the end).
 AFTER = {"isolation": (),
          "notebooks": ("isolation",), "solutions": ("isolation",), "grader": ("isolation",),
-         "cheats": ("isolation",),
          "two-nodes": ("isolation",), "lint": ("isolation",),
          "stubs": ("two-nodes", "lint"),
          "book": ("notebooks",),
