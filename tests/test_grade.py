@@ -254,15 +254,15 @@ def test_the_grader_stays_small():
     false zeros or refusals of honest work) added a refusal of file descriptors (the result pipe),
     measuring contexts as shortcuts, the "measured elsewhere" flag, and narrower rules for the
     student's own instances, fields, classes and TYPE_CHECKING imports, and a module's names looked
-    up by computed names made an interpreter flag like vars(module); the user-level wall grades one lab at a time (its
-    sweep killed a sibling lab's child): 2,786 lines, 178 names, 40
-    patterns. Lines of src/labkit/grade; names written in the flags' lists; the shortcut table's
+    up by computed names made an interpreter flag like vars(module); the user-level wall grades
+    one lab at a time (its sweep killed a sibling lab's child); on review, one helper for student
+    lines: 2,793 lines, 178 names, 40 patterns. Lines of src/labkit/grade; names written in the flags' lists; the shortcut table's
     distinct patterns (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2786, sizes
+    assert sum(sizes.values()) <= 2793, sizes
     assert entries <= 178 and patterns <= 40, (entries, patterns)
 
 

@@ -71,14 +71,18 @@ class State:
     side: set = set()    # the threads started during a test
 
 
+def _in_student(filename: str, line: int) -> bool:
+    """Whether ``line`` of ``filename`` lies in a unit of student code."""
+    return any(a <= line <= b for a, b in STUDENT.get(os.path.realpath(filename), ()))
+
+
 def _kind(code) -> str:
     """"student" (a unit of student code), "course" (other code of the graded copy: given code,
     the toolkit, the tests; not this plugin) or "" (a library's)."""
     kind = State.kinds.get(code)
     if kind is None:
         path = os.path.realpath(code.co_filename) if code.co_filename.startswith("/") else ""
-        ranges = STUDENT.get(path, ())
-        kind = State.kinds[code] = "student" if any(a <= code.co_firstlineno <= b for a, b in ranges) \
+        kind = State.kinds[code] = "student" if _in_student(path, code.co_firstlineno) \
             else "course" if path.startswith(COURSE) and path != os.path.realpath(__file__) else ""
     return kind
 
@@ -87,8 +91,8 @@ def student_frame(frame=None) -> str | None:
     """"file:line" of the innermost frame of student code on this thread's stack, or None."""
     frame = frame or sys._getframe(1)
     while frame is not None and _kind(frame.f_code) != "student" and not (  # a module's top:
-            frame.f_code.co_name == "<module>" and any(  # a constant, a default value
-                a <= frame.f_lineno <= b for a, b in STUDENT.get(os.path.realpath(frame.f_code.co_filename), ()))):
+            frame.f_code.co_name == "<module>" and  # a constant, a default value
+            _in_student(frame.f_code.co_filename, frame.f_lineno)):
         frame = frame.f_back
     return frame and f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 

@@ -117,6 +117,7 @@ HIGHER_ORDER = ("functools.reduce", "itertools.accumulate", "itertools.starmap",
 TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typing.NewType",
                "typing.TypeVar")
 """What makes a class from its arguments (a module's constant made by one is no text)."""
+NAMEDTUPLE = set(dir(collections.namedtuple("T", ""))) - set(dir(tuple))  # _replace, _asdict..
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
 MUTATORS = {n for t in (dict, list, set, collections.deque) for n in dir(t)} - {
     n for t in (types.MappingProxyType, tuple, frozenset) for n in dir(t)} | {"__init__"}
@@ -439,8 +440,7 @@ class _Reader(ast.NodeVisitor):
         if kind == "module" and not getattr(node, "aliased", False) and _is_module(parts):
             self.flag(node, "module", f"the module {ast.unparse(node)} used as a value")
         if kind in ("local", "?") and not own and node.attr[:1] == "_" and not _dunder(node.attr) \
-                and node.attr not in {*self.fields, *dir(collections.namedtuple("T", ""))}:  # not
-            # t._replace; group._get_backend(dev) is below torch's API
+                and node.attr not in {*self.fields, *NAMEDTUPLE}:  # group._get_backend(dev)
             self.flag(node, "private torch", f"{ast.unparse(node)[:60]} (a private attribute)")
         if node.attr in ("numpy", "from_numpy") and not (kind == "module" and _is_module(parts)) \
                 and set(self.exercises) & set(shortcuts.MEASURED):

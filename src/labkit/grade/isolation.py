@@ -89,6 +89,10 @@ class Isolation:
                     os._exit(0)
             os.waitpid(pid, 0)
 
+    @property
+    def one_at_a_time(self) -> bool:  # sweep() kills every process of the user: a sibling's too
+        return self.level == "user"
+
     def describe(self) -> dict:
         return {"level": self.level, "how": self.how, "guarantees": STOPS[self.level]}
 

@@ -289,9 +289,7 @@ def grade_prepared(prep: Prepared, exercises: list[str] | None, jobs: int, timeo
             for ex in wanted:
                 prep.flags.setdefault(ex, []).append(f"tampering: {void} (the lab's run is void)")
 
-    if wall.level == "user":  # its sweep kills every process of the dedicated user: one at a time
-        jobs = 1
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=1 if wall.one_at_a_time else max(1, jobs)) as pool:
         list(pool.map(one, labs))
     return results
 

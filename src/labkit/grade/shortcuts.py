@@ -52,7 +52,8 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its referen
 MEASURING = ("*saved_tensors_hooks", "save_on_cpu", "*DispatchMode", "FlopCounterMode",
              "[Mm]em*[Tt]racker")
 """What the tests measure with, and a measurement sees only the innermost of: entered in student
-code, a shortcut past the measurement in every exercise but the one that builds it (5.5)."""
+code, a shortcut past the measurement in every exercise but those that build one (BUILD_MEASURING)."""
+BUILD_MEASURING = ("5.5",)  # activation offloading: its own saved-tensor hooks
 MEASURED = ("1.3", "2.4", "2.6", "3.2", "3.4", "3.6", "3.7", "4.1", "4.3", "5.1", "5.2", "5.3",
             "5.4", "5.5", "5.6", "5.7", "5.8", "5.9", "6.5", "6.6", "7.2")
 """Exercises whose tests measure torch's work (bytes held, FLOPs, saved tensors; a count of
@@ -68,7 +69,7 @@ def matching(exercise: str, *names: str, inside: tuple = ()) -> str | None:
     """The first of ``names`` that a pattern of ``exercise`` matches, or None; a name of
     ``inside`` (where a library's object is defined: ``torch.optim.sparse_adam``) may match
     anywhere in it (``SparseAdam``, ``_FunctionalAdam`` are torch's Adam too)."""
-    patterns = REBUILDS.get(exercise, ("", ()))[1] + (MEASURING if exercise != "5.5" else ())
+    patterns = REBUILDS.get(exercise, ("", ()))[1] + MEASURING * (exercise not in BUILD_MEASURING)
     return next((n for n in (*names, *inside) if any(fnmatch.fnmatchcase(
         n, f"*{p}*" if n in inside else p) for p in patterns)), None)
 
