@@ -17,8 +17,7 @@ new starts, and what runs is waited for and reported):
 2. ``notebooks``: nbval (``pytest --nbval-lax``, tools/nbval_book.py) executes every chapter, lab and test
    notebook once, two kernels at a time (pytest-xdist), the slowest first, fails with a
    cell's error, and stores each chapter's outputs in the book's jupyter-cache
-   (_build/.jupyter_cache, emptied first so nothing stale is reused), a little behind the
-   others (``NICE``: its two kernels would otherwise take two shares of the cores).
+   (_build/.jupyter_cache, emptied first so nothing stale is reused).
 3. ``book``: the strict site build (-W -n --keep-going), which takes every chapter from that
    cache and executes nothing (it says so if it had to execute a page); the lab pages show the
    labs as students get them (``execute.exclude_patterns`` in _config.yml).
@@ -101,14 +100,6 @@ AFTER = {"isolation": (),
          "site": ("book",)}
 
 
-# The grader's tests run in one process, which the scheduler gives one share of the two cores,
-# as much as each of the notebooks' two kernels: it ended last at ~45% of a core (a run of
-# 2026-12-06, 888 s, the cores busy throughout). The notebooks' part runs a little behind
-# (its two kernels then weigh about one process) and still ends first, with time for the book and
-# the site check.
-NICE = {"notebooks": 3}
-
-
 def prepare(name: str) -> None:
     """What a part needs before it starts: a fresh cache for the notebooks (the book must show
     what ran just now), a fresh site for the book (keeping that cache)."""
@@ -131,9 +122,8 @@ class Part:
         """Run in a child that reports its own and its descendants' CPU time (wait4's rusage)."""
         started = time.monotonic()
         with open(self.log, "w") as log:
-            nice = NICE.get(self.name, 0)
             proc = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=log,
-                                    stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(nice))
+                                    stderr=subprocess.STDOUT)
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
         self.returncode = proc.returncode

@@ -116,12 +116,9 @@ def _details(excinfo) -> str:
     again for each failure, torch's large modules included: 0.1 to 0.4 s a failing test, minutes
     over the stubs, where every test fails.)"""
     top = traceback.TracebackException(excinfo.type, excinfo.value, excinfo.tb)
-    todo, seen = [top], set()
+    todo = [top]  # (a tree: TracebackException already leaves out an exception seen twice)
     while todo:
         te = todo.pop()
-        if id(te) in seen:
-            continue
-        seen.add(id(te))
         te.stack = traceback.StackSummary.from_list(
             [f for f in te.stack if not f.filename.startswith(PYTEST_FRAMES)])
         todo += [t for t in (te.__cause__, te.__context__) if t is not None]
