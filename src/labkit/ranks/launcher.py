@@ -1,7 +1,6 @@
 """``launch``: start N ranks, hand each its work, and return their results (see :mod:`labkit.ranks`)."""
 from __future__ import annotations
 
-import datetime
 import os
 import shutil
 import socket
@@ -25,24 +24,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rendezvous(timeout: float):
-    """The group's store, served by this process on the port the kernel gives it as it binds.
-
-    A port found free and handed to rank 0 to bind later can be taken in between by anything
-    else on the machine (gloo's own connections use such ports): rank 0 then failed with
-    EADDRINUSE, now and then, on a busy machine. The ranks connect to this one as clients."""
-    import torch.distributed as dist
-
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout))
-
-
 def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gloo",
            start_method: str | None = None, **kwargs) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` new ranks; return their results.
 
     Each child: ``torch.set_num_threads(1)``; ``init_process_group(backend, rank, world_size,
-    store=<a TCPStore this process serves on 127.0.0.1>)`` with a timeout a little under ``timeout``;
+    init_method="tcp://127.0.0.1:<free port>")`` with a timeout a little under ``timeout``;
     ``fn``; ``destroy_process_group()``. Return values are pickled back (tensors detached and
     moved to CPU).
 
@@ -95,8 +82,7 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
             context = mp.get_context(method)
     started = time.monotonic()
     pg_timeout = timeout - min(max(1.0, 0.1 * timeout), 0.5 * timeout)
-    store = _rendezvous(timeout)
-    port = store.port
+    port = _free_port()
     stack_dir, procs, conns = tempfile.mkdtemp(prefix="labkit-dist-"), [], []
     try:
         for rank in range(world_size):
@@ -118,4 +104,3 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
         for c in conns:
             c.close()
         shutil.rmtree(stack_dir, ignore_errors=True)
-        del store  # (its server stops with it)

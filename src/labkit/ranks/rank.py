@@ -96,10 +96,9 @@ def _run_rank(fn, rank, world_size, args, kwargs, port, backend, pg_timeout, con
                           WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))  # as torchrun does
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        timeout = datetime.timedelta(seconds=pg_timeout)
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=timeout)  # (the parent serves the store: launcher)
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                init_method=f"tcp://127.0.0.1:{port}",
+                                timeout=datetime.timedelta(seconds=pg_timeout))
         result = fn(rank, world_size, *args, **kwargs)
         buffer = io.BytesIO()
         try:
