@@ -17,13 +17,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from labkit.ranks import reserved_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
@@ -35,12 +36,6 @@ DEMO = ["zero1", "--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--vocab-s
 EXACT = ("psi", "state_bytes", "predicted_state_bytes", "bytes_sent_per_step", "calls")
 
 pytestmark = pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed next to this Python")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(solutions: bool) -> dict:
@@ -71,7 +66,13 @@ def _finish(procs: list[subprocess.Popen], started: float) -> list[tuple[int, st
 
 def two_nodes(solutions=(True, True)) -> list[tuple[int, str]]:
     """Run DEMO as two nodes of one process each: node 0 hosts the rendezvous's store."""
-    port, started, procs = _free_port(), time.monotonic(), []
+    with reserved_port() as port:  # held until both agents are done
+        started = time.monotonic()
+        return _finish(_start(port, solutions), started)
+
+
+def _start(port: int, solutions) -> list[subprocess.Popen]:
+    procs = []
     for node, with_solutions in enumerate(solutions):
         cmd = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"two-nodes-{port}",
@@ -82,7 +83,7 @@ def two_nodes(solutions=(True, True)) -> list[tuple[int, str]]:
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(with_solutions), text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       start_new_session=True))
-    return _finish(procs, started)
+    return procs
 
 
 def _printed(outputs: list[str]) -> dict:

@@ -17,7 +17,7 @@ def one_rank_group() -> None:
     (hooks, copies, collective calls) without a network: the runner is a single process."""
     if dist.is_initialized():
         return
-    from labkit.ranks import _free_port
+    from labkit.ranks import reserved_port
 
-    dist.init_process_group("gloo", rank=0, world_size=1,
-                            init_method=f"tcp://127.0.0.1:{_free_port()}")
+    with reserved_port() as port:
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")

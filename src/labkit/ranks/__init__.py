@@ -71,7 +71,7 @@ from labkit.ranks.methods import start_method_for
 
 # What the course's tools and tests use from here besides the public names (the rest of each
 # module is imported from the module itself, e.g. ``labkit.ranks.methods``):
-from labkit.ranks.launcher import _free_port as _free_port  # tools/bench/case.py
+from labkit.ranks.launcher import reserved_port as reserved_port  # tools/bench, tests/test_two_nodes.py
 from labkit.ranks.methods import _default_start_method as _default_start_method  # tests/test_ranks.py
 from labkit.ranks.methods import _zygote_pid as _zygote_pid  # tools/launch_cost.py, tests/notebooks
 

@@ -1,9 +1,11 @@
 """``launch``: start N ranks, hand each its work, and return their results (see :mod:`labkit.ranks`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import warnings
@@ -18,10 +20,24 @@ from labkit.ranks.methods import (_check_spawnable, _dumps_by_value, _zygote_con
 from labkit.ranks.rank import _run_rank
 
 
-def _free_port() -> int:
+@contextlib.contextmanager
+def reserved_port():
+    """A free TCP port on 127.0.0.1 for a process group's store, kept from others for the block.
+
+    A port found free and closed at once can be taken by another process before rank 0 binds it
+    (a make test run saw rank 0 fail with EADDRINUSE: gloo's own connections bind such ports).
+    On Linux the port stays bound here, with ``SO_REUSEADDR`` and never listening, until the
+    block ends: the kernel gives it to nobody who asks for port 0, while the store, which binds
+    with ``SO_REUSEADDR`` too, may still take it (Linux allows that while no socket listens on
+    the port). Elsewhere the socket is closed before the block, as a plain free-port probe does.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+        if not sys.platform.startswith("linux"):
+            s.close()
+        yield port
 
 
 def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gloo",
@@ -29,7 +45,8 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` new ranks; return their results.
 
     Each child: ``torch.set_num_threads(1)``; ``init_process_group(backend, rank, world_size,
-    init_method="tcp://127.0.0.1:<free port>")`` with a timeout a little under ``timeout``;
+    init_method="tcp://127.0.0.1:<free port>")`` (see
+    :func:`reserved_port`) with a timeout a little under ``timeout``;
     ``fn``; ``destroy_process_group()``. Return values are pickled back (tensors detached and
     moved to CPU).
 
@@ -82,25 +99,25 @@ def launch(fn, world_size: int, *args, timeout: float = 60.0, backend: str = "gl
             context = mp.get_context(method)
     started = time.monotonic()
     pg_timeout = timeout - min(max(1.0, 0.1 * timeout), 0.5 * timeout)
-    port = _free_port()
     stack_dir, procs, conns = tempfile.mkdtemp(prefix="labkit-dist-"), [], []
-    try:
-        for rank in range(world_size):
-            receiver, sender = context.Pipe(duplex=False)
-            stack_path = os.path.join(stack_dir, f"rank{rank}.stack")
-            Path(stack_path).touch()
-            direct = (fn, args, kwargs) if payload is None else (None, (), {})
-            procs.append(context.Process(target=_run_rank, name=f"labkit-rank{rank}", args=(
-                direct[0], rank, world_size, *direct[1:], port, backend, pg_timeout, sender,
-                stack_path, parent_pid, payload)))
-            with warnings.catch_warnings():  # Python 3.12 warns on any fork from a threaded
-                warnings.simplefilter("ignore", DeprecationWarning)  # process (a kernel is)
-                procs[-1].start()
-            sender.close()
-            conns.append(receiver)
-        return _collect(procs, conns, fn, world_size, started + timeout, timeout, pg_timeout, stack_dir)
-    finally:
-        _kill_all(procs)
-        for c in conns:
-            c.close()
-        shutil.rmtree(stack_dir, ignore_errors=True)
+    with reserved_port() as port:  # held until every rank is gone
+        try:
+            for rank in range(world_size):
+                receiver, sender = context.Pipe(duplex=False)
+                stack_path = os.path.join(stack_dir, f"rank{rank}.stack")
+                Path(stack_path).touch()
+                direct = (fn, args, kwargs) if payload is None else (None, (), {})
+                procs.append(context.Process(target=_run_rank, name=f"labkit-rank{rank}", args=(
+                    direct[0], rank, world_size, *direct[1:], port, backend, pg_timeout, sender,
+                    stack_path, parent_pid, payload)))
+                with warnings.catch_warnings():  # Python 3.12 warns on any fork from a threaded
+                    warnings.simplefilter("ignore", DeprecationWarning)  # process (a kernel is)
+                    procs[-1].start()
+                sender.close()
+                conns.append(receiver)
+            return _collect(procs, conns, fn, world_size, started + timeout, timeout, pg_timeout, stack_dir)
+        finally:
+            _kill_all(procs)
+            for c in conns:
+                c.close()
+            shutil.rmtree(stack_dir, ignore_errors=True)
