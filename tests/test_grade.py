@@ -256,14 +256,16 @@ def test_the_grader_stays_small():
     student's own instances, fields, classes and TYPE_CHECKING imports, and a module's names looked
     up by computed names made an interpreter flag like vars(module); the user-level wall grades
     one lab at a time (its sweep killed a sibling lab's child); on review, one helper for student
-    lines: 2,793 lines, 178 names, 40 patterns. Lines of src/labkit/grade; names written in the flags' lists; the shortcut table's
-    distinct patterns (the measuring contexts too), counted apart."""
+    lines: 2,793 lines, 178 names, 40 patterns. Round rt12 (25 attempts, 11 holes) added a
+    run-time watch of tensor data leaving torch where tests measure, and torch.compile as dynamic
+    code: 2,823 lines, 180 names. Lines of src/labkit/grade; names written in the flags' lists;
+    the shortcut table's distinct patterns (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2793, sizes
-    assert entries <= 178 and patterns <= 40, (entries, patterns)
+    assert sum(sizes.values()) <= 2823, sizes
+    assert entries <= 180 and patterns <= 40, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

@@ -194,6 +194,49 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
         assert "threads" in flagged(table, "5.6") and "not the course's" in flagged(table, "5.6")
 
 
+@pytest.mark.parametrize("cheat", ["rt12a_ce_numpy_by_asarray", "rt12a_ce_numpy_by_dlpack",
+                                   "rt12a_ce_python_by_tolist", None])
+def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_path, monkeypatch,
+                                                                           cheat):
+    """5.9 computed whole in numpy or Python, the data moved by ``np.asarray`` (numpy's
+    functions call ``Tensor.__array__``), DLPack or ``.tolist()``: no name the reading looks for,
+    25/25 before. The child's ``Watch`` mode (the one every measured exercise's tests run under)
+    sees each route and raises "measured elsewhere" for review; the reference solution gets no
+    flag. Run here in this process, the cheat's module marked as student code."""
+    import importlib.util
+    import os
+    import shutil
+
+    import torch
+
+    from labkit.grade import child
+
+    shutil.copytree(ROOT / "solutions" / "labkit", tmp_path / "labkit")
+    path = tmp_path / "labkit" / "lab5" / "chunked_cross_entropy.py"
+    if cheat:
+        path = apply_cheat(tmp_path / "labkit", cheat)
+    spec = importlib.util.spec_from_file_location(f"ce_{cheat}", path)
+    ce = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ce)
+    monkeypatch.setattr(child, "STUDENT", {os.path.realpath(path): [(1, 10**6)]})
+    for name, value in (("flags", []), ("moved", 0), ("kinds", {})):
+        monkeypatch.setattr(child.State, name, value)
+    hidden, weight = torch.randn(48, 16, requires_grad=True), torch.randn(100, 16, requires_grad=True)
+    with child.Watch():
+        ce.chunked_cross_entropy(hidden, weight, torch.randint(0, 100, (48,)), 16).backward()
+    assert bool(cheat) == any(f.startswith("measured elsewhere") for f in child.State.flags), \
+        child.State.flags
+
+
+def test_the_watch_is_on_in_the_child_for_every_measured_exercise(tmp_path, collected):
+    """The same cheat graded as an instructor grades (5.9 only): its points stand, the flag for
+    review says what left torch and where."""
+    table = grade(submission(tmp_path, "rt12a_ce_numpy_by_asarray",
+                             solved=("lab5/chunked_cross_entropy.py",)), collected, ["5.9"])
+    assert "measured elsewhere: over 1024 elements" in flagged(table, "5.9")
+    assert "__array__ (from chunked_cross_entropy.py:" in flagged(table, "5.9")
+
+
 @pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_assert_close_through_a_partial",
                                    "patch_inside_assert_close_through_a_partial",
                                    "patch_assert_close_at_import"])

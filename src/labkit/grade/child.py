@@ -6,7 +6,9 @@ JSON line per test on an inherited pipe, and adds what only the inside sees, eac
 test (docs/grading.md, "What is refused"): a ``TorchDispatchMode`` refuses the operators the
 exercise rebuilds (:mod:`labkit.grade.shortcuts`) however spelled; a thread started during a test
 gets a mode that refuses torch work that is not the course's (dispatch modes, MemTracker's and
-FlopCounterMode's too, hold for one thread); audit events refuse processes started from student
+FlopCounterMode's too, hold for one thread); in an exercise whose tests measure torch's work, a
+``TorchFunctionMode`` notes tensor data that student code takes out of torch, however (``.numpy()``,
+``np.asarray``, DLPack, ``.tolist()``, element by element); audit events refuse processes started from student
 code; what the tests compare with (:class:`Snapshot`), recorded before any student code is
 imported, and torch's global state are put back after each test; the pytest plugins are fixed
 once collected; files opened outside the scratch folder are noted.
@@ -24,6 +26,7 @@ import types
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode
 
 from labkit.grade import shortcuts
@@ -44,6 +47,10 @@ EXERCISES = tuple(f"labkit.lab{n}." for n in range(1, 10))
 submission adds), so they are not recorded (the reading refuses changes to the course's)."""
 PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
              "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
+OUT_OF_TORCH = {torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.__array__,
+                torch.Tensor.__dlpack__, torch.Tensor.item, torch.Tensor.__float__}
+"""Where tensor data leaves torch (numpy's functions given a tensor call ``__array__``)."""
+MOVED_MAX = 1024  # elements per test: shapes, counts and a scalar loss are fine, a layer's data is not
 HOOKS = "global module and optimizer hooks"
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
                 "pytest_report_teststatus", "pytest_runtest_call", "pytest_pyfunc_call")
@@ -68,6 +75,7 @@ class State:
     tamper: list = []
     kinds: dict = {}     # code object -> "student", "course" or ""
     guarded = False      # guard() ran in this process
+    moved = 0            # elements of tensor data student code took out of torch in this test
     side: set = set()    # the threads started during a test
 
 
@@ -129,6 +137,22 @@ class Refuse(TorchDispatchMode):
             return func(*args, **(kwargs or {}))
         State.refused.append(f"{why} (from {student_frame() or 'a thread of the student'})")
         raise PermissionError(f"refused while grading: {why}")
+
+
+class Watch(TorchFunctionMode):
+    """Note, in an exercise whose tests measure torch's work (``shortcuts.MEASURED``), tensor data
+    that student code takes out of torch, which no measurement of torch's then sees: the
+    ``measured elsewhere`` flag, for review, once more than MOVED_MAX elements left in one test."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in OUT_OF_TORCH and args and isinstance(args[0], torch.Tensor) and \
+                State.moved <= MOVED_MAX and student_frame():
+            State.moved += args[0].numel()
+            if State.moved > MOVED_MAX:
+                State.flags.append(f"measured elsewhere: over {MOVED_MAX} elements of tensor "
+                                   f"data taken out of torch by {func.__name__} (from "
+                                   f"{student_frame()}), where the test measures torch's work")
+        return func(*args, **(kwargs or {}))
 
 
 def _on_new_thread(frame, event, arg):
@@ -388,11 +412,16 @@ def pytest_runtest_protocol(item, nextitem):
     State.exercise, State.refused, State.flags = (mark.args[0] if mark and mark.args else "?"), [], []
     os.environ["LABKIT_GRADE_EXERCISE"] = State.exercise  # for a rank's fresh interpreter
     mode = Refuse(State.exercise) if State.exercise in shortcuts.REBUILDS else None
-    if mode is not None:
-        mode.__enter__()
+    watch, State.moved = Watch() if State.exercise in shortcuts.MEASURED else None, 0
+    for m in (mode, watch):
+        if m is not None:
+            m.__enter__()
     yield
     if mode is not None and torch._C._len_torch_dispatch_stack() == State.torch["dispatch modes"] + 1:
         mode.__exit__(None, None, None)  # else a mode was left on: _restore pops it, and says so
+    if watch is not None and torch._C._len_torch_function_stack() == \
+            State.torch["torch-function modes"] + 1:
+        watch.__exit__(None, None, None)
     State.exercise = None
     os.environ.pop("LABKIT_GRADE_EXERCISE", None)
     problems = State.refused + _restore()

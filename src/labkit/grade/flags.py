@@ -77,7 +77,8 @@ MODULES = {  # what exercise code may use (None: freely), and what it may not, b
                      "torch.utils.benchmark", "torch.ops.load_library", "torch.fx",
                      "torch.jit.CompilationUnit", "torch.jit.load", "numpy.load",
                      "numpy.ctypeslib", "numpy.f2py", "numpy.testing", "numpy.lib.format",
-                     "numpy.lib.npyio", "typing.get_type_hints", "typing.ForwardRef",
+                     "numpy.lib.npyio", "typing.get_type_hints", "typing.ForwardRef", "torch.compile",
+                     "torch.compiler",  # (a backend the student gives is handed fx graphs to run)
                      "typing.get_args", "logging.config"),
                     "dynamic code"),  # they run or load text, bytes or files as code
     **dict.fromkeys(("labkit.grade", "labkit.score_table", "labkit.reference", "labkit.harness",
