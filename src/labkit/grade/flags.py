@@ -17,12 +17,13 @@ import operator
 import re
 import sys
 import types
+import typing
 from dataclasses import dataclass, field
 
 import torch
 
 from labkit.grade import shortcuts
-from labkit.grade.extract import BUILTIN_NAMES, DEFS, bound_names
+from labkit.grade.extract import BUILTIN_NAMES, DEFS, FUNCS, bound_names
 
 FLAGS = {  # flag: (zeroes the exercise, what it means)
     "module": (True, "uses a module or a function no exercise here needs, or a module as a value "
@@ -43,6 +44,8 @@ FLAGS = {  # flag: (zeroes the exercise, what it means)
     "threads": (False, "starts threads"),
     "special methods": (False, "makes objects that can answer the tests' checks: special "
                         "methods, a subclass of a value type, a metaclass"),
+    "false values": (True, "redefines how a value type's subclass (of int, float, str, Tensor...) "
+                     "compares, converts or prints: a value made to answer the tests' checks"),
     "measured elsewhere": (False, "takes tensor data out of torch (.numpy(), torch.from_numpy) "
                            "in an exercise whose tests measure torch's work, which they then miss"),
     "files": (False, "opened a file outside the test's scratch folder (seen at run time)"),
@@ -112,11 +115,12 @@ DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", 
               "__setattr__", "__repr__", "__str__", "__call__", "__len__", "__iter__", "__next__",
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
               "__torch_dispatch__", "__slots__", "__version__", "__qualname__", "__module__",
-              "__doc__", "__match_args__", "__members__")
+              "__doc__", "__match_args__", "__members__", "__weakref__", "__debug__",
+              "__annotations__")
 HIGHER_ORDER = ("functools.reduce", "itertools.accumulate", "itertools.starmap", "map", "filter")
 """What calls the function it is given first (its result holds none of that function)."""
 TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typing.NewType",
-               "typing.TypeVar")
+               "typing.TypeVar", "typing.TypedDict")
 """What makes a class from its arguments (a module's constant made by one is no text)."""
 NAMEDTUPLE = set(dir(collections.namedtuple("T", ""))) - set(dir(tuple))  # _replace, _asdict..
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
@@ -149,6 +153,8 @@ def _dunder(name: str) -> bool:
 def _verdict(path: str) -> str | None:
     """The flag of a dotted path by :data:`MODULES` (None: exercise code may use it)."""
     parts = path.split(".")
+    if parts[:2] == ["numpy", "testing"] and parts[-1].startswith("assert_"):
+        return None  # a self-check (numpy.testing's other tools run text: measure, extbuild)
     for n in range(len(parts), 0, -1):
         if ".".join(parts[:n]) in MODULES:
             return MODULES[".".join(parts[:n])]
@@ -375,6 +381,9 @@ class _Reader(ast.NodeVisitor):
         self.holders: set[str] = set()  # ... of the student's objects that hold foreign ones
         self.globals: set[str] = set()  # the names it declares global
         self.giving: set[str] = set()  # the student's functions that return foreign objects
+        self.constants: dict = {}  # the module's constants: name -> the expression bound
+        self.own_functions: set[str] = set()  # the functions the submission defines
+        self.own_methods: set[str] = set()  # the names of the exercise's methods and added ones
 
     def visit(self, node):
         """Read ``node``; inside a branch (a test, a loop, a ``try``) a name bound again may not be
@@ -388,14 +397,15 @@ class _Reader(ast.NodeVisitor):
             self.branches -= branch
 
     def flag(self, node, name: str, what: str) -> None:
-        self.found.append(Flag(name, f"{self.path}:{getattr(node, 'lineno', 0)}", f"`{what}`",
-                               self.unit))
+        """Raise flag ``name`` at ``node``, unless a rule judged the node cleared of it (its
+        ``clear``: ``operator.iadd(own, x)`` patches nothing, ``attrgetter("a")`` computes no name)."""
+        if name not in getattr(node, "clear", ()):
+            self.found.append(Flag(name, f"{self.path}:{getattr(node, 'lineno', 0)}", f"`{what}`",
+                                   self.unit))
 
     def flags(self, node, parts, kind="module") -> None:
         for name, what in _path_flags(parts, kind):
-            if not (getattr(node, "own_operand", False) and name == "patching") and not (
-                    getattr(node, "literal", False) and name == "dynamic names"):
-                self.flag(node, name, what)
+            self.flag(node, name, what)
 
     def _in_place_operator(self, node) -> bool:
         """``operator.iadd`` and its kin (which change their first operand), however named."""
@@ -432,6 +442,8 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Attribute(self, node):
         kind, parts = self.chain(node)
+        if kind == "local" and parts[0] in self.own_functions and parts[1:] == ["__wrapped__"]:
+            node.clear = ("interpreter",)  # (own: defined once, never bound again, cached at most)
         mine = kind == "self" and parts[1] in {*self.fields, "__dict__"}  # self._module: own
         self.flags(node, parts if kind in ("module", "?") else parts[1 + mine:], kind)
         own = kind == "local" and (parts[0] in {*self.own_classes, *self.instances} or any(
@@ -441,7 +453,7 @@ class _Reader(ast.NodeVisitor):
         if kind == "module" and not getattr(node, "aliased", False) and _is_module(parts):
             self.flag(node, "module", f"the module {ast.unparse(node)} used as a value")
         if kind in ("local", "?") and not own and node.attr[:1] == "_" and not _dunder(node.attr) \
-                and node.attr not in {*self.fields, *NAMEDTUPLE}:  # group._get_backend(dev)
+                and node.attr not in {*self.fields, *NAMEDTUPLE, *self.own_methods}:  # group._x(dev)
             self.flag(node, "private torch", f"{ast.unparse(node)[:60]} (a private attribute)")
         if node.attr in ("numpy", "from_numpy") and not (kind == "module" and _is_module(parts)) \
                 and set(self.exercises) & set(shortcuts.MEASURED):
@@ -497,17 +509,17 @@ class _Reader(ast.NodeVisitor):
     def visit_Call(self, node):
         func, args = node.func, node.args
         if self._in_place_operator(func) and args and not self._not_own(args[0]):
-            func.own_operand = True  # operator.iadd(own, x): like own += x
+            func.clear = ("patching",)  # operator.iadd(own, x): like own += x
         higher = ".".join(self.chain(func)[1]) in HIGHER_ORDER
         if higher and args and self._in_place_operator(args[0]) and (  # reduce(operator.iadd,
                 len(args) > 2 and not self._not_own(args[2]) or  # parts, own) changes own, or
                 len(args) == 2 and not self._origin(args[1])):  # the student's own elements
-            args[0].own_operand = True
+            args[0].clear = ("patching",)
         getter = ".".join(self.chain(func)[1]) if self.chain(func)[0] == "module" else ""
         if getter in ("operator.attrgetter", "operator.methodcaller") and args and all(
                 isinstance(a, ast.Constant) and isinstance(a.value, str)
                 for a in args[:None if getter.endswith("getter") else 1]):
-            func.literal = True  # attrgetter("start", "id"): each name read like getattr's
+            func.clear = ("dynamic names",)  # attrgetter("start", "id"): each read like getattr's
             for name in args[:None if getter.endswith("getter") else 1]:
                 self.flags(node, name.value.split("."), "local")
                 self.shortcut(node, *name.value.split("."))
@@ -558,6 +570,9 @@ class _Reader(ast.NodeVisitor):
             target = self._receiver(func, args)[0]
             if target is None or self._not_own(target):
                 self.flag(node, "patching", ast.unparse(node)[:60])
+        if isinstance(func, ast.Name) and func.id == "vars" and len(args) == 1 and \
+                self.chain(args[0]) == ("self", ["self"]):
+            func.clear = ("dynamic names",)  # vars(self): like self.__dict__
         if isinstance(func, ast.Name) and func.id == "vars" and args and \
                 self.chain(args[0])[0] in ("module", "?"):
             self.flag(node, "interpreter", f"{ast.unparse(node)[:60]} (a module's namespace)")
@@ -572,7 +587,21 @@ class _Reader(ast.NodeVisitor):
                 self.flag(node, "dynamic code", f"{ast.unparse(node)[:60]} (unpickling)")
         if callee and callee[0] is functools.wraps and (len(args) > 1 or node.keywords):
             self.flag(node, "patching", f"{ast.unparse(node)[:60]} (setattr by names)")
+        if callee and callee[0] is functools.update_wrapper and len(args) == 2 and not \
+                node.keywords and not self._not_own(args[0]):
+            func.clear = ("patching",)  # update_wrapper(own, fn): sets the student's own names
+        if callee and callee[0] is typing.get_args and len(args) == 1 and self._literal(args[0]):
+            func.clear = ("dynamic code",)  # get_args(Literal[1, 2]): no text becomes code
         self.generic_visit(node)
+
+    def _literal(self, node) -> bool:
+        """``Literal[...]`` (a module constant bound to one too), or a subscript of non-text
+        constants: what ``typing.get_args`` returns without a string turned into a ForwardRef."""
+        node = self.constants.get(getattr(node, "id", None), node)
+        return isinstance(node, ast.Subscript) and all(
+            isinstance(n, (ast.Tuple, ast.expr_context)) or isinstance(n, ast.Constant) and (
+                not isinstance(n.value, str) or self.chain(node.value) == ("module", [
+                    "typing", "Literal"])) for n in ast.walk(node.slice))
 
     def _receiver(self, func, args) -> tuple:
         """(what a method call changes, whether it was called on the class): ``x`` of
@@ -881,17 +910,23 @@ class _Reader(ast.NodeVisitor):
     def visit_ClassDef(self, node):
         self.plain_classes.append(node.name in self.plain)
         enum = any(self.chain(b)[1][:1] == ["enum"] for b in node.bases)  # class R(str, Enum)
-        for base in [] if enum else node.bases:
-            if (self.chain(base)[1] or [""])[-1] in VALUE_TYPES:
-                self.flag(base, "special methods", f"class {node.name}({ast.unparse(base)})")
-        if any(kw.arg == "metaclass" for kw in node.keywords):
+        values = [b for b in ([] if enum else node.bases)
+                  if (self.chain(b)[1] or [""])[-1] in VALUE_TYPES]
+        for base in values:
+            self.flag(base, "special methods", f"class {node.name}({ast.unparse(base)})")
+        if any(kw.arg == "metaclass" and self.chain(kw.value) != ("module", ["abc", "ABCMeta"])
+               for kw in node.keywords):
             self.flag(node, "special methods", f"class {node.name}(metaclass=...)")
         for stmt in node.body:
             names = [stmt.name] if isinstance(stmt, DEFS) else [
                 t.id for t in getattr(stmt, "targets", [getattr(stmt, "target", None)])
                 if isinstance(t, ast.Name)]
+            if ast.unparse(stmt) == "__hash__ = None":  # the data model's "unhashable"
+                names, stmt.targets[0].clear = [], ("interpreter",)
             for name in [n for n in names if _dunder(n) and n not in DUNDERS_OK]:
                 self.flag(stmt, "special methods", f"{name} in class {node.name}")
+                if values:  # class Exact(int): __eq__ ...
+                    self.flag(stmt, "false values", f"{name} in class {node.name}({ast.unparse(values[0])})")
             self.class_level(stmt, node.name)
         self.generic_visit(node)
         self.plain_classes.pop()
@@ -925,7 +960,7 @@ class _Reader(ast.NodeVisitor):
         """An import inside the student's code is read like what it imports (an import at the
         module's top is read where its names are used: a leftover ``import gc`` zeroes nothing)."""
         base = _absolute(node, self.path) + "." if isinstance(node, ast.ImportFrom) else ""
-        node.literal = True  # (attrgetter is judged where it is called: with literal names?)
+        node.clear = ("dynamic names",)  # (attrgetter is judged where it is called)
         for alias in node.names:
             path = base + alias.name if alias.name != "*" else base[:-1]
             if not any(m.startswith(path + ".") and MODULES[m] is None for m in MODULES):
@@ -974,6 +1009,12 @@ def aliases(nodes, path: str) -> dict[str, str]:
     return out
 
 
+def _resolved(node, names: dict) -> str:
+    """The dotted path a decorator (``@lru_cache(8)`` too) names, through the module's imports."""
+    path = (_path(node.func if isinstance(node, ast.Call) else node) or "?").split(".")
+    return ".".join([names.get(path[0], path[0]), *path[1:]])
+
+
 def read(merged, pristine: str) -> dict[str, list[Flag]]:
     """{exercise: its flags} for what ``merged`` (an :class:`~labkit.grade.extract.Merged`) took.
 
@@ -989,7 +1030,17 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
              and not (isinstance(node.value, ast.Constant) and not isinstance(node.value.value, str))
              and not (_type_like(node.value) and not isinstance(node.value, ast.Constant))
              and not _makes_type(node.value, names) for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
-    classes = {n.name: n for n in ast.walk(ast.parse(merged.source)) if isinstance(n, ast.ClassDef)}
+    tree = ast.parse(merged.source)
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    stored = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(
+        n.ctx, ast.Load)} | {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)} | {
+        g for n in ast.walk(tree) if isinstance(n, (ast.Global, ast.Nonlocal)) for g in n.names}
+    functions = {n.name for n in tree.body if isinstance(n, FUNCS) and all(  # plain or cached
+        _resolved(d, names) in ("functools.cache", "functools.lru_cache") for d in
+        n.decorator_list)} - course - stored
+    methods = {u.split(".")[-1] for u in merged.units if "." in u}
+    constants = {n: node.value for label, node, _ in merged.taken if label.startswith(
+        "the constant ") and getattr(node, "value", None) for n in bound_names(node)}
     plain: set = set()  # the student's classes of no base but such classes: ``cls`` is theirs
     for _ in classes:
         plain |= {c for c, n in classes.items() if c not in course and not n.keywords and
@@ -1005,7 +1056,8 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
                 set, seed[1:4])
             reader.writers = {f: set(w) for f, w in seed[4].items()}
             reader.literal_loops, reader.own_classes = _literal_names(node), set(classes) - course
-            reader.fields, reader.plain = fields, plain
+            reader.fields, reader.plain, reader.constants = fields, plain, constants
+            reader.own_functions, reader.own_methods = functions, methods
             if unit.endswith("(a class constant)"):
                 reader.class_level(node, unit.split(".")[0])
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or \

@@ -19,11 +19,15 @@ SDPA = ("*scaled_dot_product*", "_flash_attention*", "_efficient_attention*", "*
 PIPELINING = "torch.distributed.pipelining", ("pipelining",)
 CHECKPOINT_SEQUENTIAL = "checkpoint_sequential", ("checkpoint_sequential",)
 COMM_HOOKS = "DDP's comm hooks (PowerSGD's too)", ("ddp_comm_hooks",)
+LAB1 = ("memory_model", "allocation_trace", "measure")  # the course's models and measurements
 
 REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its reference, patterns)
-    "1.1": ("the built model's own parameter count", ("GPT", "*parameters")),
-    "1.3": ("the measured saved activations", ("*saved_tensors*", "save_on_cpu", "[Mm]em*[Tt]racker",
-                                                "measure")),
+    "1.1": ("the built model's own parameter count", ("GPT", "Block", "*parameters", "*state_dict*",
+                                                       *LAB1)),
+    "1.2": ("the course's memory model and measurements", LAB1),
+    "1.3": ("the measured saved activations", ("*saved_tensors*", "save_on_cpu", *LAB1)),
+    "1.4": ("the course's memory model and measurements", LAB1),
+    "1.5": ("the course's memory model and measurements", LAB1),
     "2.1": ("torch.optim.Adafactor", ("*[Aa]dafactor",)),
     "2.2": ("bitsandbytes' block-wise quantization", ("bitsandbytes",)),
     "2.3": ("bitsandbytes' 8-bit Adam and torch's Adam", ("bitsandbytes", *ADAM)),
@@ -43,7 +47,8 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its referen
     "5.7": ("torch's context parallelism", ("context_parallel",)),
     "5.8": ("SequenceParallel", ("parallelize_module", "SequenceParallel")),
     "6.3": ("DeviceMesh and unravel_index", ("*[Dd]evice*[Mm]esh*", "*ravel*index")),
-    "6.4": ("labkit.cost_model's memory model", ("cost_model",)),
+    "6.4": ("the course's memory models", ("cost_model", "static_bytes_per_gpu", "per_gpu_bytes",
+                                            "activation_bytes_per_layer")),
     "6.5": ("PyTorch's gelu kernels", ("gelu*", "GELU")),
     "6.6": ("the single-device MoE layer of the reference", ("moe_reference",)),
 }
