@@ -13,7 +13,9 @@ test's leaf turns the reference's gradients into zeros too). So every such call 
   with a copy taken before the call, NaN equal to NaN (written through ``.data``, ``.detach()``,
   ``set_`` or an in-place operator alike: the copy sees the values, not the route);
 * no hook was added to it: a tensor's ``_backward_hooks`` and ``_post_accumulate_grad_hooks``; a
-  module's (and each submodule's) forward/backward hook dicts, and the hooks of its parameters.
+  module's (and each submodule's) forward/backward hook dicts, and the hooks of its parameters;
+* an argument holding no tensor (a list of byte counts, a list of TensorLife) is compared with
+  a deep copy by ``==``.
 
 The failure names the call and the argument: "flash_attention_backward changed grad_out in
 place: it must leave its inputs as given".
@@ -28,20 +30,43 @@ that are not measured; where it must run inside a region anyway, its copies and 
 with the dispatch modes disabled (``_disable_current_modes``) and grad off, so no counting mode
 or MemTracker's tracking mode sees them.
 
-Not checked this way (the contract writes its inputs or installs hooks on them): optimizer
-steps (2.1-2.8, 3.1, 3.2, 3.6, 4.5: ``step()`` updates the parameters and its state in place, and
-reads ``.grad``); ``.grad`` accumulation by any backward (a test's leaves get ``.grad``: that is
-the result, not an input); 2.4 LOMO (fuses the update into backward through hooks on the
-parameters); 4.2 bucketed DDP, 4.3 compression hooks, 4.4 PowerSGD (install gradient hooks and
-write the buckets/``.grad`` in place); 4.1 gradient accumulation (steps the model); ZeRO stages
-(1.x in lab 2, 4.5, 3.6: shard, free and re-gather parameters in place); 3.3/3.7 loss scaling
-(unscales ``.grad`` in place); 5.1-5.4 checkpointing and offload (wrap the model's blocks, install
-saved-tensor hooks: the tests compare against a fresh model built from the same seed); lab 6's
-caching allocator, memory planner and lab 7's planners (no tensors in, numbers out).
+Where it is used: 2.2 (quantize/dequantize), 3.3 (fp8 quantize, Fp8Linear forward and backward:
+the layer, x and grad_out), 5.1/5.3 (schedule_cost, optimal_schedule: the cost lists), 5.5 (the
+leaves whose saved tensors the offloader packs), 5.6 (forward and backward, grad_out and the
+forward's O and L passed to it), 5.7 (attention_with_lse, merge_attention), 5.8 (slice_dropout),
+5.9 (hidden, weight, targets), 6.2 (the planners' TensorLife lists), 6.5 (x and grad_out),
+6.6 (assign_slots, dispatch and combine, and their backward's grad_out).
+
+Not checked this way, and why:
+* the contract writes its inputs: optimizer steps (2.1 Adafactor, 2.3 Adam8bit, 2.5 ZeRO-1,
+  2.6 ZeRO-Offload, 2.7 NVMe offload, 2.8 CAME, 3.2 mixed precision: ``step()`` updates the
+  parameters and the state in place and reads ``.grad``); any backward's ``.grad`` on the
+  test's leaves (the result, not an input); 2.4 LOMO (fuses the update into backward through
+  hooks on the parameters: hooks are its contract); 3.1 loss scaling (unscales ``.grad`` in
+  place); 4.1 gradient accumulation (steps the model); 4.2 bucketed DDP, 4.3 ZeRO-2, 4.4
+  compression hooks, 4.5 PowerSGD (install gradient hooks, write buckets and ``.grad``);
+  5.2/5.4 (apply_schedule and selective checkpointing rewrite the model they are given: the
+  references are fresh models built from the same seed);
+* the exercise runs on other ranks (3.4, 3.6-3.8, 4.2-4.5, 5.7's and 5.8's rings, 6.4's and
+  6.6's layers, 7.2): ``labkit.ranks.launch`` gives every rank its own copy of the arguments,
+  so nothing a rank writes reaches the test's objects;
+* the reference is computed before the call, or from values nobody can change in place (ints,
+  tuples, frozen dataclasses): lab 1's calculators, 3.5's schedules, 5.4's policy, 6.1's
+  allocator (the exercise object itself), 6.3's mesh, 6.4's formulas, 7.1's planner.
 
 ``ctx_bytes(out, skip)``: what a custom autograd Function keeps OUTSIDE ``save_for_backward``
 (tensors set as ctx attributes, also inside lists, tuples, dicts and plain objects), which
-saved-tensor hooks never see: the saved-bytes tests add it to what the hooks counted.
+saved-tensor hooks never see: the saved-bytes tests add it to what the hooks counted (3.3,
+5.6, 5.9, 6.5).
+
+``assert_state_kept_in_state(opt)``: every tensor reachable from the optimizer object
+(``vars(opt)`` through containers and plain objects; its parameters and their gradients aside)
+is in what ``state_bytes`` counts: moments kept in another attribute are state too (2.1, 2.3,
+2.8, 3.2). Not used for ZeRO-1, ZeRO-Offload and NVMe offload (2.5-2.7), whose objects keep
+flat buffers, host copies and file-backed tensors beside ``state`` by design, nor on ranks.
+
+The same tests write a mismatch as "not within tolerance", ``~(err <= tol)``, never
+``err > tol``: NaN compares False, so a one-sided mask counts a NaN as a match.
 """
 from __future__ import annotations
 
@@ -96,6 +121,8 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     with _quiet():
         if a.dtype != b.dtype or a.shape != b.shape:
             return False
+        if a.device.type == "meta" or b.device.type == "meta":  # no values to compare
+            return a.device == b.device
         if a.is_floating_point() or a.is_complex():
             na, nb = a.isnan(), b.isnan()
             if not torch.equal(na, nb):
@@ -104,18 +131,37 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
         return torch.equal(a, b)
 
 
+def _plain_copy(obj):
+    """A deep copy of an object holding no tensor (a list of byte counts, a config dataclass)
+    that compares equal to it now; None where there is none (no ``==`` by value)."""
+    import copy
+
+    try:
+        kept = copy.deepcopy(obj)
+        return (kept,) if bool(kept == obj) else None
+    except Exception:  # noqa: BLE001  (not copyable or not comparable: not checked)
+        return None
+
+
 class given:
     """``with given("what", name=obj, ...):`` snapshots each named tensor or module (tensors in
-    lists/tuples/dicts too) on entry, and on exit asserts values unchanged and no hook added."""
+    lists/tuples/dicts too; an object with no tensor in it, such as a list of numbers or a
+    config, as a deep copy compared with ``==``) on entry, and on exit asserts values unchanged
+    and no hook added."""
 
     def __init__(self, what: str, /, **objects):
         self.what = what
-        self.objects = []
+        self.objects, self.plain = [], []
         for name, obj in objects.items():
-            _flatten(name, obj, self.objects)
+            found = _flatten(name, obj, [])
+            if found:
+                self.objects.extend(found)
+            elif not isinstance(obj, (int, float, complex, str, bytes, bool, type(None))):
+                self.plain.append((name, obj))
 
     def __enter__(self):
         self.kept = []
+        self.plain_kept = [(name, obj, _plain_copy(obj)) for name, obj in self.plain]
         with _quiet():
             for name, obj in self.objects:
                 if isinstance(obj, torch.nn.Module):
@@ -136,6 +182,10 @@ class given:
         return False
 
     def check(self):
+        for name, obj, kept in self.plain_kept:
+            if kept is not None:
+                assert bool(obj == kept[0]), (
+                    f"{self.what} changed {name} in place: it must leave its inputs as given")
         for name, t, kept in self.kept:
             if name is None:  # a module's hook dicts
                 for mname, m, hooks in kept:
