@@ -30,7 +30,7 @@ that are not measured; where it must run inside a region anyway, its copies and 
 with the dispatch modes disabled (``_disable_current_modes``) and grad off, so no counting mode
 or MemTracker's tracking mode sees them.
 
-Where it is used: 2.2 (quantize/dequantize), 3.3 (fp8 quantize, Fp8Linear forward and backward:
+Where it is used: 2.2 (quantize/dequantize), 3.1 (scale: the loss and its leaf), 3.3 (fp8 quantize, Fp8Linear forward and backward:
 the layer, x and grad_out), 5.1/5.3 (schedule_cost, optimal_schedule: the cost lists), 5.5 (the
 leaves whose saved tensors the offloader packs), 5.6 (forward and backward, grad_out and the
 forward's O and L passed to it), 5.7 (attention_with_lse, merge_attention), 5.8 (slice_dropout),
@@ -42,8 +42,8 @@ Not checked this way, and why:
   2.6 ZeRO-Offload, 2.7 NVMe offload, 2.8 CAME, 3.2 mixed precision: ``step()`` updates the
   parameters and the state in place and reads ``.grad``); any backward's ``.grad`` on the
   test's leaves (the result, not an input); 2.4 LOMO (fuses the update into backward through
-  hooks on the parameters: hooks are its contract); 3.1 loss scaling (unscales ``.grad`` in
-  place); 4.1 gradient accumulation (steps the model); 4.2 bucketed DDP, 4.3 ZeRO-2, 4.4
+  hooks on the parameters: hooks are its contract); 3.1's unscale_/step/update (unscale
+  ``.grad`` in place and step); 4.1 gradient accumulation (steps the model); 4.2 bucketed DDP, 4.3 ZeRO-2, 4.4
   compression hooks, 4.5 PowerSGD (install gradient hooks, write buckets and ``.grad``);
   5.2/5.4 (apply_schedule and selective checkpointing rewrite the model they are given: the
   references are fresh models built from the same seed);
