@@ -62,8 +62,10 @@ saved-tensor hooks never see: the saved-bytes tests add it to what the hooks cou
 ``assert_state_kept_in_state(opt)``: every tensor reachable from the optimizer object
 (``vars(opt)`` through containers and plain objects; its parameters and their gradients aside)
 is in what ``state_bytes`` counts: moments kept in another attribute are state too (2.1, 2.3,
-2.8, 3.2). Not used for ZeRO-1, ZeRO-Offload and NVMe offload (2.5-2.7), whose objects keep
-flat buffers, host copies and file-backed tensors beside ``state`` by design, nor on ranks.
+2.8, 3.2). 2.7's NVMe Adam, whose state lives in files, must hold no tensor at all after a step
+(``held_bytes``). Not used for ZeRO-1 (2.5: its state is checked on ranks) nor ZeRO-Offload
+(2.6: its object keeps the host master, moments and gradient buffers by design, which its own
+test counts by location).
 
 The same tests write a mismatch as "not within tolerance", ``~(err <= tol)``, never
 ``err > tol``: NaN compares False, so a one-sided mask counts a NaN as a match.
