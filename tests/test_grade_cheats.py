@@ -385,18 +385,53 @@ def test_the_result_pipe_is_out_of_student_reach(tmp_path, collected, cheat):
     assert e["earned"] == 0, [(t["test"], t["outcome"], t["message"][:120]) for t in e["tests"]]
 
 
+_FLASH = "tests/test_lab5_flash_attention.py::"
+_FLASH_FLOPS = _FLASH + "test_causal_flash_skips_the_tiles_above_the_diagonal"
+_FLASH_SAVED = _FLASH + "test_flash_saves_only_inputs_output_and_log_sum_exp"
+_GELU_SAVED = "tests/test_lab6_fusion.py::test_fused_gelu_saves_only_its_input"
+_CE_SAVED = "tests/test_lab5_chunked_cross_entropy.py::test_backward_keeps_no_logits"
+_ADAM8 = "tests/test_lab2_adam8bit.py::"
+
+
 @pytest.mark.parametrize("cheat, test, needle", [
     ("rt11a_inputs_zeroed_before_the_reference",
-     "tests/test_lab5_flash_attention.py::test_flash_forward_matches_sdpa", "changed its argument"),
+     _FLASH + "test_flash_forward_matches_sdpa", "flash_attention_forward changed q in place"),
     ("rt11a_memo_replays_the_baseline_call",
      "tests/test_lab4_grad_accumulation.py::test_accumulation_activation_peak_is_one_micro_batch",
-     "with k = ")])  # (k = 4's peak, or now k = 1's, answered from the memo: no bytes saved)
+     "with k = "),  # (k = 4's peak, or now k = 1's, answered from the memo: no bytes saved)
+    # rt12a, one test each that catches the cheat (one pytest run a cheat: make test's cost)
+    ("rt12a_flash_backward_zeroes_grad_out", _FLASH_FLOPS,
+     "flash_attention_backward changed grad_out in place"),
+    ("rt12a_flash_backward_rewrites_inputs_and_output", _FLASH_FLOPS,
+     "flash_attention_backward changed q in place"),
+    ("rt12a_flash_saved_bytes_test_inputs_zeroed", _FLASH_SAVED,
+     "flash_attention's forward changed q in place"),
+    ("rt12a_flash_backward_hooks_on_the_tests_leaves", _FLASH + "test_flash_backward_matches_sdpa_gradients",
+     "flash_attention (forward, then backward) left a hook on q"),
+    ("rt12a_gelu_backward_zeroes_grad_out", _GELU_SAVED,
+     "fused_gelu_tanh's backward changed grad_out in place"),
+    ("rt12a_gelu_backward_hooks_on_the_tests_input",
+     "tests/test_lab6_fusion.py::test_fused_gelu_matches_torch_gelu_tanh",
+     "fused_gelu_tanh's backward left a hook on x"),
+    ("rt12a_ce_inputs_zeroed_in_forward", _CE_SAVED,
+     "chunked_cross_entropy's forward changed hidden in place"),
+    ("rt12a_ce_probabilities_kept_on_ctx", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt12a_adam8bit_nan_scales_hide_fp32_moments",  # NaN scales against the stored moments
+     _ADAM8 + "test_adam8bit_first_step_is_adam_and_stores_quantized_moments", "elements differ"),
+    ("rt12a_adam8bit_nan_scales_hide_fp32_moments",  # fp32 moments kept outside opt.state
+     _ADAM8 + "test_adam8bit_state_is_two_bytes_per_parameter_plus_scales",
+     "not in another attribute")])
 def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, cheat, test, needle):
     """5.6's forward zeroing the test's q and v in place and returning attention of zeros (8/22
     when the reference was computed after the call, from the same tensors); 4.1 answering the
     measured k = 4 call from a memo of the test's own k = 1 run (full marks when k = 1 ran
-    first). The tests now check that the forward leaves its inputs as given and measure k = 4
-    first: with the reference solutions plus the cheat (plain pytest), the test fails, saying why."""
+    first). rt12a: a backward (5.6, 6.5) zeroing grad_out, or q, v and the forward's O, or
+    leaving gradient hooks on the test's leaves; 5.9's forward zeroing hidden and weight, or
+    keeping its probabilities as a ctx attribute; 2.3 hiding fp32 moments outside opt.state
+    behind NaN scales. The tests now check that what they gave student code is as given
+    (tests/_given.py), count ctx attributes and all the optimizer holds, count NaN as a
+    mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
+    pytest), the test fails, saying why."""
     import os
     import shutil
     import subprocess

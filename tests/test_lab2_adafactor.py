@@ -16,6 +16,7 @@ import torch
 from _lab2_helpers import (UPDATE_TOL, late_gradient_run, one_param, tiny_gpt, train)
 from labkit.models import SyntheticData
 from labkit.optimizer_states import state_bytes
+from _given import assert_state_kept_in_state
 
 
 ADAFACTOR_SETTINGS = [
@@ -104,6 +105,7 @@ def test_adafactor_state_bytes_are_m_plus_n(m, n):
     opt.step()
     expected = 4 * (m + n) + 4 * m + 2 * 4  # row + col factors, the bias' variance, 2 steps
     assert state_bytes(opt) == expected
+    assert_state_kept_in_state(opt)
     ref_layer = copy.deepcopy(layer)
     ref = torch.optim.Adafactor(ref_layer.parameters())
     ref_layer(torch.randn(2, n)).sum().backward()

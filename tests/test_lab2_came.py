@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from labkit.optimizer_states import state_bytes
+from _given import assert_state_kept_in_state
 
 
 def plain_came(w0, b0, grads, lr, betas, eps, d, weight_decay):
@@ -102,6 +103,7 @@ def test_came_state_bytes_are_the_formula(shape):
         want = 4 * (numel + 2 * lead * (shape[-2] + shape[-1]))
     assert came_state_bytes(shape) == want  # the helper is the formula
     got = state_bytes(opt)
+    assert_state_kept_in_state(opt)
     assert got == want, (
         f"CAME keeps {got:,} B of state for a {tuple(shape)} tensor, expected {want:,} "
         f"({'2n floats: m and v' if len(shape) == 1 else 'numel + 2·(m + n) floats per matrix: m and the factors'}): "

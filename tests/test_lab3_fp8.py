@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from labkit.measure import saved_activation_bytes
+from _given import as_given, ctx_bytes, given
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -82,6 +83,7 @@ def test_quantize_rounds_and_saturates(fmt):
     """Check quantize(x, s) equals torch's cast of x/s inside the range and ±max(fmt) beyond it
     (never inf or NaN: on CPU torch's E5M2 cast overflows to inf)."""
     from labkit.lab3.fp8 import quantize
+    quantize = as_given(quantize)
 
     top = torch.finfo(fmt).max
     x = torch.cat([torch.randn(256) * 100, torch.tensor([1e9, -1e9, float("inf"), -float("inf"), 0.0])])
@@ -106,7 +108,8 @@ def test_forward_bit_exact_vs_scaled_mm(bias, dtype):
     (current scaling), plus the bias, bit for bit."""
     lin = layer(bias=bias)
     x, _ = data(dtype=dtype)
-    got = lin(x)
+    with given("Fp8Linear's forward", lin=lin, x=x):
+        got = lin(x)
     want = scaled_mm_reference(lin, x, bias, dtype)
     assert got.dtype == dtype, f"output dtype {got.dtype}, expected x's dtype {dtype}"
     assert got.shape == want.shape, f"output shape {tuple(got.shape)}, expected {tuple(want.shape)}"
@@ -153,7 +156,8 @@ def test_gradients_are_e5m2_products():
     in E5M2 (its own scale), x and weight in E4M3."""
     lin = layer()
     x, gy = data()
-    lin(x).backward(gy)
+    with given("Fp8Linear (forward, then backward)", lin=lin, x=x, grad_out=gy):
+        lin(x).backward(gy)
     want_x, want_w = _dequant_grads(lin, x, gy)
     for name, got, want in (("grad_x", x.grad, want_x), ("grad_weight", lin.weight.grad, want_w)):
         assert got is not None, f"{name} is None: does backward return a gradient for it?"
@@ -172,7 +176,8 @@ def test_small_gradient_rows_use_e5m2_range():
     lin = layer()
     x, gy = data()
     gy[1:] *= 2.0 ** -24
-    lin(x).backward(gy)
+    with given("Fp8Linear (forward, then backward)", lin=lin, x=x, grad_out=gy):
+        lin(x).backward(gy)
     want_x, _ = _dequant_grads(lin, x, gy)
     err = (x.grad - want_x).norm(dim=1) / want_x.norm(dim=1)
     worst = int(err.argmax())
@@ -190,7 +195,8 @@ def test_gradients_close_to_fp32_linear(dtype):
     ref = torch.nn.Linear(64, 48)
     ref.load_state_dict(lin.state_dict())
     x, gy = data(dtype=dtype)
-    lin(x).backward(gy)
+    with given("Fp8Linear (forward, then backward)", lin=lin, x=x, grad_out=gy):
+        lin(x).backward(gy)
     x32 = x.detach().float().requires_grad_()
     ref(x32).backward(gy.float())
     for name, got, want in (("grad_x", x.grad, x32.grad), ("grad_weight", lin.weight.grad, ref.weight.grad)):
@@ -227,9 +233,10 @@ def test_delayed_linear_saturates_on_a_spike():
     equals _scaled_mm of x saturated at 448 × the old scale (finite, no NaN)."""
     lin = layer(bias=False, scaling="delayed", history_len=4)
     x, _ = data()
-    lin(x.detach())
     spike = x.detach() * 10
-    got = lin(spike)
+    with given("Fp8Linear's forward", lin=lin, x=x, spike=spike):
+        lin(x.detach())
+        got = lin(spike)
     sx = ref_scale(x.detach().abs().max(), E4M3)
     sw = ref_scale(lin.weight.detach().abs().max(), E4M3)
     want = torch._scaled_mm(ref_quant(spike, sx, E4M3), ref_quant(lin.weight.detach(), sw, E4M3).t(),
@@ -264,9 +271,11 @@ def test_delayed_backward_scales_the_gradient_from_its_history():
     lin = layer(bias=False, scaling="delayed", history_len=4)
     x, gy = data()
     w = lin.weight.detach()
-    lin(x.detach().requires_grad_()).backward(gy)
-    x2 = x.detach().clone().requires_grad_()
-    lin(x2).backward(gy * 8)
+    x2, gy8 = x.detach().clone().requires_grad_(), gy * 8
+    with given("Fp8Linear (forward, then backward)", lin=lin, x=x, grad_out=gy, x2=x2,
+               grad_out2=gy8):
+        lin(x.detach().requires_grad_()).backward(gy)
+        lin(x2).backward(gy8)
     sg = ref_scale(gy.abs().max(), E5M2)  # the previous step's amax
     sw = ref_scale(w.abs().max(), E4M3)
     want = (ref_quant(gy * 8, sg, E5M2).float() * sg) @ (ref_quant(w, sw, E4M3).float() * sw)
@@ -293,7 +302,9 @@ def test_saved_bytes_are_one_per_element_plus_scales():
     lin = layer()
     x, _ = data()
     out = []
-    got = saved_activation_bytes(lambda: out.append(lin(x)))
+    with given("Fp8Linear's forward", lin=lin, x=x):
+        got = saved_activation_bytes(lambda: out.append(lin(x)))
+    got += ctx_bytes(out[0], skip=(x, lin.weight, lin.bias))  # tensors kept as ctx attributes too
     want = 32 * 64 + 48 * 64 + 2 * 4
     assert got == want, (f"saved for backward {got:,} B, expected M·K + N·K + 2·4 = {want:,}: save only the "
                          "fp8 operands and their scales (not x, not the fp32 weight)")
@@ -372,7 +383,8 @@ def test_every_scaled_mm_call_meets_the_gpu_layout_rule(monkeypatch, scaling):
     x, gy = data()
     check = _LayoutCheck(torch._scaled_mm)
     monkeypatch.setattr(torch, "_scaled_mm", check)
-    lin(x).backward(gy)
+    with given("Fp8Linear (forward, then backward)", lin=lin, x=x, grad_out=gy):
+        lin(x).backward(gy)
     assert len(check.calls) == 3, (f"{len(check.calls)} torch._scaled_mm calls in a forward and backward, "
                                    "expected 3 (the output, grad_x, grad_weight)")
     for i, call in enumerate(check.calls):
@@ -390,7 +402,8 @@ def test_weight_gradient_keeps_the_weight_dtype_for_bf16_inputs():
     grad_x is in x's dtype."""
     lin = layer()
     x, gy = data(dtype=torch.bfloat16)
-    lin(x).backward(gy)
+    with given("Fp8Linear (forward, then backward)", lin=lin, x=x, grad_out=gy):
+        lin(x).backward(gy)
     _, want_w = _dequant_grads(lin, x.float(), gy.float())
     assert x.grad is not None and x.grad.dtype == torch.bfloat16, \
         f"grad_x dtype {None if x.grad is None else x.grad.dtype}, expected x's bfloat16"

@@ -14,6 +14,8 @@ import math
 import pytest
 import torch
 
+from _given import as_given, given
+
 # step -> what is written into one gradient element after backward (before unscaling)
 INJECT = {2: math.inf, 3: math.nan, 7: -math.inf, 8: math.inf}
 SETTINGS = dict(init_scale=2.0 ** 10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
@@ -97,11 +99,13 @@ def test_scale_multiplies_the_loss_by_the_current_scale():
     scaler = DynamicLossScaler(init_scale=2.0 ** 12)
     w = torch.tensor([1.5, -2.0], requires_grad=True)
     loss = (w * w).sum()
-    scaled = scaler.scale(loss)
+    with given("DynamicLossScaler.scale", loss=loss, w=w):
+        scaled = scaler.scale(loss)
     assert scaled.dtype == loss.dtype, f"scaled loss has dtype {scaled.dtype}, expected {loss.dtype}"
     assert float(scaled.detach()) == float(loss.detach()) * 2 ** 12, \
         f"scale(loss) = {float(scaled.detach())}, expected loss × 4096 = {float(loss.detach()) * 2 ** 12}"
-    scaled.backward()
+    with given("the backward of DynamicLossScaler.scale", w=w):
+        scaled.backward()
     torch.testing.assert_close(w.grad, 2 * w.detach() * 2 ** 12, rtol=0, atol=0,
                                msg=lambda m: f"gradient of scale(loss): {m} — is the scaled loss "
                                              "still part of the autograd graph?")
@@ -116,7 +120,7 @@ def test_scale_of_16bit_losses_equals_gradscaler(dtype):
     from labkit.lab3.loss_scaler import DynamicLossScaler
 
     for loss in (torch.tensor(0.75, dtype=dtype), torch.tensor([0.5, 1e-3], dtype=dtype)):
-        got = DynamicLossScaler().scale(loss)
+        got = as_given(DynamicLossScaler().scale, "DynamicLossScaler.scale")(loss)
         want = torch.amp.GradScaler("cpu").scale(loss)
         assert got.dtype == want.dtype, (f"scale() of a {tuple(loss.shape)} {dtype} loss has dtype "
                                          f"{got.dtype}, GradScaler's {want.dtype}")

@@ -34,12 +34,12 @@ def brute_force_violations(spans_by_stage):
             need = [(sp.stage, "F")] + ([(sp.stage + 1, "B")] if sp.stage < P - 1 else [])
         for stage, k in need:
             dep = [d for d in spans if d.stage == stage and d.action == (k, m)]
-            if len(dep) != 1 or dep[0].end > sp.start:
+            if len(dep) != 1 or not dep[0].end <= sp.start:  # NaN times are violations too
                 bad.append((sp, stage, k))
     for row in spans_by_stage:
         for a in row:
             for b in row:
-                if a is not b and a.start < b.end and b.start < a.end:
+                if a is not b and not (a.start >= b.end or b.start >= a.end):  # NaN overlaps
                     bad.append((a, b))
     return bad
 
@@ -230,11 +230,11 @@ def virtual_violations(spans_by_stage, v):
             need = [(vs, "F")] + ([(vs + 1, "B")] if vs < v * P - 1 else [])
         for w, k in need:
             dep = at.get((w, k, m))
-            if dep is None or dep.end > sp.start:
+            if dep is None or not dep.end <= sp.start:  # NaN times are violations too
                 bad.append((sp, w, k))
     for row in spans_by_stage:
         ordered = sorted(row, key=lambda sp: sp.start)
-        bad += [(a, b) for a, b in zip(ordered, ordered[1:]) if b.start < a.end]
+        bad += [(a, b) for a, b in zip(ordered, ordered[1:]) if not b.start >= a.end]
     return bad
 
 

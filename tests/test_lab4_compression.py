@@ -141,7 +141,7 @@ def reference(label: str, setup):
 def assert_close_with_slack(got, want, slack, what, cause):
     diff = (got.double() - want).abs()
     allowed = TOL["atol"] + TOL["rtol"] * want.abs() + slack
-    bad = diff > allowed
+    bad = ~(diff <= allowed)  # NaN is bad too
     if bad.any():
         i = int(bad.nonzero()[0])
         raise AssertionError(

@@ -97,7 +97,7 @@ def assert_moments_match(results, what, cause):
                 want[:ref.numel()] = ref
                 want = want[r * S:(r + 1) * S]
                 scale = float(want.abs().max())
-                bad = (got - want).abs() > 1e-6 * scale + 1e-5 * want.abs()
+                bad = ~((got - want).abs() <= 1e-6 * scale + 1e-5 * want.abs())  # NaN is bad too
                 if bad.any():
                     i = int(bad.nonzero()[0])
                     ratio = float(got[i] / want[i]) if want[i] != 0 else float("inf")

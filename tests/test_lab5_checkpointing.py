@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from labkit.measure import count_flops, measure_step, saved_activation_bytes
 from _lab5_helpers import one_thread  # noqa: F401  (autouse fixture)
 from _lab5_helpers import GRAD_TOL, B, T, C, small_gpt, simulate_schedule, all_schedules, block_saved_bytes, blocks_step, blocks_memory, model_grads, data, refuses
+from _given import as_given
 
 
 # ---------------------------------------------------------------- 5.1 sqrt_schedule, cost
@@ -25,6 +26,7 @@ from _lab5_helpers import GRAD_TOL, B, T, C, small_gpt, simulate_schedule, all_s
 def test_schedule_cost_matches_a_step_by_step_simulation():
     """Check schedule_cost against walking forward and backward through every schedule."""
     from labkit.lab5.checkpointing import Schedule, schedule_cost
+    schedule_cost = as_given(schedule_cost)
 
     rng = random.Random(0)
     for n_layers in range(1, 6):
@@ -88,6 +90,7 @@ def test_sqrt_schedule_predicts_its_peak_and_one_extra_forward():
 def test_sqrt_schedule_and_schedule_cost_reject_bad_arguments():
     """Check ValueError naming the argument for n_layers < 1 or not an int, and bad cost arrays."""
     from labkit.lab5.checkpointing import Schedule, schedule_cost, sqrt_schedule
+    schedule_cost = as_given(schedule_cost)
 
     for bad in (0, -3, 2.5, "4"):
         with pytest.raises(ValueError, match="n_layers"):
@@ -296,6 +299,7 @@ def test_saved_bytes_after_forward_equal_the_cost_model_exactly():
     output, and its saved graph their input gradient (``check_measured_forward``).
     """
     from labkit.lab5.checkpointing import Schedule, schedule_cost
+    schedule_cost = as_given(schedule_cost)
 
     a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
     for label, segments in SCHEDULES_6.items():
@@ -329,6 +333,7 @@ def test_peak_during_backward_equals_pytorch_checkpoint_over_the_same_segments()
     step's input gradient must be the reference step's (GRAD_TOL).
     """
     from labkit.lab5.checkpointing import Schedule, schedule_cost
+    schedule_cost = as_given(schedule_cost)
 
     a, x = block_saved_bytes(small_gpt(1).h[0]), B * T * C * 4
     for label, segments in SCHEDULES_6.items():
@@ -475,6 +480,7 @@ def test_bad_schedules_are_refused_before_the_model_changes():
 def test_optimal_schedule_has_the_least_recompute_a_brute_force_search_finds():
     """Check against every schedule of random chains (L ≤ 6): fits, least recompute, cost right."""
     from labkit.lab5.checkpointing import optimal_schedule
+    optimal_schedule = as_given(optimal_schedule)
 
     rng = random.Random(5)
     cases = 0
@@ -510,6 +516,7 @@ def test_optimal_schedule_fits_a_budget_equal_to_a_schedules_own_peak():
     another order than schedule_cost lands a last bit above the budget and finds nothing.
     """
     from labkit.lab5.checkpointing import Schedule, optimal_schedule, schedule_cost
+    optimal_schedule, schedule_cost = as_given(optimal_schedule), as_given(schedule_cost)
 
     rng = random.Random(11)
     for case in range(60):
@@ -536,6 +543,7 @@ def test_optimal_schedule_fits_a_budget_equal_to_a_schedules_own_peak():
 def test_optimal_schedule_says_when_no_schedule_fits():
     """Check ValueError naming the budget below the smallest peak, and for a negative budget."""
     from labkit.lab5.checkpointing import optimal_schedule
+    optimal_schedule = as_given(optimal_schedule)
 
     act, inp, flops = [5, 9, 4, 7], [1, 2, 1, 3], [1, 1, 1, 1]
     smallest = min(simulate_schedule(4, s, act, inp, flops)[0] for s in all_schedules(4))
@@ -552,6 +560,7 @@ def test_optimal_schedule_says_when_no_schedule_fits():
 def test_optimal_schedule_beats_uniform_schedules_on_a_deep_gpt():
     """Check on 32 GPT-like layers (a = 17x): never more recompute than √L or every layer."""
     from labkit.lab5.checkpointing import Schedule, optimal_schedule
+    optimal_schedule = as_given(optimal_schedule)
 
     n_layers, a, x, f = 32, 17, 1, 10
     act, inp, flops = [a] * n_layers, [x] * n_layers, [f] * n_layers

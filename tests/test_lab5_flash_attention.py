@@ -15,6 +15,7 @@ import torch.utils._python_dispatch
 from labkit.measure import saved_activation_bytes
 from _lab5_helpers import one_thread  # noqa: F401  (autouse fixture)
 from _lab5_helpers import ATTN_TOL, refuses
+from _given import as_given, ctx_bytes, given
 
 
 # ------------------------------------------------------------------ 5.6 FlashAttention
@@ -70,19 +71,6 @@ def _inputs(b, h, s, d, strided=False):
         return torch.randn(b, s, h, d).transpose(1, 2)
     return torch.randn(b, h, s, d)
 
-def _as_given(fn):
-    """``fn``, checked to leave its tensor arguments as the test gave them: a forward that rewrote
-    the test's q, k or v in place would choose what the test's reference is computed from."""
-    def run(*args, **kwargs):
-        kept = [(i, a.detach().clone()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        out = fn(*args, **kwargs)
-        for i, before in kept:
-            assert torch.equal(args[i].detach(), before), (
-                f"{fn.__name__} changed its argument {'qkv'[i] if i < 3 else i} in place: it must "
-                "leave its inputs as given")
-        return out
-    return run
-
 
 @pytest.mark.exercise("5.6", points=2)
 @pytest.mark.parametrize("causal", [False, True])
@@ -90,7 +78,7 @@ def test_flash_forward_matches_sdpa(causal):
     """Check O against F.scaled_dot_product_attention and L against logsumexp of the scores
     (every other shape with strided inputs)."""
     from labkit.lab5.flash_attention import flash_attention_forward
-    flash_attention_forward = _as_given(flash_attention_forward)
+    flash_attention_forward = as_given(flash_attention_forward)
 
     for i, (b, h, s, d, bq, bk) in enumerate(ATTN_SHAPES):
         q, k, v = (_inputs(b, h, s, d, strided=i % 2) for _ in range(3))
@@ -115,8 +103,9 @@ def test_flash_backward_matches_sdpa_gradients(causal):
     for i, (b, h, s, d, bq, bk) in enumerate(ATTN_SHAPES):
         q, k, v = (_inputs(b, h, s, d, strided=i % 2).requires_grad_() for _ in range(3))
         grad_out = torch.randn(b, h, s, d)
-        ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=bq,
-                                                   block_k=bk), (q, k, v), grad_out)
+        with given("flash_attention (forward, then backward)", q=q, k=k, v=v, grad_out=grad_out):
+            ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=bq,
+                                                       block_k=bk), (q, k, v), grad_out)
         ref = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                                   (q, k, v), grad_out)
         case = (f"(B, H, S, D) = {(b, h, s, d)}, tiles {bq} × {bk}, causal={causal}"
@@ -145,7 +134,7 @@ def test_flash_keeps_float64_accuracy(causal):
     float32 land near 1e-7.
     """
     from labkit.lab5.flash_attention import flash_attention, flash_attention_forward
-    flash_attention_forward = _as_given(flash_attention_forward)
+    flash_attention_forward = as_given(flash_attention_forward)
 
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, 2, 150, 16, dtype=torch.float64, requires_grad=True)
@@ -159,8 +148,9 @@ def test_flash_keeps_float64_accuracy(causal):
     assert_attention_close("O", out, ref_out, atol=1e-12, rtol=1e-12, case=case, block_q=32)
     assert_attention_close("L", lse, ref_lse, atol=1e-12, rtol=1e-12, case=case, block_q=32)
     grad_out = torch.randn_like(ref_out)
-    ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=32, block_k=64),
-                               (q, k, v), grad_out)
+    with given("flash_attention (forward, then backward)", q=q, k=k, v=v, grad_out=grad_out):
+        ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal, block_q=32,
+                                                   block_k=64), (q, k, v), grad_out)
     ref = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                               (q, k, v), grad_out)
     for name, g, r in zip("qkv", ours, ref):
@@ -179,7 +169,7 @@ def test_flash_keeps_statistics_in_float32_for_16_bit_inputs(dtype):
     2e-3 for float16.
     """
     from labkit.lab5.flash_attention import flash_attention_forward
-    flash_attention_forward = _as_given(flash_attention_forward)
+    flash_attention_forward = as_given(flash_attention_forward)
 
     torch.manual_seed(4)
     q, k, v = (torch.randn(2, 2, 300, 16, dtype=dtype) for _ in range(3))
@@ -209,7 +199,8 @@ def test_flash_backward_of_16_bit_inputs_matches_float64_gradients(dtype):
     errors 7e-3 and 8e-4). Accumulating in the 16-bit dtype is ~10x off, or fails to run.
     """
     from labkit.lab5.flash_attention import flash_attention_backward, flash_attention_forward
-    flash_attention_forward = _as_given(flash_attention_forward)
+    flash_attention_forward = as_given(flash_attention_forward)
+    flash_attention_backward = as_given(flash_attention_backward)
 
     torch.manual_seed(4)
     q, k, v, g = (torch.randn(2, 2, 300, 16, dtype=dtype) for _ in range(4))
@@ -234,7 +225,9 @@ def test_flash_saves_only_inputs_output_and_log_sum_exp():
     b, h, s, d = 1, 2, 256, 32
     q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
     out = []
-    saved = saved_activation_bytes(lambda: out.append(flash_attention(q, k, v, causal=True)))
+    with given("flash_attention's forward", q=q, k=k, v=v):
+        saved = saved_activation_bytes(lambda: out.append(flash_attention(q, k, v, causal=True)))
+    saved += ctx_bytes(out[0], skip=(q, k, v))  # tensors kept as ctx attributes count too
     want = (4 * b * h * s * d + b * h * s) * 4
     assert saved == want, (
         f"bytes autograd keeps for backward at (B, H, S, D) = {(b, h, s, d)}, fp32: {saved:,}, "
@@ -243,7 +236,8 @@ def test_flash_saves_only_inputs_output_and_log_sum_exp():
            "what the operators inside an autograd.Function's forward need only if they run with "
            "grad enabled)?" if saved > want else "fewer: are O and L both saved?"))
     grad_out = torch.randn(b, h, s, d)
-    out[0].backward(grad_out)  # backward from what was saved: O and L must be the right ones
+    with given("flash_attention's backward", q=q, k=k, v=v, out=out[0], grad_out=grad_out):
+        out[0].backward(grad_out)  # backward from what was saved: O and L must be the right ones
     _check_measured(out[0], q, k, v, grad_out)
 
 
@@ -271,12 +265,10 @@ def _attention_peak(fn, s, b=1, h=2, d=32):
 
     q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
     grad_out = torch.randn(b, h, s, d)
-    given = [x.detach().clone() for x in (q, k, v)]
-    with MemTracker() as tracker:
+    with given("the measured forward and backward", q=q, k=k, v=v, grad_out=grad_out), \
+            MemTracker() as tracker:
         out = fn(q, k, v)
         out.backward(grad_out)
-    assert all(map(torch.equal, (q.detach(), k.detach(), v.detach()), given)), \
-        "the measured run changed q, k or v in place: it must leave its inputs as given"
     _check_measured(out, q, k, v, grad_out)
     return sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
 
@@ -347,14 +339,14 @@ def test_causal_flash_skips_the_tiles_above_the_diagonal():
     of the tiles that touch the diagonal or lie below it (forward: QKᵀ and PV; backward: the
     recomputed QKᵀ, dV, dP, dQ, dK), far below the non-causal count (S = 6 tiles of keys)."""
     from labkit.lab5.flash_attention import flash_attention_backward, flash_attention_forward
-    flash_attention_forward = _as_given(flash_attention_forward)
 
     b, h, s, d, bq, bk = 1, 2, 96, 8, 16, 16
     q, k, v, grad_out = (torch.randn(b, h, s, d) for _ in range(4))
-    with _MatmulFlops() as counter:
+    with given("flash_attention_forward", q=q, k=k, v=v), _MatmulFlops() as counter:
         out, lse = flash_attention_forward(q, k, v, causal=True, block_q=bq, block_k=bk)
     forward = counter.flops
-    with _MatmulFlops() as counter:
+    with given("flash_attention_backward", q=q, k=k, v=v, out=out, lse=lse, grad_out=grad_out), \
+            _MatmulFlops() as counter:
         grads = flash_attention_backward(q, k, v, out, lse, grad_out, causal=True, block_q=bq,
                                          block_k=bk)
     backward = counter.flops

@@ -14,6 +14,7 @@ import torch
 from labkit.models import GPT, GPTConfig
 from _lab5_helpers import one_thread  # noqa: F401  (autouse fixture)
 from _lab5_helpers import GRAD_TOL, small_gpt, model_grads, data, refuses
+from _given import given
 
 
 # ------------------------------------------------------------------ 5.5 offload
@@ -120,9 +121,10 @@ def test_offloader_min_bytes_boundary_is_exclusive():
     for numel, where in ((256, "host"), (255, "device")):
         x = torch.randn(numel, requires_grad=True)  # 4 bytes an element: 1,024 B or 1,020 B
         offloader = ActivationOffloader(min_bytes=1024)
-        with offloader:
-            y = (x * x).sum()  # mul saves x (twice: self and other)
-        y.backward()
+        with given("ActivationOffloader (pack, then unpack in backward)", x=x):
+            with offloader:
+                y = (x * x).sum()  # mul saves x (twice: self and other)
+            y.backward()
         got = {"host": offloader.host_bytes, "device": offloader.device_bytes}
         want = {"host": 4 * numel, "device": 0} if where == "host" else {"host": 0, "device": 8 * numel}
         assert got == want, (
@@ -138,10 +140,11 @@ def test_offloader_counts_a_view_by_its_own_bytes():
 
     x = torch.randn(64, 64, requires_grad=True)
     offloader = ActivationOffloader(min_bytes=1024)
-    with offloader:
-        y = x.exp()  # exp saves its output, 64·64·4 = 16,384 B
-        z = y[:, :16].sin()  # sin saves its input: a (64, 16) view of y's storage
-    z.sum().backward()
+    with given("ActivationOffloader (pack, then unpack in backward)", x=x):
+        with offloader:
+            y = x.exp()  # exp saves its output, 64·64·4 = 16,384 B
+            z = y[:, :16].sin()  # sin saves its input: a (64, 16) view of y's storage
+        z.sum().backward()
     want = 64 * 64 * 4 + 64 * 16 * 4
     assert offloader.host_bytes == want, (
         f"host_bytes {offloader.host_bytes:,} B, expected {want:,} (exp's output + the (64, 16) "

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from _lab5_helpers import one_thread  # noqa: F401  (autouse fixture)
 from _lab5_helpers import ATTN_TOL, refuses
+from _given import as_given
 
 
 # ------------------------------------------------------------------ 5.7 ring attention
@@ -24,6 +25,7 @@ from _lab5_helpers import ATTN_TOL, refuses
 def test_merge_attention_equals_attention_over_all_keys():
     """Check merging attention over two halves of the keys equals SDPA over all of them."""
     from labkit.lab5.ring_attention import attention_with_lse, merge_attention
+    attention_with_lse, merge_attention = as_given(attention_with_lse), as_given(merge_attention)
 
     q, k, v = (torch.randn(2, 3, 40, 8) for _ in range(3))
     first = attention_with_lse(q, k[:, :, :15], v[:, :, :15])
@@ -47,6 +49,7 @@ def test_merge_attention_stays_finite_for_large_log_sum_exps():
     """Check merging parts whose log-sum-exps are ~±1,000 (scores that large occur in bf16 models
     without QK-norm): the float64 logaddexp, no overflow to inf or NaN."""
     from labkit.lab5.ring_attention import merge_attention
+    merge_attention = as_given(merge_attention)
 
     torch.manual_seed(3)
     out_a, out_b = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)

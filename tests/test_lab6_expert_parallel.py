@@ -21,6 +21,7 @@ import functools
 import pytest
 import torch
 
+from _given import as_given, given
 from labkit.moe import MoELayer, capacity
 from labkit.reference.lab6 import moe_reference
 
@@ -56,6 +57,7 @@ def test_assign_slots_follows_gshard_order_and_drops_past_capacity():
     """Check assign_slots against a loop over (choice, token) pairs written here, on balanced and
     skewed routings (T up to 40, k 1–3, E 2–8, capacities 1 to T·k)."""
     from labkit.lab6.expert_parallel import assign_slots
+    assign_slots = as_given(assign_slots)
 
     for seed, (T_, k, n_expert) in enumerate([(10, 1, 4), (40, 2, 8), (17, 3, 5), (6, 2, 2)]):
         for skew in (False, True):
@@ -80,7 +82,7 @@ def test_dispatch_fills_claimed_slots_and_sums_the_gradient_of_copies():
     cap = capacity(T_, n_expert, k, 1.0)
     slots = plain_slots(ids, n_expert, cap)
     x = torch.randn(T_, d, requires_grad=True)
-    buffer = dispatch(x, ids, slots, n_expert, cap)
+    buffer = as_given(dispatch)(x, ids, slots, n_expert, cap)
     assert buffer.shape == (n_expert, cap, d), f"buffer shape {tuple(buffer.shape)}, expected {(n_expert, cap, d)}"
     want = torch.zeros(n_expert, cap, d)
     for t in range(T_):
@@ -89,7 +91,8 @@ def test_dispatch_fills_claimed_slots_and_sums_the_gradient_of_copies():
                 want[ids[t, j], slots[t, j]] = x[t].detach()
     assert torch.equal(buffer.detach(), want), "the buffer's rows differ from the tokens' claimed slots"
     g = torch.randn_like(buffer)
-    buffer.backward(g)
+    with given("dispatch's backward", x=x, ids=ids, slots=slots, buffer=buffer, grad_out=g):
+        buffer.backward(g)
     want_grad = torch.zeros(T_, d)
     for t in range(T_):
         for j in range(k):
@@ -112,7 +115,7 @@ def test_combine_weights_each_kept_slot_and_ignores_dropped_ones():
     assert (slots < 0).any(), "the skewed routing must drop some choices"
     out = torch.randn(n_expert, cap, d, requires_grad=True)
     w = torch.softmax(torch.randn(T_, k), -1).requires_grad_()
-    got = combine(out, ids, slots, w)
+    got = as_given(combine)(out, ids, slots, w)
     rows = []
     for t in range(T_):
         row = torch.zeros(d)
@@ -123,7 +126,8 @@ def test_combine_weights_each_kept_slot_and_ignores_dropped_ones():
     want = torch.stack(rows)
     torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"combine: {m}")
     g = torch.randn(T_, d)
-    mine = torch.autograd.grad(got, (out, w), g)
+    with given("combine's backward", out=out, ids=ids, slots=slots, w=w, grad_out=g):
+        mine = torch.autograd.grad(got, (out, w), g)
     ref = torch.autograd.grad(want, (out, w), g)
     for name, a, b in zip(("d expert outputs", "d weights"), mine, ref):
         torch.testing.assert_close(a, b, **TOL, msg=lambda m, name=name: f"{name}: {m}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _given import ctx_bytes, given
+
 
 # The fused operator and F.gelu evaluate the same formula in another order: a few fp32 ulps of
 # outputs of magnitude ≤ ~12 (atol 1e-6, rtol 1e-5). Gradients: the factor 1 − t² cancels
@@ -27,7 +29,8 @@ def check_measured(x, y, layers, what, tol=FUSION_TOL, grad_tol=FUSION_GRAD_TOL)
     import torch.nn.functional as F
 
     g = torch.ones_like(y)  # as the bf16 test's tolerances assume
-    (gx,) = torch.autograd.grad(y, x, g)
+    with given("fused_gelu_tanh's backward", x=x, y=y, grad_out=g):
+        (gx,) = torch.autograd.grad(y, x, g)
     xr = x.detach().clone().requires_grad_()
     ref = xr
     for _ in range(layers):
@@ -54,14 +57,13 @@ def test_fused_gelu_matches_torch_gelu_tanh(dtype, layout):
     torch.manual_seed(0)
     base = 3 * torch.randn(37, 129, dtype=dtype)
     x = (base if layout == "contiguous" else base.T.contiguous().T).requires_grad_()
-    before = x.detach().clone()
     g = torch.randn(37, 129, dtype=dtype)
-    y = fused_gelu_tanh(x)
-    assert torch.equal(x.detach(), before), \
-        "forward changed its input x (an in-place operation on x?): the caller's tensor, and what backward saved"
+    with given("fused_gelu_tanh's forward", x=x):
+        y = fused_gelu_tanh(x)
     assert (y.dtype, y.shape) == (dtype, x.shape), \
         f"output {y.dtype} {tuple(y.shape)}, expected {dtype} {tuple(x.shape)}: compute in x's dtype, elementwise"
-    (gx,) = torch.autograd.grad(y, x, g)
+    with given("fused_gelu_tanh's backward", x=x, y=y, grad_out=g):
+        (gx,) = torch.autograd.grad(y, x, g)
     ref = F.gelu(x, approximate="tanh")
     (gref,) = torch.autograd.grad(ref, x, g)
     torch.testing.assert_close(y, ref, **FUSION_TOL, msg=lambda m: f"output: {m} — is the formula (k, a, 0.5) right?")
@@ -75,7 +77,8 @@ def test_fused_gelu_gradcheck_in_float64():
     from labkit.lab6.fusion import fused_gelu_tanh
 
     x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(fused_gelu_tanh, (x,)), "gradcheck failed: the backward is not the derivative of the forward"
+    with given("fused_gelu_tanh under gradcheck", x=x):
+        assert torch.autograd.gradcheck(fused_gelu_tanh, (x,)), "gradcheck failed: the backward is not the derivative of the forward"
 
 
 @pytest.mark.exercise("6.5", points=1)
@@ -94,7 +97,9 @@ def test_fused_gelu_saves_only_its_input():
         f"the given unfused chain saves {unfused:,} B, expected 16 B × {n:,} (x, t, 0.5·x, 1 + t): "
         f"was gelu_tanh_unfused changed?")
     out = []
-    fused = saved_activation_bytes(lambda: out.append(fused_gelu_tanh(x)))
+    with given("fused_gelu_tanh's forward", x=x):
+        fused = saved_activation_bytes(lambda: out.append(fused_gelu_tanh(x)))
+    fused += ctx_bytes(out[0], skip=(x,))  # tensors kept as ctx attributes count too
     assert fused == unfused - 12 * n, \
         f"the fused operator saves {fused:,} B, expected {unfused - 12 * n:,} = the chain's {unfused:,} − 12·{n:,}: save only the input x"
     check_measured(x, out[0], 1, "saved bytes, fp32")
@@ -125,7 +130,9 @@ def test_fused_gelu_lowers_held_and_peak_bytes_by_the_prediction():
         return run
 
     kept = []
-    held_unfused, held_fused = retained_bytes(stack(gelu_tanh_unfused), x), retained_bytes(stack(fused_gelu_tanh, kept), x)
+    held_unfused = retained_bytes(stack(gelu_tanh_unfused), x)
+    with given(f"{L} fused_gelu_tanh forwards", x=x):
+        held_fused = retained_bytes(stack(fused_gelu_tanh, kept), x)
     assert held_unfused - held_fused == 12 * n * L, \
         f"after forward the fused chain holds {held_fused:,} B vs {held_unfused:,} B: expected {12 * n * L:,} B less (12 per element per layer)"
     check_measured(x, kept[0], L, f"held bytes, {L} layers")
@@ -135,7 +142,8 @@ def test_fused_gelu_lowers_held_and_peak_bytes_by_the_prediction():
 
     peak_unfused, _ = peak_bytes(forward_backward, gelu_tanh_unfused, x.detach().clone().requires_grad_())
     xf = x.detach().clone().requires_grad_()
-    peak_fused, _ = peak_bytes(forward_backward, fused_gelu_tanh, xf)
+    with given(f"{L} fused_gelu_tanh forwards and backwards", x=xf):
+        peak_fused, _ = peak_bytes(forward_backward, fused_gelu_tanh, xf)
     assert peak_unfused - peak_fused >= 12 * n * (L - 2), \
         f"peak {peak_fused:,} B fused vs {peak_unfused:,} B unfused: expected at least {12 * n * (L - 2):,} B lower"
     xr = x.detach().clone().requires_grad_()
@@ -157,8 +165,11 @@ def test_fused_gelu_in_bfloat16_saves_its_bf16_input():
 
     torch.manual_seed(0)
     x = (3 * torch.randn(64, 1000)).bfloat16().requires_grad_()
-    y = fused_gelu_tanh(x)
-    (gx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    with given("fused_gelu_tanh's forward", x=x):
+        y = fused_gelu_tanh(x)
+    g = torch.ones_like(y)
+    with given("fused_gelu_tanh's backward", x=x, y=y, grad_out=g):
+        (gx,) = torch.autograd.grad(y, x, g)
     assert (y.dtype, gx.dtype) == (torch.bfloat16, torch.bfloat16), \
         f"dtypes: output {y.dtype}, gradient {gx.dtype}; expected bfloat16 for a bfloat16 input"
     ref = F.gelu(x, approximate="tanh")
@@ -166,7 +177,9 @@ def test_fused_gelu_in_bfloat16_saves_its_bf16_input():
     torch.testing.assert_close(y, ref, atol=1e-2, rtol=1.6e-2, msg=lambda m: f"bf16 output: {m}")
     torch.testing.assert_close(gx, gref, atol=2e-2, rtol=1.6e-2, msg=lambda m: f"bf16 input gradient: {m}")
     out = []
-    saved = saved_activation_bytes(lambda: out.append(fused_gelu_tanh(x)))
+    with given("fused_gelu_tanh's forward", x=x):
+        saved = saved_activation_bytes(lambda: out.append(fused_gelu_tanh(x)))
+    saved += ctx_bytes(out[0], skip=(x,))  # tensors kept as ctx attributes count too
     assert saved == 2 * x.numel(), \
         f"the fused operator saves {saved:,} B for a bf16 input of {x.numel():,} elements, expected {2 * x.numel():,}: save x itself, in its dtype"
     check_measured(x, out[0], 1, "saved bytes, bf16", tol=dict(atol=1e-2, rtol=1.6e-2),

@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from _given import as_given
 from _lab6_helpers import gpt_step_trace
 
 
@@ -85,9 +86,9 @@ def test_plans_never_overlap_live_tensors(planner):
     for seed in range(32):
         tensors = random_instance(seed, n=6 if seed < 30 else 40, horizon=10 if seed < 30 else 30)
         if planner == "place_in_given_order":
-            offsets = mp.place(tensors, [t.id for t in reversed(tensors)])
+            offsets = as_given(mp.place)(tensors, [t.id for t in reversed(tensors)])
         else:
-            offsets = getattr(mp, planner)(tensors)
+            offsets = as_given(getattr(mp, planner))(tensors)
         check_plan(tensors, offsets, f"{planner}, instance {seed}")
 
 
@@ -110,12 +111,12 @@ def test_plans_equal_the_documented_order_placed_by_a_reference():
             start = rng.randrange(8)
             tensors.append(mp.TensorLife(i, rng.choice([1, 2, 2]) * 512, start, start + rng.randrange(0, 5)))
         shuffled = rng.sample(tensors, len(tensors))
-        got, want = mp.place(tensors, [t.id for t in shuffled]), reference_place(tensors, shuffled)
+        got, want = as_given(mp.place)(tensors, [t.id for t in shuffled]), reference_place(tensors, shuffled)
         assert got == want, (f"instance {seed}: place in order {[t.id for t in shuffled]} gave {got}, "
                              f"expected {want}: each tensor, in the given order, at the lowest offset "
                              "free of the placed tensors alive with it")
         for name, order in orders.items():
-            got, want = getattr(mp, name)(tensors), reference_place(tensors, order(tensors))
+            got, want = as_given(getattr(mp, name))(tensors), reference_place(tensors, order(tensors))
             assert got == want, (f"instance {seed}: {name} gave {got}, expected {want} (tensors {tensors}): "
                                  f"the order differs from the documented one (a tie-break?)")
 
@@ -126,6 +127,7 @@ def test_place_takes_the_lowest_gap():
     order A, B, C, D. A at 0; B conflicts with A → 4096; C conflicts with A only (B ended at
     2) → 4096; D conflicts with A, B and C → the lowest gap of 2 KiB is above them: 5120."""
     from labkit.lab6.memory_planner import TensorLife, place
+    place = as_given(place)
 
     A, B, C, D = (TensorLife(0, 4096, 0, 9), TensorLife(1, 1024, 0, 2),
                   TensorLife(2, 1024, 3, 5), TensorLife(3, 2048, 1, 4))
@@ -146,6 +148,7 @@ def test_greedy_by_size_orders_largest_first():
     allocation order (A, B, D, C) the arena is also 7 KiB; the lower bound is 7 KiB (A+B+D
     alive at events 1–2)."""
     from labkit.lab6.memory_planner import TensorLife, arena_size, peak_live, plan_greedy_by_size
+    plan_greedy_by_size = as_given(plan_greedy_by_size)
 
     tensors = [TensorLife(0, 4096, 0, 9), TensorLife(1, 1024, 0, 2), TensorLife(2, 1024, 3, 5),
                TensorLife(3, 2048, 1, 4)]
@@ -162,6 +165,7 @@ def test_order_of_allocation_places_by_start():
     B at 4096, D (alive with A and B) at 5120, C (alive with A and D; B has ended) in the
     1 KiB gap at 4096. (By end of life it would be B, D, C, A: a different plan.)"""
     from labkit.lab6.memory_planner import TensorLife, plan_in_order_of_allocation
+    plan_in_order_of_allocation = as_given(plan_in_order_of_allocation)
 
     tensors = [TensorLife(0, 4096, 0, 9), TensorLife(1, 1024, 0, 2), TensorLife(2, 1024, 3, 5),
                TensorLife(3, 2048, 1, 4)]
@@ -175,6 +179,7 @@ def test_plan_optimal_matches_brute_force():
     """On 12 random instances of 6 tensors, plan_optimal's arena equals an independent brute
     force, and greedy by size is never smaller than that optimum (sanity)."""
     from labkit.lab6.memory_planner import TensorLife, arena_size, plan_greedy_by_size, plan_optimal
+    plan_greedy_by_size, plan_optimal = as_given(plan_greedy_by_size), as_given(plan_optimal)
 
     # Hand-derived first: X (1 KiB, 0–1), Y (1 KiB, 0–9), Z (2 KiB, 2–9). In the given order
     # X 0, Y 1024, Z 2048 (the 1 KiB hole under Y is too small): 4 KiB. Optimal: Y 0, X and Z
@@ -208,6 +213,7 @@ def test_greedy_plan_of_the_real_step_is_near_the_lower_bound(gpt_trace):
     the peak of live bytes. 2%: Pisarchyk & Lee (2020) report greedy by size within a few % of
     the bound on real networks; on this trace it is within 0.01%."""
     from labkit.lab6.memory_planner import arena_size, lifetimes, peak_live, plan_greedy_by_size
+    plan_greedy_by_size = as_given(plan_greedy_by_size)
 
     tensors = lifetimes(gpt_trace, round_to=512)
     offsets = plan_greedy_by_size(tensors)
@@ -226,6 +232,7 @@ def test_place_skips_busy_ranges_nested_in_earlier_ones():
     In another order — Z, Y, T, X — the busy ranges of T arrive unsorted ([0, 1024) for Z and
     [1024, 2048) for Y); T must still go above both: 2048."""
     from labkit.lab6.memory_planner import TensorLife, place
+    place = as_given(place)
 
     X, Y, Z, T = (TensorLife(0, 4096, 0, 2), TensorLife(1, 1024, 4, 6), TensorLife(2, 1024, 3, 5),
                   TensorLife(3, 1024, 0, 9))
@@ -248,6 +255,7 @@ def test_greedy_by_size_breaks_ties_by_longer_lifetime():
     alone (0, 1, 2, 3) would give 0 at 0, 1 at 0, 2 at 1024, 3 (alive with 1 and 2) at 2048:
     arena 3,072 B."""
     from labkit.lab6.memory_planner import TensorLife, arena_size, peak_live, plan_greedy_by_size
+    plan_greedy_by_size = as_given(plan_greedy_by_size)
 
     tensors = [TensorLife(0, 1024, 7, 12), TensorLife(1, 1024, 5, 5), TensorLife(2, 1024, 6, 11),
                TensorLife(3, 1024, 2, 6)]
@@ -264,6 +272,7 @@ def test_order_of_allocation_follows_start_not_id():
     start, ties by id: B (start 0, id 2), A (start 0, id 3), D, C. B at 0, A at 1024, D (alive
     with A and B) at 5120, C (alive with A and D; B has ended) at 0."""
     from labkit.lab6.memory_planner import TensorLife, plan_in_order_of_allocation
+    plan_in_order_of_allocation = as_given(plan_in_order_of_allocation)
 
     tensors = [TensorLife(3, 4096, 0, 9), TensorLife(2, 1024, 0, 2), TensorLife(1, 1024, 3, 5),
                TensorLife(0, 2048, 1, 4)]
@@ -276,6 +285,7 @@ def test_bad_tensors_raise():
     """Not graded (the checks are the given code's, in the stub too): peak_live, arena_size and
     the planners refuse what is not a list of TensorLife, and arena_size an offset missing."""
     from labkit.lab6.memory_planner import TensorLife, arena_size, lifetimes, peak_live, plan_greedy_by_size
+    plan_greedy_by_size = as_given(plan_greedy_by_size)
 
     with pytest.raises(TypeError, match="tensors"):
         peak_live([1, 2])
