@@ -219,7 +219,7 @@ def test_every_exercise_of_the_shortcut_table_exists_and_its_patterns_match_what
 
 
 LISTS = ("MODULES", "BUILTINS", "BY_NAME", "VIEWS", "CONTAINERS", "INTERNALS", "FRAMES", "DUNDERS_OK",
-         "VALUE_TYPES", "MUTATORS", "DATA_MODEL", "TYPE_MAKERS", "HIGHER_ORDER")
+         "VALUE_TYPES", "MUTATORS", "DATA_MODEL", "TYPE_MAKERS", "HIGHER_ORDER", "STORAGE_METADATA")
 
 
 def written_entries(path: Path, lists: tuple[str, ...]) -> int:
@@ -263,14 +263,17 @@ def test_the_grader_stays_small():
     student's own function, get_args of a Literal, vars(self), __hash__ = None, an own cached
     function's __wrapped__, ABCMeta), zeroed "false values" (a value type's subclass redefining
     dunders) and made lab 1's exercises refuse the course's own models and measurements: 2,880
-    lines, 184 names, 45 patterns. Lines of src/labkit/grade; names written in the flags' lists;
+    lines, 184 names, 45 patterns. rt13 (34 attempts on those relaxations: 16 holes, 7 false
+    flags) took two back (__annotations__, an own function's __wrapped__), followed value types
+    through bases, aliases and mixins, and made the Watch count storages, text and other
+    threads: 2,932 lines, 190 names, 47 patterns. Lines of src/labkit/grade; names written in the flags' lists;
     the shortcut table's distinct patterns (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2880, sizes
-    assert entries <= 184 and patterns <= 45, (entries, patterns)
+    assert sum(sizes.values()) <= 2932, sizes
+    assert entries <= 190 and patterns <= 47, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

@@ -195,12 +195,16 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
 
 
 @pytest.mark.parametrize("cheat", ["rt12a_ce_numpy_by_asarray", "rt12a_ce_numpy_by_dlpack",
-                                   "rt12a_ce_python_by_tolist", None])
+                                   "rt12a_ce_python_by_tolist",
+                                   "rt13a_ce_numpy_by_one_element_view_strided",
+                                   "rt13a_ce_python_by_int_of_scaled_elements",
+                                   "rt13a_ce_python_by_str_of_tensor", None])
 def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_path, monkeypatch,
                                                                            cheat):
     """5.9 computed whole in numpy or Python, the data moved by ``np.asarray`` (numpy's
-    functions call ``Tensor.__array__``), DLPack or ``.tolist()``: no name the reading looks for,
-    25/25 before. The child's ``Watch`` mode (the one every measured exercise's tests run under)
+    functions call ``Tensor.__array__``), DLPack or ``.tolist()`` (rt12a), by a one-element view
+    widened with ``as_strided``, ``int()`` of scaled elements or the tensor's text (rt13a): no
+    name the reading looks for, 21-25/25 before. The child's ``Watch`` mode (the one every measured exercise's tests run under)
     sees each route and raises "measured elsewhere" for review; the reference solution gets no
     flag. Run here in this process, the cheat's module marked as student code."""
     import importlib.util
@@ -228,13 +232,19 @@ def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_p
         child.State.flags
 
 
-def test_the_watch_is_on_in_the_child_for_every_measured_exercise(tmp_path, collected):
-    """The same cheat graded as an instructor grades (5.9 only): its points stand, the flag for
-    review says what left torch and where."""
-    table = grade(submission(tmp_path, "rt12a_ce_numpy_by_asarray",
-                             solved=("lab5/chunked_cross_entropy.py",)), collected, ["5.9"])
+@pytest.mark.parametrize("cheat, where", [("rt12a_ce_numpy_by_asarray",
+                                           "__array__ (from chunked_cross_entropy.py:"),
+                                          ("rt13a_ce_python_by_tolist_on_pool_thread",
+                                           "tolist (from a thread of the test)")])
+def test_the_watch_is_on_in_the_child_for_every_measured_exercise(tmp_path, collected, cheat,
+                                                                  where):
+    """The same cheats graded as an instructor grades (5.9 only), on the test's thread and on a
+    pool's (25/25 before, with a threads flag only): the points stand, the flag for review says
+    what left torch and where."""
+    table = grade(submission(tmp_path, cheat, solved=("lab5/chunked_cross_entropy.py",)),
+                  collected, ["5.9"])
     assert "measured elsewhere: over 1024 elements" in flagged(table, "5.9")
-    assert "__array__ (from chunked_cross_entropy.py:" in flagged(table, "5.9")
+    assert where in flagged(table, "5.9")
 
 
 @pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_assert_close_through_a_partial",

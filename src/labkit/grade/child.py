@@ -47,9 +47,13 @@ EXERCISES = tuple(f"labkit.lab{n}." for n in range(1, 10))
 submission adds), so they are not recorded (the reading refuses changes to the course's)."""
 PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
              "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
-OUT_OF_TORCH = {torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.__array__,
-                torch.Tensor.__dlpack__, torch.Tensor.item, torch.Tensor.__float__}
-"""Where tensor data leaves torch (numpy's functions given a tensor call ``__array__``)."""
+SHARED = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.__dlpack__}
+"""Where tensor data leaves torch shared, its whole storage in reach (numpy's functions given a
+tensor call ``__array__``; ``as_strided`` widens a view of one element to all of it)."""
+OUT_OF_TORCH = SHARED | {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__float__,
+                         torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__complex__,
+                         torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__}
+"""... and copied out, element by element or as text."""
 MOVED_MAX = 1024  # elements per test: shapes, counts and a scalar loss are fine, a layer's data is not
 HOOKS = "global module and optimizer hooks"
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
@@ -144,14 +148,22 @@ class Watch(TorchFunctionMode):
     that student code takes out of torch, which no measurement of torch's then sees: the
     ``measured elsewhere`` flag, for review, once more than MOVED_MAX elements left in one test."""
 
+    def __init__(self, side: bool = False):
+        super().__init__()
+        self.side = side  # on a thread started during the test: whoever calls, unless the course
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in OUT_OF_TORCH and args and isinstance(args[0], torch.Tensor) and \
-                State.moved <= MOVED_MAX and student_frame():
-            State.moved += args[0].numel()
+                State.moved <= MOVED_MAX and (student_frame() or (
+                    self.side and _thread_owner() != "course")):
+            t = args[0]
+            State.moved += t.untyped_storage().nbytes() // max(t.element_size(), 1) if \
+                func in SHARED else t.numel()
             if State.moved > MOVED_MAX:
                 State.flags.append(f"measured elsewhere: over {MOVED_MAX} elements of tensor "
                                    f"data taken out of torch by {func.__name__} (from "
-                                   f"{student_frame()}), where the test measures torch's work")
+                                   f"{student_frame() or 'a thread of the test'}), where the "
+                                   "test measures torch's work")
         return func(*args, **(kwargs or {}))
 
 
@@ -160,6 +172,8 @@ def _on_new_thread(frame, event, arg):
     if State.exercise is not None:
         State.side.add(threading.get_ident())
         Refuse(State.exercise, side=True).__enter__()  # never left: it ends with the thread
+        if State.exercise in shortcuts.MEASURED:
+            Watch(side=True).__enter__()
 
 
 def _acting(frame) -> str | None:

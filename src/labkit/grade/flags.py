@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit.grade import shortcuts
-from labkit.grade.extract import BUILTIN_NAMES, DEFS, FUNCS, bound_names
+from labkit.grade.extract import BUILTIN_NAMES, DEFS, bound_names
 
 FLAGS = {  # flag: (zeroes the exercise, what it means)
     "module": (True, "uses a module or a function no exercise here needs, or a module as a value "
@@ -115,8 +115,7 @@ DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", 
               "__setattr__", "__repr__", "__str__", "__call__", "__len__", "__iter__", "__next__",
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
               "__torch_dispatch__", "__slots__", "__version__", "__qualname__", "__module__",
-              "__doc__", "__match_args__", "__members__", "__weakref__", "__debug__",
-              "__annotations__")
+              "__doc__", "__match_args__", "__members__", "__weakref__", "__debug__", "__new__")
 HIGHER_ORDER = ("functools.reduce", "itertools.accumulate", "itertools.starmap", "map", "filter")
 """What calls the function it is given first (its result holds none of that function)."""
 TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typing.NewType",
@@ -124,6 +123,8 @@ TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typi
 """What makes a class from its arguments (a module's constant made by one is no text)."""
 NAMEDTUPLE = set(dir(collections.namedtuple("T", ""))) - set(dir(tuple))  # _replace, _asdict..
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
+STORAGE_METADATA = ("nbytes", "data_ptr", "resize_", "size", "element_size", "device")
+"""What a tensor's storage says without its data (``untyped_storage().nbytes()``)."""
 MUTATORS = {n for t in (dict, list, set, collections.deque) for n in dir(t)} - {
     n for t in (types.MappingProxyType, tuple, frozenset) for n in dir(t)} | {"__init__"}
 """The methods that change a dict, list or set in place (``update``, ``append``, ``__setitem__``,
@@ -277,8 +278,8 @@ def _as_code(value) -> ast.Module | None:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return tree if tree and tree.body and not (len(tree.body) == 1 and isinstance(
-        tree.body[0], ast.Expr) and isinstance(tree.body[0].value, (ast.Name, ast.Attribute,
-                                                                     ast.Constant))) else None
+        tree.body[0], ast.Expr) and (isinstance(tree.body[0].value, ast.Constant) or _path(
+            tree.body[0].value))) else None  # ("a.b[0].c" is code: a ForwardRef evaluates it)
 
 
 def _type_like(node) -> bool:
@@ -296,9 +297,17 @@ def _makes_type(value, names: dict) -> bool:
              *path.split(".")[1:]] if path else []
     objs = _objects(tuple(parts)) if parts else ()
     makers = [_objects(tuple(m.split(".")))[-1] for m in TYPE_MAKERS]
+    if objs and objs[-1] is typing.TypedDict and (  # TypedDict("T", {"a": "<text>"}): text
+            not all(isinstance(a, ast.Dict) for a in value.args[1:]) or any(_literal_text(v) for v in (
+                *(v for a in value.args[1:] for v in a.values), *(k.value for k in value.keywords)))):
+        return False
     return len(objs) == len(parts) > 0 and any(objs[-1] is m or (
         isinstance(objs[-1], type) and isinstance(m, type) and issubclass(objs[-1], m))
         for m in makers)
+
+
+def _literal_text(node) -> bool:
+    return any(isinstance(n, ast.Constant) and isinstance(n.value, str) for n in ast.walk(node))
 
 
 def _plain(obj) -> bool:
@@ -382,8 +391,8 @@ class _Reader(ast.NodeVisitor):
         self.globals: set[str] = set()  # the names it declares global
         self.giving: set[str] = set()  # the student's functions that return foreign objects
         self.constants: dict = {}  # the module's constants: name -> the expression bound
-        self.own_functions: set[str] = set()  # the functions the submission defines
         self.own_methods: set[str] = set()  # the names of the exercise's methods and added ones
+        self.lying: set[str] = set()  # the student's classes of a value type, and their bases
 
     def visit(self, node):
         """Read ``node``; inside a branch (a test, a loop, a ``try``) a name bound again may not be
@@ -442,8 +451,6 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Attribute(self, node):
         kind, parts = self.chain(node)
-        if kind == "local" and parts[0] in self.own_functions and parts[1:] == ["__wrapped__"]:
-            node.clear = ("interpreter",)  # (own: defined once, never bound again, cached at most)
         mine = kind == "self" and parts[1] in {*self.fields, "__dict__"}  # self._module: own
         self.flags(node, parts if kind in ("module", "?") else parts[1 + mine:], kind)
         own = kind == "local" and (parts[0] in {*self.own_classes, *self.instances} or any(
@@ -455,8 +462,11 @@ class _Reader(ast.NodeVisitor):
         if kind in ("local", "?") and not own and node.attr[:1] == "_" and not _dunder(node.attr) \
                 and node.attr not in {*self.fields, *NAMEDTUPLE, *self.own_methods}:  # group._x(dev)
             self.flag(node, "private torch", f"{ast.unparse(node)[:60]} (a private attribute)")
-        if node.attr in ("numpy", "from_numpy") and not (kind == "module" and _is_module(parts)) \
-                and set(self.exercises) & set(shortcuts.MEASURED):
+        if isinstance(node.value, ast.Call) and node.attr in STORAGE_METADATA:
+            node.value.func.clear = ("measured elsewhere",)  # x.untyped_storage().nbytes()
+        if (node.attr in ("numpy", "from_numpy") and not (kind == "module" and _is_module(parts))
+                or node.attr in ("untyped_storage", "storage")) and set(self.exercises) & set(
+                shortcuts.MEASURED):  # (a storage's data: .tolist(), bytes(), indexing)
             self.flag(node, "measured elsewhere", ast.unparse(node)[:60])
         if node.attr == "__setattr__" and not getattr(node, "called", False):
             self.flag(node, "patching", "__setattr__ used as a value")  # like setattr's
@@ -588,7 +598,7 @@ class _Reader(ast.NodeVisitor):
         if callee and callee[0] is functools.wraps and (len(args) > 1 or node.keywords):
             self.flag(node, "patching", f"{ast.unparse(node)[:60]} (setattr by names)")
         if callee and callee[0] is functools.update_wrapper and len(args) == 2 and not \
-                node.keywords and not self._not_own(args[0]):
+                node.keywords and not self._not_own(args[0]) and not self._not_own(args[1]):
             func.clear = ("patching",)  # update_wrapper(own, fn): sets the student's own names
         if callee and callee[0] is typing.get_args and len(args) == 1 and self._literal(args[0]):
             func.clear = ("dynamic code",)  # get_args(Literal[1, 2]): no text becomes code
@@ -597,11 +607,25 @@ class _Reader(ast.NodeVisitor):
     def _literal(self, node) -> bool:
         """``Literal[...]`` (a module constant bound to one too), or a subscript of non-text
         constants: what ``typing.get_args`` returns without a string turned into a ForwardRef."""
-        node = self.constants.get(getattr(node, "id", None), node)
-        return isinstance(node, ast.Subscript) and all(
-            isinstance(n, (ast.Tuple, ast.expr_context)) or isinstance(n, ast.Constant) and (
-                not isinstance(n.value, str) or self.chain(node.value) == ("module", [
-                    "typing", "Literal"])) for n in ast.walk(node.slice))
+        node, seen = self.constants.get(getattr(node, "id", None), node), {id(node)}
+        todo, literal = [node], self.chain(getattr(node, "value", None)) == ("module", [
+            "typing", "Literal"])
+        while todo:  # (Literal[Small, 4]: a name bound to a Literal constant is one too)
+            n = todo.pop()
+            if isinstance(n, ast.Name) and isinstance(self.constants.get(n.id), ast.Subscript) \
+                    and id(self.constants[n.id]) not in seen:
+                seen.add(id(self.constants[n.id]))
+                n = self.constants[n.id]
+            if isinstance(n, ast.Subscript) and n is not node and self.chain(n.value) != (
+                    "module", ["typing", "Literal"]):
+                return False
+            if isinstance(n, ast.Subscript):
+                todo.append(n.slice)
+            elif isinstance(n, ast.Tuple):
+                todo += n.elts
+            elif not (isinstance(n, ast.Constant) and (literal or not isinstance(n.value, str))):
+                return False
+        return isinstance(node, ast.Subscript)
 
     def _receiver(self, func, args) -> tuple:
         """(what a method call changes, whether it was called on the class): ``x`` of
@@ -914,6 +938,7 @@ class _Reader(ast.NodeVisitor):
                   if (self.chain(b)[1] or [""])[-1] in VALUE_TYPES]
         for base in values:
             self.flag(base, "special methods", f"class {node.name}({ast.unparse(base)})")
+        lying = node.name in self.lying  # a value type's subclass, or an own base of one
         if any(kw.arg == "metaclass" and self.chain(kw.value) != ("module", ["abc", "ABCMeta"])
                for kw in node.keywords):
             self.flag(node, "special methods", f"class {node.name}(metaclass=...)")
@@ -925,8 +950,9 @@ class _Reader(ast.NodeVisitor):
                 names, stmt.targets[0].clear = [], ("interpreter",)
             for name in [n for n in names if _dunder(n) and n not in DUNDERS_OK]:
                 self.flag(stmt, "special methods", f"{name} in class {node.name}")
-                if values:  # class Exact(int): __eq__ ...
-                    self.flag(stmt, "false values", f"{name} in class {node.name}({ast.unparse(values[0])})")
+            for name in [n for n in names if lying and _dunder(n) and (n not in DUNDERS_OK or n in (
+                    "__torch_dispatch__", "__torch_function__"))]:  # class Exact(int): __eq__
+                self.flag(stmt, "false values", f"{name} in class {node.name}, a value type's")
             self.class_level(stmt, node.name)
         self.generic_visit(node)
         self.plain_classes.pop()
@@ -963,7 +989,8 @@ class _Reader(ast.NodeVisitor):
         node.clear = ("dynamic names",)  # (attrgetter is judged where it is called)
         for alias in node.names:
             path = base + alias.name if alias.name != "*" else base[:-1]
-            if not any(m.startswith(path + ".") and MODULES[m] is None for m in MODULES):
+            if not any(m.startswith(path + ".") and MODULES[m] is None for m in MODULES) and \
+                    path != "numpy.testing":  # (its assertions are allowed: _verdict)
                 self.flags(node, path.split("."))  # (import sys: sys.maxsize may be used)
             self.shortcut(node, *path.split("."), module=True)
 
@@ -1009,10 +1036,25 @@ def aliases(nodes, path: str) -> dict[str, str]:
     return out
 
 
-def _resolved(node, names: dict) -> str:
-    """The dotted path a decorator (``@lru_cache(8)`` too) names, through the module's imports."""
-    path = (_path(node.func if isinstance(node, ast.Call) else node) or "?").split(".")
-    return ".".join([names.get(path[0], path[0]), *path[1:]])
+def _value_classes(classes: dict, names: dict, constants: dict) -> set[str]:
+    """The student's classes that derive from a value type (``int``, ``Tensor``...), however the
+    base is written (an own class of one, ``Whole = int``, ``type(0)``), and their own bases
+    (a mixin's ``__eq__`` is the subclass's)."""
+    def value(base, depth=0) -> bool:
+        if isinstance(base, ast.Name) and base.id in constants and depth < 5:  # Whole = int
+            return value(constants[base.id], depth + 1)
+        if isinstance(base, ast.Call):  # class E(type(0))
+            return getattr(base.func, "id", None) == "type"
+        if isinstance(base, ast.Name) and base.id in classes:
+            return base.id in found
+        path = (_path(base) or "").split(".")
+        return [*names.get(path[0], path[0]).split("."), *path[1:]][-1] in VALUE_TYPES
+
+    found: set[str] = set()
+    for _ in range(len(classes) + 1):
+        found |= {c for c, n in classes.items() if any(value(b) for b in n.bases)}
+        found |= {getattr(b, "id", None) for c in found for b in classes[c].bases} & set(classes)
+    return found
 
 
 def read(merged, pristine: str) -> dict[str, list[Flag]]:
@@ -1032,15 +1074,10 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
              and not _makes_type(node.value, names) for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
     tree = ast.parse(merged.source)
     classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
-    stored = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(
-        n.ctx, ast.Load)} | {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)} | {
-        g for n in ast.walk(tree) if isinstance(n, (ast.Global, ast.Nonlocal)) for g in n.names}
-    functions = {n.name for n in tree.body if isinstance(n, FUNCS) and all(  # plain or cached
-        _resolved(d, names) in ("functools.cache", "functools.lru_cache") for d in
-        n.decorator_list)} - course - stored
     methods = {u.split(".")[-1] for u in merged.units if "." in u}
     constants = {n: node.value for label, node, _ in merged.taken if label.startswith(
         "the constant ") and getattr(node, "value", None) for n in bound_names(node)}
+    lying = _value_classes(classes, names, constants)
     plain: set = set()  # the student's classes of no base but such classes: ``cls`` is theirs
     for _ in classes:
         plain |= {c for c, n in classes.items() if c not in course and not n.keywords and
@@ -1057,7 +1094,7 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
             reader.writers = {f: set(w) for f, w in seed[4].items()}
             reader.literal_loops, reader.own_classes = _literal_names(node), set(classes) - course
             reader.fields, reader.plain, reader.constants = fields, plain, constants
-            reader.own_functions, reader.own_methods = functions, methods
+            reader.own_methods, reader.lying = methods, lying
             if unit.endswith("(a class constant)"):
                 reader.class_level(node, unit.split(".")[0])
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or \

@@ -19,11 +19,12 @@ SDPA = ("*scaled_dot_product*", "_flash_attention*", "_efficient_attention*", "*
 PIPELINING = "torch.distributed.pipelining", ("pipelining",)
 CHECKPOINT_SEQUENTIAL = "checkpoint_sequential", ("checkpoint_sequential",)
 COMM_HOOKS = "DDP's comm hooks (PowerSGD's too)", ("ddp_comm_hooks",)
-LAB1 = ("memory_model", "allocation_trace", "measure")  # the course's models and measurements
+LAB1 = ("memory_model", "cost_model", "allocation_trace", "measure")  # the course's models and
+# measurements, which compute lab 1's answers
 
 REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its reference, patterns)
-    "1.1": ("the built model's own parameter count", ("GPT", "Block", "*parameters", "*state_dict*",
-                                                       *LAB1)),
+    "1.1": ("the built model's own parameter count", ("GPT", "Block", "CausalSelfAttention", "MLP",
+                                                       "*parameters", "*state_dict*", *LAB1)),
     "1.2": ("the course's memory model and measurements", LAB1),
     "1.3": ("the measured saved activations", ("*saved_tensors*", "save_on_cpu", *LAB1)),
     "1.4": ("the course's memory model and measurements", LAB1),
