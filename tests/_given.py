@@ -12,6 +12,8 @@ test's leaf turns the reference's gradients into zeros too). So every such call 
 * its value is unchanged: dtype, shape, ``requires_grad`` and every element, compared exactly
   with a copy taken before the call, NaN equal to NaN (written through ``.data``, ``.detach()``,
   ``set_`` or an in-place operator alike: the copy sees the values, not the route);
+* torch's global hooks and modes are as they were (``torch_globals``: saved-tensor hooks left
+  installed would pack the test's reference too);
 * no hook was added to it: a tensor's ``_backward_hooks`` and ``_post_accumulate_grad_hooks``; a
   module's (and each submodule's) forward/backward hook dicts, and the hooks of its parameters;
 * an argument holding no tensor (a list of byte counts, a list of TensorLife) is compared with
@@ -93,6 +95,22 @@ def _quiet():
         yield
 
 
+def torch_globals() -> dict:
+    """torch's global hooks and modes now: the saved-tensor default hooks, the dispatch and
+    function mode stacks, the hooks every module's forward and every optimizer's step run. A
+    contract that installs one takes it off again before it returns (or at its ``with``'s end)."""
+    import torch.nn.modules.module as module
+    import torch.optim.optimizer as optimizer
+
+    hooks = {n: v for n, v in vars(module).items() if n.startswith("_global_") and n.endswith("hooks")}
+    hooks |= {n: getattr(optimizer, n) for n in ("_global_optimizer_pre_hooks",
+                                                 "_global_optimizer_post_hooks")}
+    return {"saved-tensor hooks": torch._C._autograd._top_saved_tensors_default_hooks(True),
+            "dispatch modes": torch._C._len_torch_dispatch_stack(),
+            "torch-function modes": torch._C._len_torch_function_stack(),
+            **{n: tuple(map(id, v.values())) for n, v in hooks.items()}}
+
+
 def _hook_ids(obj, names) -> tuple:
     out = []
     for name in names:
@@ -162,7 +180,7 @@ class given:
                 self.plain.append((name, obj))
 
     def __enter__(self):
-        self.kept = []
+        self.kept, self.globals = [], torch_globals()
         self.plain_kept = [(name, obj, _plain_copy(obj)) for name, obj in self.plain]
         with _quiet():
             for name, obj in self.objects:
@@ -184,6 +202,11 @@ class given:
         return False
 
     def check(self):
+        now = torch_globals()
+        changed = [k for k in now if now[k] != self.globals[k]]
+        assert not changed, (
+            f"{self.what} left torch's {', '.join(changed)} changed: hooks and modes a contract "
+            "installs come off before it returns, or they act on the test's own reference")
         for name, obj, kept in self.plain_kept:
             if kept is not None:
                 assert bool(obj == kept[0]), (

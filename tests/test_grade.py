@@ -266,14 +266,18 @@ def test_the_grader_stays_small():
     lines, 184 names, 45 patterns. rt13 (34 attempts on those relaxations: 16 holes, 7 false
     flags) took two back (__annotations__, an own function's __wrapped__), followed value types
     through bases, aliases and mixins, and made the Watch count storages, text and other
-    threads: 2,932 lines, 190 names, 47 patterns. Lines of src/labkit/grade; names written in the flags' lists;
+    threads: 2,932 lines, 190 names, 47 patterns. rt14 (46 attempts: 10 holes, 5 partial, 12
+    false flags) cleared dunder aliases in class bodies, labels like "exec (s)" and storages
+    kept for their size; zeroed torch's global hook registrars and value-type bases the reading
+    cannot name; counted __bool__, apply_ and map_ out of torch; a shortcut of exercise X goes to
+    X only: 2,964 lines, 192 names, 49 patterns. Lines of src/labkit/grade; names written in the flags' lists;
     the shortcut table's distinct patterns (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2932, sizes
-    assert entries <= 190 and patterns <= 47, (entries, patterns)
+    assert sum(sizes.values()) <= 2964, sizes
+    assert entries <= 192 and patterns <= 49, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

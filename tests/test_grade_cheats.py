@@ -53,6 +53,8 @@ def test_each_cheat_of_the_corpus_is_zeroed_flagged_or_dropped(tmp_path, path):
         for ex in exercises:
             hits = [f for f in found.get(ex, []) if f.name == cheat["needle"]]
             assert hits and all(f.zeroes is (kind == "zero") for f in hits), (ex, text)
+            assert kind == "zero" or "fair" not in cheat or not any(  # honest work flagged for
+                f.zeroes for f in found.get(ex, [])), (ex, text)  # review: nothing else zeroes it
     if kind == "run":
         assert path.stem in RUN_TESTS, f"{path.stem}: no test grades it at run time"
 
@@ -198,12 +200,15 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
                                    "rt12a_ce_python_by_tolist",
                                    "rt13a_ce_numpy_by_one_element_view_strided",
                                    "rt13a_ce_python_by_int_of_scaled_elements",
-                                   "rt13a_ce_python_by_str_of_tensor", None])
+                                   "rt13a_ce_python_by_str_of_tensor",
+                                   "rt14a_ce_python_by_apply_callback",
+                                   "rt14a_ce_python_by_bool_bits", None])
 def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_path, monkeypatch,
                                                                            cheat):
     """5.9 computed whole in numpy or Python, the data moved by ``np.asarray`` (numpy's
     functions call ``Tensor.__array__``), DLPack or ``.tolist()`` (rt12a), by a one-element view
-    widened with ``as_strided``, ``int()`` of scaled elements or the tensor's text (rt13a): no
+    widened with ``as_strided``, ``int()`` of scaled elements or the tensor's text (rt13a), a
+    callback of ``apply_``, ``bool()`` of bit planes (rt14a): no
     name the reading looks for, 21-25/25 before. The child's ``Watch`` mode (the one every measured exercise's tests run under)
     sees each route and raises "measured elsewhere" for review; the reference solution gets no
     flag. Run here in this process, the cheat's module marked as student code."""
@@ -430,7 +435,12 @@ _ADAM8 = "tests/test_lab2_adam8bit.py::"
      _ADAM8 + "test_adam8bit_first_step_is_adam_and_stores_quantized_moments", "elements differ"),
     ("rt12a_adam8bit_nan_scales_hide_fp32_moments",  # fp32 moments kept outside opt.state
      _ADAM8 + "test_adam8bit_state_is_two_bytes_per_parameter_plus_scales",
-     "not in another attribute")])
+     "not in another attribute"),
+    # rt14a: a block run twice in the forward, none in backward; saved-tensor hooks left on
+    ("rt14a_checkpoint_forward_twice_without_recompute", "tests/test_lab5_checkpointing.py::"
+     "test_each_recomputed_block_runs_forward_twice_and_the_others_once", "in the forward"),
+    ("rt14a_offload_wrong_unpack_hooks_left_for_reference", "tests/test_lab5_offload.py::"
+     "test_offloaded_gradients_equal_the_plain_model", "left torch's saved-tensor hooks")])
 def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, cheat, test, needle):
     """5.6's forward zeroing the test's q and v in place and returning attention of zeros (8/22
     when the reference was computed after the call, from the same tensors); 4.1 answering the
@@ -438,7 +448,10 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, chea
     first). rt12a: a backward (5.6, 6.5) zeroing grad_out, or q, v and the forward's O, or
     leaving gradient hooks on the test's leaves; 5.9's forward zeroing hidden and weight, or
     keeping its probabilities as a ctx attribute; 2.3 hiding fp32 moments outside opt.state
-    behind NaN scales. The tests now check that what they gave student code is as given
+    behind NaN scales. rt14a: 5.2 running each segment's blocks twice in the forward (a
+    pre-hook) and recomputing nothing; 5.5 leaving its saved-tensor hooks installed for the
+    test's reference (a finalizer took them off later; its constants:
+    rt14a_offload_wrong_unpack_hooks_left_for_reference_table). The tests now check that what they gave student code is as given
     (tests/_given.py), count ctx attributes and all the optimizer holds, count NaN as a
     mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
     pytest), the test fails, saying why."""
@@ -449,7 +462,7 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, chea
 
     shutil.copytree(ROOT / "solutions" / "labkit", tmp_path / "labkit")
     apply_cheat(tmp_path / "labkit", cheat)
-    if cheat.startswith("rt11a_memo"):
+    if (CHEATS / f"{cheat}_table.txt").exists():  # (a constant the cheat needs)
         apply_cheat(tmp_path / "labkit", f"{cheat}_table")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
                           cwd=ROOT, env={**os.environ, "LABKIT_SOLUTIONS": str(tmp_path)},

@@ -359,7 +359,9 @@ def test_peak_during_backward_equals_pytorch_checkpoint_over_the_same_segments()
 
 @pytest.mark.exercise("5.2", points=2)
 def test_each_recomputed_block_runs_forward_twice_and_the_others_once():
-    """Count each block's forward calls in one step (forward pre-hooks on the model's blocks).
+    """Count each block's forward calls in one step (forward pre-hooks on the model's blocks):
+    once each in the forward, and once more IN BACKWARD for each recomputed block (a block run
+    twice in the forward, and none in backward, keeps every activation: rt14a).
 
     PyTorch's default early stop ends a recompute once it has what backward needs, but only
     inside the segment's last block: every recomputed block's forward is still entered once.
@@ -374,7 +376,11 @@ def test_each_recomputed_block_runs_forward_twice_and_the_others_once():
         from labkit.lab5.checkpointing import apply_schedule
 
         apply_schedule(model, _schedule_arg(segments))
-        model(idx, targets).backward()
+        loss = model(idx, targets)
+        assert calls == [1] * N6, (
+            f"{label} {segments}: forward calls per block in the forward {calls}, expected one "
+            f"each: a block runs again only when backward needs its activations")
+        loss.backward()
         want = [2 if i in _recomputed(map(tuple, segments)) else 1 for i in range(N6)]
         assert calls == want, (
             f"{label} {segments}: forward calls per block {calls}, expected {want} (2 = "
@@ -394,18 +400,24 @@ def test_recompute_flops_equal_the_recomputed_blocks_forward():
     idx, targets = data()
     block_flops, _ = count_flops(small_gpt(1).h[0], torch.randn(B, T, C))
 
-    def step_flops(model):
+    def step_flops(model):  # (the forward's, the backward's)
         with set_checkpoint_early_stop(False):
-            flops, _ = count_flops(lambda: model(idx, targets).backward())
-        return flops
+            forward, loss = count_flops(lambda: model(idx, targets))
+            backward, _ = count_flops(loss.backward)
+        return forward, backward
 
     reference = small_gpt(N6)
-    plain = step_flops(reference)
+    plain_forward, plain = step_flops(reference)
     expected = {n: p.grad for n, p in reference.named_parameters()}
     for label, segments in SCHEDULES_6.items():
         names = {}
         model = scheduled_gpt(segments, names)
-        extra = step_flops(model) - plain
+        forward, backward = step_flops(model)
+        assert forward == plain_forward, (
+            f"{label} {segments}: the forward took {forward - plain_forward:+,} FLOPs over the "
+            "plain model's: a checkpointed forward computes each block once; the recompute "
+            "belongs in backward")
+        extra = backward - plain
         want = len(_recomputed(map(tuple, segments))) * block_flops
         assert extra == want, (
             f"{label} {segments}: {extra:+,} FLOPs over the plain step, expected {want:,} (one "

@@ -77,7 +77,7 @@ def test_offloaded_gradients_equal_the_plain_model():
 
     idx, targets = data()
     model = small_gpt(2)
-    with ActivationOffloader(min_bytes=1024):
+    with given("ActivationOffloader"), ActivationOffloader(min_bytes=1024):
         loss = model(idx, targets)
     assert_grads_equal_plain(model, loss, "through the offloader")
 
@@ -95,7 +95,7 @@ def test_offloader_accounts_every_saved_tensor_by_where_it_lives(min_bytes):
     host, host_count, shared, device, device_count = _expected_split(ledger, min_bytes)
     offloader = ActivationOffloader(min_bytes=min_bytes)
     model = small_gpt(2)
-    with offloader:
+    with given("ActivationOffloader"), offloader:
         loss = model(idx, targets)
     assert offloader.device_bytes == device and offloader.device_count == device_count, (
         f"min_bytes={min_bytes}: device_bytes/count {offloader.device_bytes:,} B/"
@@ -122,7 +122,7 @@ def test_offloader_min_bytes_boundary_is_exclusive():
         x = torch.randn(numel, requires_grad=True)  # 4 bytes an element: 1,024 B or 1,020 B
         offloader = ActivationOffloader(min_bytes=1024)
         with given("ActivationOffloader (pack, then unpack in backward)", x=x):
-            with offloader:
+            with given("ActivationOffloader"), offloader:
                 y = (x * x).sum()  # mul saves x (twice: self and other)
             y.backward()
         got = {"host": offloader.host_bytes, "device": offloader.device_bytes}
@@ -141,7 +141,7 @@ def test_offloader_counts_a_view_by_its_own_bytes():
     x = torch.randn(64, 64, requires_grad=True)
     offloader = ActivationOffloader(min_bytes=1024)
     with given("ActivationOffloader (pack, then unpack in backward)", x=x):
-        with offloader:
+        with given("ActivationOffloader"), offloader:
             y = x.exp()  # exp saves its output, 64·64·4 = 16,384 B
             z = y[:, :16].sin()  # sin saves its input: a (64, 16) view of y's storage
         z.sum().backward()
@@ -166,7 +166,7 @@ def test_offloader_copies_data_saved_twice_once():
     assert shared >= 2, "harness: naive attention should save its probabilities twice per layer"
     offloader = ActivationOffloader(min_bytes=1024)
     model = small_gpt(2, attention="naive")
-    with offloader:
+    with given("ActivationOffloader"), offloader:
         loss = model(idx, targets)
     assert offloader.host_count == host_count, (
         f"{offloader.host_count} host copies, expected {host_count}: {shared} saves show data "
@@ -189,7 +189,7 @@ def test_offloader_copies_a_strided_view_saved_twice_once():
         x = torch.randn(4, 32, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
         a, b = (torch.randn(4, 32, 8, generator=torch.Generator().manual_seed(i), requires_grad=True)
                 for i in (1, 2))  # a, b need gradients too, so that each bmm saves xt
-        with offloader or contextlib.nullcontext():
+        with given("ActivationOffloader"), offloader or contextlib.nullcontext():
             xt = x.transpose(1, 2)  # (4, 16, 32), strided
             y = torch.bmm(xt, a).sum() + torch.bmm(xt, b).sum()  # both bmm save xt (and a, b)
         y.backward()
@@ -222,7 +222,7 @@ def test_offloader_entered_again_counts_each_forward_alone():
     model, offloader = small_gpt(1), ActivationOffloader(min_bytes=0)
     losses = []
     for _ in range(2):
-        with offloader:
+        with given("ActivationOffloader"), offloader:
             losses.append(model(idx, targets))
     sum(losses).backward()
     got = (offloader.host_count, offloader.shared_count, offloader.host_bytes)
@@ -266,7 +266,7 @@ def test_offloaded_gradients_on_cuda_equal_the_plain_model_under_a_slow_compute_
     hooks = [m.register_forward_pre_hook(slow) for m in model.modules()]
     hooks += [m.register_full_backward_pre_hook(slow) for m in model.modules()
               if isinstance(m, torch.nn.Linear)]
-    with ActivationOffloader(min_bytes=1024):
+    with given("ActivationOffloader"), ActivationOffloader(min_bytes=1024):
         loss = model(idx, targets)
     x = torch.empty(64 << 20, device="cuda")  # reuse freed device memory while copies run
     x.fill_(float("nan"))
@@ -298,7 +298,7 @@ def test_offload_frees_device_memory_of_saved_activations():
         before = torch.cuda.memory_allocated()
         offloader = ActivationOffloader(min_bytes=1024)
         if offload:
-            with offloader:
+            with given("ActivationOffloader"), offloader:
                 loss = model(idx, targets)
         else:
             loss = model(idx, targets)

@@ -52,8 +52,10 @@ SHARED = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.__dlpack__}
 tensor call ``__array__``; ``as_strided`` widens a view of one element to all of it)."""
 OUT_OF_TORCH = SHARED | {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__float__,
                          torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__complex__,
-                         torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__}
-"""... and copied out, element by element or as text."""
+                         torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__,
+                         torch.Tensor.__bool__, torch.Tensor.is_nonzero, torch.Tensor.apply_,
+                         torch.Tensor.map_, torch.Tensor.map2_}
+"""... and copied out: element by element (a bit at a time too), as text, or to a callback."""
 MOVED_MAX = 1024  # elements per test: shapes, counts and a scalar loss are fine, a layer's data is not
 HOOKS = "global module and optimizer hooks"
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",

@@ -115,7 +115,8 @@ DUNDERS_OK = ("__init__", "__post_init__", "__name__", "__file__", "__class__", 
               "__setattr__", "__repr__", "__str__", "__call__", "__len__", "__iter__", "__next__",
               "__getitem__", "__setitem__", "__contains__", "__enter__", "__exit__",
               "__torch_dispatch__", "__slots__", "__version__", "__qualname__", "__module__",
-              "__doc__", "__match_args__", "__members__", "__weakref__", "__debug__", "__new__")
+              "__doc__", "__match_args__", "__members__", "__weakref__", "__debug__", "__new__",
+              "__format__")
 HIGHER_ORDER = ("functools.reduce", "itertools.accumulate", "itertools.starmap", "map", "filter")
 """What calls the function it is given first (its result holds none of that function)."""
 TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typing.NewType",
@@ -123,7 +124,8 @@ TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typi
 """What makes a class from its arguments (a module's constant made by one is no text)."""
 NAMEDTUPLE = set(dir(collections.namedtuple("T", ""))) - set(dir(tuple))  # _replace, _asdict..
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
-STORAGE_METADATA = ("nbytes", "data_ptr", "resize_", "size", "element_size", "device")
+LABEL = re.compile(r"[\w.]+ \([\w ,]*\)")
+STORAGE_METADATA = ("nbytes", "data_ptr", "resize_", "size", "element_size", "device", "is_pinned")
 """What a tensor's storage says without its data (``untyped_storage().nbytes()``)."""
 MUTATORS = {n for t in (dict, list, set, collections.deque) for n in dir(t)} - {
     n for t in (types.MappingProxyType, tuple, frozenset) for n in dir(t)} | {"__init__"}
@@ -156,6 +158,8 @@ def _verdict(path: str) -> str | None:
     parts = path.split(".")
     if parts[:2] == ["numpy", "testing"] and parts[-1].startswith("assert_"):
         return None  # a self-check (numpy.testing's other tools run text: measure, extbuild)
+    if parts[-1].startswith(("register_module_", "register_optimizer_step_")):
+        return "patching"  # torch's global hooks: every module's forward, every optimizer's step
     for n in range(len(parts), 0, -1):
         if ".".join(parts[:n]) in MODULES:
             return MODULES[".".join(parts[:n])]
@@ -393,6 +397,7 @@ class _Reader(ast.NodeVisitor):
         self.constants: dict = {}  # the module's constants: name -> the expression bound
         self.own_methods: set[str] = set()  # the names of the exercise's methods and added ones
         self.lying: set[str] = set()  # the student's classes of a value type, and their bases
+        self.root = ast.Module([], [])  # the unit's node
 
     def visit(self, node):
         """Read ``node``; inside a branch (a test, a loop, a ``try``) a name bound again may not be
@@ -465,8 +470,9 @@ class _Reader(ast.NodeVisitor):
         if isinstance(node.value, ast.Call) and node.attr in STORAGE_METADATA:
             node.value.func.clear = ("measured elsewhere",)  # x.untyped_storage().nbytes()
         if (node.attr in ("numpy", "from_numpy") and not (kind == "module" and _is_module(parts))
-                or node.attr in ("untyped_storage", "storage")) and set(self.exercises) & set(
-                shortcuts.MEASURED):  # (a storage's data: .tolist(), bytes(), indexing)
+                or node.attr in ("untyped_storage", "storage") or kind == "module" and parts[:1] == [
+                    "torch"] and node.attr in ("save", "serialization")) and set(self.exercises) & set(
+                shortcuts.MEASURED):  # (a storage's data: .tolist(), bytes(), indexing; torch.save)
             self.flag(node, "measured elsewhere", ast.unparse(node)[:60])
         if node.attr == "__setattr__" and not getattr(node, "called", False):
             self.flag(node, "patching", "__setattr__ used as a value")  # like setattr's
@@ -509,6 +515,9 @@ class _Reader(ast.NodeVisitor):
         elif any(w in FRAMES or (_dunder(w) and w not in DUNDERS_OK) for w in words):
             self.flag(node, "interpreter", repr(value)[:60])
         text = _as_code(node.value)
+        if text is not None and LABEL.fullmatch(node.value) and not set(re.findall(
+                r"\w+", node.value.split("(", 1)[1])) & {*self.constants, *self.aliases, *self.course}:
+            text = None  # "exec (s)", "torch.compile (ms)": a label and its unit, no name of the module's
         if text is not None:  # text that is code (for timeit, profile.run...) is read as code,
             ast.increment_lineno(text, node.lineno - 1)  # by a reader of its own (its names
             reader = _Reader(self.path, self.aliases, self.course, self.unit,
@@ -689,6 +698,12 @@ class _Reader(ast.NodeVisitor):
     def visit_Assign(self, node):
         self._targets(node, node.targets if isinstance(node, ast.Assign) else [node.target],
                       "assignment to")
+        name = getattr(node.targets[0], "id", None) if isinstance(node, ast.Assign) else None
+        if getattr(getattr(node.value, "func", None), "attr", "") in ("untyped_storage", "storage") \
+                and name and all(getattr(p, "attr", None) in STORAGE_METADATA for p in ast.walk(
+                    self.root) for n in ast.iter_child_nodes(p) if getattr(n, "id", None) == name
+                    and isinstance(n.ctx, ast.Load)):  # s = x.untyped_storage(): s.nbytes() only
+            node.value.func.clear = ("measured elsewhere",)
         if isinstance(node, ast.AugAssign) and self._not_own(node.target):  # RECIPES |= {...}
             self.flag(node, "patching", f"{ast.unparse(node)[:60]} (in place)")
         if isinstance(node, ast.AnnAssign):
@@ -942,12 +957,20 @@ class _Reader(ast.NodeVisitor):
         if any(kw.arg == "metaclass" and self.chain(kw.value) != ("module", ["abc", "ABCMeta"])
                for kw in node.keywords):
             self.flag(node, "special methods", f"class {node.name}(metaclass=...)")
+        defined = {getattr(t, "id", getattr(t, "name", None)) for b in node.body
+                   for t in [b, *getattr(b, "targets", [])]}
         for stmt in node.body:
             names = [stmt.name] if isinstance(stmt, DEFS) else [
                 t.id for t in getattr(stmt, "targets", [getattr(stmt, "target", None)])
                 if isinstance(t, ast.Name)]
+            for target in getattr(stmt, "targets", []) if all(map(_dunder, names)) else []:
+                target.clear = ("interpreter",)  # __radd__ = ...: a definition, like a def
+            if names and all(map(_dunder, names)) and isinstance(stmt, ast.Assign) and (
+                    getattr(stmt.value, "id", None) in defined or len(self.chain(stmt.value)[1]) == 2
+                    and self.chain(stmt.value)[1][0] == "object"):  # __radd__ = __add__
+                stmt.value.clear = ("interpreter",)  # (object.__hash__: the data model's own)
             if ast.unparse(stmt) == "__hash__ = None":  # the data model's "unhashable"
-                names, stmt.targets[0].clear = [], ("interpreter",)
+                names = []
             for name in [n for n in names if _dunder(n) and n not in DUNDERS_OK]:
                 self.flag(stmt, "special methods", f"{name} in class {node.name}")
             for name in [n for n in names if lying and _dunder(n) and (n not in DUNDERS_OK or n in (
@@ -1043,12 +1066,16 @@ def _value_classes(classes: dict, names: dict, constants: dict) -> set[str]:
     def value(base, depth=0) -> bool:
         if isinstance(base, ast.Name) and base.id in constants and depth < 5:  # Whole = int
             return value(constants[base.id], depth + 1)
-        if isinstance(base, ast.Call):  # class E(type(0))
-            return getattr(base.func, "id", None) == "type"
+        if isinstance(base, ast.Call):  # class E(type(0)); class P(namedtuple(...)) is a type's
+            return not _makes_type(base, names)
         if isinstance(base, ast.Name) and base.id in classes:
             return base.id in found
+        if isinstance(base, ast.Subscript):  # Generic[T], list[int]; not KINDS[0], a constant's
+            return getattr(base.value, "id", None) in constants or value(base.value, depth + 1)
         path = (_path(base) or "").split(".")
-        return [*names.get(path[0], path[0]).split("."), *path[1:]][-1] in VALUE_TYPES
+        known = path[0] in {*names, *BUILTIN_NAMES} and path != [""]  # else a base the reading
+        return not known or [*names.get(path[0], path[0]).split("."), *path[1:]][-1] in \
+            VALUE_TYPES  # cannot name (*BASES, KINDS[0], (0).__class__, a local): a value type's
 
     found: set[str] = set()
     for _ in range(len(classes) + 1):
@@ -1093,6 +1120,7 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
                 set, seed[1:4])
             reader.writers = {f: set(w) for f, w in seed[4].items()}
             reader.literal_loops, reader.own_classes = _literal_names(node), set(classes) - course
+            reader.root = node
             reader.fields, reader.plain, reader.constants = fields, plain, constants
             reader.own_methods, reader.lying = methods, lying
             if unit.endswith("(a class constant)"):
@@ -1128,6 +1156,7 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
     module_ids = {e for _, _, exs in merged.taken for e in exs}
     out: dict[str, list[Flag]] = {ex: [] for ex in module_ids}
     for unit, flags in found.items():
-        for ex in owners.get(unit) or module_ids:
-            out[ex] += [f for f in flags if f not in out[ex]]
+        for ex in owners.get(unit) or module_ids:  # (a shortcut of exercise X: X's only)
+            out[ex] += [f for f in flags if f not in out[ex] and not (
+                f.name == "shortcut" and not f.what.endswith(f" in exercise {ex}`"))]
     return out

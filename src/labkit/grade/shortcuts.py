@@ -23,8 +23,9 @@ LAB1 = ("memory_model", "cost_model", "allocation_trace", "measure")  # the cour
 # measurements, which compute lab 1's answers
 
 REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its reference, patterns)
-    "1.1": ("the built model's own parameter count", ("GPT", "Block", "CausalSelfAttention", "MLP",
-                                                       "*parameters", "*state_dict*", *LAB1)),
+    "1.1": ("the built model's own parameter count", ("[Gg][Pp][Tt]", "Block", "CausalSelfAttention",
+                                                       "MLP", "*parameters", "n_params",
+                                                       "*state_dict*", *LAB1)),
     "1.2": ("the course's memory model and measurements", LAB1),
     "1.3": ("the measured saved activations", ("*saved_tensors*", "save_on_cpu", *LAB1)),
     "1.4": ("the course's memory model and measurements", LAB1),
@@ -55,8 +56,8 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its referen
 }
 
 
-MEASURING = ("*saved_tensors_hooks", "save_on_cpu", "*DispatchMode", "FlopCounterMode",
-             "[Mm]em*[Tt]racker")
+MEASURING = ("*saved_tensors_hooks", "save_on_cpu", "*DispatchMode", "*FunctionMode",
+             "FlopCounterMode", "[Mm]em*[Tt]racker")
 """What the tests measure with, and a measurement sees only the innermost of: entered in student
 code, a shortcut past the measurement in every exercise but those that build one (BUILD_MEASURING)."""
 BUILD_MEASURING = ("5.5",)  # activation offloading: its own saved-tensor hooks
