@@ -360,10 +360,10 @@ def test_peak_during_backward_equals_pytorch_checkpoint_over_the_same_segments()
 @pytest.mark.exercise("5.2", points=2)
 def test_each_recomputed_block_runs_forward_twice_and_the_others_once():
     """Count each block's forward calls in one step (forward pre-hooks on the model's blocks):
-    once each in the forward, and once more IN BACKWARD for each recomputed block (a block run
-    twice in the forward, and none in backward, keeps every activation: rt14a).
+    once in the forward, once more in backward if recomputed.
 
-    PyTorch's default early stop ends a recompute once it has what backward needs, but only
+    Counted apart: a block run twice in the forward and never in backward keeps every
+    activation, though its total is right. PyTorch's default early stop ends a recompute once it has what backward needs, but only
     inside the segment's last block: every recomputed block's forward is still entered once.
     """
     idx, targets = data()
