@@ -54,7 +54,7 @@ test-stubs: setup
 	$(PY) tools/make_test.py --only stubs
 
 test-solutions: setup
-	$(PY) tools/make_test.py --only solutions,grader
+	$(PY) tools/make_test.py --only solutions,grader,cheats
 
 test-notebooks: setup
 	$(PY) tools/make_test.py --only notebooks

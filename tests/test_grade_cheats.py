@@ -326,7 +326,8 @@ def test_what_an_exercise_rebuilds_is_refused_however_it_was_reached(tmp_path, c
     ("rt8a_fair_copy_copy_master", "3.2", None), ("rt8a_fair_own_adam_class_stepped", "3.2", None),
     ("rt9a_fair_static_bytes_last_call_memo", "1.2", None)])
 def test_work_handed_to_a_course_thread_is_refused_and_honest_work_is_not(tmp_path, collected,
-                                                                           cheat, exercise, needle):
+                                                                           cheat, exercise, needle,
+                                                                           request):
     """2.7's step handed to the course's own I/O pool (torch's Adam stepped there: before, 24/24)
     or a spawned rank started from it: a thread started during a test is refused what student
     code is refused, whoever calls. 3.2 stepping torch's Adam after removing the child's step hook
@@ -335,7 +336,10 @@ def test_work_handed_to_a_course_thread_is_refused_and_honest_work_is_not(tmp_pa
     Tensor.__slotnames__, now cached before the record) and the student's own Optimizer subclass
     named Adam (the step hook judges library classes only), and 1.2 memoizing its last answer in
     its own class's constants (the child records no exercise module's class constants): full
-    marks."""
+    marks. (The reading now zeroes the hook's removal too, as it re-registers a global hook:
+    it is graded here with the reading off, to show the child's check holds alone.)"""
+    if cheat == "rt8a_step_hook_removed_by_handle":
+        request.getfixturevalue("unread")
     module_ = {"2.7": "lab2/nvme_offload.py", "3.2": "lab3/mixed_precision.py",
                "1.2": "lab1/accounting.py"}[exercise]
     sub = submission(tmp_path, cheat, solved=(module_,), count_params=False)

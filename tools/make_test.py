@@ -1,6 +1,6 @@
 """`make test`: the checks of the course, two cores kept busy, and the time of each part.
 
-    python tools/make_test.py [--only isolation,stubs,solutions,grader,two-nodes,lint,notebooks,book,site]
+    python tools/make_test.py [--only isolation,stubs,solutions,grader,cheats,two-nodes,lint,notebooks,book,site]
 
 Parts (each starts once the parts it depends on have passed, ``AFTER``; on a failure nothing
 new starts, and what runs is waited for and reported):
@@ -9,8 +9,9 @@ new starts, and what runs is waited for and reported):
    grader's OS isolation needs (bubblewrap, via apt, as tools/ensure_chromium.sh does Chromium),
    before any test runs.
 1. Side by side (the order of ``AFTER``): ``solutions`` (every test of tests/ passes with the
-   reference solutions), ``grader`` (tests/test_grade*.py, the grader's own tests, which grade
-   submissions in children: a part of its own, so that the two cores share the work),
+   reference solutions), ``grader`` and ``cheats`` (tests/test_grade*.py, the grader's own tests,
+   which grade submissions in children: test_grade_cheats.py in a part of its own, the others
+   in another, so that the two cores share the work to the end),
    ``two-nodes`` (tests/test_two_nodes.py: the README's two-node torchrun command, two agents
    on 127.0.0.1), ``lint`` (``ruff check .``; skipped with a message while ruff is not
    installed), then ``stubs`` (every graded test must FAIL on the student stubs), and
@@ -48,7 +49,8 @@ NOTEBOOK_TIMES = LOGS / "notebooks.json"   # each notebook's result and seconds 
 
 
 ISOLATION = ROOT / "tools" / "autograder" / "ensure_isolation.sh"
-GRADER_TESTS = "tests/test_grade*.py"  # the grader part's files; the solutions part ignores them
+GRADER_TESTS = "tests/test_grade*.py"  # the grader parts' files; the solutions part ignores them
+CHEATS = "test_grade_cheats.py"  # the cheats part's file (the grader part has the others)
 NO_RUFF = "lint: skipped, ruff is not installed in .venv (requirements.txt)"
 
 
@@ -68,10 +70,13 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
                   {"LABKIT_SOLUTIONS": None}),
         "solutions": (pytest + ["-q", "--durations=25", "tests", "--ignore=tests/test_two_nodes.py",
                                 f"--ignore-glob={GRADER_TESTS}"], with_solutions),
-        # one process (2026-12-06, fresh clones: 815 s for make test; split in two, 862 s and
-        # 10% more CPU, the two cores shared by one more process)
-        "grader": (pytest + ["-q", "--durations=25"]
-                   + sorted(str(t.relative_to(ROOT)) for t in ROOT.glob(GRADER_TESTS)), with_solutions),
+        # two processes (2026-12-06, fresh clones: in one, with ~500 CPU-s, it ran alone on one
+        # core for its last 200 s and make test took 902 s; when it had ~400 CPU-s, one process
+        # was faster: 815 s against 862 s)
+        "grader": (pytest + ["-q", "--durations=25"] + sorted(
+            str(t.relative_to(ROOT)) for t in ROOT.glob(GRADER_TESTS) if t.name != CHEATS),
+            with_solutions),
+        "cheats": (pytest + ["-q", "--durations=25", f"tests/{CHEATS}"], with_solutions),
         "two-nodes": (pytest + ["-q", "-rs", "tests/test_two_nodes.py"], with_solutions),
         "lint": ([str(ruff), "check", "."] if ruff.exists() else ["echo", NO_RUFF], {}),
         # the slowest notebooks first, by the last run's times where there was one
@@ -94,6 +99,7 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
 # wall when the notebooks waited for the stubs, idle time at the end).
 AFTER = {"isolation": (),
          "notebooks": ("isolation",), "solutions": ("isolation",), "grader": ("isolation",),
+         "cheats": ("isolation",),
          "two-nodes": ("isolation",), "lint": ("isolation",),
          "stubs": ("two-nodes", "lint"),
          "book": ("notebooks",),
