@@ -70,13 +70,14 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
                   {"LABKIT_SOLUTIONS": None}),
         "solutions": (pytest + ["-q", "--durations=25", "tests", "--ignore=tests/test_two_nodes.py",
                                 f"--ignore-glob={GRADER_TESTS}"], with_solutions),
-        # two processes (2026-12-06, fresh clones: in one, with ~500 CPU-s, it ran alone on one
-        # core for its last 200 s and make test took 902 s; when it had ~400 CPU-s, one process
-        # was faster: 815 s against 862 s)
+        # three processes (2026-12-06, fresh clones: in one, with ~500 CPU-s, it ran alone on
+        # one core for its last 200 s and make test took 902 s; the cheats apart, still alone at
+        # the end with 429 CPU-s of 1,458: 915 s; when it had ~400 CPU-s, one process was
+        # faster: 815 s against 862 s); the cheats' gradings on two pytest-xdist workers
         "grader": (pytest + ["-q", "--durations=25"] + sorted(
             str(t.relative_to(ROOT)) for t in ROOT.glob(GRADER_TESTS) if t.name != CHEATS),
             with_solutions),
-        "cheats": (pytest + ["-q", "--durations=25", f"tests/{CHEATS}"], with_solutions),
+        "cheats": (pytest + ["-q", "-n", "2", "--durations=25", f"tests/{CHEATS}"], with_solutions),
         "two-nodes": (pytest + ["-q", "-rs", "tests/test_two_nodes.py"], with_solutions),
         "lint": ([str(ruff), "check", "."] if ruff.exists() else ["echo", NO_RUFF], {}),
         # the slowest notebooks first, by the last run's times where there was one
