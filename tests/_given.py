@@ -254,43 +254,49 @@ def as_given(fn, what: str | None = None, skip: tuple = ()):
     return run
 
 
+def _storage_bytes(roots, skip=(), into_torch=True) -> int:
+    """Bytes of the distinct storages of the tensors reachable from ``roots`` through dicts (keys
+    and values), lists, tuples, sets and plain objects' attributes (not into modules, classes or
+    functions; into torch's own objects only if ``into_torch``), eight levels deep at most.
+    Storages of ``skip`` are not counted."""
+    with _quiet():
+        skipped = {t.untyped_storage().data_ptr() for t in skip if isinstance(t, torch.Tensor)}
+        seen, storages, todo = set(), {}, [(root, 0) for root in roots]
+        while todo:
+            x, depth = todo.pop()
+            if id(x) in seen or depth > 8:
+                continue
+            seen.add(id(x))
+            if isinstance(x, torch.Tensor):
+                st = x.untyped_storage()
+                if st.data_ptr() not in skipped:
+                    storages[st.data_ptr()] = max(storages.get(st.data_ptr(), 0), st.nbytes())
+            elif isinstance(x, dict):
+                todo += [(v, depth + 1) for item in x.items() for v in item]
+            elif isinstance(x, (list, tuple, set, frozenset)):
+                todo += [(v, depth + 1) for v in x]
+            elif (hasattr(x, "__dict__") and not isinstance(x, (type, torch.nn.Module))
+                  and not callable(x) and (into_torch or not type(x).__module__.startswith("torch"))):
+                todo.append((vars(x), depth + 1))
+    return sum(storages.values())
+
+
 def ctx_bytes(out, skip=()) -> int:
     """Bytes of the distinct storages a custom autograd Function in ``out``'s graph keeps as ctx
     ATTRIBUTES (not through save_for_backward): tensors in ``vars(node)``, also inside lists,
     tuples, sets, dicts and plain objects. Storages of ``skip`` (the inputs, which live anyway)
     are not counted."""
     outs = out if isinstance(out, (list, tuple)) else [out]
-    with _quiet():
-        skipped = {t.untyped_storage().data_ptr() for t in skip}
-        nodes = [o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
-        seen_nodes, seen, storages = set(), set(), {}
-
-        def walk(obj, depth):
-            if id(obj) in seen or depth > 6:
-                return
-            seen.add(id(obj))
-            if isinstance(obj, torch.Tensor):
-                st = obj.untyped_storage()
-                if st.data_ptr() not in skipped:
-                    storages[st.data_ptr()] = max(storages.get(st.data_ptr(), 0), st.nbytes())
-            elif isinstance(obj, dict):
-                for x in obj.values():
-                    walk(x, depth + 1)
-            elif isinstance(obj, (list, tuple, set, frozenset)):
-                for x in obj:
-                    walk(x, depth + 1)
-            elif (hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.nn.Module))
-                  and not callable(obj) and not type(obj).__module__.startswith("torch")):
-                walk(vars(obj), depth + 1)
-
-        while nodes:
-            node = nodes.pop()
-            if node is None or node in seen_nodes:
-                continue
-            seen_nodes.add(node)
-            walk(getattr(node, "__dict__", {}), 0)
-            nodes.extend(n for n, _ in node.next_functions)
-    return sum(storages.values())
+    nodes = [o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    seen, roots = set(), []
+    while nodes:
+        node = nodes.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        roots.append(getattr(node, "__dict__", {}))
+        nodes.extend(n for n, _ in node.next_functions)
+    return _storage_bytes(roots, skip, into_torch=False)
 
 
 def held_bytes(obj, skip=()) -> int:
@@ -299,31 +305,7 @@ def held_bytes(obj, skip=()) -> int:
     into modules, classes or functions). For an optimizer: what it keeps between steps wherever
     it keeps it, ``state`` or any other attribute. Storages of ``skip`` (its parameters and
     their gradients, which live anyway) are not counted."""
-    with _quiet():
-        skipped = {t.untyped_storage().data_ptr() for t in skip if isinstance(t, torch.Tensor)}
-        seen, storages = set(), {}
-
-        def walk(x, depth):
-            if id(x) in seen or depth > 8:
-                return
-            seen.add(id(x))
-            if isinstance(x, torch.Tensor):
-                st = x.untyped_storage()
-                if st.data_ptr() not in skipped and st.nbytes():
-                    storages[st.data_ptr()] = max(storages.get(st.data_ptr(), 0), st.nbytes())
-            elif isinstance(x, dict):
-                for k, v in x.items():
-                    walk(k, depth + 1)
-                    walk(v, depth + 1)
-            elif isinstance(x, (list, tuple, set, frozenset)):
-                for v in x:
-                    walk(v, depth + 1)
-            elif (hasattr(x, "__dict__") and not isinstance(x, (type, torch.nn.Module))
-                  and not callable(x)):
-                walk(vars(x), depth + 1)
-
-        walk(vars(obj), 0)
-    return sum(storages.values())
+    return _storage_bytes([vars(obj)], skip)
 
 
 def optimizer_held_bytes(opt, skip=()) -> int:
