@@ -231,10 +231,10 @@ class given:
                 f"{self.what} changed {name} in place: it must leave its inputs as given")
 
 
-def as_given(fn, what: str | None = None, skip: tuple = ()):
+def as_given(fn, what: str | None = None):
     """``fn`` checked, call by call, to leave every tensor (and module) argument as given
-    (names from its signature; ``skip``: arguments its contract may write). For calls that are
-    not measured: the copies are taken at call time (with the dispatch modes off)."""
+    (names from its signature). For calls that are not measured: the copies are taken at call
+    time (with the dispatch modes off)."""
     what = what or getattr(fn, "__name__", "the exercise")
     try:
         signature = inspect.signature(fn)
@@ -243,12 +243,10 @@ def as_given(fn, what: str | None = None, skip: tuple = ()):
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        named = {}
         try:
             named = dict(signature.bind(*args, **kwargs).arguments)
         except (AttributeError, TypeError):
             named = {f"argument {i}": a for i, a in enumerate(args)} | kwargs
-        named = {k: v for k, v in named.items() if k not in skip}
         with given(what, **named):
             return fn(*args, **kwargs)
     return run
