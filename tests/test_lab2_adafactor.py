@@ -62,8 +62,12 @@ def test_adafactor_matches_torch_adafactor(settings):
                 f"{name}: state {key!r} has shape {tuple(s_mine[key].shape)}, torch's "
                 f"{tuple(s_ref[key].shape)}: row factors keep the last dim as 1, column factors "
                 "the second-to-last")
-            # running means of G²: relative agreement to ulps of the gradients
-            torch.testing.assert_close(s_mine[key], s_ref[key], rtol=1e-4, atol=1e-20, msg=lambda m, name=name, key=key: (
+            # running means of G²: relative agreement to ulps of the gradients (1e-4); with lr = 1
+            # the parameters themselves differ by up to ~2e-5 (above), so the gradients, and their
+            # squares, by a few times that on small entries (1.2e-4 seen once under load): 1e-3.
+            # A wrong weight 1 − β̂₂ is off by > 10% from step 2 on (t^-0.8 = 0.57 at t = 2).
+            state_rtol = 1e-3 if settings.get("lr", 0) >= 1 else 1e-4
+            torch.testing.assert_close(s_mine[key], s_ref[key], rtol=state_rtol, atol=1e-20, msg=lambda m, name=name, key=key: (
                 f"{name}[{key!r}] — the running mean of G² uses the weight 1 − β̂₂ = t^beta2_decay\n{m}"))
 
 
