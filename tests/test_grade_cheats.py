@@ -444,7 +444,10 @@ _ADAM8 = "tests/test_lab2_adam8bit.py::"
     ("rt14a_checkpoint_forward_twice_without_recompute", "tests/test_lab5_checkpointing.py::"
      "test_each_recomputed_block_runs_forward_twice_and_the_others_once", "in the forward"),
     ("rt14a_offload_wrong_unpack_hooks_left_for_reference", "tests/test_lab5_offload.py::"
-     "test_offloaded_gradients_equal_the_plain_model", "left torch's saved-tensor hooks")])
+     "test_offloaded_gradients_equal_the_plain_model", "left torch's saved-tensor hooks"),
+    # rt15a: 2.4's gradients cloned out of MemTracker's "gradients" and applied at the end
+    ("rt15a_lomo_grads_cloned_out_of_the_gradient_category", "tests/test_lab2_lomo.py::"
+     "test_lomo_peak_gradient_bytes_is_the_largest_gradient", "cloned, stacked")])
 def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, cheat, test, needle):
     """5.6's forward zeroing the test's q and v in place and returning attention of zeros (8/22
     when the reference was computed after the call, from the same tensors); 4.1 answering the
@@ -455,7 +458,8 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, chea
     behind NaN scales. rt14a: 5.2 running each segment's blocks twice in the forward (a
     pre-hook) and recomputing nothing; 5.5 leaving its saved-tensor hooks installed for the
     test's reference (a finalizer took them off later; its constants:
-    rt14a_offload_wrong_unpack_hooks_left_for_reference_table). The tests now check that what they gave student code is as given
+    rt14a_offload_wrong_unpack_hooks_left_for_reference_table). rt15a: 2.4 cloning each
+    gradient into a list and applying them all at the last hook. The tests now check that what they gave student code is as given
     (tests/_given.py), count ctx attributes and all the optimizer holds, count NaN as a
     mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
     pytest), the test fails, saying why."""

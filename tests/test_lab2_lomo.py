@@ -86,6 +86,18 @@ def test_lomo_peak_gradient_bytes_is_the_largest_gradient():
     assert plain.peak_of("gradients") == every, (
         f"reference run: backward + SGD held {plain.peak_of('gradients'):,} B of gradients, "
         f"expected 4Ψ = {every:,} (this line checks the measurement, not your code)")
+    # Nor kept under another name: beside parameters and activations, LOMO's backward may hold
+    # what plain backward holds besides gradients (autograd's temporaries) plus a gradient and a
+    # temporary of its size (lr·g); gradients cloned and applied at the end are temporaries that
+    # pass the check above (every clone alive at the last hook: 4Ψ more).
+    side, temps = (max(sum(b for k, b in t.bytes.items() if k in kinds) for t in m.timeline
+                       if t.phase == "backward")
+                   for m, kinds in ((fused, ("gradients", "temporaries", "other")),
+                                    (plain, ("temporaries", "other"))))
+    assert side <= temps + 2 * largest, (
+        f"LOMO's backward held {side:,} B beside parameters and activations, plain backward "
+        f"{temps:,} B of temporaries: more than 2 × the largest gradient ({2 * largest:,} B) on top — "
+        "are gradients kept (cloned, stacked) until the end of backward instead of applied?")
     assert_sgd_params(model, plain_model, "after the 2 measured LOMO steps")
 
 

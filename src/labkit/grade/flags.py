@@ -25,6 +25,7 @@ import torch
 from labkit.grade import shortcuts
 from labkit.grade.extract import BUILTIN_NAMES, DEFS, bound_names
 
+ANSWER_NUMBERS = 4  # specific numbers in one unit that make a table of answers (GELU's has 1)
 FLAGS = {  # flag: (zeroes the exercise, what it means)
     "module": (True, "uses a module or a function no exercise here needs, or a module as a value "
                "(the modules exercise code may use: labkit.grade.flags.MODULES)"),
@@ -49,6 +50,8 @@ FLAGS = {  # flag: (zeroes the exercise, what it means)
     "measured elsewhere": (False, "takes tensor data out of torch (.numpy(), torch.from_numpy) "
                            "in an exercise whose tests measure torch's work, which they then miss"),
     "files": (False, "opened a file outside the test's scratch folder (seen at run time)"),
+    "answers": (False, f"writes {ANSWER_NUMBERS} or more numbers of 7 significant digits (not "
+                "powers of two) in one unit: answers looked up rather than computed?"),
     "unreadable": (True, "the grader could not read this code (a fault of the grader's: report "
                    "it); it is not run unread"),
 }
@@ -60,6 +63,7 @@ MODULES = {  # what exercise code may use (None: freely), and what it may not, b
                      "heapq", "bisect", "copy", "dataclasses", "enum", "typing", "abc", "contextlib",
                      "re", "time", "warnings", "weakref", "fractions", "statistics", "random",
                      "numbers", "labkit", "logging", "__future__", "os.path", "posixpath", "os.sep",
+                     "os.environ.get", "os.getenv", "pprint",
                      "os.cpu_count", "gc.collect", "types.SimpleNamespace", "sys.maxsize",
                      "sys.float_info", "sys.byteorder", "sys.version_info", "sys.platform",
                      "sys.stdout", "sys.stderr", "sys.getsizeof")),
@@ -124,6 +128,15 @@ TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typi
 """What makes a class from its arguments (a module's constant made by one is no text)."""
 NAMEDTUPLE = set(dir(collections.namedtuple("T", ""))) - set(dir(tuple))  # _replace, _asdict..
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
+COMPARED = (*VALUE_TYPES, "complex", "bytes", "list", "tuple", "dict", "set", "frozenset", "Size",
+            "Fraction", "Decimal", "deque", "OrderedDict", "defaultdict", "Counter", "UserList",
+            "UserDict", "UserString")
+"""What tests compare or convert: a subclass (of ``list``, ``torch.Size``...) whose own
+comparison, conversion or attribute lookup (:data:`ANSWERS`) answers a test's check is a false
+value (a value type's subclass may define no special method beyond :data:`DUNDERS_OK`)."""
+ANSWERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__bool__",
+           "__len__", "__contains__", "__int__", "__float__", "__index__", "__complex__", "__abs__",
+           "__round__", "__getattribute__", "__getattr__", "__array__")
 LABEL = re.compile(r"[\w.]+ \([\w ,]*\)")
 STORAGE_METADATA = ("nbytes", "data_ptr", "resize_", "size", "element_size", "device", "is_pinned")
 """What a tensor's storage says without its data (``untyped_storage().nbytes()``)."""
@@ -147,6 +160,17 @@ class Flag:
 
     def __str__(self) -> str:
         return f"{self.name}: {self.what} at {self.where} ({FLAGS[self.name][1]})"
+
+
+def _specific(value) -> bool:
+    """A number of 7 significant digits or more that is not a power of two (an int, digits in
+    text, a float): 275414777856 or 0.7978845608 is; 2**30, 175e9 or 0.999 is not."""
+    if isinstance(value, str) and value.isdigit() and len(value) < 40:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or \
+            abs(value) == float("inf") or isinstance(value, int) and abs(value) & (abs(value) - 1) == 0:
+        return False
+    return len(repr(abs(value)).split("e")[0].replace(".", "").strip("0")) >= 7
 
 
 def _dunder(name: str) -> bool:
@@ -397,6 +421,8 @@ class _Reader(ast.NodeVisitor):
         self.constants: dict = {}  # the module's constants: name -> the expression bound
         self.own_methods: set[str] = set()  # the names of the exercise's methods and added ones
         self.lying: set[str] = set()  # the student's classes of a value type, and their bases
+        self.numbers = 0  # specific numbers written in the unit (_specific)
+        self.compared: set[str] = set()  # ... of a type tests compare (COMPARED), and their bases
         self.root = ast.Module([], [])  # the unit's node
 
     def visit(self, node):
@@ -510,6 +536,9 @@ class _Reader(ast.NodeVisitor):
         value = node.value if isinstance(node.value, str) else ""
         fields = re.findall(r"\{([^{}]*)\}", value) + [value] * (not re.search(r"\s", value))
         words = {w for f in fields for w in re.findall(r"\w+", f)}
+        self.numbers += _specific(node.value)
+        if "LABKIT_GRADE" in value.upper():  # the grader's settings (the environment's names)
+            self.flag(node, "grader", repr(value)[:60])
         if "__setattr__" in words:
             self.flag(node, "patching", repr(value)[:60])
         elif any(w in FRAMES or (_dunder(w) and w not in DUNDERS_OK) for w in words):
@@ -954,6 +983,7 @@ class _Reader(ast.NodeVisitor):
         for base in values:
             self.flag(base, "special methods", f"class {node.name}({ast.unparse(base)})")
         lying = node.name in self.lying  # a value type's subclass, or an own base of one
+        compared = node.name in self.compared  # ... or of a container or number tests compare
         if any(kw.arg == "metaclass" and self.chain(kw.value) != ("module", ["abc", "ABCMeta"])
                for kw in node.keywords):
             self.flag(node, "special methods", f"class {node.name}(metaclass=...)")
@@ -974,7 +1004,7 @@ class _Reader(ast.NodeVisitor):
             for name in [n for n in names if _dunder(n) and n not in DUNDERS_OK]:
                 self.flag(stmt, "special methods", f"{name} in class {node.name}")
             for name in [n for n in names if lying and _dunder(n) and (n not in DUNDERS_OK or n in (
-                    "__torch_dispatch__", "__torch_function__"))]:  # class Exact(int): __eq__
+                    "__torch_dispatch__", "__torch_function__")) or compared and n in ANSWERS]:
                 self.flag(stmt, "false values", f"{name} in class {node.name}, a value type's")
             self.class_level(stmt, node.name)
         self.generic_visit(node)
@@ -1059,8 +1089,8 @@ def aliases(nodes, path: str) -> dict[str, str]:
     return out
 
 
-def _value_classes(classes: dict, names: dict, constants: dict) -> set[str]:
-    """The student's classes that derive from a value type (``int``, ``Tensor``...), however the
+def _value_classes(classes: dict, names: dict, constants: dict, types=VALUE_TYPES) -> set[str]:
+    """The student's classes that derive from one of ``types`` (``int``, ``Tensor``...), however the
     base is written (an own class of one, ``Whole = int``, ``type(0)``), and their own bases
     (a mixin's ``__eq__`` is the subclass's)."""
     def value(base, depth=0) -> bool:
@@ -1075,7 +1105,7 @@ def _value_classes(classes: dict, names: dict, constants: dict) -> set[str]:
         path = (_path(base) or "").split(".")
         known = path[0] in {*names, *BUILTIN_NAMES} and path != [""]  # else a base the reading
         return not known or [*names.get(path[0], path[0]).split("."), *path[1:]][-1] in \
-            VALUE_TYPES  # cannot name (*BASES, KINDS[0], (0).__class__, a local): a value type's
+            types  # cannot name (*BASES, KINDS[0], (0).__class__, a local): a value type's
 
     found: set[str] = set()
     for _ in range(len(classes) + 1):
@@ -1101,10 +1131,12 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
              and not _makes_type(node.value, names) for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
     tree = ast.parse(merged.source)
     classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
-    methods = {u.split(".")[-1] for u in merged.units if "." in u}
+    methods = {u.split(".")[-1] for u in merged.units if "." in u} | {  # and their own classes'
+        f.name for c in classes.values() if c.name not in course for f in c.body if isinstance(f, DEFS)}
     constants = {n: node.value for label, node, _ in merged.taken if label.startswith(
         "the constant ") and getattr(node, "value", None) for n in bound_names(node)}
     lying = _value_classes(classes, names, constants)
+    compared = _value_classes(classes, names, constants, COMPARED)
     plain: set = set()  # the student's classes of no base but such classes: ``cls`` is theirs
     for _ in classes:
         plain |= {c for c, n in classes.items() if c not in course and not n.keywords and
@@ -1122,12 +1154,14 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
             reader.literal_loops, reader.own_classes = _literal_names(node), set(classes) - course
             reader.root = node
             reader.fields, reader.plain, reader.constants = fields, plain, constants
-            reader.own_methods, reader.lying = methods, lying
+            reader.own_methods, reader.lying, reader.compared = methods, lying, compared
             if unit.endswith("(a class constant)"):
                 reader.class_level(node, unit.split(".")[0])
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or \
                     any(a.name == "*" for a in node.names):  # (whose names cannot be read)
                 reader.visit(node)
+            if reader.numbers >= ANSWER_NUMBERS:
+                reader.flag(node, "answers", f"{reader.numbers} specific numbers in {unit}")
             found[unit] = reader.found
             uses[unit] = {getattr(n, "id", getattr(n, "attr", None)) for n in ast.walk(node)}
             binds[unit] = bound_names(node)
