@@ -77,6 +77,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import types
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -254,8 +255,9 @@ def as_given(fn, what: str | None = None):
 
 def _storage_bytes(roots, skip=(), into_torch=True) -> int:
     """Bytes of the distinct storages of the tensors reachable from ``roots`` through dicts (keys
-    and values), lists, tuples, sets and plain objects' attributes (not into modules, classes or
-    functions; into torch's own objects only if ``into_torch``), eight levels deep at most.
+    and values), lists, tuples, sets, plain and callable objects' attributes, functions' closures
+    and default values, bound methods and partials (not into modules, classes or nn.Modules; into
+    torch's own objects only if ``into_torch``), eight levels deep at most.
     Storages of ``skip`` are not counted."""
     with _quiet():
         skipped = {t.untyped_storage().data_ptr() for t in skip if isinstance(t, torch.Tensor)}
@@ -273,9 +275,17 @@ def _storage_bytes(roots, skip=(), into_torch=True) -> int:
                 todo += [(v, depth + 1) for item in x.items() for v in item]
             elif isinstance(x, (list, tuple, set, frozenset)):
                 todo += [(v, depth + 1) for v in x]
-            elif (hasattr(x, "__dict__") and not isinstance(x, (type, torch.nn.Module))
-                  and not callable(x) and (into_torch or not type(x).__module__.startswith("torch"))):
-                todo.append((vars(x), depth + 1))
+            elif isinstance(x, types.FunctionType):  # a closure's cells and default values
+                todo += [(c.cell_contents, depth + 1) for c in x.__closure__ or ()
+                         if c.cell_contents is not c] + [(x.__defaults__, depth + 1),
+                                                          (x.__kwdefaults__, depth + 1)]
+            elif isinstance(x, (types.MethodType, functools.partial)):
+                todo += [(getattr(x, a), depth + 1) for a in ("__func__", "__self__", "func",
+                                                             "args", "keywords") if hasattr(x, a)]
+            elif (hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType,
+                                                                 torch.nn.Module))
+                  and (into_torch or not type(x).__module__.startswith("torch"))):
+                todo.append((vars(x), depth + 1))  # (a callable object's attributes too)
     return sum(storages.values())
 
 
@@ -299,8 +309,8 @@ def ctx_bytes(out, skip=()) -> int:
 
 def held_bytes(obj, skip=()) -> int:
     """Bytes of the distinct storages of every tensor reachable from ``obj``'s attributes
-    (``vars(obj)``, through lists, tuples, sets, dict keys and values and plain objects; not
-    into modules, classes or functions). For an optimizer: what it keeps between steps wherever
+    (``vars(obj)``, through lists, tuples, sets, dict keys and values, objects, closures; not
+    into modules, classes or nn.Modules). For an optimizer: what it keeps between steps wherever
     it keeps it, ``state`` or any other attribute. Storages of ``skip`` (its parameters and
     their gradients, which live anyway) are not counted."""
     return _storage_bytes([vars(obj)], skip)
