@@ -447,7 +447,10 @@ _ADAM8 = "tests/test_lab2_adam8bit.py::"
      "test_offloaded_gradients_equal_the_plain_model", "left torch's saved-tensor hooks"),
     # rt15a: 2.4's gradients cloned out of MemTracker's "gradients" and applied at the end
     ("rt15a_lomo_grads_cloned_out_of_the_gradient_category", "tests/test_lab2_lomo.py::"
-     "test_lomo_peak_gradient_bytes_is_the_largest_gradient", "cloned, stacked")])
+     "test_lomo_peak_gradient_bytes_is_the_largest_gradient", "cloned, stacked"),
+    # rt15a: a 0-d bf16 tensor compares with the exact count in bf16
+    ("rt15a_korthikanti_bf16_tensor_answer", "tests/test_lab1_accounting.py::"
+     "test_korthikanti_equals_the_published_formula", "return the exact count as a Python int")])
 def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, cheat, test, needle):
     """5.6's forward zeroing the test's q and v in place and returning attention of zeros (8/22
     when the reference was computed after the call, from the same tensors); 4.1 answering the
@@ -459,7 +462,8 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, chea
     pre-hook) and recomputing nothing; 5.5 leaving its saved-tensor hooks installed for the
     test's reference (a finalizer took them off later; its constants:
     rt14a_offload_wrong_unpack_hooks_left_for_reference_table). rt15a: 2.4 cloning each
-    gradient into a list and applying them all at the last hook. The tests now check that what they gave student code is as given
+    gradient into a list and applying them all at the last hook; 1.4 answering with a bf16 tensor
+    (compared in bf16). The tests now check that what they gave student code is as given
     (tests/_given.py), count ctx attributes and all the optimizer holds, count NaN as a
     mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
     pytest), the test fails, saying why."""

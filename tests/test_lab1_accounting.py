@@ -398,6 +398,13 @@ def _korthikanti_reference(s, b, h, a, L, e=2, dropout=True):
     return L * (attention + mlp + norms + dropout_only)
 
 
+def _assert_int(got) -> None:
+    """A byte count is an exact int: a tensor or a float would compare with ``want`` in its own
+    precision (a bf16 0-d tensor equals any int within 0.4%)."""
+    assert type(got) is int, (f"korthikanti_activation_bytes returned a {type(got).__name__} "
+                              f"({got!r}): return the exact count as a Python int")
+
+
 @pytest.mark.exercise("1.4", points=1)
 def test_korthikanti_equals_the_published_formula():
     """Check L·s·b·h·(34 + 5·a·s/h) (arXiv 2205.05198, eq. 1), exactly, on GPT-3 175B's shape
@@ -406,6 +413,7 @@ def test_korthikanti_equals_the_published_formula():
                           (1000, 3, 96, 3, 2), (7, 5, 12, 4, 1)]:
         want = L * (34 * s * b * h + 5 * a * s * s * b)
         got = acc.korthikanti_activation_bytes(s, b, h, a, L)
+        _assert_int(got)
         assert got == want, (f"korthikanti_activation_bytes(s={s}, b={b}, h={h}, a={a}, L={L}) = "
                              f"{got:,} B, the paper's s·b·h·(34 + 5·a·s/h)·L = {want:,} B")
 
@@ -430,6 +438,7 @@ def test_korthikanti_in_other_element_sizes():
         for s, b, h, a, L in [(2048, 1, 12288, 96, 2), (100, 3, 64, 8, 1)]:
             want = _korthikanti_reference(s, b, h, a, L, e, True)
             got = acc.korthikanti_activation_bytes(s, b, h, a, L, element_bytes=e)
+            _assert_int(got)
             masks = L * (2 * s * b * h + a * s * s * b)
             scaled = {(e - 1) * masks, e * masks // 2 - masks}  # masks taken as e or e/2 bytes
             hint = ("the dropout masks are 1 byte per element whatever the activations' size"
@@ -447,6 +456,7 @@ def test_korthikanti_without_dropout():
         for s, b, h, a, L in [(2048, 1, 12288, 96, 2), (100, 3, 64, 8, 1)]:
             want = _korthikanti_reference(s, b, h, a, L, e, False)
             got = acc.korthikanti_activation_bytes(s, b, h, a, L, element_bytes=e, dropout=False)
+            _assert_int(got)
             masks = L * (2 * s * b * h + a * s * s * b)
             dropped = L * e * a * s * s * b
             if got - want == dropped:
