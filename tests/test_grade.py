@@ -270,13 +270,16 @@ def test_the_grader_stays_small():
     false flags) cleared dunder aliases in class bodies, labels like "exec (s)" and storages
     kept for their size; zeroed torch's global hook registrars and value-type bases the reading
     cannot name; counted __bool__, apply_ and map_ out of torch; a shortcut of exercise X goes to
-    X only: 2,964 lines, 192 names, 49 patterns. Lines of src/labkit/grade; names written in the flags' lists;
+    X only: 2,964 lines, 192 names, 49 patterns. rt15c (the verdict, the pipe, the wall): a start
+    line per test, the order of records and where a child died, the pipe refused to every open,
+    the course's folders hidden, and print's summary counted as printed: 3,029 lines. Lines of
+    src/labkit/grade; names written in the flags' lists;
     the shortcut table's distinct patterns (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2964, sizes
+    assert sum(sizes.values()) <= 3029, sizes
     assert entries <= 192 and patterns <= 49, (entries, patterns)
 
 

@@ -75,6 +75,20 @@ def copy_course(root: Path, dest: Path) -> None:
         os.chmod(dirpath, 0o755)
 
 
+def hidden(course: Path, base: Path) -> tuple[Path, ...]:
+    """What the child must not see of the course it was copied from (it runs on the copy in
+    ``base``): every folder at the course's top (solutions/; .git, their history; _build/, the
+    chapters' outputs; caches) but one holding the copy or this Python (a virtual environment),
+    and the course's git directory where it lies elsewhere (a worktree's)."""
+    course = course.resolve()
+    git = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                         cwd=course, capture_output=True, text=True) if shutil.which("git") else None
+    found = [Path(git.stdout.strip())] if git and git.returncode == 0 else []
+    keep = [Path(p).resolve() for p in (base, sys.prefix, sys.base_prefix, sys.executable)]
+    found += [p.resolve() for p in course.iterdir() if p.is_dir()]
+    return tuple(sorted({p for p in found if not any(k == p or p in k.parents for k in keep)}))
+
+
 def exercise_modules(course: Path) -> dict[str, tuple[str, ...]]:
     """{"labkit/lab5/flash_attention.py": ("5.6",), ...}: the pristine modules with stubs."""
     found = {p.relative_to(course / "src").as_posix(): extract.exercise_ids(p.read_text())
@@ -93,7 +107,7 @@ class Prepared:
     flags: dict = field(default_factory=dict)       # exercise -> [its flags, as text]
     zeroed: dict = field(default_factory=dict)      # exercise -> [the flags that zeroed it]
     tripwires: dict = field(default_factory=dict)   # nodeid -> exercise
-    hide: tuple = ()                 # what the child must not see: the course's solutions/
+    hide: tuple = ()                 # what the child must not see: :func:`hidden`
 
 
 def collect(workspace: Path, labs: list[str] | None = None) -> dict:
@@ -339,7 +353,7 @@ def grade_submission(submission: Path, *, course: Path | None = None,
         sub_root = unpack(Path(submission), base / "submission")
         labkit_dir = find_labkit(sub_root)
         prep = prepare(labkit_dir, workspace, tests)
-        prep.hide = tuple(p for p in [course.resolve() / "solutions"] if p.is_dir())
+        prep.hide = hidden(course, base)
         results = grade_prepared(prep, exercises, jobs, timeout, wall)
         table = _table(results)
         table["known_exercises"] = sorted({t["exercise"] for t in tests.values()}, key=exercise_key)
