@@ -404,6 +404,77 @@ def test_the_result_pipe_is_out_of_student_reach(tmp_path, collected, cheat):
     assert e["earned"] == 0, [(t["test"], t["outcome"], t["message"][:120]) for t in e["tests"]]
 
 
+DYING_CHILD = '''
+import collections, gc, os, signal, weakref
+
+import pytest
+
+from labkit.grade import child
+
+FORGED = '{"kind": "test", "nodeid": "tests/test_dying.py::test_c", "outcome": "passed"}\\n'
+WRITE = type(open(os.devnull, "w")).write
+
+
+class Junk:
+    """A node of a cycle of garbage: its finalizer runs from whatever allocates, no test's frame."""
+
+
+class Stop(KeyboardInterrupt):
+    def __str__(self):  # pytest's report of the interrupt reads it: the process dies there
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_a():
+    fd = child.SPEC["fd"]
+    for target in (fd, f"/proc/self/fd/{fd}", f"/dev/fd/{fd}"):
+        junk = Junk()
+        junk.me = junk
+        files = map(open, [target], ["w"], [1], [None], [None], [None], [target != fd])
+        weakref.finalize(junk, collections.deque, map(WRITE, files, [FORGED]), 0)
+        del junk
+        gc.collect()
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_b():
+    raise Stop()
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_c():
+    pass
+'''
+
+
+def test_a_child_that_dies_keeps_what_its_tests_finished_and_no_finalizer_reaches_the_pipe(tmp_path):
+    """The child's records and pipe, in a child of three tests without a wall (as root here: only
+    the child's refusal, which every wall adds to). rt15c_gc_finalizer_map_open_fd_forges_records
+    (6/7 forged before) and rt15c_gc_finalizer_logging_forges_records: a finalizer the cyclic GC
+    runs, no student frame on the stack, opens the pipe by its number, /proc/self/fd/N or
+    /dev/fd/N: each refused, whoever calls (and the pipe's mode 0 refuses the paths to a child
+    without capabilities, behind every wall), the test failed saying so, no forged record.
+    rt15c_keyboardinterrupt_str_segfault (a pass before): a KeyboardInterrupt in a test's call
+    leaves its record failed, and its __str__ then kills the child: the records of the tests it
+    finished are kept, the tests after it get none (and one it dies in fails saying so: see
+    test_the_parent_refuses_a_pipe_it_cannot_trust)."""
+    from labkit.grade import isolation
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_dying.py").write_text(DYING_CHILD)
+    (tmp_path / "src").symlink_to(ROOT / "src")
+    (tmp_path / "scratch").mkdir()
+    prep = runner.Prepared(tmp_path, {})
+    lines, note = runner.run_child(prep, ["tests/test_dying.py"], ["1.5"], tmp_path / "scratch",
+                                   300, isolation.Isolation("none", "a test of the child"))
+    a, b, c = (f"tests/test_dying.py::test_{x}" for x in "abc")
+    records, void = runner.read_records(lines, {a, b, c}, set())
+    assert not void and set(records) == {a, b}, (void, lines, note[-2000:])
+    assert records[a]["outcome"] == "failed" and records[a]["message"].count("the result pipe") == 3
+    assert records[b]["outcome"] == "failed" and "stopped before its own run" in records[b]["message"]
+    assert not any(c in line for line in lines) and "ended before it finished" in note, note
+
+
 _FLASH = "tests/test_lab5_flash_attention.py::"
 _FLASH_FLOPS = _FLASH + "test_causal_flash_skips_the_tiles_above_the_diagonal"
 _FLASH_SAVED = _FLASH + "test_flash_saves_only_inputs_output_and_log_sum_exp"

@@ -1,17 +1,18 @@
 """The pytest plugin of the grader's child: run the graded tests, report each outcome to the parent.
 
 Loaded with ``-p labkit.grade.child`` in the process that runs student code, behind the wall.
-Nothing here decides a grade or is secret: student code can reach all of it. It *reports*, one
-JSON line per test on an inherited pipe, and adds what only the inside sees, each failing its
-test (docs/grading.md, "What is refused"): a ``TorchDispatchMode`` refuses the operators the
-exercise rebuilds (:mod:`labkit.grade.shortcuts`) however spelled; a thread started during a test
-gets a mode that refuses torch work that is not the course's (dispatch modes, MemTracker's and
-FlopCounterMode's too, hold for one thread); in an exercise whose tests measure torch's work, a
-``TorchFunctionMode`` notes tensor data that student code takes out of torch, however (``.numpy()``,
-``np.asarray``, DLPack, ``.tolist()``, element by element); audit events refuse processes started from student
-code; what the tests compare with (:class:`Snapshot`), recorded before any student code is
-imported, and torch's global state are put back after each test; the pytest plugins are fixed
-once collected; files opened outside the scratch folder are noted.
+Nothing here decides a grade or is secret: student code can reach all of it. It *reports*, as JSON
+lines on an inherited pipe that nothing here may open, when each test starts and its outcome, and
+adds what only the inside sees, each failing its test (docs/grading.md, "What is refused"): a
+``TorchDispatchMode`` refuses the operators the exercise rebuilds (:mod:`labkit.grade.shortcuts`)
+however spelled; a thread started during a test gets a mode that refuses torch work that is not
+the course's (dispatch modes, MemTracker's and FlopCounterMode's too, hold for one thread); in an
+exercise whose tests measure torch's work, a ``TorchFunctionMode`` notes tensor data that student
+code takes out of torch, however (``.numpy()``, ``np.asarray``, DLPack, ``.tolist()``, element by
+element); audit events refuse processes started from student code; what the tests compare with
+(:class:`Snapshot`), recorded before any student code is imported, and torch's global state are
+put back after each test; the pytest plugins are fixed once collected; files opened outside the
+scratch folder (but its own modules, read) are noted.
 """
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ from labkit.grade import shortcuts
 SPEC = json.loads(os.environ.get("LABKIT_GRADE_SPEC", "{}"))
 """What the parent passed (nothing in it is secret): {"fd": the result pipe, "scratch": the one
 writable folder, "course": the graded copy, "student": {file: [[first, last] line of each unit of
-student code]}}."""
+student code]}}. The pipe's number leaves the environment (``os.path.expandvars`` read it; a rank
+started afresh must not take another file for the pipe)."""
+if "fd" in SPEC:
+    os.environ["LABKIT_GRADE_SPEC"] = json.dumps({k: v for k, v in SPEC.items() if k != "fd"})
 STUDENT = {os.path.realpath(f): [tuple(r) for r in rs] for f, rs in SPEC.get("student", {}).items()}
 COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
 READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
@@ -47,6 +51,20 @@ EXERCISES = tuple(f"labkit.lab{n}." for n in range(1, 10))
 submission adds), so they are not recorded (the reading refuses changes to the course's)."""
 PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
              "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
+
+
+def _identity(target) -> tuple | None:
+    """(device, inode) of the file a path or a file descriptor's number names, or None."""
+    try:
+        found = os.stat(target)
+    except (OSError, TypeError, ValueError):
+        return None
+    return found.st_dev, found.st_ino
+
+
+PIPE = _identity(SPEC["fd"]) if SPEC.get("fd", -1) >= 0 else None
+"""The result pipe: every open of it is refused, whoever calls (a finalizer the cyclic GC runs
+from the course's code too) and however named (its number, /proc/self/fd/N, a link to it)."""
 SHARED = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.__dlpack__}
 """Where tensor data leaves torch shared, its whole storage in reach (numpy's functions given a
 tensor call ``__array__``; ``as_strided`` widens a view of one element to all of it)."""
@@ -186,7 +204,7 @@ def _acting(frame) -> str | None:
 
 
 def _refuse(why: str, frame) -> None:
-    State.refused.append(f"{why} (from {_acting(frame)})")
+    State.refused.append(f"{why} (from {_acting(frame) or 'a library or a finalizer'})")
     raise PermissionError(f"refused while grading: {why}")
 
 
@@ -209,16 +227,18 @@ def _audit(event, args):
     if event in PROCESSES and State.exercise is not None and _acting(sys._getframe(1)):
         _refuse(f"{event} from student code: a process does work the test's measurements and "
                 "refusals do not see", sys._getframe(1))
+    if event == "open" and PIPE and _identity(args[0]) == PIPE:
+        _refuse(f"opening {args[0]!r}: the result pipe, the grader's", sys._getframe(1))
     if event == "open" and _acting(sys._getframe(1)):  # (at import too)
         path = os.path.realpath(os.fsdecode(args[0])) if isinstance(args[0], (str, bytes)) else ""
+        writes = any(c in (args[1] or "") for c in "wax+") or (args[2] or 0) & 0o3103
         if State.exercise is not None and not (path + os.sep).startswith(READ_OK) and not \
                 sys._getframe(1).f_code.co_filename.startswith("<frozen"):
             State.flags.append(f"files: opened {path} (from {_acting(sys._getframe(1))})")
-        if not path or (path.startswith("/proc/") and (  # /dev/fd/3, /dev/stdout: /proc/PID/fd
-                any(c in (args[1] or "") for c in "wax+") or (args[2] or 0) & 0o3103)):
+        if not path or (path.startswith("/proc/") and writes):  # /dev/fd/3: /proc/PID/fd/3
             _refuse(f"opening {args[0]!r} from student code: a file descriptor, or one of the "
-                    "process's own for writing (the result pipe is the grader's; the wall "
-                    "stops other writes outside the scratch folder)", sys._getframe(1))
+                    "process's own for writing (the wall stops other writes outside the "
+                    "scratch folder)", sys._getframe(1))
 
 
 def _torch_state() -> dict:
@@ -432,6 +452,7 @@ def pytest_runtest_protocol(item, nextitem):
     for m in (mode, watch):
         if m is not None:
             m.__enter__()
+    _send({"kind": "start", "nodeid": item.nodeid})  # should the process die in it: said where
     yield
     if mode is not None and torch._C._len_torch_dispatch_stack() == State.torch["dispatch modes"] + 1:
         mode.__exit__(None, None, None)  # else a mode was left on: _restore pops it, and says so

@@ -194,6 +194,10 @@ def run_child(prep: Prepared, files: list[str], exercises: list[str], tmp: Path,
     """Run one child on ``files`` for ``exercises`` behind ``wall``; return the lines of its
     result pipe and a note (its output's tail when it did not finish)."""
     read_fd, write_fd = os.pipe()
+    try:  # mode 0: no reopening it by a path (/proc/self/fd/N), from C code too, without the
+        os.fchmod(write_fd, 0)  # capability to pass over a file's mode (the child's, walled)
+    except OSError:  # (a system with no mode on pipes: nothing walls the child there anyway)
+        pass
     env = _base_env(prep.workspace, tmp)
     env["LABKIT_GRADE_SPEC"] = json.dumps({"fd": write_fd, "scratch": str(tmp),
                                            "course": str(prep.workspace), "student": prep.student})
@@ -241,8 +245,13 @@ def run_child(prep: Prepared, files: list[str], exercises: list[str], tmp: Path,
 
 
 def read_records(lines: list[str], expected: set[str], tripwires: set[str]) -> tuple[dict, str]:
-    """The records of one child's pipe and, if the run must be voided, why (else "")."""
-    records, done = {}, False
+    """The records of one child's pipe and, if the run must be voided, why (else "").
+
+    The child says when a test starts, then sends its record, one test after the other. One that
+    ended without "done" (a crash, the time limit: honest code too) keeps the records of the
+    tests it finished, no less its own for coming before the end; the test it was running gets
+    a record that says so ("died"), and the tests after it none."""
+    records, done, running = {}, False, None
     for i, line in enumerate(lines):
         try:
             rec = json.loads(line)
@@ -255,15 +264,21 @@ def read_records(lines: list[str], expected: set[str], tripwires: set[str]) -> t
             return {}, "records came after the test run said it was done"
         if kind == "done":
             done = True
-        elif kind == "test":
+        elif kind in ("start", "test"):
             nodeid = rec.get("nodeid")
             if nodeid not in expected and nodeid not in tripwires:
                 return {}, f"a record for a test the grader did not ask for ({str(nodeid)[:120]})"
             if nodeid in records:
                 return {}, f"two records for one test ({nodeid})"
+            if running != (None if kind == "start" else nodeid):
+                return {}, f"a record out of the order the tests ran in ({nodeid})"
             if rec.get("tamper"):
                 return {}, "; ".join(map(str, rec["tamper"]))
-            records[nodeid] = rec
+            if kind == "test":
+                records[nodeid] = rec
+            running = nodeid if kind == "start" else None
+    if running and not done:
+        records[running] = {"nodeid": running, "outcome": "failed", "died": True}
     for nodeid in sorted(tripwires):
         rec = records.pop(nodeid, None)
         if (rec is None and done) or (rec is not None and rec.get("outcome") != "failed"):
@@ -317,9 +332,10 @@ def _decide(test: dict, record: dict | None, note: str, zeroed: list | None, voi
             " | ".join(zeroed)[:1500]
     elif void:
         out["message"] = f"void: {void}"
-    elif record is None:
-        out["message"] = ("no result came back for this test: " + (
-            note.strip() or "the test process ended early or was killed"))[:1500]
+    elif record is None or record.get("died"):
+        out["message"] = (("the test process died while this test ran (the tests after it did "
+                           "not run): " if record else "no result came back for this test: ") +
+                          (note.strip() or "the test process ended early or was killed"))[:1500]
     else:
         outcome = record.get("outcome")
         if outcome in LEFT_OUT and outcome not in test.get("may_skip", ()):
