@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import copyreg
 import json
+import math
 import os
 import sys
 import threading
@@ -68,11 +69,12 @@ from the course's code too) and however named (its number, /proc/self/fd/N, a li
 SHARED = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.__dlpack__}
 """Where tensor data leaves torch shared, its whole storage in reach (numpy's functions given a
 tensor call ``__array__``; ``as_strided`` widens a view of one element to all of it)."""
-OUT_OF_TORCH = SHARED | {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__float__,
-                         torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__complex__,
-                         torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__,
-                         torch.Tensor.__bool__, torch.Tensor.is_nonzero, torch.Tensor.apply_,
-                         torch.Tensor.map_, torch.Tensor.map2_}
+TEXT = {torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__}
+OUT_OF_TORCH = SHARED | TEXT | {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__float__,
+                                torch.Tensor.__int__, torch.Tensor.__index__,
+                                torch.Tensor.__complex__, torch.Tensor.__bool__,
+                                torch.Tensor.is_nonzero, torch.Tensor.apply_, torch.Tensor.map_,
+                                torch.Tensor.map2_}
 """... and copied out: element by element (a bit at a time too), as text, or to a callback."""
 MOVED_MAX = 1024  # elements per test: shapes, counts and a scalar loss are fine, a layer's data is not
 HOOKS = "global module and optimizer hooks"
@@ -178,13 +180,23 @@ class Watch(TorchFunctionMode):
                     self.side and _thread_owner() != "course")):
             t = args[0]
             State.moved += t.untyped_storage().nbytes() // max(t.element_size(), 1) if \
-                func in SHARED else t.numel()
+                func in SHARED else _printed(t) if func in TEXT else t.numel()
             if State.moved > MOVED_MAX:
                 State.flags.append(f"measured elsewhere: over {MOVED_MAX} elements of tensor "
                                    f"data taken out of torch by {func.__name__} (from "
                                    f"{student_frame() or 'a thread of the test'}), where the "
                                    "test measures torch's work")
         return func(*args, **(kwargs or {}))
+
+
+def _printed(t: torch.Tensor) -> int:
+    """The elements torch's text of ``t`` holds under the print options set now: all of them, or,
+    past ``threshold`` elements, a summary of ``edgeitems`` at each end of every dimension (a
+    debugging ``print(tensor)``: a few elements; a threshold raised to print it whole: all)."""
+    opts = torch._tensor_str.PRINT_OPTS
+    if t.numel() <= opts.threshold:
+        return t.numel()
+    return math.prod(min(n, 2 * opts.edgeitems or n) for n in t.shape)
 
 
 def _on_new_thread(frame, event, arg):
@@ -233,7 +245,8 @@ def _audit(event, args):
         path = os.path.realpath(os.fsdecode(args[0])) if isinstance(args[0], (str, bytes)) else ""
         writes = any(c in (args[1] or "") for c in "wax+") or (args[2] or 0) & 0o3103
         if State.exercise is not None and not (path + os.sep).startswith(READ_OK) and not \
-                sys._getframe(1).f_code.co_filename.startswith("<frozen"):
+                sys._getframe(1).f_code.co_filename.startswith("<frozen") and not (
+                    path in STUDENT and not writes):  # its own module: torch.jit.script reads it
             State.flags.append(f"files: opened {path} (from {_acting(sys._getframe(1))})")
         if not path or (path.startswith("/proc/") and writes):  # /dev/fd/3: /proc/PID/fd/3
             _refuse(f"opening {args[0]!r} from student code: a file descriptor, or one of the "
