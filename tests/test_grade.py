@@ -270,13 +270,16 @@ def test_the_grader_stays_small():
     false flags) cleared dunder aliases in class bodies, labels like "exec (s)" and storages
     kept for their size; zeroed torch's global hook registrars and value-type bases the reading
     cannot name; counted __bool__, apply_ and map_ out of torch; a shortcut of exercise X goes to
-    X only: 2,964 lines, 192 names, 49 patterns. Lines of src/labkit/grade; names written in the flags' lists;
+    X only: 2,964 lines, 192 names, 49 patterns. rt15c (the verdict, the pipe, the wall): a start
+    line per test, the order of records and where a child died, the pipe refused to every open,
+    the course's folders hidden, and print's summary counted as printed: 3,029 lines. Lines of
+    src/labkit/grade; names written in the flags' lists;
     the shortcut table's distinct patterns (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 2964, sizes
+    assert sum(sizes.values()) <= 3029, sizes
     assert entries <= 192 and patterns <= 49, (entries, patterns)
 
 
@@ -284,34 +287,48 @@ def _records(*recs) -> list[str]:
     return [json.dumps(r) for r in recs]
 
 
+def _ran(nodeid: str, outcome: str = "passed", **more) -> tuple[dict, dict]:
+    """What the child sends for one test: its start, then its record."""
+    return {"kind": "start", "nodeid": nodeid}, {"kind": "test", "nodeid": nodeid,
+                                                  "outcome": outcome, **more}
+
+
 A, B, T = "tests/test_x.py::test_a", "tests/test_x.py::test_b", "tests/test_x.py::test_9f3e"
+DONE = {"kind": "done"}
 
 
 @pytest.mark.parametrize("lines, void", [
-    (_records({"kind": "test", "nodeid": A, "outcome": "passed"},
-              {"kind": "test", "nodeid": T, "outcome": "failed"}, {"kind": "done"}), ""),
-    (_records({"kind": "test", "nodeid": A, "outcome": "passed"},
-              {"kind": "test", "nodeid": A, "outcome": "passed"}), "two records for one test"),
-    (_records({"kind": "done"}, {"kind": "test", "nodeid": A, "outcome": "passed"}),
-     "after the test run said it was done"),
-    (_records({"kind": "test", "nodeid": "tests/test_x.py::test_z", "outcome": "passed"}),
-     "did not ask for"),
-    (_records({"kind": "test", "nodeid": T, "outcome": "passed"}, {"kind": "done"}),
-     "tripwire test that must fail passed"),
-    (_records({"kind": "test", "nodeid": A, "outcome": "passed"}, {"kind": "done"}),
-     "tripwire test that must fail sent no result"),
-    (["not json"] + _records({"kind": "done"}), "a line the grader's plugin did not write"),
-    (_records({"kind": "test", "nodeid": A, "outcome": "passed"}) + ['{"kind": "te'], ""),
-    (_records({"kind": "test", "nodeid": A, "outcome": "passed", "tamper": ["plugins"]}), "plugins"),
+    (_records(*_ran(A), *_ran(T, "failed"), DONE), ""),
+    (_records(*_ran(A), *_ran(A)), "two records for one test"),
+    (_records(DONE, *_ran(A)), "after the test run said it was done"),
+    (_records(*_ran("tests/test_x.py::test_z")), "did not ask for"),
+    (_records(*_ran(T), DONE), "tripwire test that must fail passed"),
+    (_records(*_ran(A), DONE), "tripwire test that must fail sent no result"),
+    (["not json"] + _records(DONE), "a line the grader's plugin did not write"),
+    (_records(*_ran(A)) + ['{"kind": "te'], ""),
+    (_records(*_ran(A, tamper=["plugins"])), "plugins"),
+    # one test after the other: a record of a test that did not start, or not the one running
+    (_records(_ran(A)[1]), "out of the order the tests ran in"),
+    (_records(_ran(A)[0], *_ran(B)), "out of the order the tests ran in"),
+    # a child that died in B (no "done"): A's record kept, B failed as died, no void
+    (_records(*_ran(A), _ran(B)[0]), ""),
 ])
 def test_the_parent_refuses_a_pipe_it_cannot_trust(lines, void):
     """The parent's rules for one child's result pipe: records only for the tests it asked for,
-    one each, nothing after "done", every tripwire failed; a line cut short at the end of a
-    child that was stopped is ignored. A broken rule voids the lab's run."""
+    one each, each after its test's start and before the next one's, nothing after "done", every
+    tripwire failed; a line cut short at the end of a child that was stopped is ignored. A
+    broken rule voids the lab's run. A child that died keeps the records of the tests it
+    finished; the test it died in fails saying so (rt15c_keyboardinterrupt_str_segfault)."""
     records, why = runner.read_records(lines, {A, B}, {T})
     assert void in why and bool(why) == bool(void), why
     if not why:
         assert set(records) <= {A, B} and T not in records
+    if '"kind": "start", "nodeid": "%s"' % B in lines[-1]:
+        assert records[A]["outcome"] == "passed" and records[B]["died"], records
+        out = runner._decide({"exercise": "1.1", "points": 1, "test": "test_b"}, records[B],
+                             "exit code -11", None, "")
+        assert out["outcome"] == "failed" and out["message"].startswith(
+            "the test process died while this test ran"), out
 
 
 def test_find_labkit_in_an_edition_its_src_labkit_and_a_zip(tmp_path):

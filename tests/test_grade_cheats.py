@@ -202,7 +202,8 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
                                    "rt13a_ce_python_by_int_of_scaled_elements",
                                    "rt13a_ce_python_by_str_of_tensor",
                                    "rt14a_ce_python_by_apply_callback",
-                                   "rt14a_ce_python_by_bool_bits", None])
+                                   "rt14a_ce_python_by_bool_bits",
+                                   "rt15b_chunked_ce_forward_print_tensor", None])
 def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_path, monkeypatch,
                                                                            cheat):
     """5.9 computed whole in numpy or Python, the data moved by ``np.asarray`` (numpy's
@@ -211,7 +212,9 @@ def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_p
     callback of ``apply_``, ``bool()`` of bit planes (rt14a): no
     name the reading looks for, 21-25/25 before. The child's ``Watch`` mode (the one every measured exercise's tests run under)
     sees each route and raises "measured elsewhere" for review; the reference solution gets no
-    flag. Run here in this process, the cheat's module marked as student code."""
+    flag, nor one that prints its 1,100 log-sum-exps (rt15b: torch prints a summary past its
+    threshold, a few elements, counted as such). Run here in this process, the cheat's module
+    marked as student code."""
     import importlib.util
     import os
     import shutil
@@ -230,11 +233,35 @@ def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_p
     monkeypatch.setattr(child, "STUDENT", {os.path.realpath(path): [(1, 10**6)]})
     for name, value in (("flags", []), ("moved", 0), ("kinds", {})):
         monkeypatch.setattr(child.State, name, value)
-    hidden, weight = torch.randn(48, 16, requires_grad=True), torch.randn(100, 16, requires_grad=True)
+    fair = cheat is None or "fair" in load_cheat(CHEATS / f"{cheat}.txt")
+    n = 1100 if fair else 48  # (past torch's print threshold, 1,000: printed as a summary)
+    hidden, weight = torch.randn(n, 16, requires_grad=True), torch.randn(100, 16, requires_grad=True)
     with child.Watch():
-        ce.chunked_cross_entropy(hidden, weight, torch.randint(0, 100, (48,)), 16).backward()
-    assert bool(cheat) == any(f.startswith("measured elsewhere") for f in child.State.flags), \
+        ce.chunked_cross_entropy(hidden, weight, torch.randint(0, 100, (n,)), 16).backward()
+    assert fair != any(f.startswith("measured elsewhere") for f in child.State.flags), \
         child.State.flags
+
+
+def test_a_module_may_read_its_own_source_not_the_tests(tmp_path, monkeypatch):
+    """rt15b_fusion_jit_script_helper: ``@torch.jit.script`` reads the student's own module
+    (inspect, linecache) to compile it, which was flagged "files" (7/7 with the flag): a
+    read-only open of a student module of the graded copy is fair. A test file read from
+    exercise code (rt15c_answers_read_from_the_tests_file) is still flagged for review, and so is
+    the student's module opened for writing. The child's audit hook called as an open from the
+    student's code would call it."""
+    from labkit.grade import child
+
+    own, tests = tmp_path / "fusion.py", tmp_path / "test_lab6_fusion.py"
+    own.write_text("import torch\n" * 3)
+    tests.write_text("")
+    monkeypatch.setattr(child, "STUDENT", {str(own.resolve()): [(1, 3)]})
+    for name, value in (("flags", []), ("kinds", {}), ("exercise", "6.5")):
+        monkeypatch.setattr(child.State, name, value)
+    for path, mode in ((own, "r"), (tests, "r"), (own, "a")):
+        opening = compile(f"audit('open', ({str(path)!r}, {mode!r}, 0))", str(own), "exec")
+        exec(opening, {"audit": child._audit})
+    assert child.State.flags == [f"files: opened {p.resolve()} (from fusion.py:1)"
+                                 for p in (tests, own)], child.State.flags
 
 
 @pytest.mark.parametrize("cheat, where", [("rt12a_ce_numpy_by_asarray",
@@ -402,6 +429,77 @@ def test_the_result_pipe_is_out_of_student_reach(tmp_path, collected, cheat):
     sub = submission(tmp_path, cheat, count_params=False)
     e = grade(sub, collected, ["1.1"])["exercises"]["1.1"]
     assert e["earned"] == 0, [(t["test"], t["outcome"], t["message"][:120]) for t in e["tests"]]
+
+
+DYING_CHILD = '''
+import collections, gc, os, signal, weakref
+
+import pytest
+
+from labkit.grade import child
+
+FORGED = '{"kind": "test", "nodeid": "tests/test_dying.py::test_c", "outcome": "passed"}\\n'
+WRITE = type(open(os.devnull, "w")).write
+
+
+class Junk:
+    """A node of a cycle of garbage: its finalizer runs from whatever allocates, no test's frame."""
+
+
+class Stop(KeyboardInterrupt):
+    def __str__(self):  # pytest's report of the interrupt reads it: the process dies there
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_a():
+    fd = child.SPEC["fd"]
+    for target in (fd, f"/proc/self/fd/{fd}", f"/dev/fd/{fd}"):
+        junk = Junk()
+        junk.me = junk
+        files = map(open, [target], ["w"], [1], [None], [None], [None], [target != fd])
+        weakref.finalize(junk, collections.deque, map(WRITE, files, [FORGED]), 0)
+        del junk
+        gc.collect()
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_b():
+    raise Stop()
+
+
+@pytest.mark.exercise("1.5", points=1)
+def test_c():
+    pass
+'''
+
+
+def test_a_child_that_dies_keeps_what_its_tests_finished_and_no_finalizer_reaches_the_pipe(tmp_path):
+    """The child's records and pipe, in a child of three tests without a wall (as root here: only
+    the child's refusal, which every wall adds to). rt15c_gc_finalizer_map_open_fd_forges_records
+    (6/7 forged before) and rt15c_gc_finalizer_logging_forges_records: a finalizer the cyclic GC
+    runs, no student frame on the stack, opens the pipe by its number, /proc/self/fd/N or
+    /dev/fd/N: each refused, whoever calls (and the pipe's mode 0 refuses the paths to a child
+    without capabilities, behind every wall), the test failed saying so, no forged record.
+    rt15c_keyboardinterrupt_str_segfault (a pass before): a KeyboardInterrupt in a test's call
+    leaves its record failed, and its __str__ then kills the child: the records of the tests it
+    finished are kept, the tests after it get none (and one it dies in fails saying so: see
+    test_the_parent_refuses_a_pipe_it_cannot_trust)."""
+    from labkit.grade import isolation
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_dying.py").write_text(DYING_CHILD)
+    (tmp_path / "src").symlink_to(ROOT / "src")
+    (tmp_path / "scratch").mkdir()
+    prep = runner.Prepared(tmp_path, {})
+    lines, note = runner.run_child(prep, ["tests/test_dying.py"], ["1.5"], tmp_path / "scratch",
+                                   300, isolation.Isolation("none", "a test of the child"))
+    a, b, c = (f"tests/test_dying.py::test_{x}" for x in "abc")
+    records, void = runner.read_records(lines, {a, b, c}, set())
+    assert not void and set(records) == {a, b}, (void, lines, note[-2000:])
+    assert records[a]["outcome"] == "failed" and records[a]["message"].count("the result pipe") == 3
+    assert records[b]["outcome"] == "failed" and "stopped before its own run" in records[b]["message"]
+    assert not any(c in line for line in lines) and "ended before it finished" in note, note
 
 
 _FLASH = "tests/test_lab5_flash_attention.py::"

@@ -9,6 +9,7 @@ machine cannot give (no unshare, not root) is skipped with the reason.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import secrets
@@ -33,13 +34,14 @@ OTHER_UID = 64124
 
 
 def test_this_machine_gets_the_strongest_wall_it_has():
-    """auto takes namespaces where unshare can make PID, mount and network namespaces here, and
-    says how; the answer is in every output of a grade (see the other tests)."""
+    """auto takes namespaces where unshare can make PID, mount, network, IPC and UTS namespaces
+    here, and says how; the answer is in every output of a grade (see the other tests)."""
     wall = isolation.choose("auto")
     print(wall.describe())
-    raw = subprocess.run(["unshare", "--pid", "--fork", "--mount", "--net", "true"] if os.geteuid() == 0
-                         else ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount",
-                               "--net", "true"], capture_output=True) if shutil.which("unshare") else None
+    spaces = ["--pid", "--fork", "--mount", "--net", "--ipc", "--uts", "true"]
+    raw = subprocess.run(["unshare", *spaces] if os.geteuid() == 0 else
+                         ["unshare", "--user", "--map-root-user", *spaces],
+                         capture_output=True) if shutil.which("unshare") else None
     if raw is not None and raw.returncode == 0 and shutil.which("setpriv"):
         assert wall.level == "namespaces", wall
     assert wall.level in isolation.LEVELS and wall.describe()["guarantees"]
@@ -126,6 +128,47 @@ def test_the_wall_holds_around_a_cheating_exercise(tmp_path, level, monkeypatch)
     finally:
         _kill(token)
     assert grades["submission"]["isolation"]["level"] == level
+
+
+WALL_PROBE = """
+import ctypes, os, sys
+made = ctypes.CDLL(None).shmget(int(sys.argv[1]), 4096, 0o1600)  # IPC_CREAT: a System V segment
+print(made >= 0, [p for p in sys.argv[2:] if os.path.exists(p)])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux (unshare, setpriv)")
+def test_the_wall_hides_the_courses_folders_and_its_ipc():
+    """rt15c_wall_reads_git_pack_of_solutions: behind the wall the course's .git, whose packs hold
+    every version of solutions/, was read in full; rt15c_wall_sysv_shm_outlives_the_child: a
+    System V segment made there outlived the child, seen by the next grading and the host. A
+    probe behind the namespaces wall, as the grader puts it (runner.hidden): the course's own
+    folders (solutions/, .git, tests/, a worktree's git directory...) are empty, and a segment it
+    makes is in an IPC namespace of its own, gone with it."""
+    try:
+        wall = isolation.choose("namespaces")
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    git = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                         cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    secret = [ROOT / "solutions/labkit/lab1/accounting.py", ROOT / "tests/test_lab1_accounting.py",
+              *([Path(git) / "HEAD"] if git else [])]
+    assert all(p.exists() for p in secret), secret  # (what the probe must not see, here)
+    base = Path(tempfile.mkdtemp(prefix="labkit-wall-"))
+    key, libc = 0x1AB00000 + secrets.randbelow(1 << 16), ctypes.CDLL(None)
+    try:
+        base.chmod(0o755)
+        (base / "scratch").mkdir()
+        probe = [sys.executable, "-c", WALL_PROBE, str(key), *map(str, secret)]
+        out = subprocess.run(wall.wrap(probe, base / "scratch", runner.hidden(ROOT, base)),
+                             capture_output=True, text=True, timeout=120)
+        assert out.stdout.split("\n")[0] == "True []", out.stdout + out.stderr[-2000:]
+        assert libc.shmget(key, 0, 0) == -1, "the probe's segment is on the host"
+    finally:
+        found = libc.shmget(key, 0, 0)
+        if found >= 0:  # only if the wall failed: remove the probe's segment
+            libc.shmctl(found, 0, None)  # IPC_RMID
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _python_for_everyone(as_user: list[str]) -> str:

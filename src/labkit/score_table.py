@@ -28,6 +28,7 @@ import pluggy
 import pytest
 
 STUB_SIGNATURE = "NotImplementedError: exercise "
+INTERRUPTED = "the test was stopped before its own run (its call phase) reported"
 OUTCOMES = ("passed", "failed", "not attempted", "needs CUDA", "not graded")
 OPTIONAL_REFERENCE = "optional reference"
 """A graded test that skips with a reason starting with this (``optional_reference()``) because a
@@ -170,10 +171,12 @@ def pytest_runtest_makereport(item, call):
         return
     results = item.config._labkit_results
     record = results.get(item.nodeid)
-    if record is None:
-        record = results[item.nodeid] = {"exercise": ex[0], "points": ex[1],
-                                         "test": item.name, "outcome": "passed", "message": ""}
-    if report.skipped:
+    if record is None:  # passed only once its call phase reports so: an interrupt sends none
+        record = results[item.nodeid] = {"exercise": ex[0], "points": ex[1], "test": item.name,
+                                         "outcome": "failed", "message": INTERRUPTED}
+    if report.when == "call" and report.passed:
+        record.update(outcome="passed", message="")
+    elif report.skipped:
         msg = _message(report)
         if "needs CUDA" in msg:
             record["outcome"] = "needs CUDA"

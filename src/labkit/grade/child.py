@@ -1,23 +1,25 @@
 """The pytest plugin of the grader's child: run the graded tests, report each outcome to the parent.
 
 Loaded with ``-p labkit.grade.child`` in the process that runs student code, behind the wall.
-Nothing here decides a grade or is secret: student code can reach all of it. It *reports*, one
-JSON line per test on an inherited pipe, and adds what only the inside sees, each failing its
-test (docs/grading.md, "What is refused"): a ``TorchDispatchMode`` refuses the operators the
-exercise rebuilds (:mod:`labkit.grade.shortcuts`) however spelled; a thread started during a test
-gets a mode that refuses torch work that is not the course's (dispatch modes, MemTracker's and
-FlopCounterMode's too, hold for one thread); in an exercise whose tests measure torch's work, a
-``TorchFunctionMode`` notes tensor data that student code takes out of torch, however (``.numpy()``,
-``np.asarray``, DLPack, ``.tolist()``, element by element); audit events refuse processes started from student
-code; what the tests compare with (:class:`Snapshot`), recorded before any student code is
-imported, and torch's global state are put back after each test; the pytest plugins are fixed
-once collected; files opened outside the scratch folder are noted.
+Nothing here decides a grade or is secret: student code can reach all of it. It *reports*, as JSON
+lines on an inherited pipe that nothing here may open, when each test starts and its outcome, and
+adds what only the inside sees, each failing its test (docs/grading.md, "What is refused"): a
+``TorchDispatchMode`` refuses the operators the exercise rebuilds (:mod:`labkit.grade.shortcuts`)
+however spelled; a thread started during a test gets a mode that refuses torch work that is not
+the course's (dispatch modes, MemTracker's and FlopCounterMode's too, hold for one thread); in an
+exercise whose tests measure torch's work, a ``TorchFunctionMode`` notes tensor data that student
+code takes out of torch, however (``.numpy()``, ``np.asarray``, DLPack, ``.tolist()``, element by
+element); audit events refuse processes started from student code; what the tests compare with
+(:class:`Snapshot`), recorded before any student code is imported, and torch's global state are
+put back after each test; the pytest plugins are fixed once collected; files opened outside the
+scratch folder (but its own modules, read) are noted.
 """
 from __future__ import annotations
 
 import copy
 import copyreg
 import json
+import math
 import os
 import sys
 import threading
@@ -34,7 +36,10 @@ from labkit.grade import shortcuts
 SPEC = json.loads(os.environ.get("LABKIT_GRADE_SPEC", "{}"))
 """What the parent passed (nothing in it is secret): {"fd": the result pipe, "scratch": the one
 writable folder, "course": the graded copy, "student": {file: [[first, last] line of each unit of
-student code]}}."""
+student code]}}. The pipe's number leaves the environment (``os.path.expandvars`` read it; a rank
+started afresh must not take another file for the pipe)."""
+if "fd" in SPEC:
+    os.environ["LABKIT_GRADE_SPEC"] = json.dumps({k: v for k, v in SPEC.items() if k != "fd"})
 STUDENT = {os.path.realpath(f): [tuple(r) for r in rs] for f, rs in SPEC.get("student", {}).items()}
 COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
 READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
@@ -47,14 +52,29 @@ EXERCISES = tuple(f"labkit.lab{n}." for n in range(1, 10))
 submission adds), so they are not recorded (the reading refuses changes to the course's)."""
 PROCESSES = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
              "subprocess.Popen", "os.kill", "os.killpg", "_posixsubprocess.fork_exec")
+
+
+def _identity(target) -> tuple | None:
+    """(device, inode) of the file a path or a file descriptor's number names, or None."""
+    try:
+        found = os.stat(target)
+    except (OSError, TypeError, ValueError):
+        return None
+    return found.st_dev, found.st_ino
+
+
+PIPE = _identity(SPEC["fd"]) if SPEC.get("fd", -1) >= 0 else None
+"""The result pipe: every open of it is refused, whoever calls (a finalizer the cyclic GC runs
+from the course's code too) and however named (its number, /proc/self/fd/N, a link to it)."""
 SHARED = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.__dlpack__}
 """Where tensor data leaves torch shared, its whole storage in reach (numpy's functions given a
 tensor call ``__array__``; ``as_strided`` widens a view of one element to all of it)."""
-OUT_OF_TORCH = SHARED | {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__float__,
-                         torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__complex__,
-                         torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__,
-                         torch.Tensor.__bool__, torch.Tensor.is_nonzero, torch.Tensor.apply_,
-                         torch.Tensor.map_, torch.Tensor.map2_}
+TEXT = {torch.Tensor.__repr__, torch.Tensor.__str__, torch.Tensor.__format__}
+OUT_OF_TORCH = SHARED | TEXT | {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__float__,
+                                torch.Tensor.__int__, torch.Tensor.__index__,
+                                torch.Tensor.__complex__, torch.Tensor.__bool__,
+                                torch.Tensor.is_nonzero, torch.Tensor.apply_, torch.Tensor.map_,
+                                torch.Tensor.map2_}
 """... and copied out: element by element (a bit at a time too), as text, or to a callback."""
 MOVED_MAX = 1024  # elements per test: shapes, counts and a scalar loss are fine, a layer's data is not
 HOOKS = "global module and optimizer hooks"
@@ -160,13 +180,23 @@ class Watch(TorchFunctionMode):
                     self.side and _thread_owner() != "course")):
             t = args[0]
             State.moved += t.untyped_storage().nbytes() // max(t.element_size(), 1) if \
-                func in SHARED else t.numel()
+                func in SHARED else _printed(t) if func in TEXT else t.numel()
             if State.moved > MOVED_MAX:
                 State.flags.append(f"measured elsewhere: over {MOVED_MAX} elements of tensor "
                                    f"data taken out of torch by {func.__name__} (from "
                                    f"{student_frame() or 'a thread of the test'}), where the "
                                    "test measures torch's work")
         return func(*args, **(kwargs or {}))
+
+
+def _printed(t: torch.Tensor) -> int:
+    """The elements torch's text of ``t`` holds under the print options set now: all of them, or,
+    past ``threshold`` elements, a summary of ``edgeitems`` at each end of every dimension (a
+    debugging ``print(tensor)``: a few elements; a threshold raised to print it whole: all)."""
+    opts = torch._tensor_str.PRINT_OPTS
+    if t.numel() <= opts.threshold:
+        return t.numel()
+    return math.prod(min(n, 2 * opts.edgeitems or n) for n in t.shape)
 
 
 def _on_new_thread(frame, event, arg):
@@ -186,7 +216,7 @@ def _acting(frame) -> str | None:
 
 
 def _refuse(why: str, frame) -> None:
-    State.refused.append(f"{why} (from {_acting(frame)})")
+    State.refused.append(f"{why} (from {_acting(frame) or 'a library or a finalizer'})")
     raise PermissionError(f"refused while grading: {why}")
 
 
@@ -209,16 +239,19 @@ def _audit(event, args):
     if event in PROCESSES and State.exercise is not None and _acting(sys._getframe(1)):
         _refuse(f"{event} from student code: a process does work the test's measurements and "
                 "refusals do not see", sys._getframe(1))
+    if event == "open" and PIPE and _identity(args[0]) == PIPE:
+        _refuse(f"opening {args[0]!r}: the result pipe, the grader's", sys._getframe(1))
     if event == "open" and _acting(sys._getframe(1)):  # (at import too)
         path = os.path.realpath(os.fsdecode(args[0])) if isinstance(args[0], (str, bytes)) else ""
+        writes = any(c in (args[1] or "") for c in "wax+") or (args[2] or 0) & 0o3103
         if State.exercise is not None and not (path + os.sep).startswith(READ_OK) and not \
-                sys._getframe(1).f_code.co_filename.startswith("<frozen"):
+                sys._getframe(1).f_code.co_filename.startswith("<frozen") and not (
+                    path in STUDENT and not writes):  # its own module: torch.jit.script reads it
             State.flags.append(f"files: opened {path} (from {_acting(sys._getframe(1))})")
-        if not path or (path.startswith("/proc/") and (  # /dev/fd/3, /dev/stdout: /proc/PID/fd
-                any(c in (args[1] or "") for c in "wax+") or (args[2] or 0) & 0o3103)):
+        if not path or (path.startswith("/proc/") and writes):  # /dev/fd/3: /proc/PID/fd/3
             _refuse(f"opening {args[0]!r} from student code: a file descriptor, or one of the "
-                    "process's own for writing (the result pipe is the grader's; the wall "
-                    "stops other writes outside the scratch folder)", sys._getframe(1))
+                    "process's own for writing (the wall stops other writes outside the "
+                    "scratch folder)", sys._getframe(1))
 
 
 def _torch_state() -> dict:
@@ -432,6 +465,7 @@ def pytest_runtest_protocol(item, nextitem):
     for m in (mode, watch):
         if m is not None:
             m.__enter__()
+    _send({"kind": "start", "nodeid": item.nodeid})  # should the process die in it: said where
     yield
     if mode is not None and torch._C._len_torch_dispatch_stack() == State.torch["dispatch modes"] + 1:
         mode.__exit__(None, None, None)  # else a mode was left on: _restore pops it, and says so

@@ -1,11 +1,12 @@
 """The wall at the operating system: how the child that runs student code is shut in.
 
 Three levels (docs/grading.md says which machine gets which; every output names it):
-``namespaces``, its own PID, mount and network namespaces (``unshare``), whose first process (this
-module run as a script) seals the mounts read-only but the scratch folder, hides the solutions
-and brings up loopback, the tests running as the dedicated user (as root) or with every
-capability dropped (in a user namespace); ``user``, root where namespaces are refused: the
-dedicated user, whose processes are killed after (:meth:`Isolation.sweep`); ``none``.
+``namespaces``, its own PID, mount, network, IPC and UTS namespaces (``unshare``), whose first
+process (this module run as a script) seals the mounts read-only but the scratch folder, hides
+the course's own folders (the solutions, their git history) and brings up loopback, the tests
+running as the dedicated user (as root) or with every capability dropped (in a user namespace);
+``user``, root where namespaces are refused: the dedicated user, whose processes are killed after
+(:meth:`Isolation.sweep`); ``none``.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class Isolation:
 
     def wrap(self, command: list[str], scratch: Path, hide: tuple = ()) -> list[str]:
         """``command`` run behind this wall, with ``scratch`` its one writable folder; under
-        namespaces the folders ``hide`` (the instructor's solutions) are empty."""
+        namespaces the folders ``hide`` (the course's own: the solutions, .git) are empty."""
         uid = self.uid
         if self.level == "none":
             return command
@@ -67,9 +68,9 @@ class Isolation:
         if self.level == "user":
             return [*drop, "--", *command]
         return ["unshare", *([] if os.geteuid() == 0 else ["--user", "--map-root-user"]), "--pid",
-                "--fork", "--kill-child", "--mount", "--net", "--mount-proc", sys.executable, "-I",
-                "-S", __file__, str(scratch), *map(str, hide), "--", *drop, "--bounding-set=-all",
-                "--inh-caps=-all", "--", *command]
+                "--fork", "--kill-child", "--mount", "--net", "--ipc", "--uts", "--mount-proc",
+                sys.executable, "-I", "-S", __file__, str(scratch), *map(str, hide), "--", *drop,
+                "--bounding-set=-all", "--inh-caps=-all", "--", *command]
 
     def sweep(self) -> None:
         """Kill every process left of the dedicated user (level ``user``; under ``namespaces``

@@ -75,6 +75,20 @@ def copy_course(root: Path, dest: Path) -> None:
         os.chmod(dirpath, 0o755)
 
 
+def hidden(course: Path, base: Path) -> tuple[Path, ...]:
+    """What the child must not see of the course it was copied from (it runs on the copy in
+    ``base``): every folder at the course's top (solutions/; .git, their history; _build/, the
+    chapters' outputs; caches) but one holding the copy or this Python (a virtual environment),
+    and the course's git directory where it lies elsewhere (a worktree's)."""
+    course = course.resolve()
+    git = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                         cwd=course, capture_output=True, text=True) if shutil.which("git") else None
+    found = [Path(git.stdout.strip())] if git and git.returncode == 0 else []
+    keep = [Path(p).resolve() for p in (base, sys.prefix, sys.base_prefix, sys.executable)]
+    found += [p.resolve() for p in course.iterdir() if p.is_dir()]
+    return tuple(sorted({p for p in found if not any(k == p or p in k.parents for k in keep)}))
+
+
 def exercise_modules(course: Path) -> dict[str, tuple[str, ...]]:
     """{"labkit/lab5/flash_attention.py": ("5.6",), ...}: the pristine modules with stubs."""
     found = {p.relative_to(course / "src").as_posix(): extract.exercise_ids(p.read_text())
@@ -93,7 +107,7 @@ class Prepared:
     flags: dict = field(default_factory=dict)       # exercise -> [its flags, as text]
     zeroed: dict = field(default_factory=dict)      # exercise -> [the flags that zeroed it]
     tripwires: dict = field(default_factory=dict)   # nodeid -> exercise
-    hide: tuple = ()                 # what the child must not see: the course's solutions/
+    hide: tuple = ()                 # what the child must not see: :func:`hidden`
 
 
 def collect(workspace: Path, labs: list[str] | None = None) -> dict:
@@ -180,6 +194,10 @@ def run_child(prep: Prepared, files: list[str], exercises: list[str], tmp: Path,
     """Run one child on ``files`` for ``exercises`` behind ``wall``; return the lines of its
     result pipe and a note (its output's tail when it did not finish)."""
     read_fd, write_fd = os.pipe()
+    try:  # mode 0: no reopening it by a path (/proc/self/fd/N), from C code too, without the
+        os.fchmod(write_fd, 0)  # capability to pass over a file's mode (the child's, walled)
+    except OSError:  # (a system with no mode on pipes: nothing walls the child there anyway)
+        pass
     env = _base_env(prep.workspace, tmp)
     env["LABKIT_GRADE_SPEC"] = json.dumps({"fd": write_fd, "scratch": str(tmp),
                                            "course": str(prep.workspace), "student": prep.student})
@@ -227,8 +245,13 @@ def run_child(prep: Prepared, files: list[str], exercises: list[str], tmp: Path,
 
 
 def read_records(lines: list[str], expected: set[str], tripwires: set[str]) -> tuple[dict, str]:
-    """The records of one child's pipe and, if the run must be voided, why (else "")."""
-    records, done = {}, False
+    """The records of one child's pipe and, if the run must be voided, why (else "").
+
+    The child says when a test starts, then sends its record, one test after the other. One that
+    ended without "done" (a crash, the time limit: honest code too) keeps the records of the
+    tests it finished, no less its own for coming before the end; the test it was running gets
+    a record that says so ("died"), and the tests after it none."""
+    records, done, running = {}, False, None
     for i, line in enumerate(lines):
         try:
             rec = json.loads(line)
@@ -241,15 +264,21 @@ def read_records(lines: list[str], expected: set[str], tripwires: set[str]) -> t
             return {}, "records came after the test run said it was done"
         if kind == "done":
             done = True
-        elif kind == "test":
+        elif kind in ("start", "test"):
             nodeid = rec.get("nodeid")
             if nodeid not in expected and nodeid not in tripwires:
                 return {}, f"a record for a test the grader did not ask for ({str(nodeid)[:120]})"
             if nodeid in records:
                 return {}, f"two records for one test ({nodeid})"
+            if running != (None if kind == "start" else nodeid):
+                return {}, f"a record out of the order the tests ran in ({nodeid})"
             if rec.get("tamper"):
                 return {}, "; ".join(map(str, rec["tamper"]))
-            records[nodeid] = rec
+            if kind == "test":
+                records[nodeid] = rec
+            running = nodeid if kind == "start" else None
+    if running and not done:
+        records[running] = {"nodeid": running, "outcome": "failed", "died": True}
     for nodeid in sorted(tripwires):
         rec = records.pop(nodeid, None)
         if (rec is None and done) or (rec is not None and rec.get("outcome") != "failed"):
@@ -303,9 +332,10 @@ def _decide(test: dict, record: dict | None, note: str, zeroed: list | None, voi
             " | ".join(zeroed)[:1500]
     elif void:
         out["message"] = f"void: {void}"
-    elif record is None:
-        out["message"] = ("no result came back for this test: " + (
-            note.strip() or "the test process ended early or was killed"))[:1500]
+    elif record is None or record.get("died"):
+        out["message"] = (("the test process died while this test ran (the tests after it did "
+                           "not run): " if record else "no result came back for this test: ") +
+                          (note.strip() or "the test process ended early or was killed"))[:1500]
     else:
         outcome = record.get("outcome")
         if outcome in LEFT_OUT and outcome not in test.get("may_skip", ()):
@@ -339,7 +369,7 @@ def grade_submission(submission: Path, *, course: Path | None = None,
         sub_root = unpack(Path(submission), base / "submission")
         labkit_dir = find_labkit(sub_root)
         prep = prepare(labkit_dir, workspace, tests)
-        prep.hide = tuple(p for p in [course.resolve() / "solutions"] if p.is_dir())
+        prep.hide = hidden(course, base)
         results = grade_prepared(prep, exercises, jobs, timeout, wall)
         table = _table(results)
         table["known_exercises"] = sorted({t["exercise"] for t in tests.values()}, key=exercise_key)
