@@ -293,14 +293,16 @@ def test_the_grader_stays_small():
     cannot name; counted __bool__, apply_ and map_ out of torch; a shortcut of exercise X goes to
     X only: 2,964 lines, 192 names, 49 patterns. rt15c (25 attempts: the wall, the verdict,
     extraction) had extraction cut lines where Python's tokenizer does and check that each piece
-    taken parses back to the node read, and drop what rebinds a course name by a `:=` that runs
-    where it is defined: 3,001 lines. Lines of src/labkit/grade; names written in the flags'
-    lists; the shortcut table's distinct patterns (the measuring contexts too), counted apart."""
+    taken parses back to the node read, drop what rebinds a course name by a `:=` that runs where
+    it is defined, read `if TYPE_CHECKING:` bodies unless the name is typing's alone, and made
+    `global` of any name of the course's module patching: 3,018 lines. Lines of src/labkit/grade;
+    names written in the flags' lists; the shortcut table's distinct patterns (the measuring
+    contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 3001, sizes
+    assert sum(sizes.values()) <= 3018, sizes
     assert entries <= 192 and patterns <= 49, (entries, patterns)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit.grade import shortcuts
-from labkit.grade.extract import BUILTIN_NAMES, DEFS, bound_names
+from labkit.grade.extract import BUILTIN_NAMES, DEFS, bound_names, scope
 
 FLAGS = {  # flag: (zeroes the exercise, what it means)
     "module": (True, "uses a module or a function no exercise here needs, or a module as a value "
@@ -398,6 +398,7 @@ class _Reader(ast.NodeVisitor):
         self.own_methods: set[str] = set()  # the names of the exercise's methods and added ones
         self.lying: set[str] = set()  # the student's classes of a value type, and their bases
         self.root = ast.Module([], [])  # the unit's node
+        self.defined: set[str] = set()  # the names the course's module binds
 
     def visit(self, node):
         """Read ``node``; inside a branch (a test, a loop, a ``try``) a name bound again may not be
@@ -887,7 +888,7 @@ class _Reader(ast.NodeVisitor):
                                   node.args.defaults), *zip(node.args.kwonlyargs,
                                                             node.args.kw_defaults)]:
             self._bind(ast.Name(arg.arg), default)  # def f(M=torch.nn.Module): M is foreign
-        own = _scope(node.body)  # a name the function binds is its own throughout (Python's
+        own = scope(node.body)  # a name the function binds is its own throughout (Python's
         comprehended = {id(n) for c in own if isinstance(c, ast.comprehension)  # rule), but
                         for n in ast.walk(c.target)}  # a comprehension's loop names
         bound = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)} | {
@@ -913,8 +914,9 @@ class _Reader(ast.NodeVisitor):
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_If(self, node):
-        """``if TYPE_CHECKING:`` (typing's): its body never runs (nor do :func:`aliases` read it)."""
-        if self.chain(node.test) == ("module", ["typing", "TYPE_CHECKING"]):
+        """``if TYPE_CHECKING:`` proved ``dead`` (:func:`_mark_dead`): its body never runs (nor
+        do :func:`aliases` read it)."""
+        if getattr(node, "dead", False):
             return [self.visit(n) for n in (node.test, *node.orelse)]
         self.generic_visit(node)
 
@@ -928,7 +930,8 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Global(self, node):
         self.globals |= set(node.names)
-        for name in sorted(set(node.names) & self.course):
+        for name in sorted(set(node.names) & (self.course | (
+                self.defined if isinstance(node, ast.Global) else set()))):
             self.flag(node, "patching", f"global {name}")
 
     visit_Nonlocal = visit_Global
@@ -1028,16 +1031,28 @@ def _absolute(node: ast.ImportFrom, path: str) -> str:
     return ".".join(p for p in [*base, node.module] if p)
 
 
-def _scope(nodes) -> list:
-    """The nodes of one scope: not those inside its functions, lambdas and classes."""
-    out, todo = [], list(nodes)
-    while todo:
-        out.append(todo.pop())
-        if isinstance(out[-1], ast.If) and (_path(out[-1].test) or "").endswith("TYPE_CHECKING"):
-            todo += [out[-1].test, *out[-1].orelse]  # (its body: see _Reader.visit_If)
-        elif not isinstance(out[-1], (*DEFS, ast.Lambda)):
-            todo += ast.iter_child_nodes(out[-1])
-    return out
+def _mark_dead(nodes) -> None:
+    """Mark ``dead`` each ``if TYPE_CHECKING:`` (``if typing.TYPE_CHECKING:``) whose body never
+    runs: the name it tests is bound in ``nodes`` (the taken code, the course's module) by
+    typing's import of it only, and no namespace is written by computed names (``globals()``).
+    Any other ``if`` is read, body and all: ``TYPE_CHECKING = True`` may stand anywhere."""
+    walked = [n for node in nodes for n in ast.walk(node)]
+    if any(isinstance(n, ast.Name) and n.id in ("globals", "vars", "locals") for n in walked):
+        return
+    binds = collections.defaultdict(set)  # name -> what binds it: an import's path, or None
+    for n in walked:
+        for a in n.names if isinstance(n, (ast.Import, ast.ImportFrom)) else []:
+            binds[a.asname or a.name.split(".")[0]].add(f"{n.module}.{a.name}" if isinstance(
+                n, ast.ImportFrom) and not n.level else a.name)
+        if not isinstance(n, ast.alias) and not isinstance(getattr(n, "ctx", None), ast.Load):
+            binds[getattr(n, "id", None) or getattr(n, "arg", None) or getattr(n, "name", None)
+                  or getattr(n, "rest", None)].add(None)  # a name, argument, def, except, case
+    for n in walked:
+        test = n.test if isinstance(n, ast.If) else None
+        if isinstance(test, ast.Name):
+            n.dead = binds.get(test.id) == {"typing.TYPE_CHECKING"}
+        elif isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name):
+            n.dead = test.attr == "TYPE_CHECKING" and binds.get(test.value.id) == {"typing"}
 
 
 def aliases(nodes, path: str) -> dict[str, str]:
@@ -1045,7 +1060,7 @@ def aliases(nodes, path: str) -> dict[str, str]:
     function's; ``from m import *`` as the names ``m`` really exports), ``path`` the module's
     ("labkit/lab1/accounting.py")."""
     out = {}
-    for node in _scope(nodes):
+    for node in scope(nodes):
         for a in getattr(node, "names", []) if isinstance(node, ast.Import) else []:
             top = a.name.split(".")[0]
             out[a.asname or top] = a.name if a.asname else top
@@ -1091,9 +1106,11 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
     other added definitions); those of one that no exercise uses, to every exercise of the
     module (it may run at import)."""
     p_tree = ast.parse(pristine)
+    _mark_dead([*(node for _, node, _ in merged.taken), *p_tree.body])
     names = aliases(ast.parse(merged.source).body, merged.path)
     course = {n.name for n in p_tree.body if isinstance(n, DEFS) and n.name not in merged.units} \
         | set(aliases(p_tree.body, merged.path))  # (an exercise function is the student's own)
+    defined = set().union(*map(bound_names, p_tree.body))  # (global X: any of these)
     found, uses, binds = {}, {}, {}
     texts = {n for label, node, _ in merged.taken if label.startswith("the constant ")
              and not (isinstance(node.value, ast.Constant) and not isinstance(node.value.value, str))
@@ -1122,7 +1139,7 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
             reader.literal_loops, reader.own_classes = _literal_names(node), set(classes) - course
             reader.root = node
             reader.fields, reader.plain, reader.constants = fields, plain, constants
-            reader.own_methods, reader.lying = methods, lying
+            reader.own_methods, reader.lying, reader.defined = methods, lying, defined
             if unit.endswith("(a class constant)"):
                 reader.class_level(node, unit.split(".")[0])
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or \
