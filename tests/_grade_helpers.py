@@ -71,7 +71,9 @@ def load_cheat(path: Path) -> dict:
       the code does is stopped at run time, by a test of test_grade_cheats.py that names the file;
     * ``run``: nothing to read; stopped at run time (``needle``: what the report then says), by a
       test that names the file;
-    * ``dropped``: extraction leaves it out; ``fair``: honest work, taken whole, no flag."""
+    * ``dropped``: extraction leaves it out (``absent``: a text of the code, its last line if
+      not given, that must not be in the merged module); ``fair``: honest work, taken whole, no
+      flag."""
     head, _, code = path.read_text().partition("\n---\n")
     out, key = {"code": code}, None
     for line in head.splitlines():

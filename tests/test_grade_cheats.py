@@ -10,6 +10,8 @@ tested in test_grade_isolation.py.
 """
 from __future__ import annotations
 
+import ast
+
 import pytest
 
 from _grade_helpers import (CHEATS, ROOT, apply_cheat, cheat_files, load_cheat, module,
@@ -32,7 +34,8 @@ def test_each_cheat_of_the_corpus_is_zeroed_flagged_or_dropped(tmp_path, path):
     zeroes the exercises named (they are graded as stubs); ``flag``: a flag for review on them
     (the instructor sees it; some are also stopped at run time below); ``run``: nothing to read,
     stopped at run time by a test here that names the file; ``dropped``: left out by
-    extraction; ``fair``: taken whole, no flag."""
+    extraction (its ``absent`` text, else its last line, is not in the module); ``fair``: taken
+    whole, no flag."""
     cheat = load_cheat(path)
     rel = f"labkit/{cheat['module']}"
     pristine = (ROOT / "src" / rel).read_text()
@@ -46,9 +49,12 @@ def test_each_cheat_of_the_corpus_is_zeroed_flagged_or_dropped(tmp_path, path):
         assert not any(f.zeroes for fs in found.values() for f in fs), text
     if kind == "fair":
         assert not any(found.values()) and not merged.dropped, (text, merged.dropped)
+        placed = extract.units(ast.parse(merged.source))  # each unit as it was read, no line less
+        assert all(ast.dump(placed[u].node) == ast.dump(node) for u, node, _ in merged.taken
+                   if u in merged.units), path.stem
     elif kind == "dropped":
         assert cheat["needle"] in " ".join(map(str, merged.dropped)), merged.dropped
-        assert cheat["code"].strip().splitlines()[-1] not in merged.source
+        assert cheat.get("absent", cheat["code"].strip().splitlines()[-1]) not in merged.source
     elif kind in ("zero", "flag"):
         for ex in exercises:
             hits = [f for f in found.get(ex, []) if f.name == cheat["needle"]]

@@ -10,7 +10,10 @@ a name that is computed cannot be read: that is the ``dynamic names`` flag.
 from __future__ import annotations
 
 import ast
+import builtins
 import collections
+import decimal
+import fractions
 import functools
 import importlib
 import operator
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit.grade import shortcuts
-from labkit.grade.extract import BUILTIN_NAMES, DEFS, bound_names
+from labkit.grade.extract import BUILTIN_NAMES, DEFS, bound_names, scope
 
 ANSWER_NUMBERS = 4  # specific numbers in one unit that make a table of answers (GELU's has 1)
 FLAGS = {  # flag: (zeroes the exercise, what it means)
@@ -128,15 +131,15 @@ TYPE_MAKERS = ("enum.Enum", "collections.namedtuple", "typing.NamedTuple", "typi
 """What makes a class from its arguments (a module's constant made by one is no text)."""
 NAMEDTUPLE = set(dir(collections.namedtuple("T", ""))) - set(dir(tuple))  # _replace, _asdict..
 VALUE_TYPES = ("Tensor", "Parameter", "ndarray", "int", "float", "bool", "str")
-COMPARED = (*VALUE_TYPES, "complex", "bytes", "list", "tuple", "dict", "set", "frozenset", "Size",
-            "Fraction", "Decimal", "deque", "OrderedDict", "defaultdict", "Counter", "UserList",
-            "UserDict", "UserString")
-"""What tests compare or convert: a subclass (of ``list``, ``torch.Size``...) whose own
-comparison, conversion or attribute lookup (:data:`ANSWERS`) answers a test's check is a false
-value (a value type's subclass may define no special method beyond :data:`DUNDERS_OK`)."""
+COMPARED = {*VALUE_TYPES, torch.Size.__name__} | {
+    c.__name__ for m in (builtins, collections, fractions, decimal) for c in vars(m).values()
+    if isinstance(c, type) and c.__eq__ is not object.__eq__ and not issubclass(c, BaseException)}
+"""What tests compare or convert (``list``, ``complex``, ``deque``, ``Fraction``, ``torch.Size``...):
+a subclass whose own comparison or conversion (:data:`ANSWERS`) answers a test's check is a
+false value (a value type's subclass may define no special method beyond :data:`DUNDERS_OK`)."""
 ANSWERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__bool__",
            "__len__", "__contains__", "__int__", "__float__", "__index__", "__complex__", "__abs__",
-           "__round__", "__getattribute__", "__getattr__", "__array__")
+           "__round__", "__array__")
 LABEL = re.compile(r"[\w.]+ \([\w ,]*\)")
 STORAGE_METADATA = ("nbytes", "data_ptr", "resize_", "size", "element_size", "device", "is_pinned")
 """What a tensor's storage says without its data (``untyped_storage().nbytes()``)."""
@@ -424,6 +427,7 @@ class _Reader(ast.NodeVisitor):
         self.numbers = 0  # specific numbers written in the unit (_specific)
         self.compared: set[str] = set()  # ... of a type tests compare (COMPARED), and their bases
         self.root = ast.Module([], [])  # the unit's node
+        self.defined: set[str] = set()  # the names the course's module binds
 
     def visit(self, node):
         """Read ``node``; inside a branch (a test, a loop, a ``try``) a name bound again may not be
@@ -916,7 +920,7 @@ class _Reader(ast.NodeVisitor):
                                   node.args.defaults), *zip(node.args.kwonlyargs,
                                                             node.args.kw_defaults)]:
             self._bind(ast.Name(arg.arg), default)  # def f(M=torch.nn.Module): M is foreign
-        own = _scope(node.body)  # a name the function binds is its own throughout (Python's
+        own = scope(node.body)  # a name the function binds is its own throughout (Python's
         comprehended = {id(n) for c in own if isinstance(c, ast.comprehension)  # rule), but
                         for n in ast.walk(c.target)}  # a comprehension's loop names
         bound = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)} | {
@@ -942,8 +946,9 @@ class _Reader(ast.NodeVisitor):
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_If(self, node):
-        """``if TYPE_CHECKING:`` (typing's): its body never runs (nor do :func:`aliases` read it)."""
-        if self.chain(node.test) == ("module", ["typing", "TYPE_CHECKING"]):
+        """``if TYPE_CHECKING:`` proved ``dead`` (:func:`_mark_dead`): its body never runs (nor
+        do :func:`aliases` read it)."""
+        if getattr(node, "dead", False):
             return [self.visit(n) for n in (node.test, *node.orelse)]
         self.generic_visit(node)
 
@@ -957,7 +962,8 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Global(self, node):
         self.globals |= set(node.names)
-        for name in sorted(set(node.names) & self.course):
+        for name in sorted(set(node.names) & (self.course | (
+                self.defined if isinstance(node, ast.Global) else set()))):
             self.flag(node, "patching", f"global {name}")
 
     visit_Nonlocal = visit_Global
@@ -1058,16 +1064,28 @@ def _absolute(node: ast.ImportFrom, path: str) -> str:
     return ".".join(p for p in [*base, node.module] if p)
 
 
-def _scope(nodes) -> list:
-    """The nodes of one scope: not those inside its functions, lambdas and classes."""
-    out, todo = [], list(nodes)
-    while todo:
-        out.append(todo.pop())
-        if isinstance(out[-1], ast.If) and (_path(out[-1].test) or "").endswith("TYPE_CHECKING"):
-            todo += [out[-1].test, *out[-1].orelse]  # (its body: see _Reader.visit_If)
-        elif not isinstance(out[-1], (*DEFS, ast.Lambda)):
-            todo += ast.iter_child_nodes(out[-1])
-    return out
+def _mark_dead(nodes) -> None:
+    """Mark ``dead`` each ``if TYPE_CHECKING:`` (``if typing.TYPE_CHECKING:``) whose body never
+    runs: the name it tests is bound in ``nodes`` (the taken code, the course's module) by
+    typing's import of it only, and no namespace is written by computed names (``globals()``).
+    Any other ``if`` is read, body and all: ``TYPE_CHECKING = True`` may stand anywhere."""
+    walked = [n for node in nodes for n in ast.walk(node)]
+    if any(isinstance(n, ast.Name) and n.id in ("globals", "vars", "locals") for n in walked):
+        return
+    binds = collections.defaultdict(set)  # name -> what binds it: an import's path, or None
+    for n in walked:
+        for a in n.names if isinstance(n, (ast.Import, ast.ImportFrom)) else []:
+            binds[a.asname or a.name.split(".")[0]].add(f"{n.module}.{a.name}" if isinstance(
+                n, ast.ImportFrom) and not n.level else a.name)
+        if not isinstance(n, ast.alias) and not isinstance(getattr(n, "ctx", None), ast.Load):
+            binds[getattr(n, "id", None) or getattr(n, "arg", None) or getattr(n, "name", None)
+                  or getattr(n, "rest", None)].add(None)  # a name, argument, def, except, case
+    for n in walked:
+        test = n.test if isinstance(n, ast.If) else None
+        if isinstance(test, ast.Name):
+            n.dead = binds.get(test.id) == {"typing.TYPE_CHECKING"}
+        elif isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name):
+            n.dead = test.attr == "TYPE_CHECKING" and binds.get(test.value.id) == {"typing"}
 
 
 def aliases(nodes, path: str) -> dict[str, str]:
@@ -1075,7 +1093,7 @@ def aliases(nodes, path: str) -> dict[str, str]:
     function's; ``from m import *`` as the names ``m`` really exports), ``path`` the module's
     ("labkit/lab1/accounting.py")."""
     out = {}
-    for node in _scope(nodes):
+    for node in scope(nodes):
         for a in getattr(node, "names", []) if isinstance(node, ast.Import) else []:
             top = a.name.split(".")[0]
             out[a.asname or top] = a.name if a.asname else top
@@ -1121,9 +1139,11 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
     other added definitions); those of one that no exercise uses, to every exercise of the
     module (it may run at import)."""
     p_tree = ast.parse(pristine)
+    _mark_dead([*(node for _, node, _ in merged.taken), *p_tree.body])
     names = aliases(ast.parse(merged.source).body, merged.path)
     course = {n.name for n in p_tree.body if isinstance(n, DEFS) and n.name not in merged.units} \
         | set(aliases(p_tree.body, merged.path))  # (an exercise function is the student's own)
+    defined = set().union(*map(bound_names, p_tree.body))  # (global X: any of these)
     found, uses, binds = {}, {}, {}
     texts = {n for label, node, _ in merged.taken if label.startswith("the constant ")
              and not (isinstance(node.value, ast.Constant) and not isinstance(node.value.value, str))
@@ -1155,6 +1175,7 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
             reader.root = node
             reader.fields, reader.plain, reader.constants = fields, plain, constants
             reader.own_methods, reader.lying, reader.compared = methods, lying, compared
+            reader.defined = defined
             if unit.endswith("(a class constant)"):
                 reader.class_level(node, unit.split(".")[0])
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or \
