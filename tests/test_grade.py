@@ -299,16 +299,17 @@ def test_the_grader_stays_small():
     make `global` of any name of the course's module patching; the verdict take a start line per
     test, the order of records and where a child died, refuse the pipe to every open, hide the
     course's folders, count print's summary as printed; rt15a/b (value-type subclasses of
-    compared types, an answers flag, os.environ.get and pprint allowed): 3,121 lines, 212 names
-    (COMPARED and ANSWERS counted), 49 patterns. Lines of src/labkit/grade; names written in the
+    compared types, an answers flag, os.environ.get and pprint allowed), rt16a (torch.distributed.nn
+    a shortcut of 3.4, 5.7 and 5.8): 3,125 lines, 212 names (COMPARED and ANSWERS counted), 50
+    patterns. Lines of src/labkit/grade; names written in the
     flags' lists; the shortcut table's distinct patterns (the measuring contexts too), counted
     apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 3121, sizes
-    assert entries <= 212 and patterns <= 49, (entries, patterns)
+    assert sum(sizes.values()) <= 3125, sizes
+    assert entries <= 212 and patterns <= 50, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

@@ -476,8 +476,8 @@ class _Reader(ast.NodeVisitor):
         is defined too, ``torch.optim.adam._single_tensor_adam`` re-exported elsewhere)."""
         real = [(o.__name__ if isinstance(o, types.ModuleType) else _defined_at(o) or "")
                 for o in _objects(names)] if module else []
-        inside = tuple(n for r in real if not r.startswith("labkit.") for n in r.split(".")
-                       if n not in names)  # (where it is defined, if not what is written)
+        inside = tuple(n for r in real if not r.startswith("labkit.") for n in (*r.split("."), r)
+                       if n not in names)  # (where it is defined, if not what is written; whole)
         for ex in self.exercises:
             hit = shortcuts.matching(ex, *names, *(n for r in real for n in r.split(".")),
                                      inside=inside)

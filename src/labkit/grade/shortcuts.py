@@ -19,6 +19,7 @@ SDPA = ("*scaled_dot_product*", "_flash_attention*", "_efficient_attention*", "*
 PIPELINING = "torch.distributed.pipelining", ("pipelining",)
 CHECKPOINT_SEQUENTIAL = "checkpoint_sequential", ("checkpoint_sequential",)
 COMM_HOOKS = "DDP's comm hooks (PowerSGD's too)", ("ddp_comm_hooks",)
+AUTOGRAD_COLLECTIVES = ("distributed.nn",)  # torch.distributed.nn's differentiable collectives
 LAB1 = ("memory_model", "cost_model", "allocation_trace", "measure")  # the course's models and
 # measurements, which compute lab 1's answers
 
@@ -37,7 +38,8 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its referen
     "2.7": ("torch's Adam", ADAM),
     "3.1": ("GradScaler and its scale-update kernel", ("*[Gg]rad*[Ss]caler", "_amp_update_scale*")),
     "3.2": ("torch's Adam", ADAM[:2]),
-    "3.4": ("torch.distributed.tensor.parallel", ("parallelize_module", "*wiseParallel")),
+    "3.4": ("torch.distributed.tensor.parallel", ("parallelize_module", "*wiseParallel",
+                                                  *AUTOGRAD_COLLECTIVES)),
     "3.5": PIPELINING, "3.6": PIPELINING, "3.8": PIPELINING,
     "3.7": ("FSDP2's fully_shard and torch's Adam", (*ZERO[1:], *ADAM)),
     "4.2": ("DistributedDataParallel", ("DistributedDataParallel", "ddp_comm_hooks")),
@@ -46,8 +48,8 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its referen
     "5.1": CHECKPOINT_SEQUENTIAL, "5.2": CHECKPOINT_SEQUENTIAL, "5.3": CHECKPOINT_SEQUENTIAL,
     "5.5": ("save_on_cpu", ("save_on_cpu",)),
     "5.6": ("PyTorch's SDPA and flash attention kernels", SDPA),
-    "5.7": ("torch's context parallelism", ("context_parallel",)),
-    "5.8": ("SequenceParallel", ("parallelize_module", "SequenceParallel")),
+    "5.7": ("torch's context parallelism", ("context_parallel", *AUTOGRAD_COLLECTIVES)),
+    "5.8": ("SequenceParallel", ("parallelize_module", "SequenceParallel", *AUTOGRAD_COLLECTIVES)),
     "6.3": ("DeviceMesh and unravel_index", ("*[Dd]evice*[Mm]esh*", "*ravel*index")),
     "6.4": ("the course's memory models", ("cost_model", "static_bytes_per_gpu", "per_gpu_bytes",
                                             "activation_bytes_per_layer")),
@@ -75,10 +77,12 @@ optimizers stepped from their code are not refused at run time (their names stil
 def matching(exercise: str, *names: str, inside: tuple = ()) -> str | None:
     """The first of ``names`` that a pattern of ``exercise`` matches, or None; a name of
     ``inside`` (where a library's object is defined: ``torch.optim.sparse_adam``) may match
-    anywhere in it (``SparseAdam``, ``_FunctionalAdam`` are torch's Adam too)."""
+    anywhere in it (``SparseAdam``, ``_FunctionalAdam`` are torch's Adam too), and a dotted
+    pattern anywhere in the whole path of ``inside`` (``torch.distributed.nn.functional``)."""
     patterns = REBUILDS.get(exercise, ("", ()))[1] + MEASURING * (exercise not in BUILD_MEASURING)
     return next((n for n in (*names, *inside) if any(fnmatch.fnmatchcase(
-        n, f"*{p}*" if n in inside else p) for p in patterns)), None)
+        n, f"*{p}*" if n in inside else p) for p in patterns
+        if n not in inside or ("." in n) == ("." in p))), None)  # a dotted pattern: a whole path
 
 
 def reason(exercise: str, name: str) -> str:
