@@ -11,6 +11,7 @@ tested in test_grade_isolation.py.
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 
@@ -516,7 +517,7 @@ _CE_SAVED = "tests/test_lab5_chunked_cross_entropy.py::test_backward_keeps_no_lo
 _ADAM8 = "tests/test_lab2_adam8bit.py::"
 
 
-@pytest.mark.parametrize("cheat, test, needle", [
+CHEAT_RUNS = [  # (cheat, the test that catches it, a phrase of its failure)
     ("rt11a_inputs_zeroed_before_the_reference",
      _FLASH + "test_flash_forward_matches_sdpa", "flash_attention_forward changed q in place"),
     ("rt11a_memo_replays_the_baseline_call",
@@ -554,8 +555,41 @@ _ADAM8 = "tests/test_lab2_adam8bit.py::"
      "test_lomo_peak_gradient_bytes_is_the_largest_gradient", "cloned, stacked"),
     # rt15a: a 0-d bf16 tensor compares with the exact count in bf16
     ("rt15a_korthikanti_bf16_tensor_answer", "tests/test_lab1_accounting.py::"
-     "test_korthikanti_equals_the_published_formula", "return the exact count as a Python int")])
-def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, cheat, test, needle):
+     "test_korthikanti_equals_the_published_formula", "return the exact count as a Python int"),
+]
+
+
+def _shared_runs(runs: list) -> list[list]:
+    """The runs in as few pytest processes as can share them (each process costs seconds of
+    make test's budget): a copy of the solutions takes one cheat per module, so that no cheat
+    meets another's effects (the same cheat may serve several tests)."""
+    groups: list[tuple[dict, list]] = []
+    for run in runs:
+        module = load_cheat(CHEATS / f"{run[0]}.txt")["module"]
+        group = next((g for g in groups if g[0].get(module, run[0]) == run[0]), None)
+        if group is None:
+            groups.append(group := ({}, []))
+        group[0][module] = run[0]
+        group[1].append(run)
+    return [runs for _, runs in groups]
+
+
+def _failures(junit: Path) -> dict[str, str]:
+    """{node id: its failure's or error's text} of a pytest JUnit XML report."""
+    import xml.etree.ElementTree as ET
+
+    out = {}
+    for case in ET.parse(junit).iter("testcase"):
+        nodeid = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        out[nodeid] = " ".join(f"{e.get('message', '')} {e.text or ''}" for e in case
+                               if e.tag in ("failure", "error"))
+    return out
+
+
+@pytest.mark.parametrize("runs", _shared_runs(CHEAT_RUNS),
+                         ids=lambda runs: "+".join(dict.fromkeys(c.split("_", 1)[1][:24]
+                                                                  for c, _, _ in runs)))
+def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, runs):
     """5.6's forward zeroing the test's q and v in place and returning attention of zeros (8/22
     when the reference was computed after the call, from the same tensors); 4.1 answering the
     measured k = 4 call from a memo of the test's own k = 1 run (full marks when k = 1 ran
@@ -570,17 +604,23 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, chea
     (compared in bf16). The tests now check that what they gave student code is as given
     (tests/_given.py), count ctx attributes and all the optimizer holds, count NaN as a
     mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
-    pytest), the test fails, saying why."""
+    pytest, the cheats of other modules beside it), the test fails, saying why."""
     import os
     import shutil
     import subprocess
     import sys
 
     shutil.copytree(ROOT / "solutions" / "labkit", tmp_path / "labkit")
-    apply_cheat(tmp_path / "labkit", cheat)
-    if (CHEATS / f"{cheat}_table.txt").exists():  # (a constant the cheat needs)
-        apply_cheat(tmp_path / "labkit", f"{cheat}_table")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+    for cheat in dict.fromkeys(c for c, _, _ in runs):
+        apply_cheat(tmp_path / "labkit", cheat)
+        if (CHEATS / f"{cheat}_table.txt").exists():  # (a constant the cheat needs)
+            apply_cheat(tmp_path / "labkit", f"{cheat}_table")
+    junit = tmp_path / "report.xml"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"--junitxml={junit}", *dict.fromkeys(t for _, t, _ in runs)],
                           cwd=ROOT, env={**os.environ, "LABKIT_SOLUTIONS": str(tmp_path)},
                           capture_output=True, text=True, timeout=600)
-    assert done.returncode == 1 and needle in done.stdout, done.stdout[-2000:]
+    failures = _failures(junit) if junit.exists() else {}
+    for cheat, test, needle in runs:  # (a parametrized test: any of its cases)
+        text = " ".join(v for k, v in failures.items() if k == test or k.startswith(f"{test}["))
+        assert needle in text, (cheat, test, text[-1500:] or "(no failure)", done.stdout[-1500:])
