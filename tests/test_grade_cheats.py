@@ -556,6 +556,11 @@ CHEAT_RUNS = [  # (cheat, the test that catches it, a phrase of its failure)
     # rt15a: a 0-d bf16 tensor compares with the exact count in bf16
     ("rt15a_korthikanti_bf16_tensor_answer", "tests/test_lab1_accounting.py::"
      "test_korthikanti_equals_the_published_formula", "return the exact count as a Python int"),
+    # rt16a: 5.6 as strips of query rows against all keys; 5.7's work paid by a dummy call
+    ("rt16a_flash_query_rows_without_online_softmax_fwd", _FLASH_FLOPS, "more than one"),
+    ("rt16a_flash_query_rows_without_online_softmax_bwd", _FLASH_FLOPS, "more than one"),
+    ("rt16a_ring_work_counter_paid_by_a_dummy_call", "tests/test_lab5_ring_attention.py::"
+     "test_zigzag_ring_work_is_equal_on_every_rank", "at the dispatcher"),
 ]
 
 
@@ -601,7 +606,10 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, runs
     test's reference (a finalizer took them off later; its constants:
     rt14a_offload_wrong_unpack_hooks_left_for_reference_table). rt15a: 2.4 cloning each
     gradient into a list and applying them all at the last hook; 1.4 answering with a bf16 tensor
-    (compared in bf16). The tests now check that what they gave student code is as given
+    (compared in bf16). rt16a: 5.6's forward or backward as strips of query rows against all
+    keys (no key tiles, no online softmax); 5.7 computing every block whole and masked, paying
+    count_attention_work with a dummy call (the tiles' and the ranks' products are now seen at
+    the dispatcher). The tests now check that what they gave student code is as given
     (tests/_given.py), count ctx attributes and all the optimizer holds, count NaN as a
     mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
     pytest, the cheats of other modules beside it), the test fails, saying why."""

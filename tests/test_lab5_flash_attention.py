@@ -314,49 +314,95 @@ def _tile_flops(s, d, bh, bq, bk, causal, matmuls):
 
 
 class _MatmulFlops(torch.utils._python_dispatch.TorchDispatchMode):
-    """FLOPs of every matrix product run inside, in-place ones included (2·m·n·k a product).
+    """FLOPs of every matrix product run inside, in-place ones included (2·m·n·k a product), and
+    the largest results: of a product (entries of one of its (m × n) matrices, and in all) and
+    of any operator (elements).
 
     ``FlopCounterMode`` does not count in-place ``baddbmm_``/``addmm_``, which a tiled kernel
-    accumulates with, so this counts from the operands' shapes itself."""
+    accumulates with, so this counts from the operands' shapes itself. A fused attention kernel
+    (SDPA's, not a tile's) is a product too: its implied scores, Sq × Sk per (batch, head)."""
 
     OPS = {"mm": 0, "bmm": 0, "addmm": 1, "addmm_": 1, "baddbmm": 1, "baddbmm_": 1}
 
     def __init__(self):
         super().__init__()
         self.flops = 0
+        self.matrix = self.product = self.tensor = (0, None)  # (entries, which operator)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        first = self.OPS.get(func.overloadpacket.__name__)
+        name = func.overloadpacket.__name__
+        first = self.OPS.get(name)
         if first is not None:
             a, b = args[first], args[first + 1]
             self.flops += 2 * math.prod(a.shape) * b.shape[-1]
-        return func(*args, **(kwargs or {}))
+            m, n = a.shape[-2], b.shape[-1]
+            self._largest("matrix", m * n, f"{func} ({m} × {n})")
+            self._largest("product", math.prod(a.shape[:-1]) * n, str(func))
+        elif name.startswith(("_scaled_dot_product", "_flash_attention", "_efficient_attention")):
+            q, k = args[0], args[1]
+            self._largest("matrix", q.shape[-2] * k.shape[-2],
+                          f"{func} ({q.shape[-2]} × {k.shape[-2]} implied scores)")
+            self._largest("product", math.prod(q.shape[:-1]) * k.shape[-2], str(func))
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                self._largest("tensor", t.numel(), f"{func} {tuple(t.shape)}")
+        return out
+
+    def _largest(self, what, entries, op):
+        if entries > getattr(self, what)[0]:
+            setattr(self, what, (entries, op))
+
+
+def _check_one_tile_at_a_time(name, counter, s, d, bh, bq, bk):
+    """Each matrix product of a tiled pass makes one tile: a tile's scores (bq × bk), or its
+    contribution to O, dQ, dK or dV (bq × D or bk × D; D ≤ bq, bk here); in all at most
+    B·H·max(bq·bk, S) entries (S: a per-row quantity such as rowsum(dO∘O) done as a product).
+    No tensor exceeds 3·B·H·S·D elements (q, k and v stacked); scores against all S keys
+    would, for more than 3D query rows."""
+    tile = bq * bk
+    got, op = counter.matrix
+    assert got <= tile, (
+        f"{name}: a matrix product made a {got:,}-entry result per (batch, head) ({op}), more "
+        f"than one {bq} × {bk} tile ({tile:,}) at S = {s}, D = {d}: scores of query rows against "
+        f"all keys (a strip) instead of one key tile at a time with the online softmax?")
+    got, op = counter.product
+    assert got <= bh * max(tile, s), (
+        f"{name}: a matrix product made {got:,} entries in all ({op}), more than one "
+        f"{bq} × {bk} tile per (batch, head) (B·H·max(bq·bk, S) = {bh * max(tile, s):,}): "
+        f"several tiles, or a strip of query rows against all keys, computed at once?")
+    got, op = counter.tensor
+    assert got <= 3 * bh * s * d, (
+        f"{name}: an operator made a tensor of {got:,} elements ({op}), more than q, k and v "
+        f"together (3·B·H·S·D = {3 * bh * s * d:,}): an (S × S) matrix (scores, a mask, dS) "
+        f"or query rows against all keys at once?")
 
 
 @pytest.mark.exercise("5.6", points=1)
 def test_causal_flash_skips_the_tiles_above_the_diagonal():
-    """Count the matmul FLOPs (in-place products too) of the causal forward and backward: at most those
-    of the tiles that touch the diagonal or lie below it (forward: QKᵀ and PV; backward: the
-    recomputed QKᵀ, dV, dP, dQ, dK), far below the non-causal count (S = 6 tiles of keys)."""
+    """Count the matmul FLOPs (in-place products too) of the causal forward and backward, and
+    the size of every product's result: one tile at a time, at most the FLOPs of the tiles that
+    touch the diagonal or lie below it (forward: QKᵀ and PV; backward: the recomputed QKᵀ, dV,
+    dP, dQ, dK), far below the non-causal count (S = 12 tiles of keys)."""
     from labkit.lab5.flash_attention import flash_attention_backward, flash_attention_forward
 
-    b, h, s, d, bq, bk = 1, 2, 96, 8, 16, 16
-    q, k, v, grad_out = (torch.randn(b, h, s, d) for _ in range(4))
-    with given("flash_attention_forward", q=q, k=k, v=v), _MatmulFlops() as counter:
+    b, h, s, d, bq, bk = 1, 2, 96, 8, 8, 8  # S > bq·bk: even one query row against all keys is
+    q, k, v, grad_out = (torch.randn(b, h, s, d) for _ in range(4))  # more than a tile
+    with given("flash_attention_forward", q=q, k=k, v=v), _MatmulFlops() as fwd:
         out, lse = flash_attention_forward(q, k, v, causal=True, block_q=bq, block_k=bk)
-    forward = counter.flops
     with given("flash_attention_backward", q=q, k=k, v=v, out=out, lse=lse, grad_out=grad_out), \
-            _MatmulFlops() as counter:
+            _MatmulFlops() as bwd:
         grads = flash_attention_backward(q, k, v, out, lse, grad_out, causal=True, block_q=bq,
                                          block_k=bk)
-    backward = counter.flops
     _check_measured(out, q, k, v)  # the FLOPs counted are those of the right results
     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
     F.scaled_dot_product_attention(qr, kr, vr, is_causal=True).backward(grad_out)
     for name, got, want in zip(("dq", "dk", "dv"), grads, (qr.grad, kr.grad, vr.grad)):
         torch.testing.assert_close(got, want, **ATTN_TOL, msg=lambda m, name=name: f"the "
                                    f"measured backward's {name} is not attention's: {m}")
-    for name, got, matmuls in (("forward", forward, 2), ("backward", backward, 5)):
+    for name, counter, matmuls in (("forward", fwd, 2), ("backward", bwd, 5)):
+        _check_one_tile_at_a_time(f"causal {name}", counter, s, d, b * h, bq, bk)
+        got = counter.flops
         bound = _tile_flops(s, d, b * h, bq, bk, True, matmuls)
         full = _tile_flops(s, d, b * h, bq, bk, False, matmuls)
         assert got <= bound, (

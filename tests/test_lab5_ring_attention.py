@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from _lab5_helpers import one_thread  # noqa: F401  (autouse fixture)
 from _lab5_helpers import ATTN_TOL, refuses
@@ -198,17 +199,71 @@ def zigzag_rows(seq_len: int, world_size: int, rank: int) -> torch.Tensor:
     return torch.tensor(first + list(range(last * piece, (last + 1) * piece)))
 
 
+class _ScoreWork(TorchDispatchMode):
+    """The attention work an operator stream does, seen at the dispatcher: the FLOPs of every
+    matrix product (2·m·n·k, in-place ones included) and the score entries of every fused
+    attention kernel (B·H·Sq·Sk; causal: the entries on or below the diagonal)."""
+
+    PRODUCTS = {"mm": 0, "bmm": 0, "addmm": 1, "addmm_": 1, "baddbmm": 1, "baddbmm_": 1}
+
+    def __init__(self):
+        super().__init__()
+        self.product_flops = self.fused_entries = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name, kwargs = func.overloadpacket.__name__, kwargs or {}
+        first = self.PRODUCTS.get(name)
+        if first is not None:
+            a, b = args[first], args[first + 1]
+            self.product_flops += 2 * math.prod(a.shape) * b.shape[-1]
+        elif name.startswith(("_scaled_dot_product", "_flash_attention", "_efficient_attention")):
+            q, k = args[0], args[1]
+            names = [a.name for a in func._schema.arguments]
+            at = names.index("is_causal") if "is_causal" in names else len(args)
+            causal = kwargs.get("is_causal", args[at] if at < len(args) else False)
+            sq, sk = q.shape[-2], k.shape[-2]
+            per_head = (sum(min(i + 1, sk) for i in range(sq)) if causal is True else sq * sk)
+            self.fused_entries += math.prod(q.shape[:-2]) * per_head
+        return func(*args, **kwargs)
+
+
+def counted_ring_worker(rank, world_size, *args, **kwargs):
+    """``ring_worker`` inside :class:`_ScoreWork` on this rank: its result, with
+    ``"product_flops"`` and ``"fused_entries"`` added."""
+    from labkit.harness.lab5 import ring_worker
+
+    with _ScoreWork() as seen:
+        result = ring_worker(rank, world_size, *args, **kwargs)
+    return {**result, "product_flops": seen.product_flops, "fused_entries": seen.fused_entries}
+
+
+def check_work_at_the_dispatcher(results, want, what):
+    """The score entries each rank computed, counted at the dispatcher (so whatever computes
+    them, with or without ``attention_with_lse``): fused attention kernels' entries plus the
+    products' FLOPs / 4D (an entry costs 2D FLOPs in q·kᵀ and 2D in P·V), each rank's ``want``."""
+    for rank, (r, expected) in enumerate(zip(results, want)):
+        flops, fused = r["product_flops"], r["fused_entries"]
+        got = fused + flops / (4 * D)
+        assert got == expected, (
+            f"{what}: rank {rank} computed {got:,.6g} score entries at the dispatcher ({fused:,} "
+            f"in attention kernels, {flops:,} FLOPs of matrix products = {flops / (4 * D):,.6g} "
+            f"entries at 4·D FLOPs each), expected {expected:,}: "
+            + ("more: scores the mask hides computed and thrown away (a whole block, or a query "
+               "piece that sees none of it)?" if got > expected else
+               "fewer: is part of the attention skipped?"))
+
+
 @pytest.fixture(scope="module")
 def runs():
-    """One launch per case: the inputs and every rank's result."""
+    """One launch per case: the inputs and every rank's result (with the work the dispatcher
+    saw, :func:`counted_ring_worker`)."""
     from labkit.ranks import launch
-    from labkit.harness.lab5 import ring_worker
 
     out = {}
     for s, n, causal, layout in RUNS:
         torch.manual_seed(10 * s + n)
         q, k, v = (torch.randn(B, H, s, D) for _ in range(3))
-        out[s, n, causal, layout] = (q, k, v, launch(ring_worker, n, q, k, v, causal,
+        out[s, n, causal, layout] = (q, k, v, launch(counted_ring_worker, n, q, k, v, causal,
                                                      layout=layout, timeout=60))
     return out
 
@@ -240,10 +295,10 @@ def test_zigzag_ring_equals_sdpa_on_each_ranks_rows(runs, world_size, causal):
 @pytest.mark.exercise("5.7", points=1)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_zigzag_ring_work_is_equal_on_every_rank(runs, world_size):
-    """Check the score entries each rank computes (counted by ``count_attention_work``): under
-    zigzag every rank computes B·H·S(S+1)/(2N), its share of the S(S+1)/2 causal entries per head,
-    exactly — nothing the mask hides, and the same on every rank; and that the run computed
-    attention."""
+    """Check the score entries each rank computes (counted by ``count_attention_work`` and at
+    the dispatcher): under zigzag every rank computes B·H·S(S+1)/(2N), its share of the S(S+1)/2
+    causal entries per head, exactly — nothing the mask hides, and the same on every rank; and
+    that the run computed attention."""
     s = 128
     want = B * H * s * (s + 1) // (2 * world_size)
     q, k, v, results = runs[s, world_size, True, "zigzag"]
@@ -255,14 +310,16 @@ def test_zigzag_ring_work_is_equal_on_every_rank(runs, world_size):
             + ("no call to attention_with_lse? " if got == 0 else "")
             + ("more than its share: a block, or a query piece, the mask hides entirely is "
                "computed and thrown away?" if got > want else "fewer: a part is skipped?"))
+    check_work_at_the_dispatcher(results, [want] * world_size, f"zigzag, S={s}, N={world_size}")
     check_measured(q, k, v, results, True, f"zigzag, S={s}, N={world_size}", "zigzag")
 
 
 @pytest.mark.exercise("5.7", points=1)
 def test_contiguous_ring_work_skips_the_blocks_after_the_queries(runs):
-    """Check the contiguous causal ring's work per rank: rank r computes r whole blocks and its
-    own block causally, B·H·(r·c² + c(c+1)/2) entries with c = S/N: the last rank does the most;
-    and that the run computed attention."""
+    """Check the contiguous causal ring's work per rank (counted by ``count_attention_work`` and
+    at the dispatcher): rank r computes r whole blocks and its own block causally,
+    B·H·(r·c² + c(c+1)/2) entries with c = S/N: the last rank does the most; and that the run
+    computed attention."""
     s, n = 128, 4
     c = s // n
     q, k, v, results = runs[s, n, True, "contiguous"]
@@ -273,6 +330,8 @@ def test_contiguous_ring_work_skips_the_blocks_after_the_queries(runs):
             f"contiguous, S={s}, N={n}: rank {rank} computed {got:,} score entries, expected "
             f"B·H·(r·c² + c(c+1)/2) = {want:,} (all ranks: {work}): a block from src > r lies "
             f"after every query: skipped?")
+    check_work_at_the_dispatcher(results, [B * H * (r * c * c + c * (c + 1) // 2) for r in range(n)],
+                                 f"contiguous, S={s}, N={n}")
     check_measured(q, k, v, results, True, f"contiguous, S={s}, N={n}")
 
 
