@@ -554,7 +554,21 @@ _ADAM8 = "tests/test_lab2_adam8bit.py::"
      "test_lomo_peak_gradient_bytes_is_the_largest_gradient", "cloned, stacked"),
     # rt15a: a 0-d bf16 tensor compares with the exact count in bf16
     ("rt15a_korthikanti_bf16_tensor_answer", "tests/test_lab1_accounting.py::"
-     "test_korthikanti_equals_the_published_formula", "return the exact count as a Python int")])
+     "test_korthikanti_equals_the_published_formula", "return the exact count as a Python int"),
+    # rt16a: 4.1's one whole-batch backward hidden under checkpoint's saved-tensor hooks (its own
+    # call, or the course's 5.2 segment class); 5.3 optimal only on short chains; 7.2 only the
+    # rules BAD_PLANS tried
+    ("rt16a_accumulate_one_backward_under_checkpoint",
+     "tests/test_lab4_grad_accumulation.py::test_accumulation_activation_peak_is_one_micro_batch",
+     "could not be measured"),
+    ("rt16a_accumulate_shadowed_by_the_course_segment_class",
+     "tests/test_lab4_grad_accumulation.py::test_accumulation_activation_peak_is_one_micro_batch",
+     "could not be measured"),
+    ("rt16a_optimal_schedule_brute_force_small_uniform_large", "tests/test_lab5_checkpointing.py::"
+     "test_optimal_schedule_has_the_least_recompute_a_brute_force_search_finds", "on long chains too"),
+    ("rt16a_check_plan_only_the_tested_rules", "tests/test_lab7_run_plan.py::"
+     "test_a_plan_the_ranks_cannot_run_is_refused_naming_the_argument",
+     "which the docstring's rules refuse")])
 def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, cheat, test, needle):
     """5.6's forward zeroing the test's q and v in place and returning attention of zeros (8/22
     when the reference was computed after the call, from the same tensors); 4.1 answering the
@@ -567,7 +581,10 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, chea
     test's reference (a finalizer took them off later; its constants:
     rt14a_offload_wrong_unpack_hooks_left_for_reference_table). rt15a: 2.4 cloning each
     gradient into a list and applying them all at the last hook; 1.4 answering with a bf16 tensor
-    (compared in bf16). The tests now check that what they gave student code is as given
+    (compared in bf16). rt16a: 4.1 one whole-batch backward under torch.utils.checkpoint's
+    saved-tensor hooks (peak_saved_bytes now refuses to measure through other hooks); 5.3 exact
+    only on short chains (long random chains against the grader's exact search); 7.2 only the
+    rules BAD_PLANS tried (a plan per rule of the docstring). The tests now check that what they gave student code is as given
     (tests/_given.py), count ctx attributes and all the optimizer holds, count NaN as a
     mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
     pytest), the test fails, saying why."""
