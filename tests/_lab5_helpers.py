@@ -13,6 +13,7 @@ per element of fp32 (atol 1e-5, rtol 1e-4). Byte and FLOP counts are exact integ
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -95,6 +96,40 @@ def all_schedules(n_layers):
                 segments[-1][1] = i + 1
         if ok:
             yield tuple(tuple(s) for s in segments)
+
+
+def least_recompute(act, inp, flops, budget):
+    """The least recompute of any schedule whose simulated peak fits ``budget`` (None if none).
+
+    The grader's own exact search, written from simulate_schedule's walk: the peak of a schedule
+    is the larger of the bytes held at the end of forward and, for each segment (s, t), the
+    bytes held before s plus the segment's activations; the bytes held grow along the chain. So
+    a prefix is summed up by (held bytes, recompute so far), and of two prefixes one with no
+    more held bytes and no more recompute is never worse: keep the Pareto front at each layer.
+    Exact for integer costs (no rounding). O(L² · front) — milliseconds at L = 60.
+    """
+    n = len(act)
+    fronts = [dict() for _ in range(n + 1)]  # fronts[i]: held bytes before layer i -> least recompute
+    fronts[0][0] = 0
+
+    def add(i, held, cost):
+        if held <= budget and cost < fronts[i].get(held, math.inf):
+            fronts[i][held] = cost
+
+    for i in range(n):
+        best, front = math.inf, {}
+        for held in sorted(fronts[i]):  # drop dominated states: more bytes and no less recompute
+            if fronts[i][held] < best:
+                best = front[held] = fronts[i][held]
+        for held, cost in front.items():
+            add(i + 1, held + act[i], cost)  # layer i kept
+            seg_act = seg_flops = 0
+            for j in range(i, n):  # a segment i .. j
+                seg_act, seg_flops = seg_act + act[j], seg_flops + flops[j]
+                if held + seg_act > budget:
+                    break
+                add(j + 1, held + inp[i], cost + seg_flops)
+    return min(fronts[n].values(), default=None)
 
 
 def block_saved_bytes(block) -> int:

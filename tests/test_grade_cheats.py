@@ -561,6 +561,20 @@ CHEAT_RUNS = [  # (cheat, the test that catches it, a phrase of its failure)
     ("rt16a_flash_query_rows_without_online_softmax_bwd", _FLASH_FLOPS, "more than one"),
     ("rt16a_ring_work_counter_paid_by_a_dummy_call", "tests/test_lab5_ring_attention.py::"
      "test_zigzag_ring_work_is_equal_on_every_rank", "at the dispatcher"),
+    # rt16a: 4.1's one whole-batch backward hidden under checkpoint's saved-tensor hooks (its own
+    # call, or the course's 5.2 segment class); 5.3 optimal only on short chains; 7.2 only the
+    # rules BAD_PLANS tried
+    ("rt16a_accumulate_one_backward_under_checkpoint",
+     "tests/test_lab4_grad_accumulation.py::test_accumulation_activation_peak_is_one_micro_batch",
+     "could not be measured"),
+    ("rt16a_accumulate_shadowed_by_the_course_segment_class",
+     "tests/test_lab4_grad_accumulation.py::test_accumulation_activation_peak_is_one_micro_batch",
+     "could not be measured"),
+    ("rt16a_optimal_schedule_brute_force_small_uniform_large", "tests/test_lab5_checkpointing.py::"
+     "test_optimal_schedule_has_the_least_recompute_a_brute_force_search_finds", "on long chains too"),
+    ("rt16a_check_plan_only_the_tested_rules", "tests/test_lab7_run_plan.py::"
+     "test_a_plan_the_ranks_cannot_run_is_refused_naming_the_argument",
+     "which the docstring's rules refuse"),
 ]
 
 
@@ -609,9 +623,12 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, runs
     (compared in bf16). rt16a: 5.6's forward or backward as strips of query rows against all
     keys (no key tiles, no online softmax); 5.7 computing every block whole and masked, paying
     count_attention_work with a dummy call (the tiles' and the ranks' products are now seen at
-    the dispatcher). The tests now check that what they gave student code is as given
-    (tests/_given.py), count ctx attributes and all the optimizer holds, count NaN as a
-    mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
+    the dispatcher); 4.1 one whole-batch backward under torch.utils.checkpoint's saved-tensor
+    hooks (peak_saved_bytes now refuses to measure through other hooks); 5.3 exact only on short
+    chains (long random chains against the grader's exact search); 7.2 only the rules BAD_PLANS
+    tried (a plan per rule of the docstring). The tests now check that what they gave student
+    code is as given (tests/_given.py), count ctx attributes and all the optimizer holds, count
+    NaN as a mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
     pytest, the cheats of other modules beside it), the test fails, saying why."""
     import os
     import shutil

@@ -315,24 +315,58 @@ BAD_PLANS = [  # (plan fields, world_size, batch_size, the words the message mus
     (dict(dp=4, n_micro=2), 4, 16, "plan.n_micro"),
     (dict(dp=2, pp=2, n_micro=2, zero_stage=2), 4, 16, "plan.zero_stage"),   # ZeRO-2's hooks need the whole model
     (dict(dp=2, pp=2, n_micro=2, checkpointing=True), 4, 16, "plan.checkpointing"),
+    # the docstring's other rules: plan is a Plan (None below: the dict {"dp": 4} is passed); its
+    # sizes are ints >= 1 (each case breaks that rule only, or names either field it breaks);
+    # ZeRO-3 without a pipeline too; checkpointing a bool
+    (None, 4, 16, "plan"),
+    (dict(dp=-2, tp=-2), 4, 16, "plan.dp|plan.tp"),  # product 4 = world_size, -2 divides 4 heads
+    (dict(pp=2, n_micro=0), 2, 16, "plan.n_micro"),
+    (dict(tp=2.0), 2, 16, "plan.tp"),  # 2.0 == 2 and 4 % 2.0 == 0: only "an int" refuses it
+    (dict(pp=2, n_micro=2.0), 2, 16, "plan.n_micro"),
+    (dict(dp=2, pp=2, n_micro=2, zero_stage=3), 4, 16, "plan.zero_stage"),  # ZeRO-3: no PP either
+    (dict(checkpointing="yes"), 1, 16, "plan.checkpointing"),
 ]
+
+
+def _bad_plan_id(fields, words):
+    if fields is None:
+        return "plan-not-a-Plan"
+    return words.split("|")[0] + "-" + "-".join(f"{k}{v}" for k, v in fields.items())
 
 
 @pytest.mark.exercise("7.2", points=1)
 @pytest.mark.parametrize("fields, world_size, batch_size, words", BAD_PLANS,
-                         ids=[w + "-" + "-".join(f"{k}{v}" for k, v in f.items()) for f, _, _, w in BAD_PLANS])
+                         ids=[_bad_plan_id(f, w) for f, _, _, w in BAD_PLANS])
 def test_a_plan_the_ranks_cannot_run_is_refused_naming_the_argument(fields, world_size, batch_size, words):
     """Check check_plan (and predict_peak, which calls it) raise ValueError naming the field."""
     from labkit.lab7.run_plan import Plan, check_plan, predict_peak
 
-    plan = Plan(**fields)
-    with pytest.raises(ValueError) as info:
+    plan = {"dp": 4} if fields is None else Plan(**fields)
+    # a value of the wrong type (not a Plan, a float size, a str flag) may also be a TypeError
+    wrong_type = fields is None or any(type(v) not in (int, bool) for k, v in fields.items()
+                                       if k != "schedule")
+    expected = (TypeError, ValueError) if wrong_type else ValueError
+    alternatives = words.split("|")
+    wanted = "TypeError or ValueError" if wrong_type else "ValueError"
+    try:
         check_plan(plan, CFG, batch_size, world_size)
-    assert words in str(info.value), (
-        f"check_plan({plan}, world_size={world_size}, batch_size={batch_size}) raised "
-        f"ValueError({str(info.value)!r}): the message must name {words!r}")
-    if world_size == plan.world_size:
-        with pytest.raises(ValueError, match=re.escape(words)):
+    except expected as error:
+        message = f"{type(error).__name__}({str(error)!r})"
+        assert any(w in str(error) for w in alternatives), (
+            f"check_plan({plan}, world_size={world_size}, batch_size={batch_size}) raised "
+            f"{message}: the message must name {' or '.join(map(repr, alternatives))}")
+    except Exception as error:  # noqa: BLE001 (an AttributeError, a ZeroDivisionError...)
+        raise AssertionError(
+            f"check_plan({plan}, world_size={world_size}, batch_size={batch_size}) raised "
+            f"{type(error).__name__}({str(error)!r}) before refusing the plan: check the rule "
+            f"first and raise {wanted} naming {' or '.join(alternatives)}") from error
+    else:
+        raise AssertionError(
+            f"check_plan({plan}, world_size={world_size}, batch_size={batch_size}) accepted the "
+            f"plan, which the docstring's rules refuse: it must raise {wanted} naming "
+            f"{' or '.join(alternatives)}")
+    if fields is not None and world_size == plan.world_size:
+        with pytest.raises(expected, match="|".join(map(re.escape, alternatives))):
             predict_peak(plan, CFG, batch_size, 0)
 
 

@@ -193,6 +193,32 @@ def test_peak_saved_bytes_counts_what_autograd_holds_at_its_most():
         peak_saved_bytes(3)
 
 
+def test_peak_saved_bytes_refuses_to_measure_under_other_saved_tensor_hooks():
+    """Autograd calls only the innermost saved-tensor hooks: under torch.utils.checkpoint
+    (non-reentrant: its forward and its recompute in backward) or hooks entered inside fn, the
+    measurement would see nothing of what autograd keeps, so it raises instead of answering."""
+    from torch.utils.checkpoint import checkpoint
+
+    from labkit.measure import peak_saved_bytes
+
+    w = torch.nn.Parameter(torch.randn(64, 64))
+    x = torch.randn(64, 64, requires_grad=True)
+
+    def under_checkpoint():
+        checkpoint(lambda t: (t @ w).relu() @ w, x, use_reentrant=False).sum().backward()
+
+    def under_own_hooks():
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            y = ((x @ w) * (x @ w)).sum()
+        y.backward()
+
+    for fn in (under_checkpoint, under_own_hooks):
+        with pytest.raises(RuntimeError, match="not measured"):
+            peak_saved_bytes(fn)
+    with torch.no_grad():  # nothing recorded for backward: nothing unseen
+        assert peak_saved_bytes(lambda: x @ w) == 0
+
+
 def test_peak_over_calls_tracks_a_module_called_many_times_exactly():
     """A Linear(64, 32) called 3 times on a (8, 64) input, the outputs kept: MemTracker alone
     refuses the second call; peak_over_calls counts the parameters once, 64·32 + 32 fp32, and

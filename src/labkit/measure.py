@@ -408,13 +408,24 @@ def peak_saved_bytes(fn) -> int:
     backward frees the graph; ``weakref.finalize`` on that object subtracts its bytes. Each
     storage counts once while any saved view of it is alive. (``measure_step``
     cannot be used for gradient accumulation: MemTracker refuses a root module called k times per step.)
+
+    Autograd calls only the innermost saved-tensor hooks: an operator recorded for backward
+    while other hooks are on top of this measurement's (``torch.utils.checkpoint``'s, whose
+    forward and recompute in backward pack with hooks of their own, or any ``saved_tensors_hooks``
+    entered inside ``fn``) saves tensors this ledger never sees. A ``TorchDispatchMode`` checks,
+    at every operator that autograd records (grad mode on, an input that requires grad), that the
+    hooks on top are this measurement's; if any is not, ``RuntimeError``: the number would be
+    wrong, so none is returned.
     """
     import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
 
     if not callable(fn):
         raise TypeError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
 
-    live, refs, peak = {}, {}, [0]
+    live, refs, peak, unseen = {}, {}, [0], {}
 
     class _Saved:
         __slots__ = ("t", "__weakref__")
@@ -438,6 +449,33 @@ def peak_saved_bytes(fn) -> int:
             peak[0] = max(peak[0], sum(live.values()))
         return box
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda box: box.t):
+    def unpack(box):
+        return box.t
+
+    top = torch._C._autograd._top_saved_tensors_default_hooks
+
+    class _Shadowed(TorchDispatchMode):
+        """Notes the operators autograd records under saved-tensor hooks other than ours."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if torch.is_grad_enabled() and any(
+                    isinstance(a, torch.Tensor) and a.requires_grad
+                    for a in tree_leaves((args, kwargs))):
+                hooks = top(False)
+                if hooks is None or hooks[0] is not pack:
+                    name = str(getattr(func, "__name__", func))
+                    unseen[name] = unseen.get(name, 0) + 1
+            return func(*args, **kwargs)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), _Shadowed():
         fn()
+    if unseen:
+        ops = ", ".join(f"{n} ×{c}" for n, c in sorted(unseen.items(), key=lambda i: -i[1])[:4])
+        raise RuntimeError(
+            f"peak_saved_bytes: {sum(unseen.values())} operators were recorded for backward under "
+            f"saved-tensor hooks other than the measurement's ({ops}...): the activations they "
+            "saved were not measured. torch.utils.checkpoint (forward and its recompute in "
+            "backward) and saved_tensors_hooks entered inside the measured code hide the "
+            "tensors autograd keeps; the saved bytes cannot be measured through them")
     return peak[0]
