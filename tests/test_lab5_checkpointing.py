@@ -495,6 +495,19 @@ def test_optimal_schedule_has_the_least_recompute_a_brute_force_search_finds():
     from labkit.lab5.checkpointing import optimal_schedule
     optimal_schedule = as_given(optimal_schedule)
 
+    def check(act, inp, flops, budget, best, chain, over_hint, best_hint):
+        """The schedule fits the budget, recomputes ``best``, and predicts its own cost."""
+        schedule = optimal_schedule(act, inp, flops, budget)
+        peak, recompute = simulate_schedule(len(act), schedule.segments, act, inp, flops)
+        assert peak <= budget, (f"{chain}, budget {budget}: {schedule.segments} peaks at {peak}, "
+                                f"over the budget{': ' * bool(over_hint)}{over_hint}")
+        assert recompute == best, (
+            f"{chain}, budget {budget}: {schedule.segments} recomputes {recompute}, the best "
+            f"schedule that fits recomputes {best}: {best_hint}")
+        assert (schedule.peak, schedule.recompute) == (peak, recompute), (
+            f"{chain}: {schedule.segments}: predicted (peak, recompute) = ({schedule.peak}, "
+            f"{schedule.recompute}), the walk gives ({peak}, {recompute})")
+
     rng = random.Random(5)
     cases = 0
     while cases < 120:
@@ -505,19 +518,10 @@ def test_optimal_schedule_has_the_least_recompute_a_brute_force_search_finds():
         costs = {s: simulate_schedule(n_layers, s, act, inp, flops) for s in all_schedules(n_layers)}
         budget = rng.randint(min(p for p, _ in costs.values()), sum(act))
         best = min(r for p, r in costs.values() if p <= budget)
-        schedule = optimal_schedule(act, inp, flops, budget)
-        peak, recompute = simulate_schedule(n_layers, schedule.segments, act, inp, flops)
-        assert peak <= budget, (
-            f"act={act}, input={inp}, budget={budget}: {schedule.segments} peaks at {peak}, "
-            f"over the budget: is a recompute's peak (held bytes + the segment's activations) "
-            f"or the end of forward left out of the check?")
-        assert recompute == best, (
-            f"act={act}, input={inp}, flops={flops}, budget={budget}: {schedule.segments} "
-            f"recomputes {recompute}, the best schedule that fits recomputes {best}: does the "
-            f"DP keep the cheapest way to reach each held-bytes state?")
-        assert (schedule.peak, schedule.recompute) == (peak, recompute), (
-            f"{schedule.segments}: predicted (peak, recompute) = ({schedule.peak}, "
-            f"{schedule.recompute}), the walk gives ({peak}, {recompute})")
+        check(act, inp, flops, budget, best, f"act={act}, input={inp}, flops={flops}",
+              "is a recompute's peak (held bytes + the segment's activations) or the end of "
+              "forward left out of the check?", "does the DP keep the cheapest way to reach each "
+              "held-bytes state?")
         cases += 1
     # long chains: too many schedules to list (~2.4^L), so the reference is least_recompute
     # (tests/_lab5_helpers.py), an exact search over (held bytes, recompute) of each prefix;
@@ -531,18 +535,9 @@ def test_optimal_schedule_has_the_least_recompute_a_brute_force_search_finds():
         some = tuple((a, b) for a, b in zip(cuts, cuts[1:]) if rng.random() < 0.7)
         budget = simulate_schedule(n_layers, some, act, inp, flops)[0]
         best = least_recompute(act, inp, flops, budget)
-        schedule = optimal_schedule(act, inp, flops, budget)
-        peak, recompute = simulate_schedule(n_layers, schedule.segments, act, inp, flops)
-        chain = f"a random chain of {n_layers} layers (act={act}, input={inp}, flops={flops})"
-        assert peak <= budget, (
-            f"{chain}, budget {budget}: {schedule.segments} peaks at {peak}, over the budget")
-        assert recompute == best, (
-            f"{chain}, budget {budget}: {schedule.segments} recomputes {recompute}, the best "
-            f"schedule that fits recomputes {best}: optimal means least among ALL schedules, on "
-            f"long chains too (a search over a family of schedules is not enough)")
-        assert (schedule.peak, schedule.recompute) == (peak, recompute), (
-            f"{chain}: {schedule.segments}: predicted (peak, recompute) = ({schedule.peak}, "
-            f"{schedule.recompute}), the walk gives ({peak}, {recompute})")
+        check(act, inp, flops, budget, best, f"a random chain of {n_layers} layers (act={act}, "
+              f"input={inp}, flops={flops})", "", "optimal means least among ALL schedules, on "
+              "long chains too (a search over a family of schedules is not enough)")
 
 
 @pytest.mark.exercise("5.3", points=1)
