@@ -77,6 +77,20 @@ def test_exercise_option_runs_only_that_exercise(pytester):
     result.assert_outcomes(passed=1, failed=1, deselected=7)
 
 
+def test_first_test_only_runs_the_first_graded_test_of_each_exercise(pytester):
+    """make test's notebook runs (LABKIT_CHECK_FIRST_TEST): one test of each exercise, the first
+    in file order; with --exercise, of that exercise alone."""
+    result = _run(pytester, "--first-test-only", "-v")
+    result.assert_outcomes(passed=1, failed=2, skipped=2, deselected=4)
+    ran = [n for n in ("attempted_nothing", "right", "wrong", "gpu", "missing_reference",
+                       "old_reference", "introspection_hidden", "no_message", "not_graded")
+           if f"::test_{n} " in result.stdout.str()]
+    assert ran == ["attempted_nothing", "right", "gpu", "missing_reference",
+                   "introspection_hidden"], ran
+    result = _run(pytester, "--first-test-only", "--exercise", "9.2")
+    result.assert_outcomes(passed=1, deselected=8)
+
+
 def test_stubs_must_fail_rejects_a_grader_that_passes(pytester):
     result = _run(pytester, "--stubs-must-fail")
     assert result.ret == 1

@@ -68,6 +68,9 @@ def pytest_addoption(parser):
                     help="run only the graded tests of this exercise id, e.g. 1.2 (repeatable)")
     group.addoption("--stubs-must-fail", action="store_true",
                     help="succeed only if every graded test fails (run against the stubs)")
+    group.addoption("--first-test-only", action="store_true",
+                    help="of each exercise, run only its first graded test (make test's notebook "
+                         "runs: the check cells' machinery; the tests all run in its solutions part)")
 
 
 def pytest_configure(config):
@@ -97,12 +100,16 @@ def pytest_collection_modifyitems(config, items):
     known = sorted({ex[0] for item in items if (ex := _exercise_of(item))}, key=exercise_key)
     config._labkit_known = known
     wanted = set(config.getoption("exercise"))
-    if not wanted:
+    first_only = config.getoption("first_test_only")
+    if not wanted and not first_only:
         return
-    keep, drop = [], []
+    keep, drop, seen = [], [], set()
     for item in items:
         ex = _exercise_of(item)
-        (keep if ex and ex[0] in wanted else drop).append(item)
+        taken = ex and (not wanted or ex[0] in wanted) and not (first_only and ex[0] in seen)
+        (keep if taken else drop).append(item)
+        if taken:
+            seen.add(ex[0])
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
