@@ -147,12 +147,12 @@ def test_host_held_optimizer_state_is_counted_for_a_gpu_model():
     model adds the CPU entry's optimizer-state bytes (and only those) to "optimizer states"."""
     from torch.distributed._tools.mem_tracker import _MemRefType
 
-    from labkit.measure import _TimelineTracker
+    from labkit.tracker import TimelineTracker
 
     snap = {torch.device("cpu"): {_MemRefType.OPT: 8, _MemRefType.ACT: 1000, "Total": 1008},
             torch.device("cuda", 0): {_MemRefType.OPT: 4096, "Total": 4096}}
-    assert _TimelineTracker(torch.device("cuda", 0)).host_state(snap) == 8
-    assert _TimelineTracker(torch.device("cpu")).host_state(snap) == 0  # already in the device entry
+    assert TimelineTracker(torch.device("cuda", 0)).host_state(snap) == 8
+    assert TimelineTracker(torch.device("cpu")).host_state(snap) == 0  # already in the device entry
 
 
 @pytest.mark.parametrize("call, error, words", [

@@ -25,135 +25,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.utils.flop_counter import FlopCounterMode
 
-PHASES = ("forward", "backward", "optimizer")
-"""The phases of a step, as ``TimelinePoint.phase`` names them."""
-
-CONSUMERS = ("parameters", "gradients", "optimizer states", "activations", "temporaries", "other")
-"""The consumers, in the order figures stack them."""
-
-_FROM_REFTYPE = {
-    _MemRefType.PARAM: "parameters",
-    _MemRefType.BUFFER: "other",
-    _MemRefType.GRAD: "gradients",
-    _MemRefType.OPT: "optimizer states",
-    _MemRefType.ACT: "activations",
-    _MemRefType.TEMP: "temporaries",
-    _MemRefType.OTH: "other",
-}
-
-
-def by_consumer(device_snapshot: dict) -> dict[str, int]:
-    """Turn one device's MemTracker snapshot into bytes per consumer (keys: ``CONSUMERS``)."""
-    if not isinstance(device_snapshot, dict):
-        raise TypeError(f"device_snapshot must be one device's MemTracker snapshot (a dict), "
-                        f"got {type(device_snapshot).__name__}")
-    out = dict.fromkeys(CONSUMERS, 0)
-    for reftype, nbytes in device_snapshot.items():
-        if reftype in _FROM_REFTYPE:
-            out[_FROM_REFTYPE[reftype]] += int(nbytes)
-    return out
-
-
-@dataclass
-class TimelinePoint:
-    """Bytes by consumer right after one operator ran."""
-
-    op: int
-    """Index of the operator in the step (0, 1, 2, ...)."""
-    phase: str
-    """"forward", "backward" or "optimizer"."""
-    bytes: dict[str, int]
-    """Bytes per consumer (keys: ``CONSUMERS``)."""
-
-    @property
-    def total(self) -> int:
-        return sum(self.bytes.values())
-
-
-class _NoHook:
-    """Stands in for a gradient hook's handle on a frozen parameter (there is nothing to remove)."""
-
-    @staticmethod
-    def remove() -> None:
-        return None
-
-
-class Tracker(MemTracker):
-    """PyTorch's MemTracker, accepting models with frozen parameters.
-
-    MemTracker registers a gradient hook on every parameter of each module it sees run forward,
-    and ``register_hook`` refuses a tensor that does not require grad, so a model with one frozen
-    layer (fine-tuning, a frozen embedding) raised "cannot register a hook on a tensor that doesn't
-    require gradient". A frozen parameter gets no gradient, so it needs no hook: it is marked as
-    hooked already (and still counted as a parameter). Every tracker of ``labkit.measure`` is one.
-    """
-
-    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
-        if install_grad_hooks:
-            for param in module.parameters():
-                if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
-                    self._param_to_grad_hook_handles[param] = (_NoHook, _NoHook)
-        return super()._track_module_params_and_buffers(module, install_grad_hooks)
-
-
-class _TimelineTracker(Tracker):
-    """MemTracker that also records bytes by consumer after every operator."""
-
-    def __init__(self, device: torch.device):
-        super().__init__()
-        self.device = device
-        self.timeline: list[TimelinePoint] = []
-        self.step_start = 0  # timeline index where the current step began
-        self.peak_total = -1  # the device's tracked peak so far, and the host-held optimizer
-        self.host_at_peak = 0  # state at that moment (see host_state)
-
-    def current(self) -> dict[str, int]:
-        snap = self.get_tracker_snapshot("current")
-        out = by_consumer(_device_entry(snap, self.device))
-        out["optimizer states"] += self.host_state(snap)
-        return out
-
-    def host_state(self, snap: dict) -> int:
-        """Optimizer state held in host memory while the model is on a GPU (Adam's and
-        Adafactor's ``step`` counters are CPU tensors unless ``capturable``/``fused``)."""
-        if self.device.type == "cpu":
-            return 0
-        return int(_device_entry(snap, torch.device("cpu")).get(_MemRefType.OPT, 0))
-
-    def note_peak(self) -> None:
-        """Remember the host-held state at the moment the device's tracked peak last grew."""
-        total = _device_entry(self.get_tracker_snapshot("peak"), self.device).get("Total", 0)
-        if total > self.peak_total:
-            self.peak_total = total
-            self.host_at_peak = self.host_state(self.get_tracker_snapshot("current"))
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        if self.device.type != "cpu":
-            self.note_peak()
-        if getattr(func, "namespace", "") == "profiler":  # the optimizer's record_function markers
-            return out
-        if self._in_opt:
-            phase = "optimizer"
-        elif self._mod_tracker.is_bw:
-            phase = "backward"
-        elif self.timeline and self.timeline[-1].op >= self.step_start \
-                and self.timeline[-1].phase != "forward":
-            phase = self.timeline[-1].phase  # bookkeeping after backward (detach, .item())
-        else:
-            phase = "forward"
-        self.timeline.append(TimelinePoint(len(self.timeline), phase, self.current()))
-        return out
-
-
-def _device_entry(snapshot: dict, device: torch.device) -> dict:
-    for dev, entry in snapshot.items():
-        if dev.type == device.type:
-            return entry
-    return {}
+from labkit.consumers import CONSUMERS, PHASES, TimelinePoint, _device_entry, by_consumer
 
 
 @dataclass
@@ -275,7 +149,9 @@ def measure_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
             if snapshot_path:
                 torch.cuda.memory._record_memory_history(max_entries=100_000)
                 recording = True
-        tracker = _TimelineTracker(device)
+        from labkit.tracker import TimelineTracker
+
+        tracker = TimelineTracker(device)
         tracker.track_external(model, *([optimizer] if optimizer is not None else []))
         before = tracker.current()
         boundaries, losses = [], []
@@ -336,6 +212,8 @@ def peak_bytes(fn: Callable, *args, **kwargs) -> tuple[int, object]:
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    from labkit.tracker import Tracker
+
     with Tracker() as tracker:
         result = fn(*args, **kwargs)
     peak = tracker.get_tracker_snapshot("peak")
@@ -358,6 +236,8 @@ def peak_over_calls(module: torch.nn.Module, fn: Callable, *args,
         keys ``CONSUMERS``; ``fn``'s result). Used by ``labkit.cluster`` and lab 7's plans.
     """
     import warnings
+
+    from labkit.tracker import Tracker
 
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.comm_count import count_comm
-from labkit.measure import Tracker
+from labkit.tracker import Tracker
 from labkit.reference.lab4 import (
     ddp_adam_steps, ddp_backward, ddp_sgd_steps, grad_bytes, master_adam_steps, pair_groups,
     torch_powersgd_steps)

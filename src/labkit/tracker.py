@@ -1,0 +1,89 @@
+"""PyTorch's ``MemTracker``, as ``labkit.measure`` uses it: frozen parameters accepted, and a
+timeline of bytes by consumer after every operator.
+
+A module of its own so that importing ``labkit.measure`` stays cheap: ``MemTracker``'s module
+imports DTensor and ``torch._dynamo`` (~2 CPU-s in a fresh interpreter), which a process pays
+only when it measures (``labkit.measure`` imports this module inside the functions that do). Chapter 1 (book/01_where_the_memory_goes.md) explains what it counts.
+"""
+from __future__ import annotations
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+from labkit.consumers import TimelinePoint, _device_entry, by_consumer
+
+
+class _NoHook:
+    """Stands in for a gradient hook's handle on a frozen parameter (there is nothing to remove)."""
+
+    @staticmethod
+    def remove() -> None:
+        return None
+
+
+class Tracker(MemTracker):
+    """PyTorch's MemTracker, accepting models with frozen parameters.
+
+    MemTracker registers a gradient hook on every parameter of each module it sees run forward,
+    and ``register_hook`` refuses a tensor that does not require grad, so a model with one frozen
+    layer (fine-tuning, a frozen embedding) raised "cannot register a hook on a tensor that doesn't
+    require gradient". A frozen parameter gets no gradient, so it needs no hook: it is marked as
+    hooked already (and still counted as a parameter). Every tracker of ``labkit.measure`` is one.
+    """
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        if install_grad_hooks:
+            for param in module.parameters():
+                if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                    self._param_to_grad_hook_handles[param] = (_NoHook, _NoHook)
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+
+class TimelineTracker(Tracker):
+    """MemTracker that also records bytes by consumer after every operator."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+        self.timeline: list[TimelinePoint] = []
+        self.step_start = 0  # timeline index where the current step began
+        self.peak_total = -1  # the device's tracked peak so far, and the host-held optimizer
+        self.host_at_peak = 0  # state at that moment (see host_state)
+
+    def current(self) -> dict[str, int]:
+        snap = self.get_tracker_snapshot("current")
+        out = by_consumer(_device_entry(snap, self.device))
+        out["optimizer states"] += self.host_state(snap)
+        return out
+
+    def host_state(self, snap: dict) -> int:
+        """Optimizer state held in host memory while the model is on a GPU (Adam's and
+        Adafactor's ``step`` counters are CPU tensors unless ``capturable``/``fused``)."""
+        if self.device.type == "cpu":
+            return 0
+        return int(_device_entry(snap, torch.device("cpu")).get(_MemRefType.OPT, 0))
+
+    def note_peak(self) -> None:
+        """Remember the host-held state at the moment the device's tracked peak last grew."""
+        total = _device_entry(self.get_tracker_snapshot("peak"), self.device).get("Total", 0)
+        if total > self.peak_total:
+            self.peak_total = total
+            self.host_at_peak = self.host_state(self.get_tracker_snapshot("current"))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.device.type != "cpu":
+            self.note_peak()
+        if getattr(func, "namespace", "") == "profiler":  # the optimizer's record_function markers
+            return out
+        if self._in_opt:
+            phase = "optimizer"
+        elif self._mod_tracker.is_bw:
+            phase = "backward"
+        elif self.timeline and self.timeline[-1].op >= self.step_start \
+                and self.timeline[-1].phase != "forward":
+            phase = self.timeline[-1].phase  # bookkeeping after backward (detach, .item())
+        else:
+            phase = "forward"
+        self.timeline.append(TimelinePoint(len(self.timeline), phase, self.current()))
+        return out
