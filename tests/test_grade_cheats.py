@@ -68,10 +68,23 @@ def test_each_cheat_of_the_corpus_is_zeroed_flagged_or_dropped(tmp_path, path):
 
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
-    """The graded tests of labs 1, 2, 3, 5 and 6, collected once from the pristine course."""
-    ws = tmp_path_factory.mktemp("collect") / "course"
-    runner.copy_course(ROOT, ws)
-    return runner.collect(ws, labs=["1", "2", "3", "5", "6"])
+    """The graded tests of labs 1, 2, 3, 5 and 6, collected once from the pristine course: once
+    for all of make test's pytest-xdist workers (a collection is a child, ~10 CPU-s), the first
+    that needs it writing it, under a lock, where the others read it (the session's own folder)."""
+    import fcntl
+    import json
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # (the session's)
+    path = shared / "collected-labs-1-2-3-5-6.json"
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes)
+        if not path.exists():
+            ws = tmp_path_factory.mktemp("collect") / "course"
+            runner.copy_course(ROOT, ws)
+            path.write_text(json.dumps(runner.collect(ws, labs=["1", "2", "3", "5", "6"])))
+        return json.loads(path.read_text())
 
 
 @pytest.fixture
@@ -105,11 +118,18 @@ def flagged(table, ex):
 def test_honest_work_in_unusual_styles_keeps_full_marks_and_no_flag(tmp_path, collected):
     """1.1 written with a frozen dataclass, a lambda table, functools.reduce, a static method, a
     computed getattr on its own object (fair_unusual_styles), next to helpers it does not use
-    (fair_helpers): every point, no flag, nothing dropped."""
-    sub = submission(tmp_path, "fair_unusual_styles", "fair_helpers", count_params=False)
-    table = grade(sub, collected, ["1.1"])
-    assert table["earned"] == table["possible"] == 5, table["exercises"]["1.1"]
+    (fair_helpers): every point, no flag, nothing dropped. Beside it, in the same child, 1.2
+    memoizing its last answer in its own class's constants (rt9a_fair_static_bytes_last_call_memo,
+    which the child once refused, 1/9: it records no exercise module's class constants): full
+    marks too."""
+    sub = submission(tmp_path, "fair_unusual_styles", "fair_helpers",
+                     "rt9a_fair_static_bytes_last_call_memo", count_params=False)
+    table = grade(sub, collected, ["1.1", "1.2"])
+    for ex, points in (("1.1", 5), ("1.2", 9)):
+        e = table["exercises"][ex]
+        assert e["earned"] == e["possible"] == points, (ex, [t["message"][:200] for t in e["tests"]])
     assert table["submission"]["flags"] == {} and table["submission"]["zeroed"] == {}
+    assert table["submission"]["dropped"] == []
 
 
 def test_a_blanket_pass_makes_the_tripwires_pass_and_voids_the_lab(tmp_path, collected, unread):
@@ -168,11 +188,22 @@ def test_shortcuts_are_refused_at_the_dispatcher_however_spelled(tmp_path, colle
     kernel (before: 17/22), 3.1 through the scale-update kernel (before: 15/15), 6.5 through
     F.gelu handed to a worker thread. Each operator is refused at PyTorch's dispatcher while the
     exercise's tests run; every test that reached one fails with the reason. (The reading now
-    zeroes these, a module's names looked up by computed names: graded here without it.)"""
+    zeroes these, a module's names looked up by computed names: graded here without it.)
+
+    In lab 3's child beside 3.1 (one child for both: make test's time), 3.2 stepping torch's
+    Adam after removing the child's step hook by a handle given its key
+    (rt8a_step_hook_removed_by_handle; before: 16/16): the hooks are compared after each test,
+    which fails. (The reading zeroes the hook's removal too, as it re-registers a global hook:
+    graded without it, the child's check holds alone.)"""
     sub = submission(tmp_path, "vf_flash_attention_computed", "amp_update_scale_computed",
-                     "gelu_on_worker_thread", solved=("lab5/flash_attention.py",
-                                                      "lab3/loss_scaler.py", "lab6/fusion.py"))
-    table = grade(sub, collected, ["3.1", "5.6", "6.5"])
+                     "gelu_on_worker_thread", "rt8a_step_hook_removed_by_handle",
+                     solved=("lab5/flash_attention.py", "lab3/loss_scaler.py", "lab6/fusion.py",
+                             "lab3/mixed_precision.py"))
+    table = grade(sub, collected, ["3.1", "3.2", "5.6", "6.5"])
+    e = table["exercises"]["3.2"]
+    assert e["earned"] < e["possible"] and any(
+        "hooks were replaced" in t["message"] for t in e["tests"] if t["outcome"] != "passed"), \
+        ("rt8a_step_hook_removed_by_handle", [t["message"][:200] for t in e["tests"]])
     for ex, needle in (("5.6", "rebuilds PyTorch's SDPA"), ("3.1", "rebuilds GradScaler"),
                        ("6.5", "rebuilds PyTorch's gelu")):
         e = table["exercises"][ex]
@@ -180,6 +211,13 @@ def test_shortcuts_are_refused_at_the_dispatcher_however_spelled(tmp_path, colle
         assert any(needle in t["message"] and "refused while grading" in t["message"]
                    for t in e["tests"]), (ex, [t["message"][:200] for t in e["tests"]])
         assert "refused at run time" in flagged(table, ex)
+
+
+WATCHED_BESIDE = {  # 5.6's cheat -> 5.9's, graded in the same lab-5 child, and where it is seen
+    "attention_on_worker_thread": ("rt12a_ce_numpy_by_asarray",
+                                   "__array__ (from chunked_cross_entropy.py:"),
+    "attention_in_dataloader_worker": ("rt13a_ce_python_by_tolist_on_pool_thread",
+                                       "tolist (from a thread of the test)")}
 
 
 @pytest.mark.parametrize("cheat", ["attention_on_worker_thread", "attention_in_dataloader_worker",
@@ -190,9 +228,18 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
     refused there; one run in a DataLoader's worker process (before: the forked worker ended the
     lab's test process) is refused when the worker is started; a forward returning zeros
     (before: 4/22) fails the measurement tests too, which now check the output they measured.
-    Not one point of 5.6."""
-    sub = submission(tmp_path, cheat, solved=("lab5/flash_attention.py",))
-    table = grade(sub, collected, ["5.6"])
+    Not one point of 5.6.
+
+    Beside the first two, in the same child (one lab-5 child for both: make test's time), the
+    Watch is on for every measured exercise: 5.9's forward computed in numpy, graded as an
+    instructor grades, the data taken out of torch on the test's thread
+    (rt12a_ce_numpy_by_asarray) and on a pool's (rt13a_ce_python_by_tolist_on_pool_thread;
+    25/25 before, with a threads flag only): the points stand, the flag for review says what
+    left torch and where."""
+    beside, where = WATCHED_BESIDE.get(cheat, (None, None))
+    sub = submission(tmp_path, cheat, *filter(None, [beside]), solved=(
+        "lab5/flash_attention.py", *(["lab5/chunked_cross_entropy.py"] if beside else [])))
+    table = grade(sub, collected, ["5.6", "5.9"] if beside else ["5.6"])
     e = table["exercises"]["5.6"]
     assert e["earned"] == 0, [(t["test"], t["outcome"]) for t in e["tests"]]
     if cheat == "return_zeros":
@@ -201,6 +248,9 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
         assert "os.fork from student code" in flagged(table, "5.6")
     else:
         assert "threads" in flagged(table, "5.6") and "not the course's" in flagged(table, "5.6")
+    if beside:
+        assert "measured elsewhere: over 1024 elements" in flagged(table, "5.9"), beside
+        assert where in flagged(table, "5.9"), (beside, flagged(table, "5.9"))
 
 
 @pytest.mark.parametrize("cheat", ["rt12a_ce_numpy_by_asarray", "rt12a_ce_numpy_by_dlpack",
@@ -269,21 +319,6 @@ def test_a_module_may_read_its_own_source_not_the_tests(tmp_path, monkeypatch):
         exec(opening, {"audit": child._audit})
     assert child.State.flags == [f"files: opened {p.resolve()} (from fusion.py:1)"
                                  for p in (tests, own)], child.State.flags
-
-
-@pytest.mark.parametrize("cheat, where", [("rt12a_ce_numpy_by_asarray",
-                                           "__array__ (from chunked_cross_entropy.py:"),
-                                          ("rt13a_ce_python_by_tolist_on_pool_thread",
-                                           "tolist (from a thread of the test)")])
-def test_the_watch_is_on_in_the_child_for_every_measured_exercise(tmp_path, collected, cheat,
-                                                                  where):
-    """The same cheats graded as an instructor grades (5.9 only), on the test's thread and on a
-    pool's (25/25 before, with a threads flag only): the points stand, the flag for review says
-    what left torch and where."""
-    table = grade(submission(tmp_path, cheat, solved=("lab5/chunked_cross_entropy.py",)),
-                  collected, ["5.9"])
-    assert "measured elsewhere: over 1024 elements" in flagged(table, "5.9")
-    assert where in flagged(table, "5.9")
 
 
 @pytest.mark.parametrize("cheat", ["widen_shared_tolerance", "patch_assert_close_through_a_partial",
@@ -356,26 +391,19 @@ def test_what_an_exercise_rebuilds_is_refused_however_it_was_reached(tmp_path, c
 @pytest.mark.parametrize("cheat, exercise, needle", [
     ("rt8a_adam_step_on_course_io_thread", "2.7", "torch.optim.adam.Adam.step is refused"),
     ("rt8a_clean_rank_from_course_thread", "2.7", "refused while grading"),
-    ("rt8a_step_hook_removed_by_handle", "3.2", "hooks were replaced"),
-    ("rt8a_fair_copy_copy_master", "3.2", None), ("rt8a_fair_own_adam_class_stepped", "3.2", None),
-    ("rt9a_fair_static_bytes_last_call_memo", "1.2", None)])
+    ("rt8a_fair_copy_copy_master", "3.2", None), ("rt8a_fair_own_adam_class_stepped", "3.2", None)])
 def test_work_handed_to_a_course_thread_is_refused_and_honest_work_is_not(tmp_path, collected,
-                                                                           cheat, exercise, needle,
-                                                                           request):
+                                                                           cheat, exercise, needle):
     """2.7's step handed to the course's own I/O pool (torch's Adam stepped there: before, 24/24)
     or a spawned rank started from it: a thread started during a test is refused what student
-    code is refused, whoever calls. 3.2 stepping torch's Adam after removing the child's step hook
-    by a handle given its key (before: 16/16): the hooks are compared after each test. Honest 3.2
-    work the child once refused (0/16): a master made with copy.copy (pickling caches
-    Tensor.__slotnames__, now cached before the record) and the student's own Optimizer subclass
-    named Adam (the step hook judges library classes only), and 1.2 memoizing its last answer in
-    its own class's constants (the child records no exercise module's class constants): full
-    marks. (The reading now zeroes the hook's removal too, as it re-registers a global hook:
-    it is graded here with the reading off, to show the child's check holds alone.)"""
-    if cheat == "rt8a_step_hook_removed_by_handle":
-        request.getfixturevalue("unread")
-    module_ = {"2.7": "lab2/nvme_offload.py", "3.2": "lab3/mixed_precision.py",
-               "1.2": "lab1/accounting.py"}[exercise]
+    code is refused, whoever calls. Honest 3.2 work the child once refused (0/16): a master made
+    with copy.copy (pickling caches Tensor.__slotnames__, now cached before the record) and the
+    student's own Optimizer subclass named Adam (the step hook judges library classes only): full
+    marks. (3.2 stepping torch's Adam after removing the child's step hook by a handle is graded
+    in lab 3's child of test_shortcuts_are_refused_at_the_dispatcher_however_spelled; 1.2
+    memoizing in its own class's constants in lab 1's of
+    test_honest_work_in_unusual_styles_keeps_full_marks_and_no_flag.)"""
+    module_ = {"2.7": "lab2/nvme_offload.py", "3.2": "lab3/mixed_precision.py"}[exercise]
     sub = submission(tmp_path, cheat, solved=(module_,), count_params=False)
     e = grade(sub, collected, [exercise])["exercises"][exercise]
     messages = [t["message"][:200] for t in e["tests"] if t["outcome"] != "passed"]

@@ -101,9 +101,18 @@ def _assert_the_wall_held(out: Path, srv: socket.socket, token: str, kept: Path 
     return grades
 
 
+@pytest.fixture(scope="module")
+def lab1_tests(tmp_path_factory):
+    """Lab 1's graded tests, collected once from the pristine course for the levels below (a
+    collection is a child of its own, ~8 CPU-s; it runs before any student code, outside the wall)."""
+    ws = tmp_path_factory.mktemp("collect") / "course"
+    runner.copy_course(ROOT, ws)
+    return runner.collect(ws, labs=["1"])
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux (unshare, setpriv)")
 @pytest.mark.parametrize("level", ["namespaces", "user"])
-def test_the_wall_holds_around_a_cheating_exercise(tmp_path, level, monkeypatch):
+def test_the_wall_holds_around_a_cheating_exercise(tmp_path, level, monkeypatch, lab1_tests):
     """As this machine's user (root on CI and Gradescope): the wall, by level; under namespaces
     the instructor's solutions/ are also out of sight. The reading zeroes this cheat (a module's
     names looked up by computed names); the wall must hold where a reading misses, so here the
@@ -122,7 +131,7 @@ def test_the_wall_holds_around_a_cheating_exercise(tmp_path, level, monkeypatch)
     sub = _cheating_submission(tmp_path, out, srv.getsockname()[1], token, solutions)
     try:
         table = runner.grade_submission(sub, course=ROOT, exercises=["1.1"], jobs=1, timeout=600,
-                                        keep=tmp_path / "kept", wall=wall)
+                                        keep=tmp_path / "kept", wall=wall, collected=lab1_tests)
         formats.write_all(table, out)  # what the parent writes, once the child's processes are gone
         grades = _assert_the_wall_held(out, srv, token, tmp_path / "kept", level == "namespaces")
     finally:
