@@ -301,14 +301,16 @@ def test_the_grader_stays_small():
     course's folders, count print's summary as printed; rt15a/b (value-type subclasses of
     compared types, an answers flag, os.environ.get and pprint allowed), rt16a (torch.distributed.nn
     a shortcut of 3.4, 5.7 and 5.8): 3,125 lines, 212 names (COMPARED and ANSWERS counted), 50
-    patterns. Lines of src/labkit/grade; names written in the
+    patterns. Session 13 (make test's time): a module left as the course gives it is not merged
+    or read again, and the child loads labkit.tracker (labkit.measure's lazy import) before any
+    student code, as the references: 3,128 lines. Lines of src/labkit/grade; names written in the
     flags' lists; the shortcut table's distinct patterns (the measuring contexts too), counted
     apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 3125, sizes
+    assert sum(sizes.values()) <= 3128, sizes
     assert entries <= 212 and patterns <= 50, (entries, patterns)
 
 

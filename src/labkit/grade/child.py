@@ -394,6 +394,7 @@ def pytest_sessionstart(session):
 
     for info in pkgutil.walk_packages(labkit.reference.__path__, "labkit.reference."):
         importlib.import_module(info.name)
+    importlib.import_module("labkit.tracker")  # what labkit.measure imports when it measures
     for cls in (torch.Tensor, torch.nn.Parameter):  # pickling caches cls.__slotnames__: now
         copyreg._slotnames(cls)
     from torch._dynamo.eval_frame import TorchPatcher  # torch wraps its optimizers' functions

@@ -159,6 +159,8 @@ def prepare(submission_labkit: Path, workspace: Path, tests: dict) -> Prepared:
         pristine = (src / rel).read_text()
         student, why = read_submitted(submission_labkit / Path(rel).relative_to("labkit"),
                                       submission_labkit)
+        if student == pristine:  # the course's own module: nothing to merge, read or attribute
+            continue
         merged = extract.merge(pristine, student, rel, missing=why)
         try:
             found = flags.read(merged, pristine) if merged.taken else {}

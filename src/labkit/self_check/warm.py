@@ -81,6 +81,7 @@ def _ensure_server(env: dict) -> subprocess.Popen:
     """The running server, started again if it died or if ``env`` is not the one it started with
     (its preloaded modules read the environment when they were imported)."""
     global _server, _server_env
+    env = {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}  # pytest's, per test
     if _server is not None and (_server.poll() is not None or env != _server_env):
         stop()
     if _server is None:
