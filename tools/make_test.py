@@ -2,19 +2,20 @@
 
     python tools/make_test.py [--only isolation,stubs,solutions,grader,cheats,two-nodes,lint,notebooks,book,site]
 
-Parts (each starts once the parts it depends on have passed, ``AFTER``; on a failure nothing
+Parts (each starts once the parts it depends on have passed, ``AFTER``, and its cores fit
+beside what runs, ``WEIGHT`` and ``--slots``, in the order of ``PRIORITY``; on a failure nothing
 new starts, and what runs is waited for and reported):
 
 0. ``isolation`` (only where tools/autograder/ensure_isolation.sh exists): installs what the
    grader's OS isolation needs (bubblewrap, via apt, as tools/ensure_chromium.sh does Chromium),
    before any test runs.
-1. Side by side (the order of ``AFTER``): ``solutions`` (every test of tests/ passes with the
-   reference solutions), ``grader`` and ``cheats`` (tests/test_grade*.py, the grader's own tests,
-   which grade submissions in children: test_grade_cheats.py in a part of its own, the others
-   in another, so that the two cores share the work to the end),
-   ``two-nodes`` (tests/test_two_nodes.py: the README's two-node torchrun command, two agents
-   on 127.0.0.1), ``lint`` (``ruff check .``; skipped with a message while ruff is not
-   installed), then ``stubs`` (every graded test must FAIL on the student stubs), and
+1. The pytest runs: ``solutions`` (every test of tests/ passes with the reference solutions),
+   ``stubs`` (every graded test must FAIL on the student stubs), ``two-nodes``
+   (tests/test_two_nodes.py: the README's two-node torchrun command, two agents on 127.0.0.1),
+   ``grader`` and ``cheats`` (tests/test_grade*.py, the grader's own tests, which grade
+   submissions in children: test_grade_cheats.py in a part of its own on two pytest-xdist
+   workers, last, so that the two cores share the work to the end), and ``lint`` (``ruff check
+   .``; skipped with a message while ruff is not installed);
 2. ``notebooks``: nbval (``pytest --nbval-lax``, tools/nbval_book.py) executes every chapter, lab and test
    notebook once, two kernels at a time (pytest-xdist), the slowest first, fails with a
    cell's error, and stores each chapter's outputs in the book's jupyter-cache
@@ -51,6 +52,7 @@ NOTEBOOK_TIMES = LOGS / "notebooks.json"   # each notebook's result and seconds 
 ISOLATION = ROOT / "tools" / "autograder" / "ensure_isolation.sh"
 GRADER_TESTS = "tests/test_grade*.py"  # the grader parts' files; the solutions part ignores them
 CHEATS = "test_grade_cheats.py"  # the cheats part's file (the grader part has the others)
+SLOTS = 3  # see WEIGHT
 NO_RUFF = "lint: skipped, ruff is not installed in .venv (requirements.txt)"
 
 
@@ -95,16 +97,23 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
 
 
 # Each part starts once the parts it names here have passed (parts not selected with --only
-# count as passed). The longest chain is notebooks -> book -> site (the site check mostly waits on
-# Chromium): the notebooks start first, with the solutions' and the grader's runs, and the stubs'
-# run once the short parts have ended; two cores shared by four or five processes, none idle,
-# and the site check's waiting overlaps the last of the pytest runs (a run of 2026-12-06: 846 s
-# wall when the notebooks waited for the stubs, idle time at the end).
+# count as passed). The longest chain is notebooks -> book -> site: the notebooks start first.
+# How many cores each part keeps busy (pytest-xdist's two workers, two kernels, a torchrun job's
+# ranks), and the most that run at once (``--slots``): a part starts once its AFTER parts have
+# passed and its weight fits beside what runs (or nothing runs), the first that may in the order
+# of ``PRIORITY``, the longest chain first.
+# The site check mostly waits on Chromium; the cheats' two workers end last, both cores busy
+# to the end (2026-12-07, fresh clones: 873 s wall with every part at once, 848 s with three
+# slots but the stubs' one process last and alone).
+WEIGHT = {"isolation": 0, "lint": 0, "notebooks": 2, "book": 1, "site": 0, "solutions": 1,
+          "stubs": 1, "two-nodes": 2, "grader": 1, "cheats": 2}
+PRIORITY = ("isolation", "lint", "notebooks", "book", "site", "solutions", "stubs", "two-nodes",
+            "grader", "cheats")
 AFTER = {"isolation": (),
          "notebooks": ("isolation",), "solutions": ("isolation",), "grader": ("isolation",),
          "cheats": ("isolation",),
          "two-nodes": ("isolation",), "lint": ("isolation",),
-         "stubs": ("two-nodes", "lint"),
+         "stubs": ("isolation",),
          "book": ("notebooks",),
          "site": ("book",)}
 
@@ -161,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated parts to run (default: all)")
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--slots", type=int, default=SLOTS,
+                        help=f"the most cores' worth of parts run at once, 0: no limit (default {SLOTS})")
     args = parser.parse_args(argv)
     table = parts(args.python)
     only = [p for p in args.only.split(",") if p]
@@ -168,13 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--only takes {', '.join(table)}; got {', '.join(unknown)}")
     LOGS.mkdir(parents=True, exist_ok=True)
-    selected = [n for n in table if not only or n in only]
+    selected = [n for n in PRIORITY if n in table and (not only or n in only)]
     pending, running, passed, done = list(selected), [], set(), []
     failed = None
     started = time.monotonic()
     while pending or running:
         for name in [] if failed else list(pending):  # start what may start
-            if all(d in passed for d in AFTER[name] if d in selected):
+            busy = sum(WEIGHT[p.name] for p, _ in running)
+            fits = not args.slots or not running or busy + WEIGHT[name] <= args.slots
+            if fits and all(d in passed for d in AFTER[name] if d in selected):
                 pending.remove(name)
                 prepare(name)
                 part = Part(name, *table[name])
