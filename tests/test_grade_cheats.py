@@ -11,6 +11,9 @@ tested in test_grade_isolation.py.
 from __future__ import annotations
 
 import ast
+import fcntl
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -71,10 +74,6 @@ def collected(tmp_path_factory):
     """The graded tests of labs 1, 2, 3, 5 and 6, collected once from the pristine course: once
     for all of make test's pytest-xdist workers (a collection is a child, ~10 CPU-s), the first
     that needs it writing it, under a lock, where the others read it (the session's own folder)."""
-    import fcntl
-    import json
-    import os
-
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # (the session's)
     path = shared / "collected-labs-1-2-3-5-6.json"

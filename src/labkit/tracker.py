@@ -3,7 +3,8 @@ timeline of bytes by consumer after every operator.
 
 A module of its own so that importing ``labkit.measure`` stays cheap: ``MemTracker``'s module
 imports DTensor and ``torch._dynamo`` (~2 CPU-s in a fresh interpreter), which a process pays
-only when it measures (``labkit.measure`` imports this module inside the functions that do). Chapter 1 (book/01_where_the_memory_goes.md) explains what it counts.
+only when it measures (``labkit.measure`` imports this module inside the functions that do).
+Chapter 1 (book/01_where_the_memory_goes.md) explains what it counts.
 """
 from __future__ import annotations
 
