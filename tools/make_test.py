@@ -23,7 +23,8 @@ new starts, and what runs is waited for and reported):
 3. ``book``: the strict site build (-W -n --keep-going), which takes every chapter from that
    cache and executes nothing (it says so if it had to execute a page); the lab pages show the
    labs as students get them (``execute.exclude_patterns`` in _config.yml).
-4. ``site``: every page of the built site in headless Chromium at a laptop and a phone width and
+4. ``site``: the checker's own tests (tests/test_site_check.py: planted faults, the calculator
+   widget), then every page of the built site in headless Chromium at a laptop and a phone width and
    in dark mode, and printed, offline (tools/site_check.py --strict: a warning fails too;
    without screenshots, which are for people: ``make site-check`` takes them; Debian's
    chromium installed if missing).
@@ -52,6 +53,7 @@ NOTEBOOK_TIMES = LOGS / "notebooks.json"   # each notebook's result and seconds 
 ISOLATION = ROOT / "tools" / "autograder" / "ensure_isolation.sh"
 GRADER_TESTS = "tests/test_grade*.py"  # the grader parts' files; the solutions part ignores them
 CHEATS = "test_grade_cheats.py"  # the cheats part's file (the grader part has the others)
+SITE_TESTS = "tests/test_site_check.py"  # the site part's (they need Chromium); not the solutions'
 SLOTS = 3  # see WEIGHT
 NO_RUFF = "lint: skipped, ruff is not installed in .venv (requirements.txt)"
 
@@ -71,7 +73,8 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
         "stubs": (pytest + ["-q", "-m", "exercise", "--stubs-must-fail", "--tb=no", "--durations=15", "tests"],
                   {"LABKIT_SOLUTIONS": None}),
         "solutions": (pytest + ["-q", "--durations=25", "tests", "--ignore=tests/test_two_nodes.py",
-                                f"--ignore-glob={GRADER_TESTS}"], with_solutions),
+                                f"--ignore={SITE_TESTS}", f"--ignore-glob={GRADER_TESTS}"],
+                      with_solutions),
         # three processes (2026-12-06, fresh clones: in one, with ~500 CPU-s, it ran alone on
         # one core for its last 200 s and make test took 902 s; the cheats apart, still alone at
         # the end with 429 CPU-s of 1,458: 915 s; when it had ~400 CPU-s, one process was
@@ -89,7 +92,10 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
                       # the solutions part runs them (all 40 checks: ~240 CPU-s, 2026-12-07)
                       {**with_solutions, "LABKIT_CHECK_FIRST_TEST": "1"}),
         "book": ([jb, "build", ".", "-W", "-n", "--keep-going"], with_solutions),
-        "site": (["bash", "-c", f"tools/ensure_chromium.sh && {python} tools/site_check.py --no-screenshots --strict"], {}),
+        # the checker's own tests first (planted faults, the calculator): ~75 s, mostly waiting
+        # on Chromium, which in the solutions part, one process on the longest chain, held it
+        "site": (["bash", "-c", f"tools/ensure_chromium.sh && {' '.join(pytest)} -q -rs {SITE_TESTS}"
+                  f" && {python} tools/site_check.py --no-screenshots --strict"], {}),
     }
     if not ISOLATION.is_file():
         del table["isolation"]
