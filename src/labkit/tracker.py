@@ -49,11 +49,17 @@ class Tracker(MemTracker):
         reference of every module it has seen, after every operator (``nn.Module.__getattr__``
         raising on each one), and deep-copies the snapshots; here the statistics are read from
         the dictionary's values as they are stored, and a snapshot (kind -> int) is copied as a
-        dict. A module that died keeps stats nobody can look up any more, as before.
+        dict. (A module collected but not yet removed may have its stats updated: nobody can
+        look them up any more.)
         ``tests/test_measure.py`` checks that both give the same peaks and module snapshots.
         """
+        stored = getattr(self.memory_tracking, "data", None)
+        if not isinstance(stored, dict):  # a torch whose MemTracker keeps them otherwise
+            return super()._update_peak_stats(peak_state)
         current, parents = self._curr_mem_snap, self._mod_tracker.parents
-        for stats in self.memory_tracking.data.values():
+        # (a list: a module collected while this loop allocates would otherwise remove its
+        # entry from the dictionary being iterated)
+        for stats in list(stored.values()):
             if stats.mod_fqn in parents and peak_state in stats.snapshots:
                 for dev, snap in current.items():
                     if stats.local_peak.get(dev, 0) < snap[_TOTAL_KEY]:
