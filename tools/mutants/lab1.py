@@ -272,3 +272,21 @@ INDEPENDENT += [
            replace="embedding_grads = cfg.vocab_size * C * s",
            why="counts one of wte's two gradients at the end of backward (the embedding's and the head's, before their sum)"),
 ]
+
+# round 14 (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("1.4", "lab1/accounting.py", find="masks = (2 * sbh + as2b) if dropout else 0",
+           replace="masks = (3 * sbh + as2b) if dropout else 0",
+           why="counts three s·b·h dropout masks (one per dropout layer) plus the softmax's, not two"),
+    Mutant("1.4", "lab1/accounting.py", find="return n_layer * (kept + masks + dropped_softmax)",
+           replace="return kept + masks + dropped_softmax", why="returns one layer's bytes, ignoring n_layer"),
+    Mutant("1.4", "lab1/accounting.py", find="    if hidden % n_head:\n        raise",
+           replace="    if False:\n        raise", why="does not refuse an n_head that does not divide hidden"),
+    Mutant("1.4", "lab1/accounting.py", find="    boolean(\"dropout\", dropout)\n", replace="",
+           why="does not check that dropout is a bool (dropout=0 or 'no' counts as dropout)"),
+    Mutant("1.4", "lab1/accounting.py", find="kept = (5 + 9 + 2) * sbh * e",
+           replace="kept = (5 + 5 + 2) * sbh * e",
+           why="forgets the GELU output (4·sbh), the input of the MLP's second linear layer"),
+    Mutant("1.4", "lab1/accounting.py", find="kept = (5 + 9 + 2) * sbh * e",
+           replace="kept = (5 + 9 + 1) * sbh * e", why="counts one LayerNorm input per block instead of two"),
+]

@@ -655,3 +655,20 @@ INDEPENDENT += [
            replace="            start = max([end[d] for d in deps], default=free[r])",
            why="starts an action when its dependencies end, forgetting that its rank may still be busy"),
 ]
+
+# round 14 (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("3.8", "lab3/zero_bubble.py", find="warmup = min(P - s, M)", replace="warmup = min(P - s + 1, M)",
+           why="one warm-up forward too many on every stage"),
+    Mutant("3.8", "lab3/zero_bubble.py", find='"B": m_w - m_b, "W": -m_w', replace='"B": m_b - m_w, "W": -m_w',
+           why="B adds m_b − m_w instead of freeing it (sign of B's change)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find='order += [SplitAction("W", m, s) for m in range(w, M)]',
+           replace='order += [SplitAction("W", m, s) for m in reversed(range(w, M))]',
+           why="runs the W passes left at the end newest first"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="makespan = max(free)", replace="makespan = free[-1]",
+           why="takes the last rank's end as the makespan (the first rank finishes last)"),
+    # (dropped: the memory peak, or the in-flight peak, taken before each action instead of after
+    # it: F, B and W of a (micro-batch, stage) sum to 0 (m_b + m_w − m_b − m_w; +1 + 0 − 1), so
+    # each rank ends at 0, the start value: the two maxima are the same for every schedule that
+    # validate_split accepts: equivalent (the graders passed))
+]

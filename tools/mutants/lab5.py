@@ -804,3 +804,22 @@ INDEPENDENT += [
     Mutant("5.5", "lab5/offload.py", find="            self.device_count += 1\n", replace="",
            why="forgets to count the tensors it leaves on the device"),
 ]
+
+# round 14 (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="scale = grad_loss.to(acc) / ctx.count",
+           replace="scale = grad_loss.to(acc) / hidden.shape[0]",
+           why="backward divides by all tokens instead of the counted ones (forward right)"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="lse = torch.empty(N, dtype=acc, device=hidden.device)",
+           replace="lse = torch.empty(N, dtype=hidden.dtype, device=hidden.device)",
+           why="stores the log-sum-exps in the input dtype (bf16) instead of float32"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="torch.logsumexp(logits, dim=1)",
+           replace="logits.exp().sum(dim=1).log()",
+           why="log-sum-exp without subtracting the row max (overflows for large logits)"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="        return total / count\n",
+           replace="        return (total / count).to(hidden.dtype)\n",
+           why="returns the loss in the input dtype instead of float32"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py", find="        return total / count\n",
+           replace="        return total / count.clamp(min=1)\n",
+           why="returns 0 instead of NaN when no target counts"),
+]

@@ -473,3 +473,30 @@ INDEPENDENT += [
            replace="token = torch.arange(T, device=x.device).repeat(k)[kept.reshape(-1)]",
            why="lists the (token, choice) pairs choice-major while the mask is token-major (wrong token in a slot)"),
 ]
+
+# round 14 (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="    flat = expert_ids.T.reshape(-1)  # (k·T,) choice-major: all first choices, then all second\n"
+                "    onehot = torch.nn.functional.one_hot(flat, n_expert)  # (k·T, E)\n"
+                "    position = (onehot.cumsum(0) - 1).gather(1, flat[:, None])[:, 0]  # claims before this one\n"
+                "    position = torch.where(position < capacity, position, torch.full_like(position, -1))\n"
+                "    return position.reshape(k, T).T\n",
+           replace="    flat = expert_ids.reshape(-1)  # (T·k,) token-major\n"
+                   "    onehot = torch.nn.functional.one_hot(flat, n_expert)\n"
+                   "    position = (onehot.cumsum(0) - 1).gather(1, flat[:, None])[:, 0]\n"
+                   "    position = torch.where(position < capacity, position, torch.full_like(position, -1))\n"
+                   "    return position.reshape(T, k)\n",
+           why="claims slots token by token (token 0's choices, then token 1's), consistently, not choice by choice"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="C = expert_capacity(T, E, self.top_k, self.capacity_factor)",
+           replace="C = expert_capacity(T, E, 1, self.capacity_factor)", why="capacity without the top-k factor"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="C = expert_capacity(T, E, self.top_k, self.capacity_factor)",
+           replace="C = max(1, int(self.capacity_factor * T * self.top_k / E))",
+           why="rounds the capacity down instead of up"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    return (w * picked).sum(1)",
+           replace="    return (w * picked).mean(1)", why="averages the weighted choices instead of summing them"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="kept = slots >= 0  # (T, k)", replace="kept = slots > 0  # (T, k)",
+           why="dispatch treats slot 0 as dropped (off by one)"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    kept = slots >= 0\n", replace="    kept = slots > 0\n",
+           why="combine treats slot 0 as dropped (off by one)"),
+]
