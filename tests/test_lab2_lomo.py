@@ -45,7 +45,8 @@ def test_lomo_params_match_sgd():
 
 @pytest.mark.exercise("2.4", points=1)
 def test_lomo_frees_every_gradient_inside_backward():
-    """Check that when backward returns every .grad is None and every parameter has moved."""
+    """Check that when backward returns every .grad is None and every parameter has moved; and
+    that with lr=0 every .grad is None too and no parameter moves."""
     from labkit.lab2.lomo import LOMO
 
     model = tiny_gpt()
@@ -59,6 +60,16 @@ def test_lomo_frees_every_gradient_inside_backward():
     still = [name for (name, p), a in zip(model.named_parameters(), before) if torch.equal(a, p)]
     assert not still, (f"{len(still)} parameters did not move in backward (e.g. {still[0]}): "
                        "is a hook registered on every parameter?")
+    # lr = 0 (the class docstring: "0 only frees the gradients"): nothing moves, nothing is kept
+    model = tiny_gpt()
+    before = [p.detach().clone() for p in model.parameters()]
+    LOMO(model.parameters(), lr=0.0)
+    model(x, y).backward()
+    kept = [name for name, p in model.named_parameters() if p.grad is not None]
+    assert not kept, (f"with lr=0 {len(kept)} parameters still hold a .grad after backward (e.g. "
+                      f"{kept[0]}): lr 0 still frees every gradient in its hook")
+    moved = [name for (name, p), a in zip(model.named_parameters(), before) if not torch.equal(a, p)]
+    assert not moved, f"with lr=0 {len(moved)} parameters moved (e.g. {moved[0]})"
 
 
 @pytest.mark.exercise("2.4", points=2)
