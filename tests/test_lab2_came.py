@@ -189,6 +189,8 @@ def test_came_factors_each_matrix_of_a_3d_weight():
     assert state["exp_avg_sq_row"].shape == (3, 8) and state["exp_avg_sq_col"].shape == (3, 12), (
         f"factor shapes {tuple(state['exp_avg_sq_row'].shape)}, {tuple(state['exp_avg_sq_col'].shape)} "
         "for a (3, 8, 12) weight, expected (3, 8) and (3, 12): one row and one column factor per matrix")
+    assert state["step"] == len(grads), (
+        f"state['step'] is {state['step']!r} after {len(grads)} steps: count each step in the state")
     for k in range(3):
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=lambda msg, k=k: (
             f"matrix {k} (gradient scale {float(scale[k]):g}) of a (3, 8, 12) weight after 4 steps: "
