@@ -98,7 +98,9 @@ def test_loss_and_gradients_equal_f_cross_entropy_in_float64(n, d, v, chunk):
 
 @pytest.mark.exercise("5.9", points=1)
 def test_float32_matches_f_cross_entropy():
-    """Check float32 inputs (N = 300 in chunks of 64, V = 1000) against F.cross_entropy.
+    """Check float32 inputs (N = 300 in chunks of 64, V = 1000) against F.cross_entropy, and
+    logits of several hundred (N = 64 in chunks of 16), where a log-sum-exp without the row max
+    overflows.
 
     atol 1e-6, rtol 1e-5: chunked sums add the same terms in another order, a few float32 ulps
     (measured 3e-9 on d hidden, 3e-8 on d weight); the loss is a mean of ~7 (F32_TOL).
@@ -108,13 +110,27 @@ def test_float32_matches_f_cross_entropy():
     for name, g, w in zip(("loss", "d hidden", "d weight"), got, want):
         assert g.dtype == torch.float32, f"{name} of float32 inputs came back in {g.dtype}"
         torch.testing.assert_close(g, w, **F32_TOL, msg=lambda m, name=name: f"{name}: {m}")
+    # Large logits (up to ~900, where exp overflows float32 past 88.7), as F.cross_entropy takes
+    # them: the log-sum-exp must subtract the row max. The loss (~660) to F32_TOL; the gradients
+    # carry the float32 rounding of logits of ~900 (~5e-5 each) through softmax and · W (entries
+    # ~35): atol 5e-4, rtol 1e-4 (measured 4.8e-5 on d hidden, 1.1e-6 on d weight).
+    hidden, weight, targets = _problem(64, 32, 1000, seed=7)
+    with torch.no_grad():
+        weight.mul_(100)
+    want, got = _reference(hidden, weight, targets), _ours(hidden, weight, targets, 16)
+    for name, g, w, tol in zip(("loss", "d hidden", "d weight"), got, want,
+                               (F32_TOL, *[dict(atol=5e-4, rtol=1e-4)] * 2)):
+        torch.testing.assert_close(g, w, **tol, msg=lambda m, name=name: (
+            f"{name} with logits up to ~900: {m} — is the log-sum-exp computed stably (the row "
+            "max subtracted before exp, as torch.logsumexp does)?"))
 
 
 @pytest.mark.exercise("5.9", points=2)
 def test_ignored_targets_count_for_nothing_and_the_gradient_follows_the_caller():
     """Check targets equal to -100 (every 3rd token): the loss is the mean over the others only,
     the ignored tokens' rows of d hidden are exactly 0, and backward scales by the incoming
-    gradient ((loss · 2.5).backward(), as under gradient accumulation or a loss scaler)."""
+    gradient ((loss · 2.5).backward(), as under gradient accumulation or a loss scaler); with
+    every target ignored the loss is NaN, as F.cross_entropy's."""
     hidden, weight, targets = _problem(90, 16, 300, torch.float64, ignore_every=3)
     want = _reference(hidden, weight, targets, scale=2.5)
     got = _ours(hidden, weight, targets, 16, scale=2.5)
@@ -128,6 +144,13 @@ def test_ignored_targets_count_for_nothing_and_the_gradient_follows_the_caller()
         torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10, msg=lambda m, name=name: (
             f"{name} of 2.5 × loss: {m} — does backward multiply by grad_loss, and divide by the "
             "number of counted tokens?"))
+    # Every target ignored: F.cross_entropy's mean over no token is 0/0 = NaN, and so is ours.
+    targets = torch.full_like(targets, IGNORE)
+    loss = _ours(hidden, weight, targets, 16)[0]
+    assert torch.isnan(loss), (
+        f"loss with every target ignored is {loss.item()}, F.cross_entropy gives "
+        f"{_reference(hidden, weight, targets)[0].item()}: divide by the count of counted tokens as it is "
+        "(no clamp to 1), as F.cross_entropy does")
 
 
 @pytest.mark.exercise("5.9", points=1)
