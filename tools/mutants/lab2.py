@@ -438,3 +438,31 @@ INDEPENDENT += [
            replace='update = m / (1 - beta1 ** state["step"]) * _factored_rsqrt(rr, cc)',
            why="adds Adam's bias correction to the first moment (the paper has none)"),
 ]
+
+# round 14b (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("2.3", "lab2/adam8bit.py", find="denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(eps)",
+           replace="denom = v.sqrt().add_(eps) / math.sqrt(1 - beta2 ** t)",
+           why="adds eps before the second moment's bias correction (eps is corrected too)"),
+    Mutant("2.3", "lab2/adam8bit.py", find="state[\"step\"] += 1\n        t = state[\"step\"]",
+           replace="t = state[\"step\"] + 1",
+           why="uses step + 1 for the bias corrections but never stores the new step count"),
+    Mutant("2.3", "lab2/adam8bit.py", find="blocks = math.ceil(p.numel() / block_size)",
+           replace="blocks = max(1, p.numel() // block_size)",
+           why="rounds the number of blocks down (a short last block has no scale)"),
+    Mutant("2.3", "lab2/adam8bit.py", find="v.mul_(beta2).addcmul_(g, g, value=1 - beta2)",
+           replace="v.mul_(beta2).addcmul_(g, g)",
+           why="adds the full g² into v, forgetting the (1 − β₂) weight"),
+    Mutant("2.3", "lab2/adam8bit.py", find="lr, eps, block_size = group[\"lr\"], group[\"eps\"], group[\"block_size\"]",
+           replace="lr, eps, block_size = group[\"lr\"], group[\"eps\"], 256",
+           why="always quantizes in bitsandbytes' blocks of 256, ignoring block_size"),
+    Mutant("2.6", "lab2/zero_offload.py", find="master.grad = self.host_grads[i].to(master.dtype)",
+           replace="master.grad = self.host_grads[i]",
+           why="hands the host Adam the 16-bit gradient without casting it to the master's dtype"),
+    Mutant("2.6", "lab2/zero_offload.py", find="self.params[i].copy_(self.master[i].to(self.params[i].dtype))",
+           replace="self.params[i].data = self.master[i].to(self.params[i].dtype)",
+           why="rebinds the parameter to the (rounded) host master instead of copying into it"),
+    Mutant("2.6", "lab2/zero_offload.py", find="        self.arrived.add(i)\n",
+           replace="",
+           why="copies the gradient but forgets to note that it arrived"),
+]

@@ -672,3 +672,19 @@ INDEPENDENT += [
     # each rank ends at 0, the start value: the two maxima are the same for every schedule that
     # validate_split accepts: equivalent (the graders passed))
 ]
+
+# round 14b (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("3.7", "lab3/zero3.py", find="return  # already gathered",
+           replace="pass  # already gathered",
+           why="all-gathers a unit again even when it is already gathered"),
+    Mutant("3.7", "lab3/zero3.py", find="u.full = torch.zeros(self.world_size * u.shard_size, dtype=u.dtype)",
+           replace="u.full = torch.zeros(self.world_size * u.shard_size, dtype=u.master_dtype)",
+           why="makes the full buffer in the master dtype: a 16-bit model computes in fp32"),
+    Mutant("3.7", "lab3/zero3.py", find="        u.full.untyped_storage().resize_(0)\n",
+           replace="        u.full = torch.zeros(0, dtype=u.dtype)\n",
+           why="frees by dropping the reference to the full buffer (the parameters still view the old one)"),
+    Mutant("3.7", "lab3/zero3.py", find="        self._free(u)\n        # END SOLUTION\n\n    def _gather",
+           replace="        # END SOLUTION\n\n    def _gather",
+           why="leaves each unit's (zero) full buffer allocated after sharding it"),
+]

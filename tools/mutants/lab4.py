@@ -471,3 +471,28 @@ INDEPENDENT += [
            replace="        sent = parts[0]",
            why="takes rank 0's dequantized part as what this rank sent (error feedback wrong on the other ranks)"),
 ]
+
+# round 14b (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="p.grad = None if total is None else",
+           replace="p.grad = torch.zeros_like(p) if total is None else",
+           why="leaves a zero gradient where no rank had one"),
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="        self.in_flight = []\n",
+           replace="",
+           why="never empties in_flight: finish() writes the old buckets again"),
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="(total / self.world_size).to(p.dtype)",
+           replace="(total / self.world_size)",
+           why="writes the average in reduce_dtype instead of the parameter's dtype"),
+    Mutant("4.3", "lab4/zero2.py", find="self.present[positions] += output[offset:]",
+           replace="self.present[positions] = output[offset:]",
+           why="overwrites the presence counts instead of adding them"),
+    Mutant("4.3", "lab4/zero2.py", find="mine = self.local_slice().to(self.dtype)",
+           replace="mine = self.local_slice()",
+           why="all-gathers the master slice without casting it to the parameters' dtype"),
+    Mutant("4.3", "lab4/zero2.py", find="        self.present[positions] += output[offset:]\n        self.in_flight = None\n",
+           replace="        self.present[positions] += output[offset:]\n",
+           why="forgets the finished reduce-scatter only when the next one replaces it (step() adds the last one twice)"),
+    Mutant("4.3", "lab4/zero2.py", find="self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))",
+           replace="self.handles.append(p.register_hook(lambda g, p=p: self._on_grad_ready(p)))",
+           why="hooks the gradient before it is accumulated into .grad (the bucket reads the old .grad)"),
+]

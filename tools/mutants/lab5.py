@@ -823,3 +823,22 @@ INDEPENDENT += [
            replace="        return total / count.clamp(min=1)\n",
            why="returns 0 instead of NaN when no target counts"),
 ]
+
+# round 14b (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("5.1", "lab5/checkpointing.py", find="            held += act[i]\n            i += 1\n",
+           replace="            held += inp[i]\n            i += 1\n",
+           why="a layer outside the segments holds only its input"),
+    Mutant("5.3", "lab5/checkpointing.py", find="inside = m + sum(act[i:j])",
+           replace="inside = m + inp[i] + sum(act[i + 1:j])",
+           why="counts a recomputed segment as its input plus the later layers' activations (drops the first layer's)"),
+    Mutant("5.3", "lab5/checkpointing.py", find="r + sum(fl[i:j])",
+           replace="r + sum(fl[i:j - 1])",
+           why="off by one in a segment's recompute (its last layer not counted)"),
+    # (dropped: never considers a segment that ends at the last layer, range(i + 1, n): such a
+    # segment [s, L) peaks at m(s) + act[s] + ... + act[L-1] during its recompute, exactly the
+    # forward-end bytes of keeping those layers, which recomputes nothing; so it is never needed
+    # by a least-recompute schedule: equivalent (the graders passed; the sums differ only in their
+    # order, and a probe of 3000 random float cost sets found no budget = schedule_cost(s).peak
+    # that the mutant refuses))
+]

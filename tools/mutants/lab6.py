@@ -500,3 +500,13 @@ INDEPENDENT += [
     Mutant("6.6", "lab6/expert_parallel.py", find="    kept = slots >= 0\n", replace="    kept = slots > 0\n",
            why="combine treats slot 0 as dropped (off by one)"),
 ]
+
+# round 14b (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("6.3", "lab6/device_mesh.py", find="dim = names.index(axis)",
+           replace="dim = AXES.index(axis)",
+           why="looks the axis up in the course's fixed order instead of the mesh's names"),
+    Mutant("6.3", "lab6/device_mesh.py", find="rank, c = divmod(rank, size)",
+           replace="c, rank = divmod(rank, size)",
+           why="swaps quotient and remainder of divmod"),
+]
