@@ -45,7 +45,7 @@ def zero3(N):
     from labkit.harness.lab3 import train_zero3
 
     model, batches = setup(N)
-    return launch(train_zero3, N, model, batches, lr=LR, timeout=120)
+    return launch(train_zero3, N, model, batches, lr=LR, after_eval=True, timeout=120)
 
 
 @functools.lru_cache(maxsize=None)
@@ -205,7 +205,8 @@ def test_peak_gathered_bytes_are_the_root_and_one_block(N):
 def test_collectives_per_step_two_all_gathers_and_one_reduce_scatter_per_block(N):
     """Check count_comm per step: all-gathers 2 per block + 1 for the root, one reduce-scatter
     per unit, with bytes Σ N·S·4 of each all-gather and Σ N·(S + P)·4 of each reduce-scatter
-    (the gradients and one presence count per parameter: the formula), every step."""
+    (the gradients and one presence count per parameter: the formula), every step; and no
+    all-gather of the root when a forward under ``torch.no_grad()`` left it gathered."""
     model, _ = setup(N)
     padded = [math.ceil(n / N) * N * 4 for n in unit_numels(model)]
     counts = [N * P * 4 for P in unit_param_counts(model)]
@@ -219,6 +220,13 @@ def test_collectives_per_step_two_all_gathers_and_one_reduce_scatter_per_block(N
                 f"N={N} rank {r} step {step}: collectives {got}, expected {want}: is each block gathered "
                 "before forward and again before backward (and not more), and its gradient "
                 "reduce-scattered once?")
+        # after an evaluation forward (no_grad) the root is still gathered (the given hooks free
+        # it at the end of a backward): a training step then gathers the blocks only
+        got = res["comm_after_eval"]["calls"].get("all_gather_into_tensor", 0)
+        assert got == 2 * blocks, (
+            f"N={N} rank {r}: a forward and backward right after a forward under torch.no_grad() "
+            f"issued {got} all-gathers, expected {2 * blocks} (2 per block): the root was still "
+            "gathered — is a unit that is already gathered gathered again?")
     assert_params_equal_unsharded(N, zero3(N), MEASURED)
 
 

@@ -318,7 +318,8 @@ def peaks_by_microbatches(kind: str, num_stages: int, microbatches, cfg: GPTConf
 # ---------------------------------------------------------------- 3.7 ZeRO-3
 
 def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float = 1e-3,
-                prefetch: bool = False, groups: int = 1, backwards: int = 1) -> dict:
+                prefetch: bool = False, groups: int = 1, backwards: int = 1,
+                after_eval: bool = False) -> dict:
     """Train with the student's ``ZeRO3`` on ``batches[step][r]`` (r: this rank's index in its
     ZeRO group, one of ``groups`` subgroups); ``backwards`` > 1: ``batches[step][r]`` is a list
     of (x, y) micro-batches, each backpropagated before the one ``step()``. Run by
@@ -328,7 +329,11 @@ def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float
     the shards keep alive: a shard that is a view keeps its whole base), "peak_live_bytes", "unit_numels",
     "first_grads": this rank's gradient slice per unit after the first step's backwards,
     "comm": per step {"calls", "bytes"}, "events": the first step's ZeRO3.events with its
-    all-gathers logged}``."""
+    all-gathers logged, "comm_after_eval": None, or with ``after_eval`` {"calls", "bytes"} of
+    one forward and backward run after the last step right behind a forward under
+    ``torch.no_grad()`` (an evaluation, which leaves the root gathered: the given hooks free it
+    at the end of a backward), gradients then discarded with ``zero_grad()``: the parameters are
+    those of the last step}``."""
     from labkit.lab3.zero3 import ZeRO3
 
     group, z_rank, _ = subgroup(rank, world_size, groups)
@@ -355,7 +360,18 @@ def train_zero3(rank: int, world_size: int, model: nn.Module, batches, lr: float
         losses.append(total / len(micro))
         comm.append(_counts(c))
     storage = sum(u.shard.untyped_storage().nbytes() for u in z.units)  # what the shards keep alive
+    peak = z.peak_live_bytes  # of the training steps (before the after_eval run)
+    comm_after_eval = None
+    if after_eval and losses:
+        x, y = micro[0]
+        with torch.no_grad():
+            model(x, y)  # an evaluation: the root stays gathered
+        with count_comm() as c:
+            model(x, y).backward()
+        z.zero_grad()  # discarded: no step
+        comm_after_eval = _counts(c)
     return {"params": z.full_parameters(), "losses": losses, "shard_bytes": z.shard_bytes(),
             "shard_storage_bytes": storage,
-            "peak_live_bytes": z.peak_live_bytes, "unit_numels": [u.numel for u in z.units],
+            "peak_live_bytes": peak, "comm_after_eval": comm_after_eval,
+            "unit_numels": [u.numel for u in z.units],
             "first_grads": first_grads, "comm": comm, "events": events}
