@@ -159,7 +159,8 @@ def test_bucketed_ddp_bytes_and_calls_follow_the_cap(config):
     """Check the counted all-reduces of each iteration: 4Ψ bytes of gradients in all (fp32, also
     for bf16 parameters; frozen ones excluded) plus 4 bytes of presence count per parameter, in
     the bucket sizes the cap gives, and ``buckets_sent`` = every bucket by the end of backward,
-    reset by finish(); and the counted run's gradients are DDP's."""
+    reset by finish() (which also forgets the all-reduces it waited for: ``in_flight`` empty);
+    and the counted run's gradients are DDP's."""
     model, batches, cap, results = run(config)
     buckets = planned_buckets(model, cap)
     psi = sum(n for b in buckets for _, n in b)
@@ -180,6 +181,10 @@ def test_bucketed_ddp_bytes_and_calls_follow_the_cap(config):
                 f"{where(config, rank, res)}, iteration {it}: buckets_sent was "
                 f"{res['sent_before_finish'][it]} before finish() and {res['sent_after_finish'][it]} "
                 f"after, expected {len(buckets)} (every bucket, by the end of backward) and 0")
+            assert res["held_after_finish"][it] == 0, (
+                f"{where(config, rank, res)}, iteration {it}: in_flight still holds "
+                f"{res['held_after_finish'][it]} all-reduce(s) after finish(): each keeps its "
+                "bucket's buffer alive, and they pile up step after step")
     assert_grads_equal_ddps(config, MEASURED)
 
 

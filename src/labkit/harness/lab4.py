@@ -126,7 +126,7 @@ def compare_with_ddp(rank: int, world_size: int, model: torch.nn.Module, batches
     (after wrapping), ``"events"`` (per iteration: the EventLog of backward, then
     ("backward_end",), then finish's, then ("finish_end",)), ``"sent_before_finish"`` (per
     iteration: ``buckets_sent`` right before ``finish()``), ``"sent_after_finish"``,
-    ``"calls"``, ``"bytes_sent"`` (per iteration, backward + finish), ``"init_bytes"``
+    ``"held_after_finish"`` (per iteration: ``len(in_flight)`` after ``finish()``), ``"calls"``, ``"bytes_sent"`` (per iteration, backward + finish), ``"init_bytes"``
     (construction), ``"ranks"`` (of this rank's group)``}``."""
     from labkit.lab4.bucketed_ddp import BucketedDDP
 
@@ -142,7 +142,7 @@ def compare_with_ddp(rank: int, world_size: int, model: torch.nn.Module, batches
     params = [p.detach().clone() for p in mine.parameters()]
     log = EventLog()
     _probe(log, mine)
-    events, before, after, calls, sent = [], [], [], [], []
+    events, before, after, held, calls, sent = [], [], [], [], [], []
     for _ in range(iterations):
         for p in mine.parameters():
             p.grad = None
@@ -155,6 +155,7 @@ def compare_with_ddp(rank: int, world_size: int, model: torch.nn.Module, batches
             ddp.finish()
             log.note("finish_end")
         after.append(ddp.buckets_sent)
+        held.append(len(ddp.in_flight))
         events.append(list(log.events))
         calls.append(dict(counts.calls))
         sent.append(dict(counts.bytes_sent))
@@ -162,6 +163,7 @@ def compare_with_ddp(rank: int, world_size: int, model: torch.nn.Module, batches
     return {"grads": [None if p.grad is None else p.grad.clone() for p in mine.parameters()],
             "ref_grads": ref["grads"], "params": params, "ref_params": ref["params"],
             "events": events, "sent_before_finish": before, "sent_after_finish": after,
+            "held_after_finish": held,
             "calls": calls, "bytes_sent": sent, "init_bytes": dict(init_counts.bytes_sent),
             "ranks": ranks}
 
