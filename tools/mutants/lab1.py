@@ -321,3 +321,26 @@ INDEPENDENT += [
            replace="head = (B * T * C + norm_stats",
            why="counts only one of ln_f's input and output"),
 ]
+
+# round 14c (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("1.2", F, find='"16bit+fp32": weight + 4}', replace='"16bit+fp32": weight + 4 if recipe != "fp32" else 4}',
+           why="under the fp32 recipe counts the 16bit+fp32 buffer as the fp32 gradients alone (no copy)"),
+    Mutant("1.2", F, find='master = 4 * n_params if recipe == "mixed" else 0',
+           replace='master = 4 * n_params if recipe == "mixed" and optimizer != "adam8bit" else 0',
+           why="gives 8-bit Adam no fp32 master copy under the mixed recipe"),
+    Mutant("1.2", F, find="states = 2 * n_params + 2 * 4 * blocks",
+           replace="states = 2 * n_params + 2 * moment * blocks",
+           why="stores 8-bit Adam's absmax scales in the moments' dtype (2 bytes under bf16) instead of fp32"),
+    Mutant("1.5", F, find="for prev, n in zip([0] + sizes, sizes)) * s",
+           replace="for prev, n in zip([0] + sizes, sizes)) * 4",
+           why="counts the optimizer's temporaries as fp32 whatever the model's dtype"),
+    Mutant("1.5", F, find="update = P + G + O + working", replace="update = P + G + states_before + working",
+           why="leaves the optimizer states out of the update of step 1 (they are born during it)"),
+    Mutant("1.5", F, find="sizes = [cfg.vocab_size * C, cfg.block_size * C]",
+           replace="sizes = [cfg.block_size * C, cfg.vocab_size * C]",
+           why="puts the position embedding before the token embedding in parameters() order"),
+    Mutant("1.5", F, find="loss_grads = 2 * batch_size * seq_len * cfg.vocab_size * s",
+           replace="loss_grads = 2 * batch_size * seq_len * cfg.vocab_size * 4",
+           why="counts the loss's B·T·V gradients as fp32 under the bf16 recipe"),
+]

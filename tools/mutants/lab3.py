@@ -688,3 +688,34 @@ INDEPENDENT += [
            replace="        # END SOLUTION\n\n    def _gather",
            why="leaves each unit's (zero) full buffer allocated after sharding it"),
 ]
+
+# round 14c (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("3.2", "lab3/mixed_precision.py", find="            states = [self.state[p] for p in params]\n",
+           replace="            states = [self.state[p] for p in params]\n"
+                   "            for q in group['params']:\n"
+                   "                if q.grad is None and self.state[q]:\n"
+                   "                    self.state[q]['step'] += 1\n",
+           why="counts a step for a parameter without a gradient (its bias corrections run ahead)"),
+    Mutant("3.3", "lab3/fp8.py",
+           find="scale = amax_scale(max(self.history) if self.history else amax, self.fmt, self.margin)",
+           replace="scale = amax_scale(max(self.history) if self.history else amax, self.fmt)",
+           why="delayed scaling ignores its margin"),
+    Mutant("3.4", "lab3/tensor_parallel.py",
+           find="        T, r = dist.get_world_size(group), dist.get_rank(group)\n        C, H",
+           replace="        T, r = dist.get_world_size(group), dist.get_rank()\n        C, H",
+           why="attention picks its heads by the world rank instead of the rank in the group"),
+    Mutant("3.4", "lab3/tensor_parallel.py",
+           find="self.weight = nn.Parameter(full.weight.detach()[:, r * per:(r + 1) * per].clone())",
+           replace="self.weight = nn.Parameter(full.weight.detach()[:, r * per:(r + 1) * per])",
+           why="the row-parallel weight is a view of the full layer's weight, not a copy"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="    makespan = max(free)\n", replace="    makespan = free[-1]\n",
+           why="takes the last stage's end as the makespan (the first stage finishes last)"),
+    Mutant("3.5", "lab3/pipeline_schedule.py",
+           find='stop = start + (forward_cost if kind == "F" else backward_cost)',
+           replace="stop = start + forward_cost",
+           why="gives every action the forward's cost (backward_cost ignored)"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="grown = (self._scale.double() * self.growth_factor).float()",
+           replace="grown = self._scale * self.growth_factor",
+           why="grows in float32 (GradScaler multiplies in float64, then rounds)"),
+]
