@@ -523,8 +523,10 @@ def _moment_hint(point) -> str:
 
 @pytest.mark.exercise("1.5", points=1)
 def test_predict_peak_when_backward_begins():
-    """Check a model whose peaks fall as backward begins (activations + the loss's gradients)."""
+    """Check a model whose peaks fall as backward begins (activations + the loss's gradients).
+    In fp32 and in bf16: there the loss's two (B·T, V) gradients are bf16 like the logits."""
     _check_peaks(DEEP, 5, 48, "fp32", "sgd-momentum", steps=1)
+    _check_peaks(DEEP, 5, 48, "bf16", "sgd-momentum", steps=1)
 
 
 @pytest.mark.exercise("1.5", points=1)
