@@ -382,6 +382,24 @@ def test_zero1_refuses_bad_input(call, word):
         call(z)
 
 
+def _zero1_after_model_zero_grad(rank, world_size):
+    """Run on the ranks: two parameters, both with a gradient at step 1; then their ``.grad``
+    set to None by the model (``model.zero_grad()``, not the optimizer's ``zero_grad``), and at
+    step 2 only ``a`` has one. torch's Adam (under DDP too) skips ``b`` at step 2."""
+    from labkit.lab2.zero1 import ZeRO1
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Parameter(torch.randn(7)), torch.nn.Parameter(torch.randn(5))
+    opt = ZeRO1([a, b], lr=1e-2)
+    a.grad, b.grad = torch.full_like(a, rank + 1.0), torch.full_like(b, -(rank + 1.0))
+    opt.step()
+    b_after_1 = b.detach().clone()
+    a.grad = b.grad = None  # what model.zero_grad() does; ZeRO1.zero_grad is not called
+    a.grad = torch.ones_like(a)
+    opt.step()
+    return torch.equal(b.detach(), b_after_1)
+
+
 @pytest.mark.exercise("2.5", points=1)
 def test_zero1_inside_a_subgroup_with_a_missing_gradient():
     """A world of 4 ranks split into two data-parallel groups {0, 1} and {2, 3} (lab 7 runs
@@ -391,7 +409,9 @@ def test_zero1_inside_a_subgroup_with_a_missing_gradient():
     True) gives them (the contract): a rank without the gradient adds zeros, a parameter no rank
     has one for is skipped (not moved, its step count not advanced). Collectives over the world
     (the default group) mix the groups; a group rank taken for a global one shards wrongly.
-    Tolerance: UPDATE_TOL."""
+    Tolerance: UPDATE_TOL. Then, on 2 ranks, the same skip when the gradients were cleared by
+    ``model.zero_grad()`` instead of the optimizer's: a piece's gradient of an earlier step must
+    not stand in for a missing one (exact: ``b`` must not move)."""
     model, batches, results = run_dp(4, variant="subgroups")
     names = [n for n, _ in model.named_parameters()]
     for members in ((0, 1), (2, 3)):
@@ -405,3 +425,10 @@ def test_zero1_inside_a_subgroup_with_a_missing_gradient():
                     f"rank {rank} (group {members}), {name}: {m} — run every collective over "
                     "self.group; a rank without .grad adds zeros, and a parameter no rank has a "
                     "gradient for must get none (the optimizer then skips it)"))
+    from labkit.ranks import launch
+
+    unchanged = launch(_zero1_after_model_zero_grad, 2, timeout=60)
+    assert all(unchanged), (
+        "a parameter with a gradient at step 1 and none on any rank at step 2 (cleared by "
+        "model.zero_grad(), not by the optimizer's zero_grad) moved at step 2: step() must give "
+        "its pieces no gradient then (not the one left from step 1), so the optimizer skips it")
