@@ -496,3 +496,19 @@ INDEPENDENT += [
            replace="self.handles.append(p.register_hook(lambda g, p=p: self._on_grad_ready(p)))",
            why="hooks the gradient before it is accumulated into .grad (the bucket reads the old .grad)"),
 ]
+
+# round 14c (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("4.1", "lab4/grad_accumulation.py", find="loss_sum += float(loss.detach())",
+           replace="loss_sum += loss.detach()",
+           why="returns the batch's loss as a 0-d tensor, not a float"),
+    Mutant("4.4", "lab4/compression.py", find="step=step).to(g.device)",
+           replace="step=step + 1).to(g.device)",
+           why="random-K draws with step = this bucket's calls counting this one (off by one)"),
+    Mutant("4.5", "lab4/powersgd.py", find="qs = [orthogonalize_(q.clone(), eps) for q in qs]",
+           replace="qs = [q.clone() for q in qs]",
+           why="does not orthonormalise the warm-start Q before P = M Q"),
+    Mutant("4.5", "lab4/powersgd.py", find="if should_compress(n, m, min(n, m, state.rank)):",
+           replace="if should_compress(n, m, state.rank):",
+           why="asks should_compress with r = state.rank even for a matrix thinner than that"),
+]

@@ -842,3 +842,38 @@ INDEPENDENT += [
     # order, and a probe of 3000 random float cost sets found no budget = schedule_cost(s).peak
     # that the mutant refuses))
 ]
+
+# round 14c (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("5.2", "lab5/checkpointing.py", find="model.h = nn.ModuleList(modules)",
+           replace="model.h = nn.Sequential(*modules)",
+           why="puts the new blocks and segments in an nn.Sequential, not an nn.ModuleList"),
+    Mutant("5.4", "lab5/selective_checkpoint.py", find="return out.numel() * out.element_size()",
+           replace="return out.numel() * 4",
+           why="counts 4 bytes per output element whatever its dtype"),
+    Mutant("5.4", "lab5/selective_checkpoint.py", find="count(*args, **(kwargs or {}), out_val=out)",
+           replace="count(*args, out_val=out)",
+           why="passes the operator's positional arguments to the formula but drops its kwargs"),
+    Mutant("5.5", "lab5/offload.py", find="                self.shared_count += 1\n",
+           replace="",
+           why="never counts the saves that find their data already copied (shared_count)"),
+    Mutant("5.5", "lab5/offload.py", find="        key = data_key(tensor)\n",
+           replace="        key = id(tensor)\n",
+           why="identifies a save by the tensor object, so a reshaped view of copied data gets a second copy"),
+    Mutant("5.6", "lab5/flash_attention.py",
+           find="lse = torch.empty(B * H, S, 1, dtype=acc_dtype, device=q.device)",
+           replace="lse = torch.empty(B * H, S, 1, dtype=q.dtype, device=q.device)",
+           why="returns L in the input's dtype (bf16/fp16), not stats_dtype"),
+    Mutant("5.6", "lab5/flash_attention.py",
+           find="    acc_dtype = stats_dtype(q.dtype)\n    scale = 1.0 / math.sqrt(D)\n"
+                "    qa = (q.to(acc_dtype) * scale).reshape(B * H, S, D)  # q pre-scaled",
+           replace="    acc_dtype = q.dtype\n    scale = 1.0 / math.sqrt(D)\n"
+                   "    qa = (q.to(acc_dtype) * scale).reshape(B * H, S, D)  # q pre-scaled",
+           why="backward accumulates dq, dk, dv in the input dtype (bf16/fp16)"),
+    Mutant("5.7", "lab5/ring_attention.py", find="            if src < rank:  # an earlier block",
+           replace="            if src > rank:  # an earlier block",
+           why="contiguous causal: attends to the later ranks' blocks instead of the earlier ones"),
+    Mutant("5.8", "lab5/sequence_parallel.py", find="manual_seed(seed * 2**32 + s)",
+           replace="manual_seed(seed + s)",
+           why="seeds position s with seed + s (seed 1's position 0 is seed 0's position 1)"),
+]

@@ -510,3 +510,18 @@ INDEPENDENT += [
            replace="c, rank = divmod(rank, size)",
            why="swaps quotient and remainder of divmod"),
 ]
+
+# round 14c (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("6.1", "lab6/caching_allocator.py", find="target = max(size, self.max_split_size)",
+           replace="target = size",
+           why="release_available aims at the request's size, not at least max_split_size"),
+    Mutant("6.1", "lab6/caching_allocator.py", find="        self.allocated_bytes += block.size\n",
+           replace="        self.allocated_bytes += size\n",
+           why="allocated_bytes adds the rounded request, not the block taken (larger when not split)"),
+    Mutant("6.2", "lab6/memory_planner.py", find="key=lambda t: (t.start, t.id)",
+           replace="key=lambda t: t.start",
+           why="orders by start only: ties keep the input's order, not the ids'"),
+    Mutant("6.5", "lab6/fusion.py", find="dy = 0.5 * (1 + t) + 0.5 * x", replace="dy = 0.5 * (1 + t) + x",
+           why="forgets the 0.5 of the second term of the product rule"),
+]

@@ -290,3 +290,27 @@ INDEPENDENT += [
            replace="            if rank == ranks[0]:",
            why="keeps the embedding group on the first stage only: the last stage never sums the tied weight's gradient"),
 ]
+
+# round 14c (session 14): written before reading the graders
+INDEPENDENT += [
+    Mutant("7.1", "lab7/planner.py", find="sizes = sorted(set(small + [per_rank // b for b in small]))",
+           replace="sizes = small",
+           why="tries micro-batch sizes only up to √(B/D) (forgets the divisors' other halves)"),
+    Mutant("7.1", "lab7/planner.py", find="if host > host_usable:", replace="if host > cluster.host_memory_bytes:",
+           why="checks the node's host memory without the margin"),
+    Mutant("7.2", "lab7/run_plan.py", find="if plan.zero_stage == 3 and (plan.tp > 1 or plan.pp > 1):",
+           replace="if plan.zero_stage == 3 and plan.tp > 1:",
+           why="lets ZeRO-3 run with a pipeline"),
+    Mutant("7.2", "lab7/run_plan.py", find="first_in_flight = min(P - stage, M)",
+           replace="first_in_flight = P - stage",
+           why="1F1B: stage p holds P − p micro-batches even when M is smaller"),
+    Mutant("7.2", "lab7/run_plan.py", find="working = 4 * b * S * C * (2 + 4 // T) if P > 1 else 0",
+           replace="working = 4 * b * S * C * (2 + 4) if P > 1 else 0",
+           why="the backward working set's 4C-wide hidden gradient not split by TP"),
+    Mutant("7.2", "lab7/run_plan.py", find="later_in_flight = min(first_in_flight, M - 1)",
+           replace="later_in_flight = M - 1",
+           why="1F1B: every stage holds M − 1 micro-batches at a later backward"),
+    Mutant("7.2", "lab7/run_plan.py", find="stage, _, _ = coords_of(rank, mesh_shape(plan))",
+           replace="stage = rank % P",
+           why="takes the pipeline stage as rank mod P (the innermost axis) instead of the outermost"),
+]
