@@ -61,6 +61,11 @@ def test_accumulation_equals_the_full_batch(k):
     loss = accumulate_gradients(model, x, y, k)
     assert_grads_equal(model, want, f"k = {k}: is each micro-batch's loss scaled by its share "
                        "(1/k here), and is every micro-batch's backward run once?", **F64_TOL)
+    # the contract returns a Python float (float(t), t.item() and numpy's float64 all are one),
+    # not a tensor, which would also keep the last micro-batch's tensor alive for the caller
+    assert isinstance(loss, float), (
+        f"returned {type(loss).__name__} {loss!r}: the docstring's Returns is the whole batch's "
+        "loss as a float")
     full_loss = float(copy.deepcopy(model)(x, y).detach())
     assert math.isclose(loss, full_loss, rel_tol=1e-12), (
         f"returned loss {loss!r}, the full batch's is {full_loss!r}: return the weighted sum of "
