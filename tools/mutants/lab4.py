@@ -508,7 +508,7 @@ INDEPENDENT += [
     Mutant("4.5", "lab4/powersgd.py", find="qs = [orthogonalize_(q.clone(), eps) for q in qs]",
            replace="qs = [q.clone() for q in qs]",
            why="does not orthonormalise the warm-start Q before P = M Q"),
-    Mutant("4.5", "lab4/powersgd.py", find="if should_compress(n, m, min(n, m, state.rank)):",
-           replace="if should_compress(n, m, state.rank):",
-           why="asks should_compress with r = state.rank even for a matrix thinner than that"),
+    # (dropped: should_compress(n, m, state.rank) instead of r = min(n, m, state.rank) is
+    # equivalent — when min(n, m) < state.rank, (n + m)·min(n, m) >= n·m already says "do not
+    # compress", and a larger r only makes (n + m)·r larger: the decision never changes)
 ]

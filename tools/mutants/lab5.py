@@ -851,9 +851,9 @@ INDEPENDENT += [
     Mutant("5.4", "lab5/selective_checkpoint.py", find="return out.numel() * out.element_size()",
            replace="return out.numel() * 4",
            why="counts 4 bytes per output element whatever its dtype"),
-    Mutant("5.4", "lab5/selective_checkpoint.py", find="count(*args, **(kwargs or {}), out_val=out)",
-           replace="count(*args, out_val=out)",
-           why="passes the operator's positional arguments to the formula but drops its kwargs"),
+    # (dropped: calling the flop formula without the operator's kwargs is equivalent in torch
+    # 2.13 — no formula in torch.utils.flop_counter reads a keyword-only argument of its aten
+    # schema (scale, beta/alpha, out_dtype, seqlen_k, window_size are ignored); the graders passed)
     Mutant("5.5", "lab5/offload.py", find="                self.shared_count += 1\n",
            replace="",
            why="never counts the saves that find their data already copied (shared_count)"),

@@ -304,9 +304,9 @@ INDEPENDENT += [
     Mutant("7.2", "lab7/run_plan.py", find="first_in_flight = min(P - stage, M)",
            replace="first_in_flight = P - stage",
            why="1F1B: stage p holds P − p micro-batches even when M is smaller"),
-    Mutant("7.2", "lab7/run_plan.py", find="working = 4 * b * S * C * (2 + 4 // T) if P > 1 else 0",
-           replace="working = 4 * b * S * C * (2 + 4) if P > 1 else 0",
-           why="the backward working set's 4C-wide hidden gradient not split by TP"),
+    # (dropped: the backward working set's 4C term not split by TP moves predict_peak by 3%
+    # on TP 2 × PP 2 (the only plans it touches), inside the graders' 10% tolerance on measured
+    # peaks; pinning the docstring's (2 + 4/T) exactly would refuse other counts the 10% allows)
     Mutant("7.2", "lab7/run_plan.py", find="later_in_flight = min(first_in_flight, M - 1)",
            replace="later_in_flight = M - 1",
            why="1F1B: every stage holds M − 1 micro-batches at a later backward"),
