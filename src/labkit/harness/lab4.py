@@ -126,7 +126,8 @@ def compare_with_ddp(rank: int, world_size: int, model: torch.nn.Module, batches
     (after wrapping), ``"events"`` (per iteration: the EventLog of backward, then
     ("backward_end",), then finish's, then ("finish_end",)), ``"sent_before_finish"`` (per
     iteration: ``buckets_sent`` right before ``finish()``), ``"sent_after_finish"``,
-    ``"held_after_finish"`` (per iteration: ``len(in_flight)`` after ``finish()``), ``"calls"``, ``"bytes_sent"`` (per iteration, backward + finish), ``"init_bytes"``
+    ``"held_after_finish"`` (per iteration: ``len(in_flight)`` after ``finish()``), ``"calls"``,
+    ``"bytes_sent"`` (per iteration, backward + finish), ``"init_bytes"``
     (construction), ``"ranks"`` (of this rank's group)``}``."""
     from labkit.lab4.bucketed_ddp import BucketedDDP
 
