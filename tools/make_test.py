@@ -95,7 +95,7 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
         # the checker's own tests first (planted faults, the calculator): ~75 s, mostly waiting
         # on Chromium, which in the solutions part, one process on the longest chain, held it
         "site": (["bash", "-c", f"tools/ensure_chromium.sh && {' '.join(pytest)} -q -rs {SITE_TESTS}"
-                  f" && {python} tools/site_check.py --no-screenshots --strict"], {}),
+                  f" && {python} tools/site_check.py --no-screenshots --strict"], with_solutions),
     }
     if not ISOLATION.is_file():
         del table["isolation"]
