@@ -198,10 +198,11 @@ def predict_peak(plan: Plan, cfg: GPTConfig, batch_size: int, rank: int) -> int:
     * **backward begins**: this rank's parameters and optimizer states
       (``labkit.lab6.parallel_memory.static_bytes`` of the parameters this rank holds — its blocks'
       share under TP, the embeddings on the first stage, ``ln_f`` and the head on the last —
-      sharded by ZeRO over the D replicas; ZeRO-1 also keeps an fp32 copy of its slice), plus
-      the activations of the micro-batches in flight on this rank (exercise 1.3's exact count per
-      block and for the head, ``labkit.lab1.accounting.activation_bytes``, with what TP splits divided
-      by T; with checkpointing, each block's input and one block recomputed), the gradients of
+      sharded by ZeRO over the D replicas; fp32 parameters are their own master, so ZeRO-1
+      keeps no copy of its slice), plus the activations of the micro-batches in flight on this
+      rank (exercise 1.3's exact count per block and for the head,
+      ``labkit.lab1.accounting.activation_bytes``, with what TP splits divided by T; with
+      checkpointing, each block's input and one block recomputed), the gradients of
       the log-probabilities and logits on the last stage; with ZeRO-3 the root unit, one
       gathered block and its full gradients; on a pipeline stage its kept outputs and a block's
       backward working set, (2 + 4/T)·b·s·h·4 bytes;
