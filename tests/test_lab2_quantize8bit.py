@@ -105,7 +105,11 @@ def test_round_trip_error_bounds_and_block_size():
         codes, absmax = quantize_blockwise(x, code, 256)
         x_hat = dequantize_blockwise(codes, absmax, code, 256)
         per_element_absmax = absmax.repeat_interleave(256)[: x.numel()]
-        assert ((x_hat - x).abs() <= per_element_absmax * half_gap * (1 + 1e-5) + 1e-12).all()
+        bound = per_element_absmax * half_gap * (1 + 1e-5) + 1e-12
+        assert ((x_hat - x).abs() <= bound).all(), (
+            f"{int(((x_hat - x).abs() > bound).sum())} of {x.numel()} elements come back further "
+            "than half the code's largest gap times their block's absmax: is each value divided by "
+            "its own block's absmax and mapped to the nearest code entry?")
         zero_index = int(code.abs().argmin())  # the entry nearest 0 (first of equals)
         assert torch.equal(absmax[:2], torch.zeros(2)), (
             f"absmax of the two all-zero blocks is {absmax[:2].tolist()}, expected [0.0, 0.0]: "
@@ -124,7 +128,9 @@ def test_round_trip_error_bounds_and_block_size():
     assert errors == sorted(errors), f"mean error by block size {errors} should grow"
     bf16 = x.to(torch.bfloat16)
     codes, absmax = quantize_blockwise(bf16, dynamic_code(), 256)
-    assert codes.shape == bf16.shape and absmax.dtype == torch.float32
+    assert codes.shape == bf16.shape and absmax.dtype == torch.float32, (
+        f"a bf16 input gave codes of shape {tuple(codes.shape)} (its own: {tuple(bf16.shape)}) and "
+        f"absmax in {absmax.dtype}: the docstring's absmax is fp32 whatever the input's dtype")
 
 
 # =================================================================== 2.3 8-bit Adam
