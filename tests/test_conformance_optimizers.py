@@ -321,7 +321,7 @@ def test_a_parameter_without_gradient_is_skipped_and_counts_its_own_steps(info, 
     that starts at step 2 (its bias correction counts its own steps, not the optimizer's). And
     a gap once it has state: gradients at steps 1, 3 and 4, none at step 2 — it must not move at
     step 2 (no step with its old moments), and its count stops there, as the reference's does
-    (exercise 3.2's graders found a count that advanced in such a gap)."""
+    and, where it keeps one, its ``state["step"]`` says (3 against the others' 4)."""
     dtype = _own_dtype(info)
     plan = plan_of(3)
     plan[0] = [[set(ALL) - {"h.1.weight", "h.1.bias"}]]
@@ -344,7 +344,18 @@ def test_a_parameter_without_gradient_is_skipped_and_counts_its_own_steps(info, 
     gap = plan_of(4)
     gap[1] = [[set(ALL) - {"h.1.weight", "h.1.bias"}]]
     G = gradients(gap, dtype)
-    got, _ = _train(info, copy.deepcopy(model), G, _ctx(tmp_path, "gap"))
+    trained = copy.deepcopy(model)
+    got, opt = _train(info, trained, G, _ctx(tmp_path, "gap"))
+    # where it keeps torch's per-parameter state["step"] (not LOMO, nor the offloading ones,
+    # whose torch optimizer on the host masters keeps it): the steps each had a gradient at,
+    # exactly (exercise 2.8's graders once missed a count that never advanced)
+    state = getattr(opt, "state", None) or {}
+    for name, p in trained.named_parameters():
+        if "step" in state.get(p, {}):
+            want_steps = 3 if name.startswith("h.1.") else 4
+            assert float(state[p]["step"]) == want_steps, (
+                f"{info.name}: state['step'] of {name} is {state[p]['step']!r} after 4 steps, "
+                f"expected {want_steps} (the steps at which it had a gradient)")
     for name in ("h.1.weight", "h.1.bias"):
         assert torch.equal(got[1][name], got[0][name]), (
             f"{info.name} moved {name} at step 2, where it had no gradient (after one at step 1): "
