@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -94,8 +95,9 @@ def parts(python: str) -> dict[str, tuple[list[str], dict]]:
         "book": ([jb, "build", ".", "-W", "-n", "--keep-going"], with_solutions),
         # the checker's own tests first (planted faults, the calculator): ~75 s, mostly waiting
         # on Chromium, which in the solutions part, one process on the longest chain, held it
-        "site": (["bash", "-c", f"tools/ensure_chromium.sh && {' '.join(pytest)} -q -rs {SITE_TESTS}"
-                  f" && {python} tools/site_check.py --no-screenshots --strict"], with_solutions),
+        "site": (["bash", "-c", f"tools/ensure_chromium.sh && {shlex.join(pytest)} -q -rs {SITE_TESTS}"
+                  f" && {shlex.quote(python)} tools/site_check.py --no-screenshots --strict"],
+                 with_solutions),
     }
     if not ISOLATION.is_file():
         del table["isolation"]
