@@ -23,10 +23,17 @@ data-parallel group without ZeRO); that a pipeline cuts the tied embedding / out
 (stage 0's ``wte``, the last stage's ``lm_head``), whose gradients must be summed across the two
 stages before the update, as Megatron-LM does over its "embedding group".
 
-Known limits of the prediction (measured on the lab's model, batch 16): within 6% of MemTracker's
-peak on every rank of the three lab plans and of DP 2 × PP 2 under GPipe; it under-counts the
-middle stages of deeper pipelines (PP 4: 19–26% low) and the last stage of PP 2 × TP 2 (11% low),
-where received activations and gradients wait in send/recv buffers that it does not model; and
+Known limits of the prediction (measured on the lab's model, batch 16, 3 steps; a gap is
+measured / predicted − 1): within 6% of MemTracker's peak on every rank of the three lab plans,
+of DP 2 × TP 2 under ZeRO-2, of DP 2 × PP 2 (GPipe M = 4, 1F1B M = 4), of PP 2 × TP 2 (1F1B
+M = 2 and 4, GPipe M = 4), of PP 4 (1F1B and GPipe, M = 4 and 8) and of DP 2 × PP 2 × TP 2 on 8
+ranks. Every pipeline stage is within +4.0%; the largest gaps are ZeRO-3's −5.1% and ZeRO-2's
++5.4%. Those are peaks as ``labkit.harness.lab7.run_plans_worker`` measures them, with
+``releasing_module_hooks``: MemTracker by itself keeps every received activation of a stage
+after the first, and its gradient, alive to the end of the process, so that after 3 steps those
+stages measured up to +46% (PP 4, 1F1B, M = 8, stage 2) in bytes that nothing in the run itself
+holds. What the prediction leaves out: the gradient of the previous micro-batch's input, still
+being sent, and the gradients that appear during the first backward (the last stages' +2–4%);
 an update-time peak (checkpointing, small batches) moves by up to one flat gradient buffer with
 the timing of gloo's worker thread.
 
@@ -302,15 +309,20 @@ def predict_peak(plan: Plan, cfg: GPTConfig, batch_size: int, rank: int) -> int:
       (``labkit.lab6.parallel_memory.static_bytes`` of the parameters this rank holds — its blocks'
       share under TP, the embeddings on the first stage, ``ln_f`` and the head on the last —
       sharded by ZeRO over the D replicas; fp32 parameters are their own master, so ZeRO-1
-      keeps no copy of its slice), plus the activations of the micro-batches in flight on this
-      rank (exercise 1.3's exact count per block and for the head,
-      ``labkit.lab1.accounting.activation_bytes``, with what TP splits divided by T; with
-      checkpointing, each block's input and one block recomputed), the gradients of
-      the log-probabilities and logits on the last stage; with ZeRO-3 the root unit, one
-      gathered block and its full gradients; on a pipeline stage its kept outputs and a block's
-      backward working set, (2 + 4/T)·b·s·h·4 bytes;
-    * **a later backward** (pipeline, M ≥ 2): the same with every gradient of the stage and the
-      micro-batches still in flight then (1F1B and GPipe differ here);
+      keeps no copy of its slice); plus, for each micro-batch in flight on this rank (of b =
+      B/(D·M) sequences), what it keeps until its backward: its blocks' activations (exercise
+      1.3's exact count per block, ``labkit.lab1.accounting.activation_bytes``, with what TP
+      splits divided by T — a stage's received input is its first block's input, already in
+      that count; with checkpointing, each block's input and one block recomputed), the head's
+      on the last stage, and on any other pipeline stage its output (b·s·h·4 bytes); plus, once
+      however many micro-batches are in flight, the working set of the backward that begins:
+      on the last stage (the only one without a pipeline) the gradients of the log-probabilities
+      and logits, 2·b·s·V·4 bytes, on another stage a block's, (2 + 4/T)·b·s·h·4 bytes; with
+      ZeRO-3 the root unit, one gathered block and its full gradients;
+    * **a later backward** (pipeline, M ≥ 2): the same with every gradient of the stage, the
+      micro-batches still in flight then (1F1B and GPipe differ here) and, on a stage other
+      than the last, the temporary that holds a weight's new gradient until it is added to
+      ``.grad``: the largest, a block's 4h × h matrix (its 1/T share), 16·h²/T bytes;
     * **the update**: parameters, gradients (full; the slice under ZeRO-2/3), states, Adam's two
       temporaries of the largest tensor it updates, and ZeRO-1's flat gradient and averaged slice.
 
@@ -359,17 +371,23 @@ def predict_peak(plan: Plan, cfg: GPTConfig, batch_size: int, rank: int) -> int:
     if plan.checkpointing:  # each block keeps its input; one block is recomputed at a time
         one_micro = layers * 4 * b * S * C + per_block
     if last:
-        one_micro += head + 2 * 4 * b * S * V  # + the gradients of the log-probabilities and logits
-    elif P > 1:
+        one_micro += head
+    else:
         one_micro += 4 * b * S * C  # the stage's output, kept until its backward
-    # a stage's backward starts inside a block: the gradient of its output, of the residual
-    # branch and of the MLP's 4C-wide hidden activation (with the loss's, on a single stage)
-    working = 4 * b * S * C * (2 + 4 // T) if P > 1 else 0
+    # what one backward works with, once however many micro-batches are in flight: the last
+    # stage's begins with the loss (the gradients of the log-probabilities and logits); another
+    # stage's inside a block (the gradient of its output, of the residual branch and of the
+    # MLP's 4C-wide hidden activation)
+    working = 2 * 4 * b * S * V if last else 4 * b * S * C * (2 + 4 // T)
     backward_begins = params + states + first_in_flight * one_micro + working
     if plan.zero_stage == 3:  # the root stays gathered; one block gathered, with its gradients
         backward_begins += 4 * (V * C + S * C + 2 * C) + 2 * 4 * block
-    later_backward = params + states + 4 * numel + later_in_flight * one_micro + working \
-        if M > 1 else 0
+    # a later backward: every gradient of the stage is alive, and inside a block (not on the
+    # last stage, where it begins with the loss) each weight's new gradient is a temporary until
+    # it is added to .grad: the largest, a 4C × C matrix's share
+    accumulating = 0 if last else 4 * 4 * C * C // T
+    later_backward = params + states + 4 * numel + accumulating + later_in_flight * one_micro \
+        + working if M > 1 else 0
     # the update: every gradient (ZeRO-2/3: the slice) and the optimizer's working memory
     largest = 4 * max(V * C, S * C, 4 * C * C // T) if plan.zero_stage == 0 else shard
     update = params + grads + states + 2 * largest
