@@ -70,10 +70,10 @@ def releasing_module_hooks():
     that require grad. In its "all" mode that hook's closure keeps the list of the inputs'
     autograd nodes (``grad_fns``); a leaf's node (AccumulateGrad) holds the leaf, and the leaf
     holds the hook: a cycle through C++ objects that Python's garbage collector cannot see. In a
-    pipeline step, measured with 3 steps, a stage after the first then held the received inputs
-    and their gradients of every micro-batch of the earlier steps (on PP 4, 1F1B, M = 4: 8 of
-    128 KiB each a step, 2 MiB at the third step's peak, 19% of it); without MemTracker nothing
-    is left (0 such tensors after each step). Here the hook's list is emptied once the hook has
+    pipeline measured over 3 steps, a stage after the first then held the received inputs and
+    their gradients of every micro-batch of the earlier steps (on PP 4, 1F1B, M = 4: 8 of 128 KiB
+    each a step; stage 2's peak 27% above what the run holds); without MemTracker nothing is
+    left (0 such tensors after each step). Here the hook's list is emptied once the hook has
     fired (it is read only at its first call of a backward), which breaks the cycle; what the
     hook does is unchanged. Restored on exit.
     """
