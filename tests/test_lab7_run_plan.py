@@ -20,13 +20,12 @@ on the solutions); 1e-4 is 250 times that and still well under what one wrong pi
 (a missing average, a tied weight not summed, a wrong slice of the batch: see the mutants).
 Tolerance for peaks: 10% (the issue's), against a prediction that counts each consumer from the
 chapters' formulas; the solution's prediction is within 6% on every rank. The harness measures
-with ``labkit.harness.lab7.releasing_module_hooks``: without it MemTracker itself keeps every
-received activation of a pipeline stage (and its gradient) alive from step to step, and the
-later stages' peaks grew with the number of steps run (checked below, not graded).
+with ``labkit.tracker.Tracker``, which lets a module's leaf inputs go: PyTorch's MemTracker by
+itself keeps every received activation of a pipeline stage (and its gradient) alive from step to
+step, and the later stages' peaks grew with the number of steps run (tests/test_measure.py).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import math
@@ -525,40 +524,6 @@ def test_the_prerequisites_are_listed_until_written():
         assert missing == []
     else:  # the student edition, nothing written yet
         assert "3.7 (labkit.lab3.zero3)" in missing
-
-
-def test_the_harness_measures_without_memtrackers_leak_of_leaf_inputs():
-    """Not graded: a module called on a leaf that requires grad (a pipeline stage's received
-    activation) under MemTracker, three times, a fresh input each time. MemTracker's module
-    tracker keeps each such input alive for good (a cycle through autograd's C++ objects, see
-    ``releasing_module_hooks``); inside ``releasing_module_hooks`` none is left once its backward
-    has run, and the hooks still fire (the module is seen in backward)."""
-    import gc
-    import weakref
-
-    from labkit.harness.lab7 import releasing_module_hooks
-    from labkit.tracker import Tracker
-
-    def inputs_left(release: bool) -> int:
-        module, tracker, alive = torch.nn.Linear(8, 8), Tracker(), []
-        with releasing_module_hooks() if release else contextlib.nullcontext(), tracker:
-            for _ in range(3):
-                tracker.reset_mod_stats()
-                x = torch.randn(4, 8).requires_grad_()
-                module(x).sum().backward()
-                # the hook on the input fired: the module has left the tracker's stack
-                assert tracker._mod_tracker.parents == {"Global"}, tracker._mod_tracker.parents
-                alive.append(weakref.ref(x))
-                del x
-        gc.collect()
-        return sum(r() is not None for r in alive)
-
-    assert inputs_left(release=False) == 3, (
-        "MemTracker no longer keeps a leaf input alive: releasing_module_hooks may be dropped "
-        "(and the peaks of labkit.harness.lab7 measured without it)")
-    assert inputs_left(release=True) == 0, (
-        "releasing_module_hooks did not release the leaf inputs: has torch's "
-        "register_multi_grad_hook changed (its closure's grad_fns)?")
 
 
 def test_plans_with_zero2_or_checkpointing_train_like_one_device():

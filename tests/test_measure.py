@@ -279,6 +279,47 @@ def test_the_trackers_cheaper_bookkeeping_records_what_memtracker_records():
         assert ours[2][name] == theirs[2][name], name
 
 
+def test_the_tracker_keeps_no_leaf_input_alive_and_memtracker_does():
+    """A module called three times on a fresh leaf that requires grad (a pipeline stage's
+    received activation), forward and backward, under a tracker: PyTorch's MemTracker keeps
+    every such input alive for good (its module tracker's hook, see
+    ``labkit.tracker.releasing_input_hooks``), so each later peak counts them; labkit's Tracker
+    keeps none once its backward has run, its hooks still fire (the module leaves the tracker's
+    stack), and torch's hook registration is put back on exit, nested entries included."""
+    import gc
+    import weakref
+
+    from torch.distributed._tools import mod_tracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from labkit.tracker import Tracker
+
+    original = mod_tracker.register_multi_grad_hook
+
+    def inputs_left(tracker_class) -> int:
+        module, tracker, alive = nn.Linear(8, 8), tracker_class(), []
+        with tracker:
+            with tracker:  # re-entered, as measure's helpers may
+                for _ in range(3):
+                    tracker.reset_mod_stats()
+                    x = torch.randn(4, 8).requires_grad_()
+                    module(x).sum().backward()
+                    assert tracker._mod_tracker.parents == {"Global"}, tracker._mod_tracker.parents
+                    alive.append(weakref.ref(x))
+                    del x
+            assert mod_tracker.register_multi_grad_hook is not original or tracker_class is MemTracker
+        assert mod_tracker.register_multi_grad_hook is original, "the hook registration was not restored"
+        gc.collect()
+        return sum(r() is not None for r in alive)
+
+    assert inputs_left(MemTracker) == 3, (
+        "PyTorch's MemTracker no longer keeps a leaf input alive: labkit.tracker's "
+        "releasing_input_hooks may be dropped")
+    assert inputs_left(Tracker) == 0, (
+        "labkit.tracker.Tracker kept leaf inputs alive: has torch's register_multi_grad_hook "
+        "changed (its closure's grad_fns)?")
+
+
 # ---------------------------------------------------------------- models and steps the cases above do not try
 
 TINY = GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)

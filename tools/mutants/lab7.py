@@ -317,7 +317,7 @@ INDEPENDENT += [
 ]
 
 # session 15 (ppmem): the pipeline's peaks measured without MemTracker's leak of received
-# activations (labkit.harness.lab7.releasing_module_hooks), the loss's gradients counted once
+# activations (labkit.tracker.releasing_input_hooks), the loss's gradients counted once
 MUTANTS += [
     Mutant("7.2", RP, find="        one_micro += head\n",
            replace="        one_micro += head + 2 * 4 * b * S * V  # the loss's gradients, per micro-batch\n",

@@ -2,13 +2,12 @@
 
 ``run_plans_worker`` builds each plan with the student's ``labkit.lab7.run_plan`` (``check_plan``,
 ``build_rank``, ``train_step``) and measures every rank's peak with PyTorch's ``MemTracker``
-(without its leak of a pipeline stage's received activations: ``releasing_module_hooks``);
+(``labkit.tracker.Tracker``, which does not keep a stage's received activations alive);
 ``build_worker`` builds a plan only and reports each rank's place in the mesh and its groups. A
 stub of an earlier exercise is named (``_prerequisite_error``) instead of a traceback.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 import torch.distributed as dist
@@ -57,62 +56,11 @@ def _record_grad_norms(setup) -> dict:
     return norms
 
 
-@contextlib.contextmanager
-def releasing_module_hooks():
-    """While MemTracker runs, let its module tracker's backward hooks release the autograd graph
-    once they have fired; without this, MemTracker keeps alive every leaf input of a module call
-    that requires grad — on a pipeline stage after the first, each received activation and its
-    gradient — for as long as the process lives (it does not change what it counts, only what
-    stays alive to be counted).
-
-    Why: ``ModTracker`` (torch/distributed/_tools/mod_tracker.py, torch 2.13) registers, before
-    each module call, ``torch.autograd.graph.register_multi_grad_hook`` on the call's inputs
-    that require grad. In its "all" mode that hook's closure keeps the list of the inputs'
-    autograd nodes (``grad_fns``); a leaf's node (AccumulateGrad) holds the leaf, and the leaf
-    holds the hook: a cycle through C++ objects that Python's garbage collector cannot see. In a
-    pipeline measured over 3 steps, a stage after the first then held the received inputs and
-    their gradients of every micro-batch of the earlier steps (on PP 4, 1F1B, M = 4: 8 of 128 KiB
-    each a step; stage 2's peak 27% above what the run holds); without MemTracker nothing is
-    left (0 such tensors after each step). Here the hook's list is emptied once the hook has
-    fired (it is read only at its first call of a backward), which breaks the cycle; what the
-    hook does is unchanged. Restored on exit.
-    """
-    from torch.distributed._tools import mod_tracker
-
-    register = mod_tracker.register_multi_grad_hook
-
-    def register_releasing(tensors, fn, *, mode="all"):
-        if mode != "all":
-            return register(tensors, fn, mode=mode)
-        held = []  # the lists of autograd nodes in the hooks' closures
-
-        def fire(grads):
-            fn(grads)
-            for nodes in held:
-                nodes.clear()
-
-        handle = register(tensors, fire, mode=mode)
-        for one in getattr(handle, "handles", ()):
-            hooks = one.hooks_dict_ref()
-            hook = None if hooks is None else hooks.get(one.id)
-            code, cells = getattr(hook, "__code__", None), getattr(hook, "__closure__", None) or ()
-            for name, cell in zip(getattr(code, "co_freevars", ()), cells):
-                if name == "grad_fns" and isinstance(cell.cell_contents, list):
-                    held.append(cell.cell_contents)
-        return handle
-
-    mod_tracker.register_multi_grad_hook = register_releasing
-    try:
-        yield
-    finally:
-        mod_tracker.register_multi_grad_hook = register
-
-
 def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: dict,
                      batches) -> list[dict]:
     """Run by ``labkit.ranks.launch``: for each plan, build the GPT from ``state``, check the plan,
     :func:`build_rank`, then :func:`train_step` on each ``batches[step] = (x, y)`` under MemTracker
-    (with :func:`releasing_module_hooks`).
+    (``labkit.measure.peak_over_calls``).
 
     Returns, per plan, ``{"label", "coords", "losses": per step (None where this rank computes
     no loss), "peak": MemTracker's peak bytes over the steps, "at_peak": bytes by consumer at
@@ -129,9 +77,8 @@ def run_plans_worker(rank: int, world_size: int, plans, cfg: GPTConfig, state: d
             del model
             grad_norms = _record_grad_norms(setup)
             started = time.perf_counter()
-            with releasing_module_hooks():
-                peak, at_peak, losses = peak_over_calls(
-                    setup.module, lambda: [train_step(setup, x, y) for x, y in batches])
+            peak, at_peak, losses = peak_over_calls(
+                setup.module, lambda: [train_step(setup, x, y) for x, y in batches])
             seconds = time.perf_counter() - started
         except NotImplementedError as exc:
             raise _prerequisite_error(exc) from None

@@ -29,7 +29,7 @@ of DP 2 × TP 2 under ZeRO-2, of DP 2 × PP 2 (GPipe M = 4, 1F1B M = 4), of PP 2
 M = 2 and 4, GPipe M = 4), of PP 4 (1F1B and GPipe, M = 4 and 8) and of DP 2 × PP 2 × TP 2 on 8
 ranks. Every pipeline stage is within +4.0%; the largest gaps are ZeRO-3's −5.1% and ZeRO-2's
 +5.4%. Those are peaks as ``labkit.harness.lab7.run_plans_worker`` measures them, with
-``releasing_module_hooks``: MemTracker by itself keeps every received activation of a stage
+``labkit.tracker.Tracker``: PyTorch's MemTracker by itself keeps every received activation of a stage
 after the first, and its gradient, alive to the end of the process, so that after 3 steps those
 stages measured up to +46% (PP 4, 1F1B, M = 8, stage 2) in bytes that nothing in the run itself
 holds. What the prediction leaves out: the gradient of the previous micro-batch's input, still
