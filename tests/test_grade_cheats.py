@@ -259,7 +259,9 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
                                    "rt13a_ce_python_by_str_of_tensor",
                                    "rt14a_ce_python_by_apply_callback",
                                    "rt14a_ce_python_by_bool_bits",
-                                   "rt15b_chunked_ce_forward_print_tensor", None])
+                                   "rt15b_chunked_ce_forward_print_tensor",
+                                   "rt15w_ce_numpy_by_tensor_split_shapes",
+                                   "rt15w_ce_numpy_by_mask_lengths", None])
 def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_path, monkeypatch,
                                                                            cheat):
     """5.9 computed whole in numpy or Python, the data moved by ``np.asarray`` (numpy's
