@@ -16,14 +16,17 @@ scratch folder (but its own modules, read) are noted.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import copyreg
 import json
 import math
 import os
+import re
 import sys
 import threading
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -413,6 +416,11 @@ def pytest_sessionstart(session):
     for info in pkgutil.walk_packages(labkit.reference.__path__, "labkit.reference."):
         importlib.import_module(info.name)
     importlib.import_module("labkit.tracker")  # what labkit.measure imports when it measures
+    for path in (*Path(labkit.reference.__path__[0]).rglob("*.py"),  # and the torch modules the
+                 *(session.config.rootpath / "tests").glob("*.py")):  # references and the tests
+        for name in re.findall(r"^\s*(?:from|import) (torch\.[\w.]+)", path.read_text(), re.M):
+            with contextlib.suppress(Exception):  # import in a function (pipelining's schedules)
+                importlib.import_module(name)
     for cls in (torch.Tensor, torch.nn.Parameter):  # pickling caches cls.__slotnames__: now
         copyreg._slotnames(cls)
     from torch._dynamo.eval_frame import TorchPatcher  # torch wraps its optimizers' functions
