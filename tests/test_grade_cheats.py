@@ -271,7 +271,8 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
                                    "rt14a_ce_python_by_bool_bits",
                                    "rt15b_chunked_ce_forward_print_tensor",
                                    "rt15w_ce_numpy_by_tensor_split_shapes",
-                                   "rt15w_ce_numpy_by_mask_lengths", None])
+                                   "rt15w_ce_numpy_by_mask_lengths",
+                                   "rt15w_fair_ce_forward_tensor_split_masked_rows", None])
 def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_path, monkeypatch,
                                                                            cheat):
     """5.9 computed whole in numpy or Python, the data moved by ``np.asarray`` (numpy's
@@ -282,7 +283,8 @@ def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_p
     name the reading looks for, 21-25/25 before. The child's ``Watch`` mode (the one every measured exercise's tests run under)
     sees each route and raises "measured elsewhere" for review; the reference solution gets no
     flag, nor one that prints its 1,100 log-sum-exps (rt15b: torch prints a summary past its
-    threshold, a few elements, counted as such). Run here in this process, the cheat's module
+    threshold, a few elements, counted as such), nor one that splits its chunks by tensor_split
+    and picks its rows by boolean masks (rt15w: a mask's count is one number). Run here in this process, the cheat's module
     marked as student code."""
     import importlib.util
     import os

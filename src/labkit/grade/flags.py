@@ -166,10 +166,15 @@ class Flag:
 
 
 def _specific(value) -> bool:
-    """A number of 7 significant digits or more that is not a power of two (an int, digits in
-    text, a float): 275414777856 or 0.7978845608 is; 2**30, 175e9 or 0.999 is not."""
-    if isinstance(value, str) and value.isdigit() and len(value) < 40:
-        value = int(value)
+    """A number of 7 significant digits or more that is not a power of two (an int, a float, a
+    word of text: decimal, or hexadecimal with a letter): 275414777856, 0.7978845608 or
+    "401FB80000" is; 2**30, 175e9 or 0.999 is not."""
+    if isinstance(value, str):
+        try:
+            value = int(value, 16) if re.search("[a-fA-F]", value) else float(value) \
+                if "." in value else int(value)
+        except ValueError:
+            return False
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or \
             abs(value) == float("inf") or isinstance(value, int) and abs(value) & (abs(value) - 1) == 0:
         return False
@@ -540,7 +545,8 @@ class _Reader(ast.NodeVisitor):
         value = node.value if isinstance(node.value, str) else ""
         fields = re.findall(r"\{([^{}]*)\}", value) + [value] * (not re.search(r"\s", value))
         words = {w for f in fields for w in re.findall(r"\w+", f)}
-        self.numbers += _specific(node.value)
+        self.numbers += sum(_specific(w) for w in re.findall(r"[\w.]+", value) if
+                            re.search(r"\d", w) and len(w) < 40) if value else _specific(node.value)
         if "LABKIT_GRADE" in value.upper():  # the grader's settings (the environment's names)
             self.flag(node, "grader", repr(value)[:60])
         if "__setattr__" in words:
