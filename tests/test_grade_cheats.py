@@ -272,6 +272,7 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
                                    "rt15b_chunked_ce_forward_print_tensor",
                                    "rt15w_ce_numpy_by_tensor_split_shapes",
                                    "rt15w_ce_numpy_by_mask_lengths",
+                                   "rt15w_ce_numpy_by_sparse_counts",
                                    "rt15w_fair_ce_forward_tensor_split_masked_rows", None])
 def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_path, monkeypatch,
                                                                            cheat):

@@ -547,7 +547,8 @@ class _Reader(ast.NodeVisitor):
         words = {w for f in fields for w in re.findall(r"\w+", f)}
         self.numbers += sum(_specific(w) for w in re.findall(r"[\w.]+", value) if
                             re.search(r"\d", w) and len(w) < 40) if value else _specific(node.value)
-        if "LABKIT_GRADE" in value.upper():  # the grader's settings (the environment's names)
+        if re.search("LABKIT_GRADE|PYTEST_", value.upper()):  # the grader's and pytest's settings
+            # (the environment's names: PYTEST_CURRENT_TEST says which test runs)
             self.flag(node, "grader", repr(value)[:60])
         if "__setattr__" in words:
             self.flag(node, "patching", repr(value)[:60])
