@@ -582,6 +582,9 @@ class _Reader(ast.NodeVisitor):
             for name in args[:None if getter.endswith("getter") else 1]:
                 self.flags(node, name.value.split("."), "local")
                 self.shortcut(node, *name.value.split("."))
+        if getter in ("os.environ.get", "os.getenv") and args and not (  # a computed name may
+                isinstance(args[0], ast.Constant) and isinstance(args[0].value, str)):  # be the
+            self.flag(node, "grader", ast.unparse(node)[:60])  # grader's or pytest's, unread
         if isinstance(func, ast.Name) and func.id in BY_NAME and len(args) >= 2:
             func.called = True
             kind, parts = self.chain(args[0])
