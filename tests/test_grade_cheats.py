@@ -387,12 +387,14 @@ def test_a_class_of_torch_patched_through_a_laundered_name_is_put_back(tmp_path,
 @pytest.mark.parametrize("cheat", ["rt7a_adam_class_from_toolkit_instance",
                                    "rt7a_adam_class_from_torch_table",
                                    "rt7b_unpickle_bytes_via_datapipes_decoder",
-                                   "rt15w_adam_step_borrowed_by_own_optimizer"])
+                                   "rt15w_adam_step_borrowed_by_own_optimizer",
+                                   "rt15w_adam_step_as_own_class_attribute"])
 def test_what_an_exercise_rebuilds_is_refused_however_it_was_reached(tmp_path, collected, cheat):
     """3.2 handed to torch's Adam, its class reached with no name the reading can match: the
     type of a toolkit object's optimizer, an element of a table of torch's, a class unpickled from
     bytes by a public torch function (before: 16/16, 14/16, 14/16), or Adam's step function called
-    on an Optimizer subclass of the student's own (rt15w; before: 16/16). Every torch optimizer's
+    on an Optimizer subclass of the student's own, or made its class's step (rt15w; before: 16/16,
+    16/16). Every torch optimizer's
     step runs the global pre-hooks, where the child refuses the one the exercise rebuilds (its
     class or the step function that runs) when student code steps it; unpickling from student
     code is refused whatever function does it. 0/16, each test saying why."""
