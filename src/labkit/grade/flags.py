@@ -433,6 +433,7 @@ class _Reader(ast.NodeVisitor):
         self.compared: set[str] = set()  # ... of a type tests compare (COMPARED), and their bases
         self.root = ast.Module([], [])  # the unit's node
         self.defined: set[str] = set()  # the names the course's module binds
+        self.jit = False  # names torch.jit: TorchScript, whose tolist/item no run-time watch sees
 
     def visit(self, node):
         """Read ``node``; inside a branch (a test, a loop, a ``try``) a name bound again may not be
@@ -509,6 +510,7 @@ class _Reader(ast.NodeVisitor):
                     "torch"] and node.attr in ("save", "serialization")) and set(self.exercises) & set(
                 shortcuts.MEASURED):  # (a storage's data: .tolist(), bytes(), indexing; torch.save)
             self.flag(node, "measured elsewhere", ast.unparse(node)[:60])
+        self.jit |= kind == "module" and parts[:2] == ["torch", "jit"]
         if node.attr == "__setattr__" and not getattr(node, "called", False):
             self.flag(node, "patching", "__setattr__ used as a value")  # like setattr's
         elif node.attr in MUTATORS and not getattr(node, "called", False) and not (
@@ -1160,6 +1162,11 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
              and not (_type_like(node.value) and not isinstance(node.value, ast.Constant))
              and not _makes_type(node.value, names) for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
     tree = ast.parse(merged.source)
+    leaving = {u.split(".")[-1] for u, node, _ in merged.taken if any(  # x.tolist(), float(x[i])
+        isinstance(n, ast.Attribute) and n.attr in ("tolist", "item") or isinstance(n, ast.Call)
+        and getattr(n.func, "id", None) in ("float", "int", "bool") and isinstance(
+            n.args[:1] and n.args[0], ast.Subscript) and getattr(n.args[0].value, "attr", "") != "shape"
+        for n in ast.walk(node))}
     classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
     methods = {u.split(".")[-1] for u in merged.units if "." in u} | {  # and their own classes'
         f.name for c in classes.values() if c.name not in course for f in c.body if isinstance(f, DEFS)}
@@ -1193,6 +1200,10 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
                 reader.visit(node)
             if reader.numbers >= ANSWER_NUMBERS:
                 reader.flag(node, "answers", f"{reader.numbers} specific numbers in {unit}")
+            if reader.jit and set(exercises) & set(shortcuts.MEASURED) and {unit.split(".")[-1], *(
+                    getattr(n, "id", None) for n in ast.walk(node))} & leaving:  # TorchScript's
+                # own tolist/item (its or a function's it compiles): no run-time watch sees them
+                reader.flag(node, "measured elsewhere", f"tensor data out of torch in TorchScript ({unit})")
             found[unit] = reader.found
             uses[unit] = {getattr(n, "id", getattr(n, "attr", None)) for n in ast.walk(node)}
             binds[unit] = bound_names(node)
