@@ -505,7 +505,7 @@ class _Reader(ast.NodeVisitor):
             self.flag(node, "private torch", f"{ast.unparse(node)[:60]} (a private attribute)")
         if isinstance(node.value, ast.Call) and node.attr in STORAGE_METADATA:
             node.value.func.clear = ("measured elsewhere",)  # x.untyped_storage().nbytes()
-        if (node.attr in ("numpy", "from_numpy") and not (kind == "module" and _is_module(parts))
+        if (node.attr in ("numpy", "from_numpy", "to_dlpack") and not (kind == "module" and _is_module(parts))
                 or node.attr in ("untyped_storage", "storage") or kind == "module" and parts[:1] == [
                     "torch"] and node.attr in ("save", "serialization")) and set(self.exercises) & set(
                 shortcuts.MEASURED):  # (a storage's data: .tolist(), bytes(), indexing; torch.save)
@@ -584,6 +584,9 @@ class _Reader(ast.NodeVisitor):
             for name in args[:None if getter.endswith("getter") else 1]:
                 self.flags(node, name.value.split("."), "local")
                 self.shortcut(node, *name.value.split("."))
+        for kw in node.keywords:  # SimpleNamespace(__dlpack__=...): a protocol numpy looks up
+            if kw.arg and _dunder(kw.arg):  # on the object, as a class's special method
+                self.flag(node, "special methods", f"{kw.arg}= in {ast.unparse(func)[:40]}(...)")
         if getter in ("os.environ.get", "os.getenv") and args and not (  # a computed name may
                 isinstance(args[0], ast.Constant) and isinstance(args[0].value, str)):  # be the
             self.flag(node, "grader", ast.unparse(node)[:60])  # grader's or pytest's, unread
