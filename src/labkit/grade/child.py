@@ -47,10 +47,11 @@ STUDENT = {os.path.realpath(f): [tuple(r) for r in rs] for f, rs in SPEC.get("st
 COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
 READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
                                                        sys.prefix, sys.base_prefix)) + ("/dev/",)
-COMPARE = (f"{pytest.approx.__module__}.", "math.", "labkit.", f"{TorchDispatchMode.__module__}.",
-           "torch.distributed._tools.")  # what the tests compare, measure and compute references
-# with, found by the object (the private modules of TorchDispatchMode and MemTracker), and every
-# public module of torch (torch.testing, .nn, .optim, .overrides, .distributed.pipelining...)
+COMPARE = ("torch.testing.", "torch.nn.", "torch.optim.", "torch.autograd.", "torch.amp.",
+           "torch.utils.checkpoint.", f"{pytest.approx.__module__}.", "math.", "labkit.",
+           f"{TorchDispatchMode.__module__}.", "torch.distributed._tools.")  # what the tests
+# compare, measure and compute references with, found by the object, private modules too; and
+# every public module of torch (.overrides, .distributed.pipelining...: _compared)
 EXERCISES = tuple(f"labkit.lab{n}." for n in range(1, 10))
 """The exercise modules: their classes' constants may be the student's own state (a class the
 submission adds), so they are not recorded (the reading refuses changes to the course's)."""
