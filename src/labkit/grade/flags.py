@@ -290,6 +290,17 @@ def _imports(obj) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=None)
+def _toolkit_uses(name) -> tuple:
+    """The course's modules a toolkit module ``name`` imports (labkit.page_calculator's
+    labkit.memory_model): what it reaches is what it gives (1.2's table, computed there)."""
+    mod = sys.modules.get(name) if isinstance(name, str) and name.startswith("labkit.") and \
+        not name.startswith(("labkit.lab", "labkit.grade")) else None
+    uses = {getattr(v, "__name__" if isinstance(v, types.ModuleType) else "__module__", "")
+            for v in vars(mod).values()} if mod else set()
+    return tuple(u for u in uses if isinstance(u, str) and u.startswith("labkit.") and u != name)
+
+
 def _defined_at(obj) -> str | None:
     """"module.qualname" of where a function or class is defined, if it says."""
     try:
@@ -482,6 +493,8 @@ class _Reader(ast.NodeVisitor):
         is defined too, ``torch.optim.adam._single_tensor_adam`` re-exported elsewhere)."""
         real = [(o.__name__ if isinstance(o, types.ModuleType) else _defined_at(o) or "")
                 for o in _objects(names)] if module else []
+        real += [d for o in (_objects(names) if module else ()) for d in _toolkit_uses(
+            getattr(o, "__name__", None) if isinstance(o, types.ModuleType) else getattr(o, "__module__", None))]
         inside = tuple(n for r in real if not r.startswith("labkit.") for n in (*r.split("."), r)
                        if n not in names)  # (where it is defined, if not what is written; whole)
         for ex in self.exercises:
