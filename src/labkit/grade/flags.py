@@ -165,6 +165,9 @@ class Flag:
         return f"{self.name}: {self.what} at {self.where} ({FLAGS[self.name][1]})"
 
 
+OUT_OF_TORCH = ("numpy", "from_numpy", "to_dlpack")  # by name: tensor data out of torch, shared
+
+
 def _specific(value) -> bool:
     """A number of 7 significant digits or more that is not a power of two (an int, a float, a
     word of text: decimal, or hexadecimal with a letter): 275414777856, 0.7978845608 or
@@ -503,6 +506,13 @@ class _Reader(ast.NodeVisitor):
             if hit:
                 self.flag(node, "shortcut", f"{hit} in exercise {ex}")
 
+    def leaving(self, node, names: list[str]) -> None:
+        """"measured elsewhere" for a name written as text (methodcaller("numpy"), getattr(t,
+        "untyped_storage")), where the tests measure: the reading of attributes, by name."""
+        if set(names) & {*OUT_OF_TORCH, "storage", "untyped_storage"} and \
+                set(self.exercises) & set(shortcuts.MEASURED):
+            self.flag(node, "measured elsewhere", ast.unparse(node)[:60])
+
     def visit_Attribute(self, node):
         kind, parts = self.chain(node)
         mine = kind == "self" and parts[1] in {*self.fields, "__dict__"}  # self._module: own
@@ -518,7 +528,7 @@ class _Reader(ast.NodeVisitor):
             self.flag(node, "private torch", f"{ast.unparse(node)[:60]} (a private attribute)")
         if isinstance(node.value, ast.Call) and node.attr in STORAGE_METADATA:
             node.value.func.clear = ("measured elsewhere",)  # x.untyped_storage().nbytes()
-        if (node.attr in ("numpy", "from_numpy", "to_dlpack") and not (kind == "module" and _is_module(parts))
+        if (node.attr in OUT_OF_TORCH and not (kind == "module" and _is_module(parts))
                 or node.attr in ("untyped_storage", "storage") or kind == "module" and parts[:1] == [
                     "torch"] and node.attr in ("save", "serialization")) and set(self.exercises) & set(
                 shortcuts.MEASURED):  # (a storage's data: .tolist(), bytes(), indexing; torch.save)
@@ -597,6 +607,7 @@ class _Reader(ast.NodeVisitor):
             for name in args[:None if getter.endswith("getter") else 1]:
                 self.flags(node, name.value.split("."), "local")
                 self.shortcut(node, *name.value.split("."))
+                self.leaving(node, name.value.split("."))
         for kw in node.keywords:  # SimpleNamespace(__dlpack__=...): a protocol numpy looks up
             if kw.arg and _dunder(kw.arg):  # on the object, as a class's special method
                 self.flag(node, "special methods", f"{kw.arg}= in {ast.unparse(func)[:40]}(...)")
@@ -614,6 +625,7 @@ class _Reader(ast.NodeVisitor):
                            kind if resolved else "local")
                 self.shortcut(node, *(parts if kind == "module" else []), name,
                               module=kind == "module")
+                self.leaving(node, [name])
             if literal is None and kind != "self":
                 self.flag(node, "interpreter" if kind == "module" and _is_module(parts) else
                           "dynamic names", ast.unparse(node)[:60])  # a module's, like vars(m)
