@@ -81,10 +81,10 @@ OUT_OF_TORCH = SHARED | TEXT | {torch.Tensor.tolist, torch.Tensor.item, torch.Te
                                 torch.Tensor.is_nonzero, torch.Tensor.apply_, torch.Tensor.map_,
                                 torch.Tensor.map2_}
 """... and copied out: element by element (a bit at a time too), as text, or to a callback."""
-SHAPED = {f for n in ("nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
-                      "bincount", "repeat_interleave", "tensor_split", "where", "to_sparse",
-                      "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr", "to_sparse_bsc")
-          for f in (getattr(torch, n, None), getattr(torch.Tensor, n, None)) if f is not None}
+SHAPED = {f for n in [*"nonzero argwhere masked_select unique unique_consecutive bincount where "
+                       "repeat_interleave tensor_split".split(), *(n for n in dir(torch.Tensor)
+                       if n.startswith("to_sparse"))] for f in (getattr(torch, n, 0), getattr(
+                           torch.Tensor, n, 0)) if f}
 """... and as shapes: a result shaped by the data (a count, split points given as a tensor)."""
 MOVED_MAX = 1024  # elements per test: shapes, counts and a scalar loss are fine, a layer's data is not
 HOOKS = "global module and optimizer hooks"

@@ -172,12 +172,11 @@ def _specific(value) -> bool:
     """A number of 7 significant digits or more that is not a power of two (an int, a float, a
     word of text: decimal, or hexadecimal with a letter): 275414777856, 0.7978845608 or
     "401FB80000" is; 2**30, 175e9 or 0.999 is not."""
-    if isinstance(value, str):
-        try:
-            value = int(value, 16) if re.search("[a-fA-F]", value) else float(value) \
-                if "." in value else int(value)
-        except ValueError:
-            return False
+    try:
+        value = (int(value, 16) if re.search("[a-fA-F]", value) else float(value) if "." in value
+                 else int(value)) if isinstance(value, str) else value
+    except ValueError:
+        return False
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or \
             abs(value) == float("inf") or isinstance(value, int) and abs(value) & (abs(value) - 1) == 0:
         return False
@@ -295,13 +294,12 @@ def _imports(obj) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _toolkit_uses(name) -> tuple:
-    """The course's modules a toolkit module ``name`` imports (labkit.page_calculator's
-    labkit.memory_model): what it reaches is what it gives (1.2's table, computed there)."""
-    mod = sys.modules.get(name) if isinstance(name, str) and name.startswith("labkit.") and \
-        not name.startswith(("labkit.lab", "labkit.grade")) else None
-    uses = {getattr(v, "__name__" if isinstance(v, types.ModuleType) else "__module__", "")
-            for v in vars(mod).values()} if mod else set()
-    return tuple(u for u in uses if isinstance(u, str) and u.startswith("labkit.") and u != name)
+    """The course's modules a toolkit module imports (labkit.page_calculator's memory_model)."""
+    mod = sys.modules.get(name) if str(name).startswith("labkit.") and not str(name).startswith(
+        ("labkit.lab", "labkit.grade")) else None
+    return tuple({u for v in vars(mod).values() for u in [getattr(v, "__name__" if isinstance(
+        v, types.ModuleType) else "__module__", "")] if str(u).startswith("labkit.") and u != name}
+                 if mod else ())
 
 
 def _defined_at(obj) -> str | None:
@@ -506,11 +504,9 @@ class _Reader(ast.NodeVisitor):
             if hit:
                 self.flag(node, "shortcut", f"{hit} in exercise {ex}")
 
-    def leaving(self, node, names: list[str]) -> None:
-        """"measured elsewhere" for a name written as text (methodcaller("numpy"), getattr(t,
-        "untyped_storage")), where the tests measure: the reading of attributes, by name."""
-        if set(names) & {*OUT_OF_TORCH, "storage", "untyped_storage"} and \
-                set(self.exercises) & set(shortcuts.MEASURED):
+    def leaving(self, node, names: list[str]) -> None:  # methodcaller("numpy"): as .numpy
+        if set(names) & {*OUT_OF_TORCH, "storage", "untyped_storage"} and set(self.exercises) & \
+                set(shortcuts.MEASURED):
             self.flag(node, "measured elsewhere", ast.unparse(node)[:60])
 
     def visit_Attribute(self, node):

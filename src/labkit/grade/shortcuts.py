@@ -59,8 +59,7 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its referen
 
 
 MEASURING = ("*saved_tensors_hooks", "save_on_cpu", "*DispatchMode", "*FunctionMode",
-             "FlopCounterMode", "[Mm]em*[Tt]racker", "*[Dd]isable*[Mm]ode*", "*[Dd]isable[Tt]orch*",
-             "*pop*mode*", "*pop_torch*")
+             "FlopCounterMode", "[Mm]em*[Tt]racker", "*[Dd]isable*[Mm]ode*", "*[Dd]isable[Tt]orch*")
 """What the tests measure with, and a measurement sees only the innermost of: entered in student
 code, a shortcut past the measurement in every exercise but those that build one (BUILD_MEASURING);
 so are what switches the modes off (``_disable_current_modes``, ``DisableTorchFunction``)."""
