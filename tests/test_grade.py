@@ -303,15 +303,21 @@ def test_the_grader_stays_small():
     a shortcut of 3.4, 5.7 and 5.8): 3,125 lines, 212 names (COMPARED and ANSWERS counted), 50
     patterns. Session 13 (make test's time): a module left as the course gives it is not merged
     or read again, and the child loads labkit.tracker (labkit.measure's lazy import) before any
-    student code, as the references: 3,128 lines. Lines of src/labkit/grade; names written in the
-    flags' lists; the shortcut table's distinct patterns (the measuring contexts too), counted
-    apart."""
+    student code, as the references: 3,128 lines. Session 14: rt15w (42 attempts, 20 holes) made
+    the child record every public torch module and the modes' own (switched off from a class
+    body), import the torch modules the references and the tests import in a function before its
+    record, judge the optimizer's step function that runs, count data-dependent shapes as data out
+    of torch; the reading numbers inside text, pytest's environment and computed environment
+    names, TorchScript's tolist/item, to_dlpack, dunder keywords, names written as text for
+    getattr, a toolkit module's imports, switching the modes off: 3,202 lines, 52 patterns. Lines
+    of src/labkit/grade; names written in the flags' lists; the shortcut table's distinct patterns
+    (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 3128, sizes
-    assert entries <= 212 and patterns <= 50, (entries, patterns)
+    assert sum(sizes.values()) <= 3202, sizes
+    assert entries <= 212 and patterns <= 52, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

@@ -193,12 +193,22 @@ def test_shortcuts_are_refused_at_the_dispatcher_however_spelled(tmp_path, colle
     Adam after removing the child's step hook by a handle given its key
     (rt8a_step_hook_removed_by_handle; before: 16/16): the hooks are compared after each test,
     which fails. (The reading zeroes the hook's removal too, as it re-registers a global hook:
-    graded without it, the child's check holds alone.)"""
+    graded without it, the child's check holds alone.)
+
+    And 3.8's wrong order (rt15w_zb_h1_wrong_order_agreed) beside a class body of 3.1's module
+    that makes the tests' "torch plan" agree with it, replacing a method of pipelining's
+    ScheduleInterleavedZeroBubble (rt15w_zero_bubble_reference_replaced_from_loss_scaler; before:
+    the plan test passed, 3.8 unflagged): the child records every public torch module, those the
+    references and the tests import in a function too: put back, 3.1's test fails, 3.8's too."""
     sub = submission(tmp_path, "vf_flash_attention_computed", "amp_update_scale_computed",
                      "gelu_on_worker_thread", "rt8a_step_hook_removed_by_handle",
+                     "rt15w_zero_bubble_reference_replaced_from_loss_scaler",
+                     "rt15w_zb_h1_wrong_order_agreed",
                      solved=("lab5/flash_attention.py", "lab3/loss_scaler.py", "lab6/fusion.py",
-                             "lab3/mixed_precision.py"))
-    table = grade(sub, collected, ["3.1", "3.2", "5.6", "6.5"])
+                             "lab3/mixed_precision.py", "lab3/zero_bubble.py"))
+    table = grade(sub, collected, ["3.1", "3.2", "3.8", "5.6", "6.5"])
+    assert "_calculate_single_rank_operations was rebound" in flagged(table, "3.1")
+    assert any("torch plans" in t["message"] for t in table["exercises"]["3.8"]["tests"])
     e = table["exercises"]["3.2"]
     assert e["earned"] < e["possible"] and any(
         "hooks were replaced" in t["message"] for t in e["tests"] if t["outcome"] != "passed"), \
@@ -259,17 +269,23 @@ def test_a_measurement_cannot_be_dodged(tmp_path, collected, cheat):
                                    "rt13a_ce_python_by_str_of_tensor",
                                    "rt14a_ce_python_by_apply_callback",
                                    "rt14a_ce_python_by_bool_bits",
-                                   "rt15b_chunked_ce_forward_print_tensor", None])
+                                   "rt15b_chunked_ce_forward_print_tensor",
+                                   "rt15w_ce_numpy_by_tensor_split_shapes",
+                                   "rt15w_ce_numpy_by_mask_lengths",
+                                   "rt15w_ce_numpy_by_sparse_counts",
+                                   "rt15w_fair_ce_forward_tensor_split_masked_rows", None])
 def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_path, monkeypatch,
                                                                            cheat):
     """5.9 computed whole in numpy or Python, the data moved by ``np.asarray`` (numpy's
     functions call ``Tensor.__array__``), DLPack or ``.tolist()`` (rt12a), by a one-element view
     widened with ``as_strided``, ``int()`` of scaled elements or the tensor's text (rt13a), a
-    callback of ``apply_``, ``bool()`` of bit planes (rt14a): no
+    callback of ``apply_``, ``bool()`` of bit planes (rt14a), the lengths of ``tensor_split``'s
+    pieces at split points given as a tensor or of boolean-masked selections (rt15w): no
     name the reading looks for, 21-25/25 before. The child's ``Watch`` mode (the one every measured exercise's tests run under)
     sees each route and raises "measured elsewhere" for review; the reference solution gets no
     flag, nor one that prints its 1,100 log-sum-exps (rt15b: torch prints a summary past its
-    threshold, a few elements, counted as such). Run here in this process, the cheat's module
+    threshold, a few elements, counted as such), nor one that splits its chunks by tensor_split
+    and picks its rows by boolean masks (rt15w: a mask's count is one number). Run here in this process, the cheat's module
     marked as student code."""
     import importlib.util
     import os
@@ -370,14 +386,18 @@ def test_a_class_of_torch_patched_through_a_laundered_name_is_put_back(tmp_path,
 
 @pytest.mark.parametrize("cheat", ["rt7a_adam_class_from_toolkit_instance",
                                    "rt7a_adam_class_from_torch_table",
-                                   "rt7b_unpickle_bytes_via_datapipes_decoder"])
+                                   "rt7b_unpickle_bytes_via_datapipes_decoder",
+                                   "rt15w_adam_step_borrowed_by_own_optimizer",
+                                   "rt15w_adam_step_as_own_class_attribute"])
 def test_what_an_exercise_rebuilds_is_refused_however_it_was_reached(tmp_path, collected, cheat):
     """3.2 handed to torch's Adam, its class reached with no name the reading can match: the
     type of a toolkit object's optimizer, an element of a table of torch's, a class unpickled from
-    bytes by a public torch function (before: 16/16, 14/16, 14/16). Every torch optimizer's step
-    runs the global pre-hooks, where the child refuses the one the exercise rebuilds when student
-    code steps it; unpickling from student code is refused whatever function does it. 0/16,
-    each test saying why."""
+    bytes by a public torch function (before: 16/16, 14/16, 14/16), or Adam's step function called
+    on an Optimizer subclass of the student's own, or made its class's step (rt15w; before: 16/16,
+    16/16). Every torch optimizer's
+    step runs the global pre-hooks, where the child refuses the one the exercise rebuilds (its
+    class or the step function that runs) when student code steps it; unpickling from student
+    code is refused whatever function does it. 0/16, each test saying why."""
     sub = submission(tmp_path, cheat, solved=("lab3/mixed_precision.py",), count_params=False)
     table = grade(sub, collected, ["3.2"])
     e = table["exercises"]["3.2"]
@@ -439,6 +459,24 @@ def test_torch_optim_patched_where_the_reading_cannot_follow_is_put_back(tmp_pat
     table = grade(sub, collected, list(LAB1))
     for cheat, ex in zip(cheats, LAB1):
         assert "SGD.step was rebound" in flagged(table, ex), (cheat, flagged(table, ex))
+
+
+def test_the_modes_the_tests_and_the_child_measure_with_are_recorded(tmp_path, collected):
+    """A class body of 5.1's module replaces TorchDispatchMode's __enter__ and __exit__ (its class
+    reached as the MRO of a subclass of the public CommDebugMode), and one of 5.5's (which may name
+    measuring contexts) TorchFunctionMode's __enter__: before, no change was seen, and the modes
+    entered later never were (the child's Refuse and Watch, MemTracker, the tests' counters): 5.4
+    taking every output out of torch by .tolist() lost its "measured elsewhere" flag (rt15w).
+    The child records every public module of torch and the private ones its modes and MemTracker
+    are defined in: each patch is put back and fails its test; 5.4 keeps its flag."""
+    sub = submission(tmp_path, "rt15w_class_body_unhooks_torch_dispatch_modes",
+                     "rt15w_offload_class_body_unhooks_torch_function_modes",
+                     "rt15w_output_bytes_by_tolist_len", count_params=False, solved=(
+                         "lab5/checkpointing.py", "lab5/offload.py", "lab5/selective_checkpoint.py"))
+    table = grade(sub, collected, ["5.1", "5.4", "5.5"])
+    assert "TorchDispatchMode.__enter__ was rebound" in flagged(table, "5.1"), flagged(table, "5.1")
+    assert "TorchFunctionMode.__enter__ was rebound" in flagged(table, "5.5"), flagged(table, "5.5")
+    assert "measured elsewhere" in flagged(table, "5.4"), flagged(table, "5.4")
 
 
 def test_torch_autograd_patched_through_a_table_of_torch_is_put_back(tmp_path, collected):

@@ -16,14 +16,17 @@ scratch folder (but its own modules, read) are noted.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import copyreg
 import json
 import math
 import os
+import re
 import sys
 import threading
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,8 +48,10 @@ COURSE = os.path.realpath(SPEC.get("course", "/nonexistent")) + os.sep
 READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/nonexistent"),
                                                        sys.prefix, sys.base_prefix)) + ("/dev/",)
 COMPARE = ("torch.testing.", "torch.nn.", "torch.optim.", "torch.autograd.", "torch.amp.",
-           "torch.utils.checkpoint.", f"{pytest.approx.__module__}.", "math.",
-           "labkit.")  # what the tests compare and compute references with, found by the object
+           "torch.utils.checkpoint.", f"{pytest.approx.__module__}.", "math.", "labkit.",
+           f"{TorchDispatchMode.__module__}.", "torch.distributed._tools.")  # what the tests
+# compare, measure and compute references with, found by the object, private modules too; and
+# every public module of torch (.overrides, .distributed.pipelining...: _compared)
 EXERCISES = tuple(f"labkit.lab{n}." for n in range(1, 10))
 """The exercise modules: their classes' constants may be the student's own state (a class the
 submission adds), so they are not recorded (the reading refuses changes to the course's)."""
@@ -76,6 +81,11 @@ OUT_OF_TORCH = SHARED | TEXT | {torch.Tensor.tolist, torch.Tensor.item, torch.Te
                                 torch.Tensor.is_nonzero, torch.Tensor.apply_, torch.Tensor.map_,
                                 torch.Tensor.map2_}
 """... and copied out: element by element (a bit at a time too), as text, or to a callback."""
+SHAPED = {f for n in [*"nonzero argwhere masked_select unique unique_consecutive bincount where "
+                       "repeat_interleave tensor_split".split(), *(n for n in dir(torch.Tensor)
+                       if n.startswith("to_sparse"))] for f in (getattr(torch, n, 0), getattr(
+                           torch.Tensor, n, 0)) if f}
+"""... and as shapes: a result shaped by the data (a count, split points given as a tensor)."""
 MOVED_MAX = 1024  # elements per test: shapes, counts and a scalar loss are fine, a layer's data is not
 HOOKS = "global module and optimizer hooks"
 REPORT_HOOKS = ("pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_runtest_protocol",
@@ -175,18 +185,29 @@ class Watch(TorchFunctionMode):
         self.side = side  # on a thread started during the test: whoever calls, unless the course
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in OUT_OF_TORCH and args and isinstance(args[0], torch.Tensor) and \
-                State.moved <= MOVED_MAX and (student_frame() or (
-                    self.side and _thread_owner() != "course")):
-            t = args[0]
-            State.moved += t.untyped_storage().nbytes() // max(t.element_size(), 1) if \
-                func in SHARED else _printed(t) if func in TEXT else t.numel()
+        n = _leaving(func, args, kwargs or {}) if args and isinstance(args[0], torch.Tensor) else 0
+        if n and State.moved <= MOVED_MAX and (student_frame() or (
+                self.side and _thread_owner() != "course")):
+            State.moved += n
             if State.moved > MOVED_MAX:
                 State.flags.append(f"measured elsewhere: over {MOVED_MAX} elements of tensor "
                                    f"data taken out of torch by {func.__name__} (from "
                                    f"{student_frame() or 'a thread of the test'}), where the "
                                    "test measures torch's work")
         return func(*args, **(kwargs or {}))
+
+
+def _leaving(func, args, kwargs) -> int:
+    """The elements of tensor data a call takes out of torch (0: none), ``args[0]`` a tensor."""
+    if func is torch.Tensor.__getitem__:  # a bool mask: its count of True, as the result's shape
+        index = args[1] if type(args[1]) is tuple else args[1:]
+        return int(any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index))
+    if func in SHAPED:  # a count; split points given as a tensor: each of them
+        return sum(a.numel() for a in (*args[1:], *kwargs.values()) if isinstance(a, torch.Tensor)) \
+            if func.__name__ == "tensor_split" else int(func is not torch.where or len(args) == 1)
+    t = args[0]
+    return 0 if func not in OUT_OF_TORCH else t.untyped_storage().nbytes() // max(
+        t.element_size(), 1) if func in SHARED else _printed(t) if func in TEXT else t.numel()
 
 
 def _printed(t: torch.Tensor) -> int:
@@ -224,12 +245,14 @@ def _step_hook(optimizer, args, kwargs):
     """A torch optimizer's step (every one runs the global pre-hooks): refused when it is what
     the exercise rebuilds and student code steps it, however its class was reached."""
     ex, cls = State.exercise, type(optimizer)  # (the course's and the student's classes aside)
-    names = [n for c in cls.__mro__ if not c.__module__.startswith("labkit.")
+    step = sys._getframe(1).f_locals.get("func")  # the step function that runs (Adam.step given
+    step = [step] if isinstance(step, types.FunctionType) else []  # an object of the student's)
+    names = [n for c in (*cls.__mro__, *step) if not c.__module__.startswith("labkit.")
              for n in (*c.__module__.split("."), c.__qualname__)]
     if ex not in shortcuts.STEPS_GIVEN and shortcuts.matching(ex or "", inside=tuple(names)) \
             and _acting(sys._getframe(1)):
-        _refuse(shortcuts.reason(ex, f"{cls.__module__}.{cls.__qualname__}.step"),
-                sys._getframe(1))
+        what = f"{(step or [cls])[0].__module__}.{(step or [cls])[0].__qualname__}" + ".step" * (not step)
+        _refuse(shortcuts.reason(ex, what), sys._getframe(1))
 
 
 def _audit(event, args):
@@ -361,9 +384,9 @@ def _compared() -> list:
     """The modules the tests compare and measure with (torch.testing, the course's references...)
     as loaded now, and their classes."""
     spaces = [m for n, m in list(sys.modules.items()) if isinstance(m, types.ModuleType) and
-              (n + ".").startswith(COMPARE)]
+              ((n + ".").startswith(COMPARE) or n.startswith("torch.") and "._" not in n)]
     return spaces + [c for m in spaces for c in vars(m).values()
-                     if isinstance(c, type) and c.__module__ == m.__name__]
+                     if issubclass(type(c), type) and c.__module__ == m.__name__]
 
 
 def _torch_functions() -> dict:
@@ -376,7 +399,7 @@ def _torch_functions() -> dict:
 def _code(ns) -> dict:
     """The functions, classes and modules a namespace holds, by name, and a class's constants
     (``ApproxBase.DEFAULT_RELATIVE_TOLERANCE``)."""
-    return {n: v for n, v in vars(ns).items() if isinstance(v, (
+    return {n: v for n, v in vars(ns).items() if issubclass(type(v), (
         types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType, property,
         staticmethod, classmethod)) or (isinstance(ns, type) and n.isupper() and _plain(v) and
                                         not ns.__module__.startswith(EXERCISES))}
@@ -395,6 +418,11 @@ def pytest_sessionstart(session):
     for info in pkgutil.walk_packages(labkit.reference.__path__, "labkit.reference."):
         importlib.import_module(info.name)
     importlib.import_module("labkit.tracker")  # what labkit.measure imports when it measures
+    for path in (*Path(labkit.reference.__path__[0]).rglob("*.py"),  # and the torch modules the
+                 *(session.config.rootpath / "tests").glob("*.py")):  # references and the tests
+        for name in re.findall(r"^\s*(?:from|import) (torch\.[\w.]+)", path.read_text(), re.M):
+            with contextlib.suppress(Exception):  # import in a function (pipelining's schedules)
+                importlib.import_module(name)
     for cls in (torch.Tensor, torch.nn.Parameter):  # pickling caches cls.__slotnames__: now
         copyreg._slotnames(cls)
     from torch._dynamo.eval_frame import TorchPatcher  # torch wraps its optimizers' functions

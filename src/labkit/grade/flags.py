@@ -165,11 +165,18 @@ class Flag:
         return f"{self.name}: {self.what} at {self.where} ({FLAGS[self.name][1]})"
 
 
+OUT_OF_TORCH = ("numpy", "from_numpy", "to_dlpack")  # by name: tensor data out of torch, shared
+
+
 def _specific(value) -> bool:
-    """A number of 7 significant digits or more that is not a power of two (an int, digits in
-    text, a float): 275414777856 or 0.7978845608 is; 2**30, 175e9 or 0.999 is not."""
-    if isinstance(value, str) and value.isdigit() and len(value) < 40:
-        value = int(value)
+    """A number of 7 significant digits or more that is not a power of two (an int, a float, a
+    word of text: decimal, or hexadecimal with a letter): 275414777856, 0.7978845608 or
+    "401FB80000" is; 2**30, 175e9 or 0.999 is not."""
+    try:
+        value = (int(value, 16) if re.search("[a-fA-F]", value) else float(value) if "." in value
+                 else int(value)) if isinstance(value, str) else value
+    except ValueError:
+        return False
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or \
             abs(value) == float("inf") or isinstance(value, int) and abs(value) & (abs(value) - 1) == 0:
         return False
@@ -283,6 +290,16 @@ def _imports(obj) -> bool:
             return True
         todo += [c for c in code.co_consts if isinstance(c, types.CodeType)]
     return False
+
+
+@functools.lru_cache(maxsize=None)
+def _toolkit_uses(name) -> tuple:
+    """The course's modules a toolkit module imports (labkit.page_calculator's memory_model)."""
+    mod = sys.modules.get(name) if str(name).startswith("labkit.") and not str(name).startswith(
+        ("labkit.lab", "labkit.grade")) else None
+    return tuple({u for v in vars(mod).values() for u in [getattr(v, "__name__" if isinstance(
+        v, types.ModuleType) else "__module__", "")] if str(u).startswith("labkit.") and u != name}
+                 if mod else ())
 
 
 def _defined_at(obj) -> str | None:
@@ -428,6 +445,7 @@ class _Reader(ast.NodeVisitor):
         self.compared: set[str] = set()  # ... of a type tests compare (COMPARED), and their bases
         self.root = ast.Module([], [])  # the unit's node
         self.defined: set[str] = set()  # the names the course's module binds
+        self.jit = False  # names torch.jit: TorchScript, whose tolist/item no run-time watch sees
 
     def visit(self, node):
         """Read ``node``; inside a branch (a test, a loop, a ``try``) a name bound again may not be
@@ -476,6 +494,8 @@ class _Reader(ast.NodeVisitor):
         is defined too, ``torch.optim.adam._single_tensor_adam`` re-exported elsewhere)."""
         real = [(o.__name__ if isinstance(o, types.ModuleType) else _defined_at(o) or "")
                 for o in _objects(names)] if module else []
+        real += [d for o in (_objects(names) if module else ()) for d in _toolkit_uses(
+            getattr(o, "__name__", None) if isinstance(o, types.ModuleType) else getattr(o, "__module__", None))]
         inside = tuple(n for r in real if not r.startswith("labkit.") for n in (*r.split("."), r)
                        if n not in names)  # (where it is defined, if not what is written; whole)
         for ex in self.exercises:
@@ -483,6 +503,11 @@ class _Reader(ast.NodeVisitor):
                                      inside=inside)
             if hit:
                 self.flag(node, "shortcut", f"{hit} in exercise {ex}")
+
+    def leaving(self, node, names: list[str]) -> None:  # methodcaller("numpy"): as .numpy
+        if set(names) & {*OUT_OF_TORCH, "storage", "untyped_storage"} and set(self.exercises) & \
+                set(shortcuts.MEASURED):
+            self.flag(node, "measured elsewhere", ast.unparse(node)[:60])
 
     def visit_Attribute(self, node):
         kind, parts = self.chain(node)
@@ -499,11 +524,12 @@ class _Reader(ast.NodeVisitor):
             self.flag(node, "private torch", f"{ast.unparse(node)[:60]} (a private attribute)")
         if isinstance(node.value, ast.Call) and node.attr in STORAGE_METADATA:
             node.value.func.clear = ("measured elsewhere",)  # x.untyped_storage().nbytes()
-        if (node.attr in ("numpy", "from_numpy") and not (kind == "module" and _is_module(parts))
+        if (node.attr in OUT_OF_TORCH and not (kind == "module" and _is_module(parts))
                 or node.attr in ("untyped_storage", "storage") or kind == "module" and parts[:1] == [
                     "torch"] and node.attr in ("save", "serialization")) and set(self.exercises) & set(
                 shortcuts.MEASURED):  # (a storage's data: .tolist(), bytes(), indexing; torch.save)
             self.flag(node, "measured elsewhere", ast.unparse(node)[:60])
+        self.jit |= kind == "module" and parts[:2] == ["torch", "jit"]
         if node.attr == "__setattr__" and not getattr(node, "called", False):
             self.flag(node, "patching", "__setattr__ used as a value")  # like setattr's
         elif node.attr in MUTATORS and not getattr(node, "called", False) and not (
@@ -540,8 +566,10 @@ class _Reader(ast.NodeVisitor):
         value = node.value if isinstance(node.value, str) else ""
         fields = re.findall(r"\{([^{}]*)\}", value) + [value] * (not re.search(r"\s", value))
         words = {w for f in fields for w in re.findall(r"\w+", f)}
-        self.numbers += _specific(node.value)
-        if "LABKIT_GRADE" in value.upper():  # the grader's settings (the environment's names)
+        self.numbers += sum(_specific(w) for w in re.findall(r"[\w.]+", value) if
+                            re.search(r"\d", w) and len(w) < 40) if value else _specific(node.value)
+        if re.search("LABKIT_GRADE|PYTEST_", value.upper()):  # the grader's and pytest's settings
+            # (the environment's names: PYTEST_CURRENT_TEST says which test runs)
             self.flag(node, "grader", repr(value)[:60])
         if "__setattr__" in words:
             self.flag(node, "patching", repr(value)[:60])
@@ -575,6 +603,13 @@ class _Reader(ast.NodeVisitor):
             for name in args[:None if getter.endswith("getter") else 1]:
                 self.flags(node, name.value.split("."), "local")
                 self.shortcut(node, *name.value.split("."))
+                self.leaving(node, name.value.split("."))
+        for kw in node.keywords:  # SimpleNamespace(__dlpack__=...): a protocol numpy looks up
+            if kw.arg and _dunder(kw.arg):  # on the object, as a class's special method
+                self.flag(node, "special methods", f"{kw.arg}= in {ast.unparse(func)[:40]}(...)")
+        if getter in ("os.environ.get", "os.getenv") and args and not (  # a computed name may
+                isinstance(args[0], ast.Constant) and isinstance(args[0].value, str)):  # be the
+            self.flag(node, "grader", ast.unparse(node)[:60])  # grader's or pytest's, unread
         if isinstance(func, ast.Name) and func.id in BY_NAME and len(args) >= 2:
             func.called = True
             kind, parts = self.chain(args[0])
@@ -586,6 +621,7 @@ class _Reader(ast.NodeVisitor):
                            kind if resolved else "local")
                 self.shortcut(node, *(parts if kind == "module" else []), name,
                               module=kind == "module")
+                self.leaving(node, [name])
             if literal is None and kind != "self":
                 self.flag(node, "interpreter" if kind == "module" and _is_module(parts) else
                           "dynamic names", ast.unparse(node)[:60])  # a module's, like vars(m)
@@ -1150,6 +1186,11 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
              and not (_type_like(node.value) and not isinstance(node.value, ast.Constant))
              and not _makes_type(node.value, names) for n in bound_names(node)}  # (get_type_hints evaluates a text it is given by name)
     tree = ast.parse(merged.source)
+    leaving = {u.split(".")[-1] for u, node, _ in merged.taken if any(  # x.tolist(), float(x[i])
+        isinstance(n, ast.Attribute) and n.attr in ("tolist", "item") or isinstance(n, ast.Call)
+        and getattr(n.func, "id", None) in ("float", "int", "bool") and isinstance(
+            n.args[:1] and n.args[0], ast.Subscript) and getattr(n.args[0].value, "attr", "") != "shape"
+        for n in ast.walk(node))}
     classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
     methods = {u.split(".")[-1] for u in merged.units if "." in u} | {  # and their own classes'
         f.name for c in classes.values() if c.name not in course for f in c.body if isinstance(f, DEFS)}
@@ -1183,6 +1224,10 @@ def read(merged, pristine: str) -> dict[str, list[Flag]]:
                 reader.visit(node)
             if reader.numbers >= ANSWER_NUMBERS:
                 reader.flag(node, "answers", f"{reader.numbers} specific numbers in {unit}")
+            if reader.jit and set(exercises) & set(shortcuts.MEASURED) and {unit.split(".")[-1], *(
+                    getattr(n, "id", None) for n in ast.walk(node))} & leaving:  # TorchScript's
+                # own tolist/item (its or a function's it compiles): no run-time watch sees them
+                reader.flag(node, "measured elsewhere", f"tensor data out of torch in TorchScript ({unit})")
             found[unit] = reader.found
             uses[unit] = {getattr(n, "id", getattr(n, "attr", None)) for n in ast.walk(node)}
             binds[unit] = bound_names(node)

@@ -59,9 +59,10 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its referen
 
 
 MEASURING = ("*saved_tensors_hooks", "save_on_cpu", "*DispatchMode", "*FunctionMode",
-             "FlopCounterMode", "[Mm]em*[Tt]racker")
+             "FlopCounterMode", "[Mm]em*[Tt]racker", "*[Dd]isable*[Mm]ode*", "*[Dd]isable[Tt]orch*")
 """What the tests measure with, and a measurement sees only the innermost of: entered in student
-code, a shortcut past the measurement in every exercise but those that build one (BUILD_MEASURING)."""
+code, a shortcut past the measurement in every exercise but those that build one (BUILD_MEASURING);
+so are what switches the modes off (``_disable_current_modes``, ``DisableTorchFunction``)."""
 BUILD_MEASURING = ("5.5",)  # activation offloading: its own saved-tensor hooks
 MEASURED = ("1.3", "2.4", "2.6", "3.2", "3.4", "3.6", "3.7", "4.1", "4.3", "5.1", "5.2", "5.3",
             "5.4", "5.5", "5.6", "5.7", "5.8", "5.9", "6.5", "6.6", "7.2")
