@@ -719,3 +719,35 @@ INDEPENDENT += [
            replace="grown = self._scale * self.growth_factor",
            why="grows in float32 (GradScaler multiplies in float64, then rounds)"),
 ]
+
+# round 15 (session 15): written before reading the graders
+INDEPENDENT += [
+    Mutant("3.3", "lab3/fp8.py", find="return (x.float() / scale.to(x.device)).clamp(-top, top).to(fmt)",
+           replace="return (x.float().clamp(-top, top) / scale.to(x.device)).to(fmt)",
+           why="saturates x before dividing by the scale (the quotient can still pass the format's max)"),
+    Mutant("3.4", "lab3/tensor_parallel.py",
+           find="att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))",
+           replace="att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(width))",
+           why="scales the scores by 1/√(this rank's width) instead of 1/√head_size (manual attention path)"),
+    Mutant("3.4", "lab3/tensor_parallel.py",
+           find="        out = x.contiguous().clone()\n        dist.all_reduce(out, group=group)\n        return out\n"
+                "        # END SOLUTION\n\n    @staticmethod\n    def backward(ctx, grad):\n"
+                "        # BEGIN SOLUTION 3.4: g's backward: what each rank's partial sum receives\n        return grad, None\n",
+           replace="        ctx.group = group\n        out = x.contiguous().clone()\n        dist.all_reduce(out, group=group)\n        return out\n"
+                   "        # END SOLUTION\n\n    @staticmethod\n    def backward(ctx, grad):\n"
+                   "        # BEGIN SOLUTION 3.4: g's backward: what each rank's partial sum receives\n"
+                   "        grad = grad.contiguous().clone()\n        dist.all_reduce(grad, group=ctx.group)\n        return grad, None\n",
+           why="g's backward all-reduces too (every rank already holds the whole output gradient: T times too large)"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="busy = P * M * v * (forward_cost + backward_cost)",
+           replace="busy = P * M * (forward_cost + backward_cost)",
+           why="the bubble's busy time forgets the v chunks of an interleaved schedule"),
+    Mutant("3.6", "lab3/pipeline.py", find="                b, t = inputs[m].shape\n",
+           replace="                b, t = inputs[0].shape\n",
+           why="sizes every received activation from the first micro-batch (micro-batches of other sizes break)"),
+    Mutant("3.7", "lab3/zero3.py", find="used = u.grad is not None and bool(u.present[pc.index] > 0)",
+           replace="used = bool(u.present[pc.index] > 0)",
+           why="assumes every unit got a gradient this step (a unit outside the forward has u.present None)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="deps = split_dependencies(action, S)",
+           replace="deps = split_dependencies(action, P)",
+           why="passes the number of ranks as the number of stages (wrong when a rank holds two stages, ZB-V)"),
+]

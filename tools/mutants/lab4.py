@@ -512,3 +512,22 @@ INDEPENDENT += [
     # equivalent — when min(n, m) < state.rank, (n + m)·min(n, m) >= n·m already says "do not
     # compress", and a larger r only makes (n + m)·r larger: the decision never changes)
 ]
+
+# round 15 (session 15): written before reading the graders
+INDEPENDENT += [
+    Mutant("4.1", "lab4/grad_accumulation.py",
+           find="        with sync:  # DDP all-reduces only in the backward of the last micro-batch run\n"
+                "            loss = model(xi, yi) * (sizes[i] / total)\n            loss.backward()\n",
+           replace="        with sync:  # DDP all-reduces only in the backward of the last micro-batch run\n"
+                   "            loss = model(xi, yi) * (sizes[i] / total)\n        loss.backward()\n",
+           why="runs only the forward inside no_sync() and the backward after it (DDP all-reduces every micro-batch)"),
+    Mutant("4.3", "lab4/zero2.py",
+           find="counts = torch.tensor([self.params[i].grad is not None for i in positions], dtype=dtype,",
+           replace="counts = torch.tensor([True for i in positions], dtype=dtype,",
+           why="counts every parameter of the bucket as present, also one without a gradient on any rank "
+               "(it gets a zero gradient and Adam moves it)"),
+    Mutant("4.4", "lab4/compression.py",
+           find="    idx = x.detach().abs().topk(k, sorted=False).indices\n    return x.detach()[idx], idx\n",
+           replace="    values, idx = x.detach().abs().topk(k, sorted=False)\n    return values, idx\n",
+           why="returns the K largest magnitudes themselves (signs lost) instead of the values at their indices"),
+]

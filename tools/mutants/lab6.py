@@ -526,3 +526,30 @@ INDEPENDENT += [
     Mutant("6.5", "lab6/fusion.py", find="dy = 0.5 * (1 + t) + 0.5 * x", replace="dy = 0.5 * (1 + t) + x",
            why="forgets the 0.5 of the second term of the product rule"),
 ]
+
+# round 15 (session 15): written before reading the graders
+INDEPENDENT += [
+    Mutant("6.1", "lab6/caching_allocator.py",
+           find="            prev.next = block.next\n            if block.next is not None:\n                block.next.prev = prev\n",
+           replace="            prev.next = block.next\n",
+           why="merging into the previous free block forgets to point the next block back at it (a stale prev link)"),
+    Mutant("6.1", "lab6/caching_allocator.py", find="block.allocated, block.requested = True, requested",
+           replace="block.allocated, block.requested = True, size",
+           why="records the rounded size as the block's requested bytes (requested_bytes on free goes wrong)"),
+    Mutant("6.2", "lab6/memory_planner.py",
+           find="order = sorted(tensors, key=lambda t: (-t.size, -(t.end - t.start), t.id))",
+           replace="order = sorted(tensors, key=lambda t: (-t.size * (t.end - t.start), t.id))",
+           why="greedy by size orders by size × lifetime (the area), not by size with the lifetime as tie-break"),
+    Mutant("6.3", "lab6/device_mesh.py", find="        if c[dim] != 0:\n            continue\n",
+           replace="        if rank % shape[dim] != 0:\n            continue\n",
+           why="takes the groups' first ranks as the multiples of the axis size (right for the innermost axis only)"),
+    Mutant("6.4", "lab6/parallel_memory.py", find="    kv = 2 * e * sbh * n_kv_head / n_head\n",
+           replace="    kv = 2 * e * sbh * n_head / n_kv_head\n",
+           why="inverts the grouped-query ratio (K and V grow with fewer KV heads)"),
+    Mutant("6.5", "lab6/fusion.py", find="        t = torch.tanh(K * (x + A * x * x * x))\n        return 0.5 * x * (1 + t)\n",
+           replace="        t = torch.tanh(K * x + A * x * x * x)\n        return 0.5 * x * (1 + t)\n",
+           why="the forward applies √(2/π) to x only, not to the cubic term (a misplaced parenthesis)"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    w = (weights * kept).to(expert_out.dtype)[..., None]\n",
+           replace="    w = weights * kept\n    w = (w / w.sum(1, keepdim=True).clamp(min=1e-9)).to(expert_out.dtype)[..., None]\n",
+           why="renormalises each token's kept router weights to sum to 1 after dropping choices"),
+]
