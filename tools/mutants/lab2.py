@@ -515,11 +515,10 @@ INDEPENDENT += [
            replace="        param.data = param.data - self.lr_of(param) * param.grad\n",
            why="rebinds .data to a new tensor instead of updating in place (a second parameter-sized "
                "buffer per update; views of the old storage go stale)"),
-    Mutant("2.4", "lab2/lomo.py",
-           find="            param.add_(param.grad, alpha=-self.lr_of(param))\n",
-           replace="            param.add_(param.grad.float(), alpha=-self.lr_of(param)) if param.dtype == torch.float32 "
-                   "else param.copy_(param.float() - self.lr_of(param) * param.grad.float())\n",
-           why="updates a 16-bit parameter through an fp32 temporary copy of it and of its gradient"),
+    # (dropped: updating a 16-bit parameter through fp32 copies, param.copy_(param.float() - lr *
+    # param.grad.float()), gives the same values as param.add_(grad, alpha=-lr), which computes in
+    # fp32 and rounds once too; its temporaries live only inside the hook, and no .grad outlives
+    # its use: equivalent under the contract)
     Mutant("2.2", "lab2/quantize8bit.py",
            find="flat = torch.zeros(blocks * block_size, dtype=torch.float32, device=x.device)",
            replace="flat = torch.empty(blocks * block_size, dtype=torch.float32, device=x.device)",

@@ -515,12 +515,10 @@ INDEPENDENT += [
 
 # round 15 (session 15): written before reading the graders
 INDEPENDENT += [
-    Mutant("4.1", "lab4/grad_accumulation.py",
-           find="        with sync:  # DDP all-reduces only in the backward of the last micro-batch run\n"
-                "            loss = model(xi, yi) * (sizes[i] / total)\n            loss.backward()\n",
-           replace="        with sync:  # DDP all-reduces only in the backward of the last micro-batch run\n"
-                   "            loss = model(xi, yi) * (sizes[i] / total)\n        loss.backward()\n",
-           why="runs only the forward inside no_sync() and the backward after it (DDP all-reduces every micro-batch)"),
+    # (dropped: running only the forward inside no_sync() and the backward after it is the same
+    # step: DDP decides at forward time whether the next backward all-reduces (its forward
+    # prepares the reducer only when require_backward_grad_sync is set; PyTorch's no_sync docs:
+    # "the forward pass should be included inside the context manager"): equivalent)
     Mutant("4.3", "lab4/zero2.py",
            find="counts = torch.tensor([self.params[i].grad is not None for i in positions], dtype=dtype,",
            replace="counts = torch.tensor([True for i in positions], dtype=dtype,",
