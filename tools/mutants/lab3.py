@@ -750,4 +750,7 @@ INDEPENDENT += [
     Mutant("3.8", "lab3/zero_bubble.py", find="deps = split_dependencies(action, S)",
            replace="deps = split_dependencies(action, P)",
            why="passes the number of ranks as the number of stages (wrong when a rank holds two stages, ZB-V)"),
+    Mutant("3.2", "lab3/mixed_precision.py", find='                    state["step"] = 0\n',
+           replace='                    state["step"] = 0.0\n',
+           why="keeps the step count as a Python float (the contract: a Python int, as the state's fourth entry)"),
 ]

@@ -528,4 +528,14 @@ INDEPENDENT += [
            find="    idx = x.detach().abs().topk(k, sorted=False).indices\n    return x.detach()[idx], idx\n",
            replace="    values, idx = x.detach().abs().topk(k, sorted=False)\n    return values, idx\n",
            why="returns the K largest magnitudes themselves (signs lost) instead of the values at their indices"),
+    Mutant("4.2", "lab4/bucketed_ddp.py",
+           find="                p.grad = None if total is None else (total / self.world_size).to(p.dtype)\n",
+           replace="                if total is None:\n                    p.grad = None\n"
+                   "                elif p.grad is not None:\n                    p.grad.copy_(total / self.world_size)\n",
+           why="copies the average into the local .grad in place (a rank that had no gradient for a "
+               "parameter other ranks used keeps None)"),
+    Mutant("4.5", "lab4/powersgd.py", find="        ps = [mat @ q for mat, q in zip(mats, qs)]\n",
+           replace="        ps = [orthogonalize_(mat @ q, eps) for mat, q in zip(mats, qs)]\n",
+           why="orthonormalises each rank's P before the all-reduce as well (the sum of orthonormal Ps is "
+               "orthonormalised again after it, but from another matrix)"),
 ]

@@ -899,4 +899,8 @@ INDEPENDENT += [
     Mutant("5.7", "lab5/ring_attention.py", find="            part = attention_with_lse(q[:, :, rows], k_cur, v_cur)\n",
            replace="            part = attention_with_lse(q[:, :, rows], k_cur[:, :, :half], v_cur[:, :, :half])\n",
            why="zigzag, a later block: the late query piece attends only to the block's early piece (it sees both)"),
+    Mutant("5.8", "lab5/sequence_parallel.py",
+           find="    dist.reduce_scatter_single(out, x0, group=group)\n    return out.movedim(0, dim)\n",
+           replace="    dist.reduce_scatter_single(out, x0, group=group)\n    return out.div_(T).movedim(0, dim)\n",
+           why="averages the ranks' partial sums in the reduce-scatter instead of adding them"),
 ]
