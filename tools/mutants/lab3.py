@@ -753,4 +753,8 @@ INDEPENDENT += [
     Mutant("3.2", "lab3/mixed_precision.py", find='                    state["step"] = 0\n',
            replace='                    state["step"] = 0.0\n',
            why="keeps the step count as a Python float (the contract: a Python int, as the state's fourth entry)"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="        return loss * self._scale.to(device=loss.device)\n",
+           replace="        return loss.float() * self._scale.to(device=loss.device)\n",
+           why="scales a 16-bit loss in float32 (GradScaler keeps the loss' dtype: an fp16 loss times 2^16 "
+               "overflows to inf, and that step must be skipped)"),
 ]

@@ -903,4 +903,10 @@ INDEPENDENT += [
            find="    dist.reduce_scatter_single(out, x0, group=group)\n    return out.movedim(0, dim)\n",
            replace="    dist.reduce_scatter_single(out, x0, group=group)\n    return out.div_(T).movedim(0, dim)\n",
            why="averages the ranks' partial sums in the reduce-scatter instead of adding them"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py",
+           find="            keep = t != IGNORE_INDEX\n            rows = torch.arange",
+           replace="            keep = t != IGNORE_INDEX\n            if not keep.any():\n                continue\n"
+                   "            rows = torch.arange",
+           why="backward skips a chunk whose tokens are all ignored (its rows of d hidden stay uninitialised: "
+               "torch.empty_like)"),
 ]
