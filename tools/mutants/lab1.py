@@ -361,4 +361,8 @@ INDEPENDENT += [
     Mutant("1.2", F, find="    elif optimizer == \"sgd-momentum\":\n        states = moment * n_params\n",
            replace="    elif optimizer == \"sgd-momentum\":\n        states = 4 * n_params\n",
            why="keeps SGD's momentum buffer in fp32 also under the pure bf16 recipe (where the states are bf16)"),
+    Mutant("1.3", F, find='    number("cfg.dropout", cfg.dropout, low=0, high=0)\n', replace="",
+           why="does not refuse a config with dropout (its masks and dropped copies are not in the count)"),
+    Mutant("1.3", F, find='    one_of("cfg.attention", cfg.attention, ("naive",))\n', replace="",
+           why="does not refuse fused attention (SDPA keeps no T×T softmax: the count would be wrong)"),
 ]

@@ -545,4 +545,7 @@ INDEPENDENT += [
            find="value=-lr / (1 - beta1 ** t))",
            replace="value=-lr / (1 - beta2 ** t))",
            why="copy-paste: bias-corrects the first moment with β₂ instead of β₁"),
+    Mutant("2.7", "lab2/nvme_offload.py", find="        self.step_count += 1\n        self.write_steps()\n",
+           replace="        if todo:\n            self.step_count += 1\n        self.write_steps()\n",
+           why="counts only the calls of step() where some group had a gradient (step_count counts every call)"),
 ]

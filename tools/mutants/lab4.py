@@ -538,4 +538,8 @@ INDEPENDENT += [
            replace="        ps = [orthogonalize_(mat @ q, eps) for mat, q in zip(mats, qs)]\n",
            why="orthonormalises each rank's P before the all-reduce as well (the sum of orthonormal Ps is "
                "orthonormalised again after it, but from another matrix)"),
+    Mutant("4.4", "lab4/compression.py",
+           find="idx = random_indices(n, k, seed=state.seed, bucket=index, step=step).to(g.device)",
+           replace="idx = random_indices(n, k, seed=state.seed, bucket=0, step=step).to(g.device)",
+           why="random-K draws every bucket's indices as bucket 0's (the buckets share one pattern)"),
 ]
