@@ -757,4 +757,7 @@ INDEPENDENT += [
            replace="        return loss.float() * self._scale.to(device=loss.device)\n",
            why="scales a 16-bit loss in float32 (GradScaler keeps the loss' dtype: an fp16 loss times 2^16 "
                "overflows to inf, and that step must be skipped)"),
+    Mutant("3.7", "lab3/zero3.py", find="flat = flatten_padded(u.params, u.padding, u.master_dtype)",
+           replace="flat = flatten_padded(u.params, u.padding, torch.float32)",
+           why="keeps every shard in fp32 (an fp64 model would train in fp32; the contract: master_dtype)"),
 ]

@@ -552,4 +552,6 @@ INDEPENDENT += [
     Mutant("6.6", "lab6/expert_parallel.py", find="    w = (weights * kept).to(expert_out.dtype)[..., None]\n",
            replace="    w = weights * kept\n    w = (w / w.sum(1, keepdim=True).clamp(min=1e-9)).to(expert_out.dtype)[..., None]\n",
            why="renormalises each token's kept router weights to sum to 1 after dropping choices"),
+    Mutant("6.1", "lab6/caching_allocator.py", find="            self.num_ooms += 1\n", replace="",
+           why="raises SimulatedOOM without counting it in num_ooms"),
 ]
