@@ -65,6 +65,9 @@ def test_assign_slots_follows_gshard_order_and_drops_past_capacity():
             for cap in sorted({1, 2, capacity(T_, n_expert, k, 1.0), T_ * k}):
                 got = assign_slots(ids, n_expert, cap)
                 want = plain_slots(ids, n_expert, cap)
+                assert got.dtype == torch.int64, (
+                    f"assign_slots returned {got.dtype} slots, the contract says int64 "
+                    "(torch.equal would compare the values across dtypes)")
                 assert torch.equal(got, want), (
                     f"T={T_} k={k} E={n_expert} C={cap} skew={skew}: slots\n{got.T}\nexpected\n{want.T}\n"
                     "(choice-major order: every token's first choice before any second choice; "

@@ -548,4 +548,8 @@ INDEPENDENT += [
     Mutant("2.7", "lab2/nvme_offload.py", find="        self.step_count += 1\n        self.write_steps()\n",
            replace="        if todo:\n            self.step_count += 1\n        self.write_steps()\n",
            why="counts only the calls of step() where some group had a gradient (step_count counts every call)"),
+    Mutant("2.3", "lab2/adam8bit.py", find='            state["step"] = 0\n', replace='            state["step"] = 0.0\n',
+           why="keeps the step count as a Python float (the contract: an int)"),
+    Mutant("2.8", "lab2/came.py", find='            state["step"] = 0\n', replace='            state["step"] = torch.tensor(0.0)\n',
+           why="keeps the step count as a float tensor, as torch's Adam does (the contract: an int)"),
 ]

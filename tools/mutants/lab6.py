@@ -554,4 +554,10 @@ INDEPENDENT += [
            why="renormalises each token's kept router weights to sum to 1 after dropping choices"),
     Mutant("6.1", "lab6/caching_allocator.py", find="            self.num_ooms += 1\n", replace="",
            why="raises SimulatedOOM without counting it in num_ooms"),
+    Mutant("6.3", "lab6/device_mesh.py", find="    return tuple(reversed(coords))\n",
+           replace="    return list(reversed(coords))\n",
+           why="returns the coordinates as a list (the contract: a tuple, usable as a key)"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    return position.reshape(k, T).T\n",
+           replace="    return position.reshape(k, T).T.to(torch.int32)\n",
+           why="returns the slots as int32 to save memory (the contract: int64)"),
 ]
