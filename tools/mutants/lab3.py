@@ -760,4 +760,10 @@ INDEPENDENT += [
     Mutant("3.7", "lab3/zero3.py", find="flat = flatten_padded(u.params, u.padding, u.master_dtype)",
            replace="flat = flatten_padded(u.params, u.padding, torch.float32)",
            why="keeps every shard in fp32 (an fp64 model would train in fp32; the contract: master_dtype)"),
+    Mutant("3.5", "lab3/pipeline_schedule.py",
+           find="return Timeline(spans, makespan, 1 - Fraction(busy, P * makespan), in_flight)",
+           replace="return Timeline(spans, makespan, 1 - busy / (P * makespan), in_flight)",
+           why="computes the bubble as a float (the contract: an exact Fraction)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="        held = peak = 0\n", replace="        held = peak = 0.0\n",
+           why="starts the memory count at 0.0: Fraction sizes come back as floats (inexact)"),
 ]
