@@ -365,4 +365,8 @@ INDEPENDENT += [
            why="does not refuse a config with dropout (its masks and dropped copies are not in the count)"),
     Mutant("1.3", F, find='    one_of("cfg.attention", cfg.attention, ("naive",))\n', replace="",
            why="does not refuse fused attention (SDPA keeps no T×T softmax: the count would be wrong)"),
+    Mutant("1.4", F, find="    one_of(\"element_bytes\", element_bytes, (1, 2, 4, 8))\n", replace="",
+           why="does not check element_bytes (3 or 2.5 bytes an element give a count)"),
+    Mutant("1.2", F, find='    n_params = non_negative_int("n_params", n_params)\n', replace="",
+           why="does not check n_params (a float or negative count gives bytes)"),
 ]

@@ -560,4 +560,22 @@ INDEPENDENT += [
     Mutant("6.6", "lab6/expert_parallel.py", find="    return position.reshape(k, T).T\n",
            replace="    return position.reshape(k, T).T.to(torch.int32)\n",
            why="returns the slots as int32 to save memory (the contract: int64)"),
+    Mutant("6.5", "lab6/fusion.py", find="        ctx.save_for_backward(x)\n",
+           replace="        ctx.save_for_backward(x.detach().clone())\n",
+           why="saves a copy of x \"to be safe\" (the input is already kept by the graph: twice its bytes)"),
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="    onehot = torch.nn.functional.one_hot(flat, n_expert)  # (k·T, E)\n"
+                "    position = (onehot.cumsum(0) - 1).gather(1, flat[:, None])[:, 0]  # claims before this one\n",
+           replace="    taken = [0] * n_expert\n    claims = []\n    for e in flat.tolist():  # one claim at a time\n"
+                   "        claims.append(taken[e])\n        taken[e] += 1\n"
+                   "    position = torch.tensor(claims, dtype=torch.int64, device=flat.device)\n",
+           why="claims the slots in a Python loop over the (token, choice) pairs (the contract: no Python loop over tokens)"),
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="    picked = expert_out.reshape(E * C, d)[rows.reshape(-1)].view(*rows.shape, d)  # (T, k, d)\n"
+                "    w = (weights * kept).to(expert_out.dtype)[..., None]\n    return (w * picked).sum(1)\n",
+           replace="    flat_out = expert_out.reshape(E * C, d)\n"
+                   "    return torch.stack([sum(weights[t, j].to(expert_out.dtype) * flat_out[rows[t, j]]\n"
+                   "                            for j in range(rows.shape[1]) if kept[t, j]) + flat_out.new_zeros(d)\n"
+                   "                        for t in range(rows.shape[0])])\n",
+           why="combines token by token in a Python loop (the contract: no Python loop over tokens)"),
 ]
