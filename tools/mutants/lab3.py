@@ -766,4 +766,22 @@ INDEPENDENT += [
            why="computes the bubble as a float (the contract: an exact Fraction)"),
     Mutant("3.8", "lab3/zero_bubble.py", find="        held = peak = 0\n", replace="        held = peak = 0.0\n",
            why="starts the memory count at 0.0: Fraction sizes come back as floats (inexact)"),
+    Mutant("3.1", "lab3/loss_scaler.py",
+           find="""        found = []
+        for (device, _), grads in by_kind.items():
+            found_inf = torch.zeros(1, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale.to(device))
+            found.append(found_inf)
+        self._found_inf = bool(sum(f.item() for f in found))  # one device→host sync per device
+""",
+           replace="""        for (device, _), grads in by_kind.items():
+            torch._foreach_mul_(grads, inv_scale.to(device))
+        self._found_inf = False
+        for grads in by_kind.values():
+            for g in grads:  # one device→host sync per gradient
+                if not bool(torch.isfinite(g).all()):
+                    self._found_inf = True
+""",
+           why="checks each gradient with bool(torch.isfinite(g).all()): one device→host sync per gradient "
+               "(the module's Speed note: read the flag back once per step)"),
 ]
