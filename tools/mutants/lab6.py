@@ -578,4 +578,7 @@ INDEPENDENT += [
                    "                            for j in range(rows.shape[1]) if kept[t, j]) + flat_out.new_zeros(d)\n"
                    "                        for t in range(rows.shape[0])])\n",
            why="combines token by token in a Python loop (the contract: no Python loop over tokens)"),
+    Mutant("6.4", "lab6/parallel_memory.py", find="    local = n_params / (tp * pp)\n",
+           replace="    local = n_params // (tp * pp)\n",
+           why="floors this GPU's share of the parameters (integer division: bytes lost when tp·pp does not divide Ψ)"),
 ]
