@@ -784,4 +784,8 @@ INDEPENDENT += [
 """,
            why="checks each gradient with bool(torch.isfinite(g).all()): one device→host sync per gradient "
                "(the module's Speed note: read the flag back once per step)"),
+    Mutant("3.8", "lab3/zero_bubble.py",
+           find="return SplitTimeline(spans, makespan, 1 - Fraction(busy, P * makespan), in_flight)",
+           replace="return SplitTimeline(spans, makespan, 1 - busy / (P * makespan), in_flight)",
+           why="computes the bubble as a float (the contract: a Fraction)"),
 ]
