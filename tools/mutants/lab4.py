@@ -542,4 +542,7 @@ INDEPENDENT += [
            find="idx = random_indices(n, k, seed=state.seed, bucket=index, step=step).to(g.device)",
            replace="idx = random_indices(n, k, seed=state.seed, bucket=0, step=step).to(g.device)",
            why="random-K draws every bucket's indices as bucket 0's (the buckets share one pattern)"),
+    Mutant("4.2", "lab4/bucketed_ddp.py", find="        for work, flat, params in self.in_flight:\n",
+           replace="        for work, flat, params in self.in_flight[-1:]:\n",
+           why="finish() waits for and writes back only the last bucket sent (it thinks the all-reduces end in order)"),
 ]

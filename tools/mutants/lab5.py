@@ -909,4 +909,7 @@ INDEPENDENT += [
                    "            rows = torch.arange",
            why="backward skips a chunk whose tokens are all ignored (its rows of d hidden stay uninitialised: "
                "torch.empty_like)"),
+    # (dropped: a clone of the host copy at every CPU unpack is inside the contract: unpack returns
+    # "a tensor equal to the one saved (same values, shape and device)"; on CUDA every unpack makes
+    # a new device tensor from the host copy too, so a transient copy per unpack is the design)
 ]
