@@ -552,4 +552,8 @@ INDEPENDENT += [
            why="keeps the step count as a Python float (the contract: an int)"),
     Mutant("2.8", "lab2/came.py", find='            state["step"] = 0\n', replace='            state["step"] = torch.tensor(0.0)\n',
            why="keeps the step count as a float tensor, as torch's Adam does (the contract: an int)"),
+    Mutant("2.1", "lab2/adafactor.py", find="        update = var_estimate.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad)  # U = G / √V̂\n",
+           replace="        update = var_estimate.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad)  # U = G / √V̂\n"
+                   "        state[\"RMS\"] = update.norm(2).item() / update.numel() ** 0.5\n",
+           why="keeps the update's RMS in the state as well (the older Adafactor's 'RMS' entry: a state key torch's has not)"),
 ]

@@ -788,4 +788,7 @@ INDEPENDENT += [
            find="return SplitTimeline(spans, makespan, 1 - Fraction(busy, P * makespan), in_flight)",
            replace="return SplitTimeline(spans, makespan, 1 - busy / (P * makespan), in_flight)",
            why="computes the bubble as a float (the contract: a Fraction)"),
+    Mutant("3.6", "lab3/pipeline.py", find="    for key in list(sends):\n        finish(key)\n    return total\n",
+           replace="    return total\n",
+           why="returns with sends still in flight (the contract: all sends have completed on return)"),
 ]
