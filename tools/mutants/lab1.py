@@ -369,4 +369,8 @@ INDEPENDENT += [
            why="does not check element_bytes (3 or 2.5 bytes an element give a count)"),
     Mutant("1.2", F, find='    n_params = non_negative_int("n_params", n_params)\n', replace="",
            why="does not check n_params (a float or negative count gives bytes)"),
+    Mutant("1.2", F, find="    else:  # sgd keeps nothing; adafactor's factored moment is O(m + n), counted as 0\n        states = 0\n",
+           replace="    elif optimizer == \"adafactor\":\n        states = moment * n_params\n"
+                   "    else:  # sgd keeps nothing; adafactor's factored moment is O(m + n), counted as 0\n        states = 0\n",
+           why="counts Adafactor's second moment in full, one value per parameter (its factors are O(m + n))"),
 ]
