@@ -211,8 +211,10 @@ def test_adam8bit_counts_steps_per_parameter_and_reads_each_group():
     torch.testing.assert_close(got[1][1], want[1][1], **UPDATE_TOL, msg=lambda m: (
         f"the vector's first step (step 2; group 1: {groups[1]}) vs torch.optim.Adam: {m} — use "
         "the group's lr and betas, and bias-correct with the parameter's own step count (1)"))
-    assert opt.state[b]["step"] == 2 and opt.state[a]["step"] == 3, (
-        f"step counts weight {opt.state[a]['step']}, vector {opt.state[b]['step']}, expected 3 and 2")
+    steps = (opt.state[a]["step"], opt.state[b]["step"])
+    assert all(type(t) is int for t in steps) and steps == (3, 2), (
+        f"step counts weight {steps[0]!r}, vector {steps[1]!r}, expected the ints 3 and 2 (the "
+        "contract: state['step'] is an int, this parameter's own count of steps)")
     # Adam's first step is lr·sign(g) whatever the betas; the stored m = (1 − β₁)·g is not.
     # Tolerance: the signed dynamic code's largest half-gap is < 1% of the block's absmax.
     from labkit.lab2.quantize8bit import dequantize_blockwise

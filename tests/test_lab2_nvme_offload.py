@@ -214,6 +214,16 @@ def test_nvme_keeps_torch_adams_step_per_parameter(dtype, tmp_path):
                    "at step 1), not the optimizer's" if "vector" in name and step >= 2 else "")))
     assert opt.steps == [3, 2], (f"per-group step counts {opt.steps}, expected [3, 2]: a group "
                                  "without a gradient is skipped and its count does not advance")
+    # A 4th call with no gradient at all: nothing moves, no group's count advances, but
+    # step_count counts the calls (the contract), so it is 4.
+    before = (a.detach().clone(), b.detach().clone())
+    opt.step()
+    assert opt.step_count == 4 and opt.steps == [3, 2], (
+        f"after a 4th step() with no gradient anywhere: step_count {opt.step_count}, per-group "
+        f"counts {opt.steps}; expected 4 and [3, 2]: step_count counts every call of step(), "
+        "each group's count only its steps with a gradient")
+    assert torch.equal(a, before[0]) and torch.equal(b, before[1]), (
+        "a step() with no gradient anywhere moved a parameter: skip every group without one")
 
 
 class MasterAdam:

@@ -213,6 +213,51 @@ def test_param_groups_and_bf16_gradients_equal_gradscaler(optimizer):
 
 
 @pytest.mark.exercise("3.1", points=1)
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp32+bf16"])
+def test_unscale_reads_the_flag_back_once_per_device_and_dtype(half):
+    """Check the module's Speed note: unscale_ reads the "any inf or NaN?" flag back to the host
+    at most once per (device, dtype) group of gradients, not once per gradient — counted as the
+    calls of aten._local_scalar_dense (what .item(), bool() and float() of a tensor run: a
+    device→host sync on a GPU) on a model of 4 gradients in one dtype (at most 1), then in two
+    (at most 2), with an inf in one of them; the flag and the unscaled gradients must be
+    GradScaler's (bit for bit)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from labkit.lab3.loss_scaler import DynamicLossScaler
+
+    class Reads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func is torch.ops.aten._local_scalar_dense.default
+            return func(*args, **(kwargs or {}))
+
+    models = [_model(False, half)]
+    models.append(copy.deepcopy(models[0]))
+    scaler = DynamicLossScaler(init_scale=2.0 ** 10)
+    ref = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    for model, s in zip(models, (scaler, ref)):
+        s.scale(torch.nn.functional.mse_loss(_Cast(model)(x), y)).backward()
+        model[0].weight.grad[0, 0] = math.inf
+    opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in models]
+    ref.unscale_(opts[1])
+    with Reads() as reads:
+        found = scaler.unscale_(opts[0])
+    groups = 2 if half else 1
+    assert reads.n <= groups, (
+        f"unscale_ read {reads.n} values back to the host for {groups} (device, dtype) group(s) of "
+        "4 gradients: check them all with one foreach call per group (torch's "
+        "_amp_foreach_non_finite_check_and_unscale_) and read the flag once, not bool(...) per gradient")
+    assert found is True, f"unscale_ returned {found!r} with an inf in a gradient, expected True"
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, equal_nan=True, msg=lambda m: (
+            f"a gradient unscaled with the flag read once differs from GradScaler's: {m}"))
+
+
+@pytest.mark.exercise("3.1", points=1)
 def test_growth_stops_at_float32_overflow():
     """Check a scale near float32's max is not grown to inf (GradScaler keeps it)."""
     big = dict(init_scale=2.0 ** 126, growth_factor=2.0 ** 4, backoff_factor=0.5, growth_interval=1)

@@ -199,9 +199,10 @@ def test_param_groups_late_and_frozen_parameters_equal_fp32_adam(dtype):
                                   "to the next param group after a group without any gradient?")
         steps = opt.state[p].get("step")
         want_steps = 3 if n in late else 4 if n == "ln_f.weight" else 5
-        assert steps == want_steps, (f"{n}: state['step'] = {steps}, expected {want_steps} (the steps "
-                                     "at which this parameter had a gradient: a step where it has "
-                                     "none does not count, even if others in its group have one)")
+        assert type(steps) is int and steps == want_steps, (
+            f"{n}: state['step'] = {steps!r} ({type(steps).__name__}), expected the Python int "
+            f"{want_steps} (the contract's type; the steps at which this parameter had a gradient: "
+            "a step where it has none does not count, even if others in its group have one)")
         group = "its group's (lr 3e-3, betas (0.8, 0.99), eps 1e-3)" if n in first else "the default"
         torch.testing.assert_close(opt.state[p]["master"], ref[n].detach(), atol=1e-6, rtol=1e-5,
                                    msg=lambda m, n=n, group=group: f"{n} master vs fp32 Adam with "

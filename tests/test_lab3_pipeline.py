@@ -243,6 +243,43 @@ def test_last_rank_returns_the_batch_loss(kind):
         f"{kind}, loss: {m} — the last rank must return the sum of loss_m = CE/M over micro-batches"))
 
 
+@pytest.mark.exercise("3.6", points=1)
+def test_microbatches_of_unequal_sizes():
+    """Check a batch of 5 sequences cut by ``x.chunk(3)`` into micro-batches of 2, 2 and 1
+    sequences, 1F1B on P = 2: the contract's activation of micro-batch m is (b, T, n_embd) with
+    m's own b, so stage 1 must size what it receives from ``inputs[m]``. Reference: the
+    single-device GPT's gradients and loss of the sum over m of loss_m = CE(micro-batch m) / M
+    (the module docstring's tolerance, rtol 1e-5, atol 1e-7)."""
+    from labkit.harness.lab3 import pipeline_worker
+    from labkit.models import GPT, SyntheticData, lab_config
+    from labkit.ranks import RankError, launch
+
+    M = 3
+    torch.manual_seed(0)
+    cfg = lab_config("cpu")
+    model = GPT(cfg)
+    x, y = SyntheticData(cfg.vocab_size, T, 5, seed=1).batch(0)
+    try:
+        res = launch(pipeline_worker, P, cfg, model.state_dict(), actions("1f1b", P, M), x, y, M,
+                     timeout=60.0)
+    except RankError as exc:
+        if "NotImplementedError" in str(exc):
+            raise
+        pytest.fail(f"1f1b P={P}, micro-batches of 2, 2 and 1 sequences: a rank failed: "
+                    f"{str(exc).strip().splitlines()[-1][-300:]} — does a stage size the activation "
+                    "it receives for micro-batch m from inputs[m] (micro-batches may differ in size)?")
+    want_loss = sum(model(xm, ym) / M for xm, ym in zip(x.chunk(M), y.chunk(M)))
+    want_loss.backward()
+    got = summed_grads(res, "1f1b")
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7, msg=lambda m, name=name: (
+            f"1f1b P={P}, micro-batches of 2, 2 and 1 sequences, gradient of {name}: {m} — is "
+            "each micro-batch run (and received) in its own shape, its loss divided by M?"))
+    assert res[-1]["loss"] is not None, "1f1b, micro-batches of unequal sizes: the last rank returned no loss"
+    torch.testing.assert_close(res[-1]["loss"], want_loss.detach(), rtol=1e-5, atol=1e-7, msg=lambda m: (
+        f"1f1b, micro-batches of 2, 2 and 1 sequences, loss: {m} — the sum of loss_m = CE_m / M"))
+
+
 @pytest.mark.exercise("3.6", points=2)
 def test_gpipe_holds_the_activations_of_all_m_microbatches():
     """Check under GPipe each stage's peak of saved activations is M × one micro-batch's,

@@ -214,12 +214,14 @@ def test_in_flight_counts_f_run_and_w_pending():
 def test_peak_memory_of_zb_h1_is_p_minus_s_m_b_plus_s_m_w():
     """Check peak_activation_memory: ZB-H1's stage s peaks at (P−s)·M_B + s·M_W for M ≥ P
     (Qi et al. §2.1: never above 1F1B's first stage, P·M_B), the split 1F1B at (P−s)·M_B; for a
-    GPT layer's M_B = 34, M_W = 32 (units of s·b·h bytes, Table 1) and Fractions; and on torch's
-    ZB-V plan the same running sum computed here."""
+    GPT layer's M_B = 34, M_W = 32 (units of s·b·h bytes, Table 1) and Fractions (thirds too,
+    which no float holds: the peaks of Fractions are exact Fractions); and on torch's ZB-V plan
+    the same running sum computed here."""
     from labkit.lab3.zero_bubble import SplitAction, peak_activation_memory, zb_h1_schedule
 
     for P, M in SIZES:
-        for m_b, m_w in ((34, 32), (1, 0), (Fraction(5, 2), Fraction(3, 2)), (3, 3)):
+        for m_b, m_w in ((34, 32), (1, 0), (Fraction(5, 2), Fraction(3, 2)), (Fraction(7, 3), Fraction(5, 3)),
+                         (3, 3)):
             got = peak_activation_memory(zb_h1_schedule(P, M), m_b, m_w)
             want = [(P - s) * m_b + s * m_w for s in range(P)]
             assert got == want, (f"ZB-H1 P={P} M={M} M_B={m_b} M_W={m_w}: peaks {got}, expected "

@@ -144,6 +144,19 @@ def test_ignored_targets_count_for_nothing_and_the_gradient_follows_the_caller()
         torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10, msg=lambda m, name=name: (
             f"{name} of 2.5 × loss: {m} — does backward multiply by grad_loss, and divide by the "
             "number of counted tokens?"))
+    # Two whole chunks of ignored targets (tokens 16-47, chunks of 16): their rows of d hidden
+    # are exactly 0 as well, however backward walks the chunks.
+    targets = targets.clone()
+    targets[16:48] = IGNORE
+    want = _reference(hidden, weight, targets)
+    got = _ours(hidden, weight, targets, 16)
+    assert torch.equal(got[1][16:48], torch.zeros_like(got[1][16:48])), (
+        f"chunks 1 and 2 (tokens 16-47) have only ignored targets: their rows of d hidden hold "
+        f"{int((got[1][16:48] != 0).sum())} non-zero entries, expected exactly 0 — a chunk without a "
+        "counted token still needs its rows of d hidden written (torch.empty_like is not zeros)")
+    for name, g, w in zip(("d hidden", "d weight"), got[1:], want[1:]):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10, msg=lambda m, name=name: (
+            f"{name} with two whole chunks of ignored targets: {m}"))
     # Every target ignored: F.cross_entropy's mean over no token is 0/0 = NaN, and so is ours.
     targets = torch.full_like(targets, IGNORE)
     loss = _ours(hidden, weight, targets, 16)[0]

@@ -155,6 +155,33 @@ def test_policy_counts_every_output_of_a_fused_attention(op):
 
 
 @pytest.mark.exercise("5.4", points=1)
+def test_recompute_flops_counts_convolutions_as_flopcountermode():
+    """Check recompute_flops on a convolution and a transposed one, which the contract lists
+    with the matrix products: FlopCounterMode's formula for them reads the output's shape, so
+    the count must hand the formula the operator's output (``out_val``), as FlopCounterMode
+    does. Exact integers: the reference is FlopCounterMode running the same call."""
+    from labkit.lab5.selective_checkpoint import recompute_flops
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 9)
+    for conv in (torch.nn.Conv2d(3, 4, 3, stride=2, padding=1),
+                 torch.nn.ConvTranspose2d(3, 4, 3, stride=2)):
+        with torch.no_grad(), _OpRecorder() as recorder:
+            conv(x)
+        counted = 0
+        for func, args, kwargs, out in recorder.calls:
+            want, _ = _plain_flops_and_bytes(func, args, kwargs, out)
+            got = recompute_flops(func, args, kwargs, out)
+            assert got == want, (
+                f"{type(conv).__name__}, {func}: recompute_flops gives {got!r}, FlopCounterMode "
+                f"counts {want:,}: call the operator's FLOP formula (flop_registry, by overload "
+                f"packet) with its output too (out_val=out), as FlopCounterMode does")
+            counted += want
+        assert counted > 0, (f"{type(conv).__name__}: FlopCounterMode counted no FLOPs: did "
+                             f"FlopCounterMode stop counting convolutions?")
+
+
+@pytest.mark.exercise("5.4", points=1)
 def test_a_threshold_between_the_attention_matmuls_keeps_softmax_v_only():
     """Check the measured trade with 4 heads (d = 16, T = 32): q·kᵀ does 2·d/4 = 8 FLOPs per byte
     of its (T × T) output, softmax·v 2·T/4 = 16 per byte of its (T × d) output; at 12 FLOPs/B

@@ -65,10 +65,65 @@ def test_assign_slots_follows_gshard_order_and_drops_past_capacity():
             for cap in sorted({1, 2, capacity(T_, n_expert, k, 1.0), T_ * k}):
                 got = assign_slots(ids, n_expert, cap)
                 want = plain_slots(ids, n_expert, cap)
+                assert got.dtype == torch.int64, (
+                    f"assign_slots returned {got.dtype} slots, the contract says int64 "
+                    "(torch.equal would compare the values across dtypes)")
                 assert torch.equal(got, want), (
                     f"T={T_} k={k} E={n_expert} C={cap} skew={skew}: slots\n{got.T}\nexpected\n{want.T}\n"
                     "(choice-major order: every token's first choice before any second choice; "
                     "slots 0..C−1 per expert, −1 beyond)")
+
+
+def own_python_events(fn, *args):
+    """Python trace events (calls, lines, each loop iteration) run in ``fn``'s own source file
+    while ``fn(*args)`` runs; torch's kernels and other modules are not counted."""
+    import inspect
+    import sys
+
+    target = inspect.unwrap(fn).__code__.co_filename
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        if frame.f_code.co_filename != target:
+            return None  # no line events in other files' frames
+        count += 1
+        return tracer
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        fn(*args)
+    finally:
+        sys.settrace(previous)
+    return count
+
+
+@pytest.mark.exercise("6.6", points=1)
+def test_no_python_loop_over_tokens():
+    """Check the contract's "no Python loop over tokens" of assign_slots, dispatch and combine:
+    with E, k, C and d fixed, 16 times the tokens (16 → 256) must not run more Python in their
+    module (trace events: lines, calls and loop iterations; torch's kernels are not counted). A
+    loop over the experts, the k choices or the C slots is fine; one over the tokens (or over
+    their .tolist()) adds at least one event per token: 240 here, the limit is 60."""
+    from labkit.lab6.expert_parallel import assign_slots, combine, dispatch
+
+    n_expert, k, cap, d = 4, 2, 8, 6
+    events = {}
+    for T_ in (16, 256):
+        ids = random_routing(T_, k, n_expert, 7)
+        slots = plain_slots(ids, n_expert, cap)
+        x, out = torch.randn(T_, d), torch.randn(n_expert, cap, d)
+        w = torch.softmax(torch.randn(T_, k), -1)
+        events[T_] = {"assign_slots": own_python_events(assign_slots, ids, n_expert, cap),
+                      "dispatch": own_python_events(dispatch, x, ids, slots, n_expert, cap),
+                      "combine": own_python_events(combine, out, ids, slots, w)}
+    for name, small in events[16].items():
+        large = events[256][name]
+        assert large - small < 60, (
+            f"{name} runs {small} Python trace events in its module for 16 tokens and {large} for "
+            f"256 (E = {n_expert}, k = {k}, C = {cap}): the contract says no Python loop over "
+            "tokens — express it with tensor operations (one_hot, cumsum, gather, index)")
 
 
 @pytest.mark.exercise("6.6", points=1)

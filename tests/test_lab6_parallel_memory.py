@@ -89,16 +89,20 @@ def test_agrees_with_memory_model_for_data_parallelism(recipe):
 
 @pytest.mark.exercise("6.4", points=1)
 def test_tensor_and_pipeline_parallelism_divide_the_static_state():
-    """T = 8, P = 4, D = 16 (512 GPUs): each GPU holds Ψ/32 parameters; ZeRO shards them by D."""
+    """T = 8, P = 4, D = 16 (512 GPUs): each GPU holds Ψ/32 parameters; ZeRO shards them by D.
+    Also for a Ψ that 32 does not divide (Ψ + 7): the model's share is the float Ψ/(T·P), not
+    a floor (the contract: bytes as floats; REL allows float rounding only)."""
     from labkit.lab6.parallel_memory import static_bytes
 
-    local = PSI / 32
-    for stage, want in [(0, 16 * local), (1, 4 * local + 12 * local / 16),
-                        (3, 16 * local / 16)]:
-        got = sum(static_bytes(PSI, world_size=512, dp=16, tp=8, pp=4, zero_stage=stage).values())
-        assert close(got, want), (f"ZeRO-{stage}, D×T×P = 16×8×4: {got:,.0f} B, expected {want:,.0f} "
-                                  f"(Ψ/(T·P) parameters per GPU, ZeRO over D = 16): do T and P split the parameters, "
-                                  f"and does ZeRO shard over the D ranks that hold the same weights (not all GPUs)?")
+    for psi in (PSI, PSI + 7):
+        local = psi / 32
+        for stage, want in [(0, 16 * local), (1, 4 * local + 12 * local / 16),
+                            (3, 16 * local / 16)]:
+            got = sum(static_bytes(psi, world_size=512, dp=16, tp=8, pp=4, zero_stage=stage).values())
+            assert close(got, want), (f"ZeRO-{stage}, D×T×P = 16×8×4, Ψ = {psi:,.0f}: {got:,.0f} B, expected "
+                                      f"{want:,.0f} (Ψ/(T·P) parameters per GPU, a float, ZeRO over D = 16): do "
+                                      f"T and P split the parameters (no integer division), and does ZeRO shard "
+                                      f"over the D ranks that hold the same weights (not all GPUs)?")
 
 
 @pytest.mark.exercise("6.4", points=1)

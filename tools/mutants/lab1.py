@@ -344,3 +344,33 @@ INDEPENDENT += [
            replace="loss_grads = 2 * batch_size * seq_len * cfg.vocab_size * 4",
            why="counts the loss's B·T·V gradients as fp32 under the bf16 recipe"),
 ]
+
+# round 15 (session 15): written before reading the graders
+INDEPENDENT += [
+    Mutant("1.1", F, find="    return embeddings + cfg.n_layer * block + norm\n",
+           replace="    return embeddings + cfg.n_layer * block + norm + (cfg.vocab_size if cfg.bias else 0)\n",
+           why="gives the tied output head a bias of vocab_size entries when cfg.bias (nanoGPT's lm_head has none)"),
+    Mutant("1.3", F, find="    if seq_len > cfg.block_size:\n",
+           replace="    if seq_len >= cfg.block_size:\n",
+           why="off by one: refuses seq_len == block_size, the longest sequence the model takes"),
+    Mutant("1.4", F, find="dropped_softmax = as2b * e if dropout else 0",
+           replace="dropped_softmax = as2b if dropout else 0",
+           why="counts the dropped-out softmax at 1 byte an element, like its mask"),
+    Mutant("1.5", F, find="(prev if temporaries else 0)", replace="prev",
+           why="keeps the previous tensor's last temporary alive also for optimizers that make none (SGD)"),
+    Mutant("1.2", F, find="    elif optimizer == \"sgd-momentum\":\n        states = moment * n_params\n",
+           replace="    elif optimizer == \"sgd-momentum\":\n        states = 4 * n_params\n",
+           why="keeps SGD's momentum buffer in fp32 also under the pure bf16 recipe (where the states are bf16)"),
+    Mutant("1.3", F, find='    number("cfg.dropout", cfg.dropout, low=0, high=0)\n', replace="",
+           why="does not refuse a config with dropout (its masks and dropped copies are not in the count)"),
+    Mutant("1.3", F, find='    one_of("cfg.attention", cfg.attention, ("naive",))\n', replace="",
+           why="does not refuse fused attention (SDPA keeps no T×T softmax: the count would be wrong)"),
+    Mutant("1.4", F, find="    one_of(\"element_bytes\", element_bytes, (1, 2, 4, 8))\n", replace="",
+           why="does not check element_bytes (3 or 2.5 bytes an element give a count)"),
+    Mutant("1.2", F, find='    n_params = non_negative_int("n_params", n_params)\n', replace="",
+           why="does not check n_params (a float or negative count gives bytes)"),
+    Mutant("1.2", F, find="    else:  # sgd keeps nothing; adafactor's factored moment is O(m + n), counted as 0\n        states = 0\n",
+           replace="    elif optimizer == \"adafactor\":\n        states = moment * n_params\n"
+                   "    else:  # sgd keeps nothing; adafactor's factored moment is O(m + n), counted as 0\n        states = 0\n",
+           why="counts Adafactor's second moment in full, one value per parameter (its factors are O(m + n))"),
+]

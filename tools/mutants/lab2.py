@@ -507,3 +507,53 @@ INDEPENDENT += [
            replace='denom = (v.sqrt() / bias2).add_(opts["eps"])',
            why="divides √v by the bias correction instead of by its square root"),
 ]
+
+# round 15 (session 15): written before reading the graders
+INDEPENDENT += [
+    Mutant("2.4", "lab2/lomo.py",
+           find="        with torch.no_grad():\n            param.add_(param.grad, alpha=-self.lr_of(param))\n",
+           replace="        param.data = param.data - self.lr_of(param) * param.grad\n",
+           why="rebinds .data to a new tensor instead of updating in place (a second parameter-sized "
+               "buffer per update; views of the old storage go stale)"),
+    # (dropped: updating a 16-bit parameter through fp32 copies, param.copy_(param.float() - lr *
+    # param.grad.float()), gives the same values as param.add_(grad, alpha=-lr), which computes in
+    # fp32 and rounds once too; its temporaries live only inside the hook, and no .grad outlives
+    # its use: equivalent under the contract)
+    Mutant("2.2", "lab2/quantize8bit.py",
+           find="flat = torch.zeros(blocks * block_size, dtype=torch.float32, device=x.device)",
+           replace="flat = torch.empty(blocks * block_size, dtype=torch.float32, device=x.device)",
+           why="pads the short last block with uninitialised memory (torch.empty) instead of zeros: "
+               "the padding can enter the block's absmax"),
+    Mutant("2.6", "lab2/zero_offload.py", find="        elif self.stream is None:\n            self.host_grads[i].copy_(grad)\n",
+           replace="        elif self.stream is None:\n            self.host_grads[i].add_(grad)\n",
+           why="always adds into the host buffer (never zeroed after a step): the next step adds the old gradient"),
+    Mutant("2.6", "lab2/zero_offload.py",
+           find="        for i in sorted(self.arrived):\n            self.params[i].copy_(",
+           replace="        arrived, self.arrived = sorted(self.arrived), set()\n        for i in arrived[:-1]:\n            self.params[i].copy_(",
+           why="writes back every stepped master but the last one (off by one over the arrived list)"),
+    Mutant("2.7", "lab2/nvme_offload.py",
+           find='                grad = grad.add(weight.to("cpu", m.dtype), alpha=opts["weight_decay"])\n',
+           replace='                weight.mul_(1 - opts["lr"] * opts["weight_decay"])\n',
+           why="decays the weight AdamW style (decoupled) instead of Adam's L2 term in the gradient"),
+    Mutant("2.8", "lab2/came.py", find="cc.mul_(beta3).add_(res.mean(dim=-2), alpha=1 - beta3)",
+           replace="cc.mul_(beta3).add_(res.mean(dim=-1), alpha=1 - beta3)",
+           why="copy-paste: the instability's column factor takes the row means (fits only a square weight)"),
+    Mutant("2.1", "lab2/adafactor.py", find='state["step"] = torch.tensor(0.0, dtype=torch.float32)',
+           replace='state["step"] = torch.tensor(0)',
+           why="keeps the step count as an int64 tensor (torch's Adafactor keeps a float32 one)"),
+    Mutant("2.3", "lab2/adam8bit.py",
+           find="value=-lr / (1 - beta1 ** t))",
+           replace="value=-lr / (1 - beta2 ** t))",
+           why="copy-paste: bias-corrects the first moment with β₂ instead of β₁"),
+    Mutant("2.7", "lab2/nvme_offload.py", find="        self.step_count += 1\n        self.write_steps()\n",
+           replace="        if todo:\n            self.step_count += 1\n        self.write_steps()\n",
+           why="counts only the calls of step() where some group had a gradient (step_count counts every call)"),
+    Mutant("2.3", "lab2/adam8bit.py", find='            state["step"] = 0\n', replace='            state["step"] = 0.0\n',
+           why="keeps the step count as a Python float (the contract: an int)"),
+    Mutant("2.8", "lab2/came.py", find='            state["step"] = 0\n', replace='            state["step"] = torch.tensor(0.0)\n',
+           why="keeps the step count as a float tensor, as torch's Adam does (the contract: an int)"),
+    Mutant("2.1", "lab2/adafactor.py", find="        update = var_estimate.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad)  # U = G / √V̂\n",
+           replace="        update = var_estimate.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad)  # U = G / √V̂\n"
+                   "        state[\"RMS\"] = update.norm(2).item() / update.numel() ** 0.5\n",
+           why="keeps the update's RMS in the state as well (the older Adafactor's 'RMS' entry: a state key torch's has not)"),
+]

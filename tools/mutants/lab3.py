@@ -719,3 +719,76 @@ INDEPENDENT += [
            replace="grown = self._scale * self.growth_factor",
            why="grows in float32 (GradScaler multiplies in float64, then rounds)"),
 ]
+
+# round 15 (session 15): written before reading the graders
+INDEPENDENT += [
+    Mutant("3.3", "lab3/fp8.py", find="return (x.float() / scale.to(x.device)).clamp(-top, top).to(fmt)",
+           replace="return (x.float().clamp(-top, top) / scale.to(x.device)).to(fmt)",
+           why="saturates x before dividing by the scale (the quotient can still pass the format's max)"),
+    Mutant("3.4", "lab3/tensor_parallel.py",
+           find="att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))",
+           replace="att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(width))",
+           why="scales the scores by 1/√(this rank's width) instead of 1/√head_size (manual attention path)"),
+    Mutant("3.4", "lab3/tensor_parallel.py",
+           find="        out = x.contiguous().clone()\n        dist.all_reduce(out, group=group)\n        return out\n"
+                "        # END SOLUTION\n\n    @staticmethod\n    def backward(ctx, grad):\n"
+                "        # BEGIN SOLUTION 3.4: g's backward: what each rank's partial sum receives\n        return grad, None\n",
+           replace="        ctx.group = group\n        out = x.contiguous().clone()\n        dist.all_reduce(out, group=group)\n        return out\n"
+                   "        # END SOLUTION\n\n    @staticmethod\n    def backward(ctx, grad):\n"
+                   "        # BEGIN SOLUTION 3.4: g's backward: what each rank's partial sum receives\n"
+                   "        grad = grad.contiguous().clone()\n        dist.all_reduce(grad, group=ctx.group)\n        return grad, None\n",
+           why="g's backward all-reduces too (every rank already holds the whole output gradient: T times too large)"),
+    Mutant("3.5", "lab3/pipeline_schedule.py", find="busy = P * M * v * (forward_cost + backward_cost)",
+           replace="busy = P * M * (forward_cost + backward_cost)",
+           why="the bubble's busy time forgets the v chunks of an interleaved schedule"),
+    Mutant("3.6", "lab3/pipeline.py", find="                b, t = inputs[m].shape\n",
+           replace="                b, t = inputs[0].shape\n",
+           why="sizes every received activation from the first micro-batch (micro-batches of other sizes break)"),
+    Mutant("3.7", "lab3/zero3.py", find="used = u.grad is not None and bool(u.present[pc.index] > 0)",
+           replace="used = bool(u.present[pc.index] > 0)",
+           why="assumes every unit got a gradient this step (a unit outside the forward has u.present None)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="deps = split_dependencies(action, S)",
+           replace="deps = split_dependencies(action, P)",
+           why="passes the number of ranks as the number of stages (wrong when a rank holds two stages, ZB-V)"),
+    Mutant("3.2", "lab3/mixed_precision.py", find='                    state["step"] = 0\n',
+           replace='                    state["step"] = 0.0\n',
+           why="keeps the step count as a Python float (the contract: a Python int, as the state's fourth entry)"),
+    Mutant("3.1", "lab3/loss_scaler.py", find="        return loss * self._scale.to(device=loss.device)\n",
+           replace="        return loss.float() * self._scale.to(device=loss.device)\n",
+           why="scales a 16-bit loss in float32 (GradScaler keeps the loss' dtype: an fp16 loss times 2^16 "
+               "overflows to inf, and that step must be skipped)"),
+    Mutant("3.7", "lab3/zero3.py", find="flat = flatten_padded(u.params, u.padding, u.master_dtype)",
+           replace="flat = flatten_padded(u.params, u.padding, torch.float32)",
+           why="keeps every shard in fp32 (an fp64 model would train in fp32; the contract: master_dtype)"),
+    Mutant("3.5", "lab3/pipeline_schedule.py",
+           find="return Timeline(spans, makespan, 1 - Fraction(busy, P * makespan), in_flight)",
+           replace="return Timeline(spans, makespan, 1 - busy / (P * makespan), in_flight)",
+           why="computes the bubble as a float (the contract: an exact Fraction)"),
+    Mutant("3.8", "lab3/zero_bubble.py", find="        held = peak = 0\n", replace="        held = peak = 0.0\n",
+           why="starts the memory count at 0.0: Fraction sizes come back as floats (inexact)"),
+    Mutant("3.1", "lab3/loss_scaler.py",
+           find="""        found = []
+        for (device, _), grads in by_kind.items():
+            found_inf = torch.zeros(1, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale.to(device))
+            found.append(found_inf)
+        self._found_inf = bool(sum(f.item() for f in found))  # one device→host sync per device
+""",
+           replace="""        for (device, _), grads in by_kind.items():
+            torch._foreach_mul_(grads, inv_scale.to(device))
+        self._found_inf = False
+        for grads in by_kind.values():
+            for g in grads:  # one device→host sync per gradient
+                if not bool(torch.isfinite(g).all()):
+                    self._found_inf = True
+""",
+           why="checks each gradient with bool(torch.isfinite(g).all()): one device→host sync per gradient "
+               "(the module's Speed note: read the flag back once per step)"),
+    Mutant("3.8", "lab3/zero_bubble.py",
+           find="return SplitTimeline(spans, makespan, 1 - Fraction(busy, P * makespan), in_flight)",
+           replace="return SplitTimeline(spans, makespan, 1 - busy / (P * makespan), in_flight)",
+           why="computes the bubble as a float (the contract: a Fraction)"),
+    Mutant("3.6", "lab3/pipeline.py", find="    for key in list(sends):\n        finish(key)\n    return total\n",
+           replace="    return total\n",
+           why="returns with sends still in flight (the contract: all sends have completed on return)"),
+]

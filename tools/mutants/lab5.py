@@ -877,3 +877,39 @@ INDEPENDENT += [
            replace="manual_seed(seed + s)",
            why="seeds position s with seed + s (seed 1's position 0 is seed 0's position 1)"),
 ]
+
+# round 15 (session 15): written before reading the graders
+INDEPENDENT += [
+    Mutant("5.2", "lab5/checkpointing.py", find="            if start < previous_stop:\n",
+           replace="            if start <= previous_stop and start > 0:\n",
+           why="refuses a segment that starts where the previous one stops (adjacent segments are legal)"),
+    Mutant("5.3", "lab5/checkpointing.py", find="for j in range(i + 1, n + 1):  # recompute segment [i, j)",
+           replace="for j in range(i + 2, n + 1):  # recompute segment [i, j)",
+           why="never considers a one-layer segment (thinks a segment needs two layers)"),
+    Mutant("5.4", "lab5/selective_checkpoint.py",
+           find="return int(count(*args, **(kwargs or {}), out_val=out)) if count is not None else 0",
+           replace="return int(count(*args, **(kwargs or {}))) if count is not None else 0",
+           why="calls the FLOP formula without the operator's output (formulas that need the output's shape fail or count 0)"),
+    Mutant("5.6", "lab5/flash_attention.py", find="        q1 = min(S, q0 + block_q)\n        q_blk = qa[:, q0:q1]  # (BH, bq, D)\n",
+           replace="        q1 = q0 + block_q\n        q_blk = qa[:, q0:q1]  # (BH, bq, D)\n",
+           why="the forward assumes the last query tile is full (S not a multiple of block_q)"),
+    Mutant("5.6", "lab5/flash_attention.py", find="dk_j.baddbmm_(ds.transpose(1, 2), q_blk)  # q_blk carries the 1/√d",
+           replace="dk_j.baddbmm_(ds.transpose(1, 2), q_blk * scale)  # q_blk carries the 1/√d",
+           why="scales dK by 1/√d a second time (the pre-scaled q already carries it)"),
+    Mutant("5.7", "lab5/ring_attention.py", find="            part = attention_with_lse(q[:, :, rows], k_cur, v_cur)\n",
+           replace="            part = attention_with_lse(q[:, :, rows], k_cur[:, :, :half], v_cur[:, :, :half])\n",
+           why="zigzag, a later block: the late query piece attends only to the block's early piece (it sees both)"),
+    Mutant("5.8", "lab5/sequence_parallel.py",
+           find="    dist.reduce_scatter_single(out, x0, group=group)\n    return out.movedim(0, dim)\n",
+           replace="    dist.reduce_scatter_single(out, x0, group=group)\n    return out.div_(T).movedim(0, dim)\n",
+           why="averages the ranks' partial sums in the reduce-scatter instead of adding them"),
+    Mutant("5.9", "lab5/chunked_cross_entropy.py",
+           find="            keep = t != IGNORE_INDEX\n            rows = torch.arange",
+           replace="            keep = t != IGNORE_INDEX\n            if not keep.any():\n                continue\n"
+                   "            rows = torch.arange",
+           why="backward skips a chunk whose tokens are all ignored (its rows of d hidden stay uninitialised: "
+               "torch.empty_like)"),
+    # (dropped: a clone of the host copy at every CPU unpack is inside the contract: unpack returns
+    # "a tensor equal to the one saved (same values, shape and device)"; on CUDA every unpack makes
+    # a new device tensor from the host copy too, so a transient copy per unpack is the design)
+]

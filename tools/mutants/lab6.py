@@ -526,3 +526,59 @@ INDEPENDENT += [
     Mutant("6.5", "lab6/fusion.py", find="dy = 0.5 * (1 + t) + 0.5 * x", replace="dy = 0.5 * (1 + t) + x",
            why="forgets the 0.5 of the second term of the product rule"),
 ]
+
+# round 15 (session 15): written before reading the graders
+INDEPENDENT += [
+    Mutant("6.1", "lab6/caching_allocator.py",
+           find="            prev.next = block.next\n            if block.next is not None:\n                block.next.prev = prev\n",
+           replace="            prev.next = block.next\n",
+           why="merging into the previous free block forgets to point the next block back at it (a stale prev link)"),
+    Mutant("6.1", "lab6/caching_allocator.py", find="block.allocated, block.requested = True, requested",
+           replace="block.allocated, block.requested = True, size",
+           why="records the rounded size as the block's requested bytes (requested_bytes on free goes wrong)"),
+    Mutant("6.2", "lab6/memory_planner.py",
+           find="order = sorted(tensors, key=lambda t: (-t.size, -(t.end - t.start), t.id))",
+           replace="order = sorted(tensors, key=lambda t: (-t.size * (t.end - t.start), t.id))",
+           why="greedy by size orders by size × lifetime (the area), not by size with the lifetime as tie-break"),
+    Mutant("6.3", "lab6/device_mesh.py", find="        if c[dim] != 0:\n            continue\n",
+           replace="        if rank % shape[dim] != 0:\n            continue\n",
+           why="takes the groups' first ranks as the multiples of the axis size (right for the innermost axis only)"),
+    Mutant("6.4", "lab6/parallel_memory.py", find="    kv = 2 * e * sbh * n_kv_head / n_head\n",
+           replace="    kv = 2 * e * sbh * n_head / n_kv_head\n",
+           why="inverts the grouped-query ratio (K and V grow with fewer KV heads)"),
+    Mutant("6.5", "lab6/fusion.py", find="        t = torch.tanh(K * (x + A * x * x * x))\n        return 0.5 * x * (1 + t)\n",
+           replace="        t = torch.tanh(K * x + A * x * x * x)\n        return 0.5 * x * (1 + t)\n",
+           why="the forward applies √(2/π) to x only, not to the cubic term (a misplaced parenthesis)"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    w = (weights * kept).to(expert_out.dtype)[..., None]\n",
+           replace="    w = weights * kept\n    w = (w / w.sum(1, keepdim=True).clamp(min=1e-9)).to(expert_out.dtype)[..., None]\n",
+           why="renormalises each token's kept router weights to sum to 1 after dropping choices"),
+    Mutant("6.1", "lab6/caching_allocator.py", find="            self.num_ooms += 1\n", replace="",
+           why="raises SimulatedOOM without counting it in num_ooms"),
+    Mutant("6.3", "lab6/device_mesh.py", find="    return tuple(reversed(coords))\n",
+           replace="    return list(reversed(coords))\n",
+           why="returns the coordinates as a list (the contract: a tuple, usable as a key)"),
+    Mutant("6.6", "lab6/expert_parallel.py", find="    return position.reshape(k, T).T\n",
+           replace="    return position.reshape(k, T).T.to(torch.int32)\n",
+           why="returns the slots as int32 to save memory (the contract: int64)"),
+    Mutant("6.5", "lab6/fusion.py", find="        ctx.save_for_backward(x)\n",
+           replace="        ctx.save_for_backward(x.detach().clone())\n",
+           why="saves a copy of x \"to be safe\" (the input is already kept by the graph: twice its bytes)"),
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="    onehot = torch.nn.functional.one_hot(flat, n_expert)  # (k·T, E)\n"
+                "    position = (onehot.cumsum(0) - 1).gather(1, flat[:, None])[:, 0]  # claims before this one\n",
+           replace="    taken = [0] * n_expert\n    claims = []\n    for e in flat.tolist():  # one claim at a time\n"
+                   "        claims.append(taken[e])\n        taken[e] += 1\n"
+                   "    position = torch.tensor(claims, dtype=torch.int64, device=flat.device)\n",
+           why="claims the slots in a Python loop over the (token, choice) pairs (the contract: no Python loop over tokens)"),
+    Mutant("6.6", "lab6/expert_parallel.py",
+           find="    picked = expert_out.reshape(E * C, d)[rows.reshape(-1)].view(*rows.shape, d)  # (T, k, d)\n"
+                "    w = (weights * kept).to(expert_out.dtype)[..., None]\n    return (w * picked).sum(1)\n",
+           replace="    flat_out = expert_out.reshape(E * C, d)\n"
+                   "    return torch.stack([sum(weights[t, j].to(expert_out.dtype) * flat_out[rows[t, j]]\n"
+                   "                            for j in range(rows.shape[1]) if kept[t, j]) + flat_out.new_zeros(d)\n"
+                   "                        for t in range(rows.shape[0])])\n",
+           why="combines token by token in a Python loop (the contract: no Python loop over tokens)"),
+    Mutant("6.4", "lab6/parallel_memory.py", find="    local = n_params / (tp * pp)\n",
+           replace="    local = n_params // (tp * pp)\n",
+           why="floors this GPU's share of the parameters (integer division: bytes lost when tp·pp does not divide Ψ)"),
+]
