@@ -624,6 +624,10 @@ CHEAT_RUNS = [  # (cheat, the test that catches it, a phrase of its failure)
     # rt16a: 5.6 as strips of query rows against all keys; 5.7's work paid by a dummy call
     ("rt16a_flash_query_rows_without_online_softmax_fwd", _FLASH_FLOPS, "more than one"),
     ("rt16a_flash_query_rows_without_online_softmax_bwd", _FLASH_FLOPS, "more than one"),
+    # rt15w: the same rows by torch.mv (a matrix-vector product), or by broadcast products and
+    # sums (no product operator: the row's softmax reduces over all its keys)
+    ("rt15w_flash_rows_by_mul_sum_fwd", _FLASH_FLOPS, "more than one"),
+    ("rt15w_flash_rows_by_mv_bwd", _FLASH_FLOPS, "more than one"),
     ("rt16a_ring_work_counter_paid_by_a_dummy_call", "tests/test_lab5_ring_attention.py::"
      "test_zigzag_ring_work_is_equal_on_every_rank", "at the dispatcher"),
     # rt16a: 4.1's one whole-batch backward hidden under checkpoint's saved-tensor hooks (its own
@@ -686,7 +690,8 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, runs
     rt14a_offload_wrong_unpack_hooks_left_for_reference_table). rt15a: 2.4 cloning each
     gradient into a list and applying them all at the last hook; 1.4 answering with a bf16 tensor
     (compared in bf16). rt16a: 5.6's forward or backward as strips of query rows against all
-    keys (no key tiles, no online softmax); 5.7 computing every block whole and masked, paying
+    keys (no key tiles, no online softmax; rt15w: by torch.mv, or products and sums, a row at a
+    time); 5.7 computing every block whole and masked, paying
     count_attention_work with a dummy call (the tiles' and the ranks' products are now seen at
     the dispatcher); 4.1 one whole-batch backward under torch.utils.checkpoint's saved-tensor
     hooks (peak_saved_bytes now refuses to measure through other hooks); 5.3 exact only on short

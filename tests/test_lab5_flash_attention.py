@@ -316,22 +316,43 @@ def _tile_flops(s, d, bh, bq, bk, causal, matmuls):
 class _MatmulFlops(torch.utils._python_dispatch.TorchDispatchMode):
     """FLOPs of every matrix product run inside, in-place ones included (2·m·n·k a product), and
     the largest results: of a product (entries of one of its (m × n) matrices, and in all) and
-    of any operator (elements).
+    of any operator (elements); and the most elements one reduction (a sum, a max, a softmax...)
+    combines along the dimensions it reduces.
 
     ``FlopCounterMode`` does not count in-place ``baddbmm_``/``addmm_``, which a tiled kernel
-    accumulates with, so this counts from the operands' shapes itself. A fused attention kernel
-    (SDPA's, not a tile's) is a product too: its implied scores, Sq × Sk per (batch, head)."""
+    accumulates with, so this counts from the operands' shapes itself; matrix-vector and vector
+    products (``mv``, ``dot``...) are products too. A fused attention kernel (SDPA's, not a
+    tile's) is a product too: its implied scores, Sq × Sk per (batch, head). Scores need no
+    product operator at all (a broadcast multiply and a sum), but a row's softmax then reduces
+    over all its keys: the reductions catch a strip however it was made."""
 
     OPS = {"mm": 0, "bmm": 0, "addmm": 1, "addmm_": 1, "baddbmm": 1, "baddbmm_": 1}
+    VECTOR_OPS = {"mv": 0, "addmv": 1, "addmv_": 1, "dot": 0, "vdot": 0}  # (matrix ·) vector
+    REDUCTIONS = {"sum", "nansum", "mean", "amax", "amin", "max", "min", "logsumexp", "_softmax",
+                  "_log_softmax"}  # (each with its dimensions second: all of them if none)
 
     def __init__(self):
         super().__init__()
         self.flops = 0
-        self.matrix = self.product = self.tensor = (0, None)  # (entries, which operator)
+        self.matrix = self.product = self.tensor = self.reduced = (0, None)  # (entries, operator)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        first = self.OPS.get(name)
+        first, vector = self.OPS.get(name), self.VECTOR_OPS.get(name)
+        if vector is not None:
+            a = args[vector]
+            self.flops += 2 * a.numel()  # (n × m) · m, or m · m
+            n = a.shape[0] if a.dim() == 2 else 1
+            self._largest("matrix", n, f"{func} ({n} × 1)")
+            self._largest("product", n, str(func))
+        elif name in self.REDUCTIONS and args and isinstance(args[0], torch.Tensor) and \
+                args[0].is_floating_point():
+            x, dims = args[0], args[1] if len(args) > 1 else (kwargs or {}).get("dim")
+            dims = [dims] if isinstance(dims, int) else dims
+            extent = 0 if isinstance(dims, torch.Tensor) else \
+                math.prod(x.shape[i] for i in dims) if isinstance(dims, (list, tuple)) and \
+                dims and x.dim() else x.numel()  # (max(a, b) of two tensors reduces nothing)
+            self._largest("reduced", extent, f"{func} over {extent} of {tuple(x.shape)}")
         if first is not None:
             a, b = args[first], args[first + 1]
             self.flops += 2 * math.prod(a.shape) * b.shape[-1]
@@ -358,6 +379,8 @@ def _check_one_tile_at_a_time(name, counter, s, d, bh, bq, bk):
     """Each matrix product of a tiled pass makes one tile: a tile's scores (bq × bk), or its
     contribution to O, dQ, dK or dV (bq × D or bk × D; D ≤ bq, bk here); in all at most
     B·H·max(bq·bk, S) entries (S: a per-row quantity such as rowsum(dO∘O) done as a product).
+    A reduction combines at most a tile's keys or queries or a head's D channels (a second pass
+    over per-tile statistics: at most S/2 here); a row's softmax against all keys combines S.
     No tensor exceeds 3·B·H·S·D elements (q, k and v stacked); scores against all S keys
     would, for more than 3D query rows."""
     tile = bq * bk
@@ -371,6 +394,12 @@ def _check_one_tile_at_a_time(name, counter, s, d, bh, bq, bk):
         f"{name}: a matrix product made {got:,} entries in all ({op}), more than one "
         f"{bq} × {bk} tile per (batch, head) (B·H·max(bq·bk, S) = {bh * max(tile, s):,}): "
         f"several tiles, or a strip of query rows against all keys, computed at once?")
+    got, op = counter.reduced
+    assert got <= max(bq, bk, d, s // 2), (
+        f"{name}: one reduction combined {got:,} elements ({op}), more than one {bq} × {bk} "
+        f"tile's keys or queries, a head's {d} channels, or half of the S = {s} keys: a softmax, sum or "
+        f"max over a query row against all its keys (a strip of scores, however it was made) "
+        f"instead of one key tile at a time with the online softmax?")
     got, op = counter.tensor
     assert got <= 3 * bh * s * d, (
         f"{name}: an operator made a tensor of {got:,} elements ({op}), more than q, k and v "

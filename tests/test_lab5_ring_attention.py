@@ -201,10 +201,12 @@ def zigzag_rows(seq_len: int, world_size: int, rank: int) -> torch.Tensor:
 
 class _ScoreWork(TorchDispatchMode):
     """The attention work an operator stream does, seen at the dispatcher: the FLOPs of every
-    matrix product (2·m·n·k, in-place ones included) and the score entries of every fused
-    attention kernel (B·H·Sq·Sk; causal: the entries on or below the diagonal)."""
+    matrix product (2·m·n·k, in-place ones included; a matrix-vector or vector product too) and
+    the score entries of every fused attention kernel (B·H·Sq·Sk; causal: the entries on or below
+    the diagonal)."""
 
     PRODUCTS = {"mm": 0, "bmm": 0, "addmm": 1, "addmm_": 1, "baddbmm": 1, "baddbmm_": 1}
+    VECTOR_PRODUCTS = {"mv": 0, "addmv": 1, "addmv_": 1, "dot": 0, "vdot": 0}  # 2·numel(matrix)
 
     def __init__(self):
         super().__init__()
@@ -216,6 +218,8 @@ class _ScoreWork(TorchDispatchMode):
         if first is not None:
             a, b = args[first], args[first + 1]
             self.product_flops += 2 * math.prod(a.shape) * b.shape[-1]
+        elif name in self.VECTOR_PRODUCTS:  # scores a row at a time are scores too
+            self.product_flops += 2 * args[self.VECTOR_PRODUCTS[name]].numel()
         elif name.startswith(("_scaled_dot_product", "_flash_attention", "_efficient_attention")):
             q, k = args[0], args[1]
             names = [a.name for a in func._schema.arguments]
