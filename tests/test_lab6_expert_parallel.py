@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 
 import pytest
 import torch
@@ -290,6 +291,32 @@ def test_layer_refuses_bad_arguments_naming_them():
     with pytest.raises(ValueError, match="top_k"):
         route(nn.Linear(8, 4, bias=False), torch.randn(3, 8), 0)
 
+
+_IDS = torch.tensor([[0, 1], [1, 2], [2, 0]])  # T = 3 tokens, k = 2, E = 3
+_SLOTS = torch.tensor([[0, 0], [0, 0], [0, 1]])
+
+
+@pytest.mark.parametrize("call,error,words", [
+    (lambda f: f.assign_slots([[0, 1]], 3, 2), TypeError, "expert_ids must be a torch.Tensor"),
+    (lambda f: f.assign_slots(torch.tensor([0, 1, 2]), 3, 2), ValueError, "expert_ids must have 2 dim"),
+    (lambda f: f.assign_slots(_IDS.int(), 3, 2), TypeError, "expert_ids must be a (T, k) int64"),
+    (lambda f: f.assign_slots(_IDS, 3, 0), ValueError, "capacity must be an integer >= 1"),
+    (lambda f: f.assign_slots(_IDS, 3, 1.5), ValueError, "capacity must be an integer >= 1"),
+    (lambda f: f.assign_slots(_IDS, 0, 2), ValueError, "n_expert must be an integer >= 1"),
+    (lambda f: f.dispatch(torch.randn(2, 4), _IDS, _SLOTS, 3, 2), ValueError, "x must have one row per token"),
+    (lambda f: f.dispatch(torch.ones(3, 4, dtype=torch.int64), _IDS, _SLOTS, 3, 2), TypeError, "x must be a floating"),
+    (lambda f: f.dispatch(torch.randn(3, 4), _IDS, _SLOTS[:, :1], 3, 2), ValueError, "slots must have expert_ids' shape"),
+    (lambda f: f.combine(torch.randn(3, 2, 4), _IDS, _SLOTS, torch.ones(3, 1, 2)), ValueError, "weights must have 2 dim"),
+    (lambda f: f.combine(torch.randn(3, 2, 4), _IDS, _SLOTS, torch.ones(2, 2)), ValueError, "weights must have expert_ids' shape"),
+    (lambda f: f.combine(torch.randn(3, 2, 4), _IDS, _SLOTS.float(), torch.ones(3, 2)), TypeError, "slots must be a (T, k) int64"),
+])
+def test_assign_dispatch_and_combine_refuse_bad_input_naming_it(call, error, words):
+    """Given checks, before the exercise's code: a wrong routing is named, not an IndexError deep
+    in torch or a silently wrong buffer (x with fewer rows than tokens read the zero row)."""
+    import labkit.lab6.expert_parallel as f
+
+    with pytest.raises(error, match=re.escape(words)):
+        call(f)
 
 def test_capacity_is_the_ceiling_of_the_even_share():
     assert capacity(8, 4, 2, 1.0) == 4 and capacity(8, 4, 2, 1.25) == 5 and capacity(12, 8, 2, 1.25) == 4

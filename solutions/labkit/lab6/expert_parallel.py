@@ -50,6 +50,25 @@ def all_to_all(x: torch.Tensor, group=None) -> torch.Tensor:
     return torch.ops._c10d_functional.wait_tensor(out)
 
 
+def check_routing(expert_ids, slots=None, *, n_expert, capacity) -> tuple[int, int]:
+    """Refuse a routing :func:`assign_slots`, :func:`dispatch` and :func:`combine` cannot use,
+    naming the argument: ``expert_ids`` (and ``slots``, when given) (T, k) int64 tensors of one
+    shape; ``n_expert`` and ``capacity`` ints ≥ 1 (None: not checked). Returns (T, k)."""
+    for name, ids in (("expert_ids", expert_ids), ("slots", slots)):
+        if ids is None:
+            continue
+        tensor(name, ids, ndim=2)
+        if ids.dtype != torch.int64:
+            raise TypeError(f"{name} must be a (T, k) int64 tensor, got dtype {ids.dtype}")
+    if slots is not None and slots.shape != expert_ids.shape:
+        raise ValueError(f"slots must have expert_ids' shape (T, k) = {tuple(expert_ids.shape)}, "
+                         f"got {tuple(slots.shape)}")
+    for name, value in (("n_expert", n_expert), ("capacity", capacity)):
+        if value is not None:
+            positive_int(name, value)
+    return tuple(expert_ids.shape)
+
+
 # ==== exercise 6.6: your code ====
 
 def assign_slots(expert_ids: torch.Tensor, n_expert: int, capacity: int) -> torch.Tensor:
@@ -64,7 +83,9 @@ def assign_slots(expert_ids: torch.Tensor, n_expert: int, capacity: int) -> torc
         n_expert: E. capacity: C ≥ 1.
     Returns:
         (T, k) int64: the slot in [0, C), or −1.
+    Raises TypeError/ValueError naming the argument (given: :func:`check_routing`).
     """
+    check_routing(expert_ids, n_expert=n_expert, capacity=capacity)
     # BEGIN SOLUTION 6.6: each (token, choice)'s slot in its expert's buffer, claimed in GShard's order; -1 past the capacity
     T, k = expert_ids.shape
     flat = expert_ids.T.reshape(-1)  # (k·T,) choice-major: all first choices, then all second
@@ -82,7 +103,13 @@ def dispatch(x: torch.Tensor, expert_ids: torch.Tensor, slots: torch.Tensor, n_e
     Contract: a new (n_expert, capacity, n_embd) tensor in x's dtype, zeros in every slot no
     token claimed; dropped choices (slot −1) are not copied; differentiable with respect to
     ``x`` (its gradient sums the gradients of a token's copies). No Python loop over tokens.
+    Bad input (x not (T, n_embd) floating point, ids or slots not (T, k) int64): TypeError or
+    ValueError naming the argument (given).
     """
+    T, _ = check_routing(expert_ids, slots, n_expert=n_expert, capacity=capacity)
+    tensor("x", x, floating=True, ndim=2)
+    if x.shape[0] != T:
+        raise ValueError(f"x must have one row per token of expert_ids, T = {T}, got {x.shape[0]}")
     # BEGIN SOLUTION 6.6: scatter the kept (token, choice) pairs' rows into a zero buffer, differentiably
     T, k = expert_ids.shape
     kept = slots >= 0  # (T, k)
@@ -106,7 +133,15 @@ def combine(expert_out: torch.Tensor, expert_ids: torch.Tensor, slots: torch.Ten
     Returns:
         (T, n_embd) in expert_out's dtype; differentiable with respect to expert_out and
         weights. No Python loop over tokens.
+    Bad input (shapes or dtypes other than these): TypeError or ValueError naming the argument
+    (given).
     """
+    check_routing(expert_ids, slots, n_expert=None, capacity=None)
+    tensor("expert_out", expert_out, floating=True, ndim=3)
+    tensor("weights", weights, floating=True, ndim=2)
+    if weights.shape != expert_ids.shape:
+        raise ValueError(f"weights must have expert_ids' shape (T, k) = {tuple(expert_ids.shape)}, "
+                         f"got {tuple(weights.shape)}")
     # BEGIN SOLUTION 6.6: gather each kept choice's row, weight it, sum the choices of each token
     E, C, d = expert_out.shape
     kept = slots >= 0
