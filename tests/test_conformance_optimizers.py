@@ -791,6 +791,39 @@ def test_zero_gradients_and_steps_without_any_gradient(info, tmp_path):
                     f"{info.name}: parameter {k} moved at a step() without any gradient")
 
 
+@pytest.mark.parametrize("info", LOCAL, ids=ids)
+def test_a_sparse_gradient_is_applied_as_sgd_or_refused_by_name(info, tmp_path):
+    """A sparse gradient (``nn.Embedding(sparse=True)``): LOMO applies it as ``torch.optim.SGD``
+    does (the rows looked up move by −lr·grad, the others stay); every other optimizer refuses
+    it with an error naming sparse gradients, as ``torch.optim.Adam`` does, before any state
+    changes — not a failure deep inside torch's kernels."""
+    dtype = _own_dtype(info)
+    emb = torch.nn.Embedding(6, 3, sparse=True).to(dtype)
+    before = emb.weight.detach().clone()
+    opt = info.build(emb, list(emb.parameters()), _ctx(tmp_path))
+    rows = torch.tensor([1, 4])
+    if info.name == "LOMO":
+        emb(rows).sum().backward()
+        want = before.clone()
+        want[rows] -= LR
+        assert torch.equal(emb.weight.detach(), want), "LOMO: a sparse gradient applied otherwise than SGD"
+        return
+    with pytest.raises(TypeError, match="does not support sparse gradients"):
+        emb(rows).sum().backward()
+        opt.step()
+    assert torch.equal(emb.weight.detach(), before), f"{info.name}: a refused step moved the weights"
+
+
+@pytest.mark.parametrize("info", [i for i in LOCAL if i.name != "LOMO"], ids=ids)
+def test_a_complex_parameter_is_refused_by_name(info, tmp_path):
+    """A complex parameter is refused when the optimizer is built, naming its dtype (their
+    factored, 8-bit, fp32-master or host states hold real numbers: Adam8bit used to drop the
+    imaginary part with only a warning, Adafactor failed inside torch). LOMO, SGD's update,
+    trains one as torch.optim.SGD does."""
+    p = torch.nn.Parameter(torch.randn(3, 4, dtype=torch.complex64))
+    with pytest.raises((TypeError, ValueError), match="complex|floating"):
+        info.build(_Params([p]), [p], _ctx(tmp_path))
+
 def _halve_lr(opt, s):
     for group in opt.param_groups:
         group["lr"] = group["lr"] * 0.5

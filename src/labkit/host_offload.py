@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from labkit.flat_params import master_dtype
-from labkit.optim_base import refuse_unfrozen
+from labkit.optim_base import refuse_sparse_grad, refuse_unfrozen
 from labkit.validate import adam_args
 
 __all__ = ["HostOffload"]
@@ -77,6 +77,7 @@ class HostOffload:
         self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
 
     def _on_grad(self, param: torch.Tensor) -> None:
+        refuse_sparse_grad(param.grad, type(self).__name__)
         self.had_grad.add(self.index[id(param)])
         self._offload_grad(param)
         self.events.append(("grad to host", self.names[self.index[id(param)]]))

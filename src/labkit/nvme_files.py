@@ -24,7 +24,7 @@ import torch
 
 from labkit import validate
 from labkit.flat_params import master_dtype
-from labkit.optim_base import param_groups
+from labkit.optim_base import param_groups, refuse_sparse_grad
 
 __all__ = ["ADAM_OPTIONS", "LAYOUT", "Prefetch", "StateFiles"]
 
@@ -135,6 +135,14 @@ class StateFiles:
             self.steps = [0] * len(params)
             self.write_steps()
         self._layout = layout
+
+    def check_gradients(self) -> None:
+        """Refuse a sparse gradient before any group is updated (``nn.Embedding(sparse=True)``
+        makes one; ``torch.optim.Adam`` refuses it too), naming the optimizer: step calls this
+        first, so a refused step leaves every file as it was."""
+        for p in self.groups:
+            if p.grad is not None:
+                refuse_sparse_grad(p.grad, type(self).__name__)
 
     def path(self, i: int) -> str:
         """The file of group i."""

@@ -28,8 +28,8 @@ import torch
 
 from labkit import validate
 
-__all__ = ["run_closure", "param_groups", "refuse_unfrozen", "Optimizer", "PerParameterOptimizer",
-           "UpdateInBackward"]
+__all__ = ["run_closure", "param_groups", "refuse_unfrozen", "refuse_sparse_grad", "Optimizer",
+           "PerParameterOptimizer", "UpdateInBackward"]
 
 
 def run_closure(closure):
@@ -55,6 +55,16 @@ def refuse_unfrozen(frozen: dict, owner: str) -> None:
         raise ValueError(f"parameters {woke} have requires_grad=True but were frozen when {owner} "
                          "was built: it trains the parameters that required grad then; build a "
                          "new one after unfreezing")
+
+
+def refuse_sparse_grad(grad: torch.Tensor, owner: str) -> None:
+    """Refuse a sparse gradient (``nn.Embedding(sparse=True)`` makes one), naming ``owner``: the
+    course's optimizers update dense tensors, as ``torch.optim.Adam`` does (which refuses it too,
+    pointing to ``SparseAdam``); without this, torch fails deep inside the update."""
+    if grad.layout != torch.strided:
+        raise TypeError(f"{owner} does not support sparse gradients, got a {grad.layout} gradient "
+                        "(e.g. from nn.Embedding(sparse=True)): use sparse=False, or "
+                        "torch.optim.SparseAdam for those parameters")
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -86,6 +96,14 @@ class Optimizer(torch.optim.Optimizer):
             param_group = {**param_group, "params": ps}
         super().add_param_group(param_group)
 
+    def check_dense_grads(self) -> None:
+        """Refuse a sparse gradient of any parameter (:func:`refuse_sparse_grad`), before the step
+        changes anything: call it first in ``step``."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    refuse_sparse_grad(p.grad, type(self).__name__)
+
     def load_state_dict(self, state_dict: dict) -> None:
         if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
             raise ValueError("state_dict must be what state_dict() returned: a dict with "
@@ -111,15 +129,29 @@ class PerParameterOptimizer(Optimizer):
     """An optimizer that updates each parameter with a gradient on its own: subclasses write
     ``_update(param, grad, state, group)`` (``state`` is ``self.state[param]``, empty before the
     parameter's first step). ``skip_empty``: leave parameters with no elements alone;
-    ``grad_dtype``: the dtype ``grad`` is handed over in (None: the gradient's own)."""
+    ``grad_dtype``: the dtype ``grad`` is handed over in (None: the gradient's own).
+
+    Refused by name (TypeError), as ``torch.optim.Adafactor`` refuses them: a complex parameter
+    (when its group is added: the factored and 8-bit states hold real numbers, and a cast would
+    silently drop the imaginary part) and a sparse gradient (at ``step``)."""
 
     skip_empty = False
     grad_dtype: torch.dtype | None = None
+
+    def add_param_group(self, param_group: dict) -> None:
+        ps = param_group.get("params") if isinstance(param_group, dict) else None
+        for p in [ps] if isinstance(ps, torch.Tensor) else ps if isinstance(ps, (list, tuple, set)) else ():
+            if isinstance(p, torch.Tensor) and p.is_complex():
+                raise TypeError(f"{type(self).__name__} does not support complex parameters, got one "
+                                f"of dtype {p.dtype} and shape {tuple(p.shape)}: params must be real "
+                                "floating-point tensors (torch.view_as_real(p) is a real view of one)")
+        super().add_param_group(param_group)
 
     @torch.no_grad()
     def step(self, closure=None):
         """Call the closure (if any), then ``_update`` every parameter that has a gradient."""
         loss = run_closure(closure)
+        self.check_dense_grads()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None or (self.skip_empty and p.numel() == 0):

@@ -86,6 +86,7 @@ class NVMeAdam(StateFiles):
         (optional, given) runs first, as for ``torch.optim``; its loss is returned.
         """
         loss = run_closure(closure)
+        self.check_gradients()  # given: refuses a sparse gradient before any file changes
         # BEGIN SOLUTION 2.7: stream the groups with a gradient through a window of read_ahead prefetches; for each: Adam on its state with its options and its own step count (master for 16-bit), write it back, free it; then record the steps
         todo = [i for i, p in enumerate(self.groups) if p.grad is not None]
         pending = {}

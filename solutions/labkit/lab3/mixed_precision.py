@@ -69,6 +69,7 @@ class MixedPrecisionAdam(Optimizer):
         its dtype. ``closure`` (optional) re-evaluates the model and returns the loss, as for
         torch's optimizers: it is called first, with gradients enabled, and its loss returned."""
         loss = run_closure(closure)
+        self.check_dense_grads()  # given: refuses a sparse gradient (labkit.optim_base)
         for group in self.param_groups:
             lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
             params = [p for p in group["params"] if p.grad is not None]
