@@ -266,6 +266,11 @@ def test_bad_arguments_are_refused_naming_them():
         peak_activation_memory(one, 1, 2)
     with pytest.raises(ValueError, match="m_b"):
         peak_activation_memory(one, -1, 0)
+    for bad in (float("nan"), float("inf")):  # NaN compared as neither < 0 nor > m_w: peaks [0]
+        with pytest.raises(ValueError, match="m_b must be a finite number"):
+            peak_activation_memory(one, bad, 0)
+        with pytest.raises(ValueError, match="m_w must be a finite number"):
+            peak_activation_memory(one, 1, bad)
 
 
 def test_reference_plans_match_what_torch_executes_for_zbv():

@@ -30,6 +30,7 @@ schedule is one list of actions per rank. Lab 3, exercise 3.8; chapter 3 (book/0
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
@@ -199,13 +200,14 @@ def peak_activation_memory(schedule: list[list[SplitAction]], m_b, m_w) -> list:
     Qi et al.'s accounting, per micro-batch and stage: F stores ``m_b`` (everything B needs);
     B frees what only it needed and keeps ``m_w`` (the inputs of the weight matmuls and the
     output gradients it made, everything W needs), so B adds ``m_w − m_b``; W frees ``m_w``.
-    0 ≤ m_w ≤ m_b (numbers: ints, Fractions or floats). Returns a list of P peaks (the most
-    held after any action of the rank's list; 0 for an empty list).
+    0 ≤ m_w ≤ m_b (finite numbers: ints, Fractions or floats; else ValueError naming it).
+    Returns a list of P peaks (the most held after any action of the rank's list; 0 for an
+    empty list).
     """
     validate_split(schedule)
     for name, value in (("m_b", m_b), ("m_w", m_w)):
-        if not (is_number(value) or isinstance(value, Fraction)) or value < 0:
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if not (is_number(value) or isinstance(value, Fraction)) or not 0 <= value < math.inf:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     if m_w > m_b:
         raise ValueError(f"m_w must be at most m_b (W needs part of what B needs), got m_w={m_w}, m_b={m_b}")
     # BEGIN SOLUTION 3.8: each rank's most memory held at once over its order, under F, B and W's changes
