@@ -277,3 +277,14 @@ def test_bad_settings_raise_value_error_naming_the_argument(kwargs, name):
 
     with pytest.raises(ValueError, match=name):
         DynamicLossScaler(**kwargs)
+
+
+@pytest.mark.parametrize("method", ["unscale_", "step"])
+@pytest.mark.parametrize("optimizer", [None, torch.nn.Linear(2, 2)], ids=["None", "a model"])
+def test_unscale_and_step_refuse_what_is_not_an_optimizer(method, optimizer):
+    """A given check, before the exercise's code: a TypeError naming ``optimizer``, not an
+    AttributeError about param_groups from inside."""
+    from labkit.lab3.loss_scaler import DynamicLossScaler
+
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        getattr(DynamicLossScaler(), method)(optimizer)

@@ -31,6 +31,15 @@ from labkit.validate import number, positive_int
 __all__ = ["DynamicLossScaler"]
 
 
+# ==== given: the course's code — read it, call it, don't change it ====
+def _check_optimizer(optimizer) -> None:
+    """``optimizer`` must be a ``torch.optim.Optimizer`` (its ``param_groups`` hold the gradients
+    to unscale); else a TypeError naming it, not an AttributeError from inside."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer (the one that steps the "
+                        f"scaled model), got {type(optimizer).__name__}")
+
+
 # ==== exercise 3.1: your code ====
 class DynamicLossScaler:
     """A dynamic loss scaler with the contract of ``torch.amp.GradScaler`` for one optimizer.
@@ -84,8 +93,10 @@ class DynamicLossScaler:
         float32, as GradScaler does), so the result is bit-identical to GradScaler's. Remember
         whether any gradient, after unscaling, holds an inf or a NaN, and return that flag.
         Calling it twice in one iteration is an error (RuntimeError): the gradients would be
-        divided twice.
+        divided twice. An ``optimizer`` that is no ``torch.optim.Optimizer`` (a model, say):
+        TypeError (given).
         """
+        _check_optimizer(optimizer)
         if self._found_inf is not None:
             raise RuntimeError("unscale_() was already called since the last update()")
         raise NotImplementedError("exercise 3.1: unscale every gradient in place by the float32 reciprocal; record whether any is inf or NaN (labs/03_parameters.ipynb)")
@@ -93,6 +104,7 @@ class DynamicLossScaler:
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Unscale (unless ``unscale_`` was called this iteration), then call
         ``optimizer.step()`` only if no gradient is inf or NaN. Return True if it stepped."""
+        _check_optimizer(optimizer)
         raise NotImplementedError("exercise 3.1: unscale if not done yet; step the optimizer unless a gradient was non-finite (labs/03_parameters.ipynb)")
 
     def update(self) -> None:
