@@ -330,3 +330,17 @@ def test_selective_checkpointing_holds_the_input_and_matmul_outputs():
     torch.testing.assert_close(grads[1], grads[0], **GRAD_TOL, msg=lambda m: (
         f"the input gradient of the selective step whose bytes were measured differs from the "
         f"plain blocks': {m} — does each block run on its own input, its output flowing on?"))
+
+
+@pytest.mark.parametrize("block,policy,error,words", [
+    (None, None, TypeError, "block must be an nn.Module"),
+    (lambda x: x, None, TypeError, "block must be an nn.Module"),
+    (torch.nn.Identity(), 5, TypeError, "policy must be callable"),
+])
+def test_the_block_refuses_what_it_cannot_checkpoint_naming_it(block, policy, error, words):
+    """Given checks in the constructor: a block that is no module is named when built, not a
+    "'NoneType' object is not callable" from inside checkpoint at the first forward."""
+    from labkit.lab5.selective_checkpoint import SelectiveCheckpointBlock
+
+    with pytest.raises(error, match=words):
+        SelectiveCheckpointBlock(block, policy)

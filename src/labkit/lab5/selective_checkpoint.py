@@ -125,6 +125,9 @@ class SelectiveCheckpointBlock(nn.Module):
 
     def __init__(self, block: nn.Module, policy=None):
         super().__init__()
+        if not isinstance(block, nn.Module):
+            raise TypeError(f"block must be an nn.Module (one transformer block, e.g. model.h[0]), "
+                            f"got {type(block).__name__}")
         if policy is not None and not callable(policy):
             raise TypeError(f"policy must be callable (ctx, op, *args, **kwargs) -> "
                             f"CheckpointPolicy, e.g. FlopsPerBytePolicy(...), got {policy!r}")
