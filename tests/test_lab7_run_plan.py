@@ -564,3 +564,15 @@ def test_a_three_axis_plan_on_8_ranks_trains_like_one_device():
     for rank, res in enumerate(results):
         predicted = predict_peak(plan, CFG, BATCH, rank)
         assert abs(res["peak"] / predicted - 1) <= PEAK_TOL, (rank, res["coords"], res["peak"], predicted)
+
+
+def test_replica_losses_of_results_without_any_loss_is_a_named_error():
+    """Given code: no rank's losses (an empty list, every loss None) → a ValueError naming
+    ``results``, not a StopIteration."""
+    from labkit.lab7.run_plan import replica_losses
+
+    for results in ([], [{"losses": [None, None], "coords": {"dp": 0}}]):
+        with pytest.raises(ValueError, match="results must be"):
+            replica_losses(results)
+    assert replica_losses([{"losses": [2.0], "coords": {"dp": 0}},
+                           {"losses": [4.0], "coords": {"dp": 1}}]) == [3.0]

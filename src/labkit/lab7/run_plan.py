@@ -251,10 +251,15 @@ def missing_prerequisites() -> list[str]:
 
 def replica_losses(results: list[dict]) -> list[float]:
     """Per step, the mean over the data-parallel replicas of the loss their ranks report: the
-    whole batch's mean loss (``results``: one plan's per-rank results of the worker)."""
+    whole batch's mean loss (``results``: one plan's per-rank results of the worker). Results
+    in which no rank reports a loss: ValueError."""
     replicas = {}
     for r in results:
         if r["losses"] and r["losses"][0] is not None:
             replicas.setdefault(r["coords"]["dp"], r["losses"])
+    if not replicas:
+        raise ValueError("results must be one plan's per-rank results of the worker (dicts with "
+                         "'losses' and 'coords'), at least one rank reporting losses; got "
+                         f"{len(results)} result(s) without any")
     steps = len(next(iter(replicas.values())))
     return [sum(ls[s] for ls in replicas.values()) / len(replicas) for s in range(steps)]
