@@ -283,7 +283,8 @@ def test_order_of_allocation_follows_start_not_id():
 
 def test_bad_tensors_raise():
     """Not graded (the checks are the given code's, in the stub too): peak_live, arena_size and
-    the planners refuse what is not a list of TensorLife, and arena_size an offset missing."""
+    the planners refuse what is not a list of TensorLife, and arena_size an offset missing or
+    negative."""
     from labkit.lab6.memory_planner import TensorLife, arena_size, lifetimes, peak_live, plan_greedy_by_size
     plan_greedy_by_size = as_given(plan_greedy_by_size)
 
@@ -294,6 +295,9 @@ def test_bad_tensors_raise():
     t = TensorLife(0, 512, 0, 1)
     with pytest.raises(ValueError, match="offsets"):
         arena_size([t], {})
+    for bad in (-512, None, "0", float("nan")):  # -512 gave an arena of 0 B
+        with pytest.raises(ValueError, match=r"offsets\[0\] must be a byte offset"):
+            arena_size([t], {0: bad})
     with pytest.raises(ValueError, match="round_to"):
         lifetimes([("alloc", 0, 10)], round_to=0)
     assert [x.size for x in lifetimes([("alloc", 0, 0), ("alloc", 1, 10)], round_to=512)] == [0, 512], \

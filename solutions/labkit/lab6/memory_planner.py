@@ -20,9 +20,10 @@ Chapter 6 (book/06_system.md); Lab 6, exercise 6.2 (labs/06_system.ipynb).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
-from labkit.validate import is_int, positive_int
+from labkit.validate import is_int, is_number, positive_int
 
 # ==== given: the course's code — read it, call it, don't change it ====
 
@@ -75,13 +76,18 @@ def peak_live(tensors) -> int:
 
 
 def arena_size(tensors, offsets: dict) -> int:
-    """Bytes of the arena a plan needs: the highest ``offset + size``."""
+    """Bytes of the arena a plan needs: the highest ``offset + size``. A tensor without an
+    offset, or a negative one: ValueError naming ``offsets``."""
     tensors = _check_tensors(tensors)
     if not isinstance(offsets, dict):
         raise TypeError(f"offsets must be a dict {{id: offset}}, got {type(offsets).__name__}")
     missing = [t.id for t in tensors if t.id not in offsets]
     if missing:
         raise ValueError(f"offsets has no offset for tensor id(s) {missing[:5]}: a plan places every tensor")
+    for t in tensors:
+        o = offsets[t.id]
+        if not (is_int(o) or is_number(o)) or not 0 <= o < math.inf:
+            raise ValueError(f"offsets[{t.id!r}] must be a byte offset >= 0 (an int), got {o!r}")
     return max((offsets[t.id] + t.size for t in tensors), default=0)
 
 
