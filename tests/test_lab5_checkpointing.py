@@ -666,6 +666,8 @@ def _checkpointing_cases():
          TypeError, "flops"),
         ("schedule_cost None cost", lambda: c.schedule_cost(c.Schedule(3), None, ones, ones),
          TypeError, "act_bytes"),
+        ("schedule_cost costs as text", lambda: c.schedule_cost(c.Schedule(3), "111", ones, ones),
+         TypeError, "act_bytes"),  # was read digit by digit: [1.0, 1.0, 1.0]
         ("schedule_cost nan", lambda: c.schedule_cost(c.Schedule(3), ones, ones, [1, float("nan"), 1]),
          ValueError, "flops"),
         ("schedule_cost input > act", lambda: c.schedule_cost(c.Schedule(3), ones, [1, 2, 1], ones),

@@ -120,6 +120,8 @@ def _costs(n_layers: int | None, **arrays: Sequence[float]) -> list[list[float]]
     out = []
     for name, values in arrays.items():
         try:
+            if isinstance(values, (str, bytes)):  # "1111" would be read digit by digit
+                raise TypeError
             values = [float(v) for v in values]
         except (TypeError, ValueError):
             raise TypeError(f"{name} must be a sequence of numbers (one cost per layer), got "
