@@ -88,3 +88,9 @@ def test_bad_arguments_are_refused_naming_them():
         mm.layer_activation_bytes(mm.MIXTRAL_8X7B, 10, 0)
     with pytest.raises(ValueError, match="tokens"):
         mm.all_to_all_bytes(0, 8, 2, 1.0, 16)
+    with pytest.raises(ValueError, match="n_kv_head=3 must divide n_head=4"):
+        mm.gqa_attention_params(64, 4, 3, 16)
+    with pytest.raises(ValueError, match="n_kv_head must be an integer >= 1"):
+        mm.gqa_attention_params(64, 4, 0, 16)  # counted 8192 weights: no K, no V
+    with pytest.raises(ValueError, match="kv_rank must be an integer >= 1"):
+        mm.mla_attention_params(7168, 128, 1536, 0.5, 128, 64, 128)

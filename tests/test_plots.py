@@ -33,3 +33,13 @@ def test_bad_figure_input_is_named(call, words):
 def test_loss_curves_take_numpy_values_and_a_diverged_nan():
     """Check what the lab passes still draws: numpy floats, and NaN for a step that diverged."""
     assert plot_optim.loss_curves({"Adam": [float(x) for x in np.linspace(3, 1, 5)], "bad": [3.0, float("nan")]})
+
+
+@pytest.mark.parametrize("timeline", [None, [[("F", 0), ("B", 0)]]], ids=["None", "a schedule"])
+def test_gantt_names_what_is_not_a_timeline(timeline):
+    """gantt(schedule) instead of gantt(simulate(schedule)) was "'list' object has no attribute
+    'spans'"; now a TypeError naming ``timeline`` and what to pass."""
+    from labkit.plot_pipeline import gantt
+
+    with pytest.raises(TypeError, match="timeline must be what simulate"):
+        gantt(timeline)

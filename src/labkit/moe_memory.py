@@ -53,7 +53,13 @@ GATED = {"swiglu": 4, "gelu": 2}
 
 def gqa_attention_params(hidden: int, n_head: int, n_kv_head: int, head_dim: int) -> int:
     """Weights of grouped-query attention (no biases): Q and O of n_head heads, K and V of
-    n_kv_head heads, all head_dim wide."""
+    n_kv_head heads, all head_dim wide. Each an int ≥ 1, n_kv_head dividing n_head (each K/V
+    head serves n_head / n_kv_head query heads); else ValueError naming it."""
+    hidden, n_head, n_kv_head, head_dim = (positive_int(name, v) for name, v in (
+        ("hidden", hidden), ("n_head", n_head), ("n_kv_head", n_kv_head), ("head_dim", head_dim)))
+    if n_head % n_kv_head:
+        raise ValueError(f"n_kv_head={n_kv_head} must divide n_head={n_head} (grouped-query "
+                         "attention: each K/V head serves a whole group of query heads)")
     return hidden * head_dim * (2 * n_head + 2 * n_kv_head)
 
 
@@ -61,7 +67,11 @@ def mla_attention_params(hidden: int, n_head: int, q_rank: int, kv_rank: int, no
                          rope_dim: int, v_dim: int) -> int:
     """Weights of DeepSeek's multi-head latent attention (arXiv 2405.04434): Q down to q_rank
     and up to n_head·(nope + rope), KV down to kv_rank plus a shared rope key, up to
-    n_head·(nope + v), the output projection, and the two low-rank norms."""
+    n_head·(nope + v), the output projection, and the two low-rank norms. Each an int ≥ 1;
+    else ValueError naming it."""
+    hidden, n_head, q_rank, kv_rank, nope_dim, rope_dim, v_dim = (positive_int(name, v) for name, v in (
+        ("hidden", hidden), ("n_head", n_head), ("q_rank", q_rank), ("kv_rank", kv_rank),
+        ("nope_dim", nope_dim), ("rope_dim", rope_dim), ("v_dim", v_dim)))
     return (hidden * q_rank + q_rank * n_head * (nope_dim + rope_dim)
             + hidden * (kv_rank + rope_dim) + kv_rank * n_head * (nope_dim + v_dim)
             + n_head * v_dim * hidden + q_rank + kv_rank)

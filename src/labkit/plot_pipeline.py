@@ -12,9 +12,15 @@ __all__ = ["gantt"]
 
 def gantt(timeline, ax=None, title: str | None = None):
     """Draw a timeline: one row per stage (stage 0 on top), forwards light, backwards dark
-    (weight-gradient passes W green), each box labelled with its micro-batch. Returns the Axes."""
+    (weight-gradient passes W green), each box labelled with its micro-batch. Returns the Axes.
+    Anything but a timeline (a schedule, say): TypeError naming ``timeline``."""
     import matplotlib.pyplot as plt
 
+    if not all(hasattr(timeline, a) for a in ("spans", "makespan", "bubble")):
+        raise TypeError(f"timeline must be what simulate(schedule) (or simulate_split) returns, a "
+                        f"Timeline with spans, makespan and bubble; got {type(timeline).__name__}"
+                        + (" (a schedule? draw gantt(simulate(schedule)))"
+                           if isinstance(timeline, (list, tuple)) else ""))
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(timeline.spans)))
     for row in timeline.spans:
