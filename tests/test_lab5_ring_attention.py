@@ -395,6 +395,11 @@ def _ring_cases():
         ("worker zigzag odd chunk", lambda: harness.ring_worker(0, 4, *(torch.zeros(1, 1, 12, 4),) * 3,
                                                                 True, layout="zigzag"), ValueError, "seq_len"),
         ("lse mixed dtypes", lambda: r.attention_with_lse(x, x.double(), x), TypeError, "dtype"),
+        # named by dtype and shape, not by the tensor's printed values
+        ("lse int q", lambda: r.attention_with_lse(x.long(), x, x), TypeError,
+         r"q must be a floating \(B, H, S, D\) tensor, got a torch.int64 tensor of shape"),
+        ("ring 3-D k", lambda: r.ring_attention(x, x[0], x), TypeError,
+         r"k must be a floating \(B, H, S, D\) tensor, got a torch.float32 tensor of shape \("),
         ("lse causal uneven", lambda: r.attention_with_lse(x, x[:, :, :20], x[:, :, :20],
                                                            causal=True), ValueError, "causal"),
         ("merge shapes", lambda: r.merge_attention(x, x[..., 0], x[:, :, :20], x[..., 0]),

@@ -71,7 +71,9 @@ def check_chunk(q, k, v, causal) -> None:
     chunk, or a causal block whose queries and keys differ in number, naming the argument."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 4:
-            raise TypeError(f"{name} must be a floating (B, H, S, D) tensor, got {t!r:.60}")
+            got = (f"a {t.dtype} tensor of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor)
+                   else type(t).__name__)
+            raise TypeError(f"{name} must be a floating (B, H, S, D) tensor, got {got}")
     if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q (B, H, Sq, D) and k, v (B, H, Sk, D) must agree, got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
