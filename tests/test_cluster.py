@@ -152,6 +152,8 @@ def test_a_failing_rank_shows_its_traceback_and_the_job_fails():
     (["plan", "--config", "tp3"], {}, "--config 'tp3': tp·pp = 3 does not divide the world size 2"),
     (["plan", "--config", "tp2xdp2"], {}, "needs dp·pp·tp = 4 ranks, the job has 2"),
     (["plan", "--config", "tp2xfoo"], {}, "unknown part 'foo'"),
+    (["zero1", "--timeout", "inf", "--device", "cpu"], {}, "--timeout must be a number of seconds in (0, "),
+    (["zero1", "--timeout", "1e20", "--device", "cpu"], {}, "got 1e+20"),
 ])
 def test_bad_input_is_a_message_and_exit_status_2(args, env, words, monkeypatch, capsys):
     """Checked before any process group exists: nothing to hang on.

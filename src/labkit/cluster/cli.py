@@ -20,6 +20,7 @@ from labkit.cluster.common import UsageError
 from labkit.cluster.registry import DEMOS, demo, run_demos, table
 from labkit.models import lab_config
 from labkit.ranks import launch
+from labkit.ranks.checks import MAX_TIMEOUT
 
 
 def demo_options(name: str, args: argparse.Namespace, world_size: int, device: str):
@@ -31,8 +32,8 @@ def demo_options(name: str, args: argparse.Namespace, world_size: int, device: s
         value = getattr(args, option, None)
         if value is not None and value < 1:
             raise UsageError(f"--{option.replace('_', '-')} must be >= 1, got {value}")
-    if not args.timeout > 0:
-        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if not 0 < args.timeout <= MAX_TIMEOUT:  # inf or 1e20 overflowed init_process_group's timedelta
+        raise UsageError(f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {args.timeout}")
     if d.cpu_only and device != "cpu":
         raise UsageError(f"{name} runs on the CPU only ({d.cpu_reason}): use --device cpu")
     cfg = lab_config(device)
