@@ -410,6 +410,23 @@ def test_split_gpt_refuses_a_stage_count_that_does_not_divide_n_layer():
         split_gpt(model, 3)
 
 
+@pytest.mark.parametrize("args,error,words", [
+    ((1, 0, True, True), ValueError, "0 <= first <= last <= n_layer"),  # was a stage of no block
+    ((-1, 1, True, True), ValueError, "0 <= first <= last <= n_layer"),  # was blocks -1..0: none
+    ((0, 5, True, True), ValueError, "0 <= first <= last <= n_layer"),  # was an IndexError
+    ((0, 1.0, True, True), ValueError, "first, last must be ints"),
+    ((0, 1, "yes", True), TypeError, "is_first must be True or False"),
+])
+def test_a_stage_outside_the_model_is_refused_naming_the_argument(args, error, words):
+    from labkit.lab3.pipeline import GPTStage
+
+    _, model, _, _ = setup(2)
+    with pytest.raises(error, match=words):
+        GPTStage(model, *args)
+    with pytest.raises(TypeError, match="model must be a labkit.models.GPT"):
+        GPTStage(torch.nn.Linear(2, 2), 0, 1, True, True)
+
+
 @pytest.mark.exercise("3.6", points=2)
 def test_1f1b_live_memory_does_not_grow_with_m():
     """Check under 1F1B, P = 2, each stage's peak *live* bytes (every tensor the step creates and

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from labkit.models import GPT
-from labkit.validate import positive_int
+from labkit.validate import boolean, is_int, positive_int
 
 __all__ = ["GPTStage", "split_gpt", "check_actions", "run_stage"]
 
@@ -36,10 +36,19 @@ class GPTStage(nn.Module):
     ``ln_f`` and ``lm_head``. Parameter names are the full model's (``h.2.attn.c_attn.weight``).
 
     ``n_embd``: the width C of the activations between stages. ``forward(x)``: token ids (B, T) on the first stage, activations (B, T, C) elsewhere;
-    returns activations (B, T, C), or logits (B, T, V) on the last stage."""
+    returns activations (B, T, C), or logits (B, T, V) on the last stage. Bad arguments (not a
+    GPT, blocks outside 0 ≤ first ≤ last ≤ n_layer, flags not bools): TypeError/ValueError
+    naming them."""
 
     def __init__(self, model: GPT, first: int, last: int, is_first: bool, is_last: bool):
         super().__init__()
+        if not isinstance(model, GPT):
+            raise TypeError(f"model must be a labkit.models.GPT, got {type(model).__name__}")
+        n = model.config.n_layer
+        if not (is_int(first) and is_int(last) and 0 <= first <= last <= n):
+            raise ValueError(f"first, last must be ints with 0 <= first <= last <= n_layer = {n} "
+                             f"(the stage holds blocks first..last-1), got first={first!r}, last={last!r}")
+        is_first, is_last = boolean("is_first", is_first), boolean("is_last", is_last)
         model = copy.deepcopy(model)
         self.is_first, self.is_last = is_first, is_last
         self.n_embd = model.config.n_embd
