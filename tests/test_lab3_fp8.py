@@ -347,6 +347,11 @@ def test_bad_inputs_raise():
         DelayedScaling().scale_for([1.0, 2.0])
     with pytest.raises(TypeError, match="int64"):  # the dtype is named
         quantize(torch.tensor([1, 2]), 1.0)
+    for bad in (float("nan"), float("inf")):  # was "amax must be one finite number >= 0, got nan"
+        x = torch.randn(16, 64)
+        x[3, 5] = bad
+        with pytest.raises(ValueError, match="holds inf or NaN"):
+            Fp8Linear(64, 48)(x)
 
 
 class _LayoutCheck:
