@@ -507,3 +507,24 @@ def test_edge_cases_equal_ddp(config):
                     assert torch.equal(a, b), (
                         f"{wrapper}, {where}, {kind}: buffer {i} after step 1 is not this rank's own "
                         "running statistic (the wrappers do not broadcast buffers, as documented)")
+
+
+@pytest.mark.parametrize("group", [[0, 1], "gloo", 0], ids=["a list of ranks", "a backend name", "an int"])
+def test_a_group_that_is_no_process_group_is_refused_by_name(group):
+    """``group=`` takes None or a ``torch.distributed.ProcessGroup`` (``dist.new_group(ranks)``):
+    anything else is a TypeError naming ``group`` before any process group is touched (it was an
+    AttributeError inside torch.distributed). No launch: the check comes first."""
+    from labkit.lab2.zero1 import ZeRO1
+    from labkit.lab3.zero3 import ZeRO3
+    from labkit.lab4.bucketed_ddp import BucketedDDP
+    from labkit.lab4.zero2 import ZeRO2Adam
+    from labkit.models import GPT, GPTConfig
+
+    lin = torch.nn.Linear(2, 2)
+    gpt = GPT(GPTConfig(vocab_size=8, block_size=4, n_layer=1, n_head=1, n_embd=4))
+    for build in (lambda: ZeRO1(lin.parameters(), torch.optim.Adam, group=group),
+                  lambda: ZeRO2Adam(lin.parameters(), group=group),
+                  lambda: ZeRO3(gpt, group=group),
+                  lambda: BucketedDDP(lin, group=group)):
+        with pytest.raises(TypeError, match="group must be None .* or a torch.distributed.ProcessGroup"):
+            build()

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from labkit.flat_params import master_dtype
-from labkit.validate import positive_int
+from labkit.validate import positive_int, process_group
 
 __all__ = ["plan_buckets", "BackwardEnd", "pack_bucket", "unpack_bucket", "BucketSchedule",
            "BucketedModule"]
@@ -162,6 +162,7 @@ class BucketedModule(BucketSchedule, torch.nn.Module):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         bucket_cap_bytes = positive_int("bucket_cap_bytes", bucket_cap_bytes)
+        process_group("group", group)
         self.module = module
         self.bucket_cap_bytes, self.group = bucket_cap_bytes, group
         self.world_size = dist.get_world_size(group)

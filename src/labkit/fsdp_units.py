@@ -35,7 +35,7 @@ from labkit.buckets import BackwardEnd
 from labkit.flat_params import master_dtype
 from labkit.optim_base import refuse_unfrozen, run_closure
 from labkit.sharding import ShardLayout, bind_flat_states
-from labkit.validate import adam_args, boolean
+from labkit.validate import adam_args, boolean, process_group
 
 __all__ = ["Unit", "ShardedUnits"]
 
@@ -114,6 +114,7 @@ class ShardedUnits:
     def __init__(self, model: nn.Module, *, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  group=None, prefetch: bool = False):
         boolean("prefetch", prefetch)
+        process_group("group", group)
         adam_args(lr=lr, betas=betas, eps=eps)
         if not isinstance(getattr(model, "h", None), nn.ModuleList) or len(model.h) == 0:
             raise ValueError("model must have a non-empty ModuleList 'h' of blocks (a labkit GPT)")

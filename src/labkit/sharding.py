@@ -170,6 +170,7 @@ class ShardedOptimizer:
     """
 
     def __init__(self, params, optimizer_class, *, group=None, **defaults):
+        validate.process_group("group", group)
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError("optimizer_class must be a torch.optim.Optimizer subclass (e.g. "
                             f"torch.optim.Adam), got {optimizer_class!r}")

@@ -106,6 +106,18 @@ def tensor(name: str, value, *, floating: bool = False, ndim: int | None = None)
     return value
 
 
+def process_group(name: str, value):
+    """``value`` if it is None (the default group) or a ``torch.distributed.ProcessGroup``; else a
+    TypeError naming ``name`` (a list of ranks or a backend name failed inside torch.distributed
+    with "'list' object has no attribute ...")."""
+    import torch.distributed as dist
+
+    if value is not None and not (dist.is_available() and isinstance(value, dist.ProcessGroup)):
+        raise TypeError(f"{name} must be None (the default group) or a torch.distributed."
+                        f"ProcessGroup (e.g. dist.new_group(ranks)), got {type(value).__name__}")
+    return value
+
+
 def adam_args(*, lr, betas, eps, weight_decay=0.0, n_betas: int = 2) -> None:
     """Refuse Adam hyperparameters ``torch.optim.Adam`` would refuse, naming the argument.
 
