@@ -186,6 +186,10 @@ def test_nvme_refuses_a_directory_of_other_parameters(tmp_path):
     NVMeAdam([torch.zeros(3)], tmp_path)
     with pytest.raises(ValueError, match="directory"):
         NVMeAdam([torch.zeros(4)], tmp_path)
+    for other in ("{not json", "[1, 2]", '{"epoch": 3}'):  # another tool's step.json, or a damaged one
+        (tmp_path / "step.json").write_text(other)  # was a JSONDecodeError, an AttributeError, a KeyError
+        with pytest.raises(ValueError, match="holds a step.json that is not NVMeAdam's"):
+            NVMeAdam([torch.zeros(3)], tmp_path)
 
 
 @pytest.mark.exercise("2.7", points=1)

@@ -116,8 +116,14 @@ class StateFiles:
         layout = {"layout": LAYOUT, "groups": [[list(p.shape), str(p.dtype)] for p in params]}
         meta_path = os.path.join(self.directory, "step.json")
         if os.path.exists(meta_path):
-            with open(meta_path) as f:
-                meta = json.load(f)
+            try:
+                with open(meta_path) as f:
+                    meta = json.load(f)
+            except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
+                meta = None
+            if not isinstance(meta, dict) or not all(k in meta for k in ("step", "steps")):
+                raise ValueError(f"directory {self.directory!r} holds a step.json that is not "
+                                 "NVMeAdam's (unreadable, or another tool's): use a new directory")
             if {k: meta.get(k) for k in layout} != layout:
                 raise ValueError(f"directory {self.directory!r} holds the state of other parameters "
                                  "(shapes or dtypes differ): use a new directory")
