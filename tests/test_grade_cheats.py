@@ -644,6 +644,16 @@ CHEAT_RUNS = [  # (cheat, the test that catches it, a phrase of its failure)
     ("rt16a_check_plan_only_the_tested_rules", "tests/test_lab7_run_plan.py::"
      "test_a_plan_the_ranks_cannot_run_is_refused_naming_the_argument",
      "which the docstring's rules refuse"),
+    # rt15b2: what ctx or an optimizer keeps inside a container the walk did not open (a deque,
+    # an iterator, a generator, nine lists deep, a tensor's own attribute, __slots__)
+    ("rt15b2_ce_probabilities_kept_in_deque", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_list_iterator", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_generator", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_nine_lists_deep", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_tensor_attribute", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_slots_object", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_adam8bit_fp32_moments_in_a_deque",
+     _ADAM8 + "test_adam8bit_state_is_two_bytes_per_parameter_plus_scales", "not in another attribute"),
 ]
 
 
@@ -699,7 +709,9 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, runs
     tried (a plan per rule of the docstring). The tests now check that what they gave student
     code is as given (tests/_given.py), count ctx attributes and all the optimizer holds, count
     NaN as a mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
-    pytest, the cheats of other modules beside it), the test fails, saying why."""
+    pytest, the cheats of other modules beside it), the test fails, saying why. rt15b2: 5.9's
+    softmax or 2.3's fp32 moments kept in a deque, an iterator, a generator, nine lists deep, a
+    tensor's attribute or __slots__ (tests/_given.py's walk now follows every reference)."""
     import os
     import shutil
     import subprocess
