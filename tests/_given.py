@@ -286,8 +286,9 @@ def _storage_bytes(roots, skip=(), into_torch=True) -> int:
 def ctx_bytes(out, skip=()) -> int:
     """Bytes of the distinct storages a custom autograd Function in ``out``'s graph keeps as ctx
     ATTRIBUTES (not through save_for_backward): tensors in ``vars(node)``, also inside lists,
-    tuples, sets, dicts and plain objects. Storages of ``skip`` (the inputs, which live anyway)
-    are not counted."""
+    tuples, sets, dicts and plain objects; and the parameters (or views of them) it saves, which
+    ``labkit.measure.saved_activation_bytes`` skips as the model's: a Function's own are not.
+    Storages of ``skip`` (the inputs, which live anyway) are not counted."""
     outs = out if isinstance(out, (list, tuple)) else [out]
     nodes = [o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
     seen, roots = set(), []
@@ -297,6 +298,9 @@ def ctx_bytes(out, skip=()) -> int:
             continue
         seen.add(node)
         roots.append(getattr(node, "__dict__", {}))
+        with contextlib.suppress(RuntimeError):  # (a custom Function's; freed after backward)
+            roots += [t for t in getattr(node, "saved_tensors", ())
+                      if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)]
         nodes.extend(n for n, _ in node.next_functions)
     return _storage_bytes(roots, skip, into_torch=False)
 
