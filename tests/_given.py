@@ -79,6 +79,7 @@ import functools
 import gc
 import inspect
 import types
+import weakref
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -258,17 +259,17 @@ def _storage_bytes(roots, skip=(), into_torch=True) -> int:
     """Bytes of the distinct storages of the tensors (and storages) reachable from ``roots``
     through every reference the garbage collector sees (containers of any type, objects'
     attributes and slots, a tensor's own attributes, iterators, generators' frames, bound methods,
-    partials), functions through their closures and default values only; not into modules,
-    classes, nn.Modules or code, nor into torch's own objects unless ``into_torch``. Storages of
-    ``skip`` are not counted."""
+    partials, a weakref.finalize's arguments), functions through their closures and default
+    values only; not into modules, classes, nn.Modules or code, nor into torch's own objects
+    unless ``into_torch``. Storages of ``skip`` are not counted."""
     with _quiet():
         skipped = {t.untyped_storage().data_ptr() for t in skip if isinstance(t, torch.Tensor)}
-        seen, storages, todo = set(), {}, list(roots)
+        seen, storages, todo = {}, {}, list(roots)  # (seen keeps each alive: no id reused)
         while todo:
             x = todo.pop()
             if id(x) in seen:
                 continue
-            seen.add(id(x))
+            seen[id(x)] = x
             if isinstance(x, (torch.Tensor, torch.UntypedStorage)):
                 st = x.untyped_storage() if isinstance(x, torch.Tensor) else x
                 if st.data_ptr() not in skipped:
@@ -277,6 +278,8 @@ def _storage_bytes(roots, skip=(), into_torch=True) -> int:
             elif isinstance(x, types.FunctionType):  # a closure's cells and default values
                 todo += [c.cell_contents for c in x.__closure__ or () if c.cell_contents is not c] \
                     + [x.__defaults__, x.__kwdefaults__]
+            elif isinstance(x, weakref.finalize):  # (its arguments: in weakref's own registry)
+                todo += [x.peek()]
             elif not isinstance(x, (type, types.ModuleType, types.CodeType, torch.nn.Module)) \
                     and (into_torch or isinstance(x, dict) or not type(x).__module__.startswith("torch")):
                 todo += gc.get_referents(x)  # (a callable object's attributes too)
