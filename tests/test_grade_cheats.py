@@ -686,6 +686,8 @@ CHEAT_RUNS = [  # (cheat, the test that catches it, a phrase of its failure)
     # parameters: ctx_bytes counts a Function's saved parameters)
     ("rt15b2_ce_probabilities_saved_as_parameters", _CE_SAVED, "or kept as ctx attributes"),
     ("rt15b2_ce_probabilities_kept_in_weakref_finalize", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_adam8bit_fp32_moments_in_weakref_finalize",
+     _ADAM8 + "test_adam8bit_state_is_two_bytes_per_parameter_plus_scales", "not in another attribute"),
     ("rt15b2_gelu_tanh_kept_in_a_deque_on_ctx", _GELU_SAVED, "save only the input x"),
     ("rt15b2_adam8bit_fp32_moments_in_a_deque",
      _ADAM8 + "test_adam8bit_state_is_two_bytes_per_parameter_plus_scales", "not in another attribute"),

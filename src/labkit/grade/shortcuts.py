@@ -60,7 +60,9 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its referen
 
 
 MEASURING = ("*saved_tensors_hooks", "save_on_cpu", "*DispatchMode", "*FunctionMode",
-             "FlopCounterMode", "[Mm]em*[Tt]racker", "*[Dd]isable*[Mm]ode*", "*[Dd]isable[Tt]orch*")
+             "FlopCounterMode", "[Mm]em*[Tt]racker", "*[Dd]isable*[Mm]ode*", "*[Dd]isable[Tt]orch*",
+             "Tracker", "peak_bytes", "peak_saved_bytes", "peak_over_calls", "measure_step",
+             "count_flops", "saved_activation_bytes")  # (the course's measurements: labkit.measure)
 """What the tests measure with, and a measurement sees only the innermost of: entered in student
 code, a shortcut past the measurement in every exercise but those that build one (BUILD_MEASURING);
 so are what switches the modes off (``_disable_current_modes``, ``DisableTorchFunction``)."""
