@@ -76,8 +76,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import inspect
 import types
+import weakref
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -254,46 +256,42 @@ def as_given(fn, what: str | None = None):
 
 
 def _storage_bytes(roots, skip=(), into_torch=True) -> int:
-    """Bytes of the distinct storages of the tensors reachable from ``roots`` through dicts (keys
-    and values), lists, tuples, sets, plain and callable objects' attributes, functions' closures
-    and default values, bound methods and partials (not into modules, classes or nn.Modules; into
-    torch's own objects only if ``into_torch``), eight levels deep at most.
-    Storages of ``skip`` are not counted."""
+    """Bytes of the distinct storages of the tensors (and storages) reachable from ``roots``
+    through every reference the garbage collector sees (containers of any type, objects'
+    attributes and slots, a tensor's own attributes, iterators, generators' frames, bound methods,
+    partials, a weakref.finalize's arguments), functions through their closures and default
+    values only; not into modules, classes, nn.Modules or code, nor into torch's own objects
+    unless ``into_torch``. Storages of ``skip`` are not counted."""
     with _quiet():
         skipped = {t.untyped_storage().data_ptr() for t in skip if isinstance(t, torch.Tensor)}
-        seen, storages, todo = set(), {}, [(root, 0) for root in roots]
+        seen, storages, todo = {}, {}, list(roots)  # (seen keeps each alive: no id reused)
         while todo:
-            x, depth = todo.pop()
-            if id(x) in seen or depth > 8:
+            x = todo.pop()
+            if id(x) in seen:
                 continue
-            seen.add(id(x))
-            if isinstance(x, torch.Tensor):
-                st = x.untyped_storage()
+            seen[id(x)] = x
+            if isinstance(x, (torch.Tensor, torch.UntypedStorage)):
+                st = x.untyped_storage() if isinstance(x, torch.Tensor) else x
                 if st.data_ptr() not in skipped:
                     storages[st.data_ptr()] = max(storages.get(st.data_ptr(), 0), st.nbytes())
-            elif isinstance(x, dict):
-                todo += [(v, depth + 1) for item in x.items() for v in item]
-            elif isinstance(x, (list, tuple, set, frozenset)):
-                todo += [(v, depth + 1) for v in x]
+                todo += [getattr(x, "__dict__", {})]  # (a tensor's own attributes)
             elif isinstance(x, types.FunctionType):  # a closure's cells and default values
-                todo += [(c.cell_contents, depth + 1) for c in x.__closure__ or ()
-                         if c.cell_contents is not c] + [(x.__defaults__, depth + 1),
-                                                          (x.__kwdefaults__, depth + 1)]
-            elif isinstance(x, (types.MethodType, functools.partial)):
-                todo += [(getattr(x, a), depth + 1) for a in ("__func__", "__self__", "func",
-                                                             "args", "keywords") if hasattr(x, a)]
-            elif (hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType,
-                                                                 torch.nn.Module))
-                  and (into_torch or not type(x).__module__.startswith("torch"))):
-                todo.append((vars(x), depth + 1))  # (a callable object's attributes too)
+                todo += [c.cell_contents for c in x.__closure__ or () if c.cell_contents is not c] \
+                    + [x.__defaults__, x.__kwdefaults__]
+            elif isinstance(x, weakref.finalize):  # (its arguments: in weakref's own registry)
+                todo += [x.peek()]
+            elif not isinstance(x, (type, types.ModuleType, types.CodeType, torch.nn.Module)) \
+                    and (into_torch or isinstance(x, dict) or not type(x).__module__.startswith("torch")):
+                todo += gc.get_referents(x)  # (a callable object's attributes too)
     return sum(storages.values())
 
 
 def ctx_bytes(out, skip=()) -> int:
     """Bytes of the distinct storages a custom autograd Function in ``out``'s graph keeps as ctx
     ATTRIBUTES (not through save_for_backward): tensors in ``vars(node)``, also inside lists,
-    tuples, sets, dicts and plain objects. Storages of ``skip`` (the inputs, which live anyway)
-    are not counted."""
+    tuples, sets, dicts and plain objects; and the parameters (or views of them) it saves, which
+    ``labkit.measure.saved_activation_bytes`` skips as the model's: a Function's own are not.
+    Storages of ``skip`` (the inputs, which live anyway) are not counted."""
     outs = out if isinstance(out, (list, tuple)) else [out]
     nodes = [o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
     seen, roots = set(), []
@@ -303,6 +301,9 @@ def ctx_bytes(out, skip=()) -> int:
             continue
         seen.add(node)
         roots.append(getattr(node, "__dict__", {}))
+        with contextlib.suppress(RuntimeError):  # (a custom Function's; freed after backward)
+            roots += [t for t in getattr(node, "saved_tensors", ())
+                      if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)]
         nodes.extend(n for n, _ in node.next_functions)
     return _storage_bytes(roots, skip, into_torch=False)
 

@@ -309,15 +309,18 @@ def test_the_grader_stays_small():
     record, judge the optimizer's step function that runs, count data-dependent shapes as data out
     of torch; the reading numbers inside text, pytest's environment and computed environment
     names, TorchScript's tolist/item, to_dlpack, dunder keywords, names written as text for
-    getattr, a toolkit module's imports, switching the modes off: 3,202 lines, 52 patterns. Lines
+    getattr, a toolkit module's imports, switching the modes off: 3,202 lines, 52 patterns.
+    Round 15b: a rank of a measured exercise watches data leaving torch and refuses past the limit;
+    DTensor, DDP's Reducer and the course's measuring functions are patterns: 3,213 lines, 61
+    patterns. Lines
     of src/labkit/grade; names written in the flags' lists; the shortcut table's distinct patterns
     (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 3202, sizes
-    assert entries <= 212 and patterns <= 52, (entries, patterns)
+    assert sum(sizes.values()) <= 3213, sizes
+    assert entries <= 212 and patterns <= 61, (entries, patterns)
 
 
 def _records(*recs) -> list[str]:

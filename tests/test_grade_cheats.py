@@ -314,6 +314,36 @@ def test_tensor_data_taken_out_of_torch_is_flagged_where_the_tests_measure(tmp_p
         child.State.flags
 
 
+@pytest.mark.parametrize("forked", [False, True])
+def test_in_a_rank_tensor_data_taken_out_of_torch_is_refused(tmp_path, monkeypatch, forked):
+    """rt15b2_zero3_full_parameters_kept_as_python_floats: 3.7 kept every unit's full parameters
+    as Python floats in its ranks (32/32, no flag: the Watch ran in the test's process only, and
+    a rank's flags have no way back). A rank of a measured exercise now watches (a fresh one from
+    guard(), a forked one inherits the test's), and refuses there what would be flagged (2/32,
+    graded). Here 5.9's tolist cheat under a rank's Watch, in this process (a forked rank: another
+    pid)."""
+    import importlib.util
+    import os
+    import shutil
+
+    import torch
+
+    from labkit.grade import child
+
+    path = apply_cheat(shutil.copytree(ROOT / "solutions" / "labkit", tmp_path / "labkit"),
+                       "rt12a_ce_python_by_tolist")
+    spec = importlib.util.spec_from_file_location("ce_rank", path)
+    ce = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ce)
+    monkeypatch.setattr(child, "STUDENT", {os.path.realpath(path): [(1, 10**6)]})
+    for name, value in (("flags", []), ("moved", 0), ("kinds", {}), ("pid", -1 if forked else os.getpid())):
+        monkeypatch.setattr(child.State, name, value)
+    hidden, weight = torch.randn(48, 16, requires_grad=True), torch.randn(100, 16, requires_grad=True)
+    with child.Watch(rank=not forked), pytest.raises(PermissionError, match="in a rank: over 1024"):
+        ce.chunked_cross_entropy(hidden, weight, torch.randint(0, 100, (48,)), 16).backward()
+    assert not child.State.flags
+
+
 def test_a_module_may_read_its_own_source_not_the_tests(tmp_path, monkeypatch):
     """rt15b_fusion_jit_script_helper: ``@torch.jit.script`` reads the student's own module
     (inspect, linecache) to compile it, which was flagged "files" (7/7 with the flag): a
@@ -644,6 +674,23 @@ CHEAT_RUNS = [  # (cheat, the test that catches it, a phrase of its failure)
     ("rt16a_check_plan_only_the_tested_rules", "tests/test_lab7_run_plan.py::"
      "test_a_plan_the_ranks_cannot_run_is_refused_naming_the_argument",
      "which the docstring's rules refuse"),
+    # rt15b2: what ctx or an optimizer keeps inside a container the walk did not open (a deque,
+    # an iterator, a generator, nine lists deep, a tensor's own attribute, __slots__)
+    ("rt15b2_ce_probabilities_kept_in_deque", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_list_iterator", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_generator", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_nine_lists_deep", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_tensor_attribute", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_slots_object", _CE_SAVED, "or kept as ctx attributes"),
+    # rt15b2: 5.9's softmax saved as a view of an nn.Parameter of its own (the hooks skip
+    # parameters: ctx_bytes counts a Function's saved parameters)
+    ("rt15b2_ce_probabilities_saved_as_parameters", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_ce_probabilities_kept_in_weakref_finalize", _CE_SAVED, "or kept as ctx attributes"),
+    ("rt15b2_adam8bit_fp32_moments_in_weakref_finalize",
+     _ADAM8 + "test_adam8bit_state_is_two_bytes_per_parameter_plus_scales", "not in another attribute"),
+    ("rt15b2_gelu_tanh_kept_in_a_deque_on_ctx", _GELU_SAVED, "save only the input x"),
+    ("rt15b2_adam8bit_fp32_moments_in_a_deque",
+     _ADAM8 + "test_adam8bit_state_is_two_bytes_per_parameter_plus_scales", "not in another attribute"),
 ]
 
 
@@ -699,7 +746,9 @@ def test_what_a_test_compares_with_is_not_the_exercises_to_choose(tmp_path, runs
     tried (a plan per rule of the docstring). The tests now check that what they gave student
     code is as given (tests/_given.py), count ctx attributes and all the optimizer holds, count
     NaN as a mismatch, and measure k = 4 first: with the reference solutions plus the cheat (plain
-    pytest, the cheats of other modules beside it), the test fails, saying why."""
+    pytest, the cheats of other modules beside it), the test fails, saying why. rt15b2: 5.9's
+    softmax or 2.3's fp32 moments kept in a deque, an iterator, a generator, nine lists deep, a
+    tensor's attribute or __slots__ (tests/_given.py's walk now follows every reference)."""
     import os
     import shutil
     import subprocess

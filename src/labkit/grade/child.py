@@ -111,6 +111,7 @@ class State:
     tamper: list = []
     kinds: dict = {}     # code object -> "student", "course" or ""
     guarded = False      # guard() ran in this process
+    pid = os.getpid()    # this process's (a forked rank differs)
     moved = 0            # elements of tensor data student code took out of torch in this test
     side: set = set()    # the threads started during a test
 
@@ -178,22 +179,27 @@ class Refuse(TorchDispatchMode):
 class Watch(TorchFunctionMode):
     """Note, in an exercise whose tests measure torch's work (``shortcuts.MEASURED``), tensor data
     that student code takes out of torch, which no measurement of torch's then sees: the
-    ``measured elsewhere`` flag, for review, once more than MOVED_MAX elements left in one test."""
+    ``measured elsewhere`` flag, for review, once more than MOVED_MAX elements left in one test;
+    in a rank (``rank``), whose flags have no way back to the parent, refused instead."""
 
-    def __init__(self, side: bool = False):
+    def __init__(self, side: bool = False, rank: bool = False):
         super().__init__()
         self.side = side  # on a thread started during the test: whoever calls, unless the course
+        self.rank = rank
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         n = _leaving(func, args, kwargs or {}) if args and isinstance(args[0], torch.Tensor) else 0
-        if n and State.moved <= MOVED_MAX and (student_frame() or (
+        rank = self.rank or os.getpid() != State.pid  # (a forked rank inherits the test's Watch)
+        if n and (State.moved <= MOVED_MAX or rank) and (student_frame() or (
                 self.side and _thread_owner() != "course")):
             State.moved += n
             if State.moved > MOVED_MAX:
-                State.flags.append(f"measured elsewhere: over {MOVED_MAX} elements of tensor "
-                                   f"data taken out of torch by {func.__name__} (from "
-                                   f"{student_frame() or 'a thread of the test'}), where the "
-                                   "test measures torch's work")
+                why = f"over {MOVED_MAX} elements of tensor data taken out of torch by " \
+                    f"{func.__name__} (from {student_frame() or 'a thread of the test'}), where " \
+                    "the test measures torch's work"
+                if rank:  # each time: a rank's flags have no way back to the parent
+                    raise PermissionError(f"refused while grading, in a rank: {why}")
+                State.flags.append(f"measured elsewhere: {why}")
         return func(*args, **(kwargs or {}))
 
 
@@ -452,6 +458,8 @@ def guard() -> None:
     _posixsubprocess.fork_exec = fork_exec
     if State.exercise in shortcuts.REBUILDS:  # a rank of this exercise's test: never left
         Refuse(State.exercise).__enter__()
+    if State.exercise in shortcuts.MEASURED:
+        Watch(rank=True).__enter__()
 
 
 @pytest.hookimpl(trylast=True)

@@ -19,7 +19,8 @@ SDPA = ("*scaled_dot_product*", "_flash_attention*", "_efficient_attention*", "*
 PIPELINING = "torch.distributed.pipelining", ("pipelining",)
 CHECKPOINT_SEQUENTIAL = "checkpoint_sequential", ("checkpoint_sequential",)
 COMM_HOOKS = "DDP's comm hooks (PowerSGD's too)", ("ddp_comm_hooks",)
-AUTOGRAD_COLLECTIVES = ("distributed.nn",)  # torch.distributed.nn's differentiable collectives
+AUTOGRAD_COLLECTIVES = ("distributed.nn", "distributed.tensor")  # differentiable collectives:
+# torch.distributed.nn's, and DTensor's redistribute (what tensor.parallel builds on)
 LAB1 = ("memory_model", "cost_model", "allocation_trace", "measure")  # the course's models and
 # measurements, which compute lab 1's answers
 
@@ -42,7 +43,7 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its referen
                                                   *AUTOGRAD_COLLECTIVES)),
     "3.5": PIPELINING, "3.6": PIPELINING, "3.8": PIPELINING,
     "3.7": ("FSDP2's fully_shard and torch's Adam", (*ZERO[1:], *ADAM)),
-    "4.2": ("DistributedDataParallel", ("DistributedDataParallel", "ddp_comm_hooks")),
+    "4.2": ("DistributedDataParallel", ("DistributedDataParallel", "ddp_comm_hooks", "Reducer")),
     "4.3": ("ZeRO, FSDP, DDP and torch's Adam", (*ZERO, "DistributedDataParallel", *ADAM)),
     "4.4": COMM_HOOKS, "4.5": COMM_HOOKS,
     "5.1": CHECKPOINT_SEQUENTIAL, "5.2": CHECKPOINT_SEQUENTIAL, "5.3": CHECKPOINT_SEQUENTIAL,
@@ -59,7 +60,9 @@ REBUILDS: dict[str, tuple[str, tuple[str, ...]]] = {  # exercise -> (its referen
 
 
 MEASURING = ("*saved_tensors_hooks", "save_on_cpu", "*DispatchMode", "*FunctionMode",
-             "FlopCounterMode", "[Mm]em*[Tt]racker", "*[Dd]isable*[Mm]ode*", "*[Dd]isable[Tt]orch*")
+             "FlopCounterMode", "[Mm]em*[Tt]racker", "*[Dd]isable*[Mm]ode*", "*[Dd]isable[Tt]orch*",
+             "Tracker", "peak_bytes", "peak_saved_bytes", "peak_over_calls", "measure_step",
+             "count_flops", "saved_activation_bytes")  # (the course's measurements: labkit.measure)
 """What the tests measure with, and a measurement sees only the innermost of: entered in student
 code, a shortcut past the measurement in every exercise but those that build one (BUILD_MEASURING);
 so are what switches the modes off (``_disable_current_modes``, ``DisableTorchFunction``)."""
