@@ -304,8 +304,8 @@ def test_the_grader_stays_small():
     patterns. Session 13 (make test's time): a module left as the course gives it is not merged
     or read again, and the child loads labkit.tracker (labkit.measure's lazy import) before any
     student code, as the references: 3,128 lines. Session 14: rt15w (42 attempts, 20 holes) made
-    the child record every public torch module and the modes' own (switched off from a class
-    body), import the torch modules the references and the tests import in a function before its
+    the child record the modes' own modules (switched off from a class body) and the torch
+    modules the tests and references import (not every public one: 4x the names to compare a test), import the torch modules the references and the tests import in a function before its
     record, judge the optimizer's step function that runs, count data-dependent shapes as data out
     of torch; the reading numbers inside text, pytest's environment and computed environment
     names, TorchScript's tolist/item, to_dlpack, dunder keywords, names written as text for

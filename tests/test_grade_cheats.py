@@ -198,8 +198,8 @@ def test_shortcuts_are_refused_at_the_dispatcher_however_spelled(tmp_path, colle
     And 3.8's wrong order (rt15w_zb_h1_wrong_order_agreed) beside a class body of 3.1's module
     that makes the tests' "torch plan" agree with it, replacing a method of pipelining's
     ScheduleInterleavedZeroBubble (rt15w_zero_bubble_reference_replaced_from_loss_scaler; before:
-    the plan test passed, 3.8 unflagged): the child records every public torch module, those the
-    references and the tests import in a function too: put back, 3.1's test fails, 3.8's too."""
+    the plan test passed, 3.8 unflagged): the child records the torch modules the
+    references and the tests import, in a function too: put back, 3.1's test fails, 3.8's too."""
     sub = submission(tmp_path, "vf_flash_attention_computed", "amp_update_scale_computed",
                      "gelu_on_worker_thread", "rt8a_step_hook_removed_by_handle",
                      "rt15w_zero_bubble_reference_replaced_from_loss_scaler",
@@ -497,8 +497,7 @@ def test_the_modes_the_tests_and_the_child_measure_with_are_recorded(tmp_path, c
     measuring contexts) TorchFunctionMode's __enter__: before, no change was seen, and the modes
     entered later never were (the child's Refuse and Watch, MemTracker, the tests' counters): 5.4
     taking every output out of torch by .tolist() lost its "measured elsewhere" flag (rt15w).
-    The child records every public module of torch and the private ones its modes and MemTracker
-    are defined in: each patch is put back and fails its test; 5.4 keeps its flag."""
+    The child records the modules the modes (torch.overrides too) and MemTracker are defined in: each patch is put back and fails its test; 5.4 keeps its flag."""
     sub = submission(tmp_path, "rt15w_class_body_unhooks_torch_dispatch_modes",
                      "rt15w_offload_class_body_unhooks_torch_function_modes",
                      "rt15w_output_bytes_by_tolist_len", count_params=False, solved=(

@@ -49,9 +49,10 @@ READ_OK = tuple(os.path.realpath(p) + os.sep for p in (SPEC.get("scratch", "/non
                                                        sys.prefix, sys.base_prefix)) + ("/dev/",)
 COMPARE = ("torch.testing.", "torch.nn.", "torch.optim.", "torch.autograd.", "torch.amp.",
            "torch.utils.checkpoint.", f"{pytest.approx.__module__}.", "math.", "labkit.",
-           f"{TorchDispatchMode.__module__}.", "torch.distributed._tools.")  # what the tests
-# compare, measure and compute references with, found by the object, private modules too; and
-# every public module of torch (.overrides, .distributed.pipelining...: _compared)
+           f"{TorchDispatchMode.__module__}.", "torch.overrides.", "torch.distributed._tools.")
+# what the tests compare, measure and compute references with, found by the object, private
+# modules too; and the torch modules the references and the tests import (State.used: those of
+# pipelining's schedules...; not all of torch's public modules: 4x the names to compare a test)
 EXERCISES = tuple(f"labkit.lab{n}." for n in range(1, 10))
 """The exercise modules: their classes' constants may be the student's own state (a class the
 submission adds), so they are not recorded (the reading refuses changes to the course's)."""
@@ -114,6 +115,7 @@ class State:
     pid = os.getpid()    # this process's (a forked rank differs)
     moved = 0            # elements of tensor data student code took out of torch in this test
     side: set = set()    # the threads started during a test
+    used: tuple = ()     # the torch modules the references and the tests import ("torch.x.")
 
 
 def _in_student(filename: str, line: int) -> bool:
@@ -390,7 +392,7 @@ def _compared() -> list:
     """The modules the tests compare and measure with (torch.testing, the course's references...)
     as loaded now, and their classes."""
     spaces = [m for n, m in list(sys.modules.items()) if isinstance(m, types.ModuleType) and
-              ((n + ".").startswith(COMPARE) or n.startswith("torch.") and "._" not in n)]
+              (n + ".").startswith((*COMPARE, *State.used))]
     return spaces + [c for m in spaces for c in vars(m).values()
                      if issubclass(type(c), type) and c.__module__ == m.__name__]
 
@@ -429,6 +431,7 @@ def pytest_sessionstart(session):
         for name in re.findall(r"^\s*(?:from|import) (torch\.[\w.]+)", path.read_text(), re.M):
             with contextlib.suppress(Exception):  # import in a function (pipelining's schedules)
                 importlib.import_module(name)
+                State.used += (f"{name}.",)
     for cls in (torch.Tensor, torch.nn.Parameter):  # pickling caches cls.__slotnames__: now
         copyreg._slotnames(cls)
     from torch._dynamo.eval_frame import TorchPatcher  # torch wraps its optimizers' functions
