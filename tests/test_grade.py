@@ -312,14 +312,15 @@ def test_the_grader_stays_small():
     getattr, a toolkit module's imports, switching the modes off: 3,202 lines, 52 patterns.
     Round 15b: a rank of a measured exercise watches data leaving torch and refuses past the limit;
     DTensor, DDP's Reducer and the course's measuring functions are patterns: 3,213 lines, 61
-    patterns. Lines
+    patterns. On review the child records the torch modules the tests and references import, not
+    every public one (a test's comparison 2 ms instead of 11): 3,216 lines. Lines
     of src/labkit/grade; names written in the flags' lists; the shortcut table's distinct patterns
     (the measuring contexts too), counted apart."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "src/labkit/grade").rglob("*.py")}
     entries = written_entries(ROOT / "src/labkit/grade/flags.py", LISTS)
     patterns = len({p for _, ps in shortcuts.REBUILDS.values() for p in ps} | {*shortcuts.MEASURING})
     assert all(hasattr(flags, name) for name in LISTS)
-    assert sum(sizes.values()) <= 3213, sizes
+    assert sum(sizes.values()) <= 3216, sizes
     assert entries <= 212 and patterns <= 61, (entries, patterns)
 
 
